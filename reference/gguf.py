@@ -1,0 +1,594 @@
+"""Open a GGUF file of one of the three Muse-Glimmer roles, validate it, and hand out its tensors.
+
+Roles: `text` (general.architecture = muse-glimmer), `mmproj` (clip with clip.projector_type =
+muse-glimmer) and `dflash` (the speculative drafter). Configs hold every key llama.cpp reads, with
+llama.cpp's defaults where a key is absent (spec/text.md §1, vision.md §2, dflash.md §1).
+
+Tensors stay quantized in the memory map; `Weights.get` dequantizes one on demand through
+gguf.quants (bit-exact with ggml) and keeps a bounded LRU of dequantized tensors, so a 30B file
+never needs to be dequantized whole.
+"""
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGMLQuantizationType, GGML_QUANT_SIZES
+from gguf import quants
+
+GGUF_MAGIC = b"GGUF"
+MIN_KV_BYTES = 12       # key length (u64) + value type (u32): no metadata entry is smaller
+MIN_TENSOR_BYTES = 24   # name length (u64) + n_dims (u32) + type (u32) + offset (u64)
+DEFAULT_CACHE_BYTES = 2 << 30
+
+
+class GGUFError(Exception):
+    """A GGUF that cannot be used; the message is one line naming the file and the problem."""
+
+    def __init__(self, path, problem):
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading metadata
+
+def _check_header(path, file_size):  # refuse absurd counts before GGUFReader walks them
+    if file_size < 24:
+        raise GGUFError(path, f"file too short for a GGUF header ({file_size} bytes)")
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:4] != GGUF_MAGIC:
+        raise GGUFError(path, f"not a GGUF file (magic {head[:4]!r})")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in (2, 3):
+        raise GGUFError(path, f"unsupported GGUF version {version}")
+    n_tensors = int.from_bytes(head[8:16], "little")
+    n_kv = int.from_bytes(head[16:24], "little")
+    if n_kv * MIN_KV_BYTES > file_size or n_tensors * MIN_TENSOR_BYTES > file_size:
+        raise GGUFError(path, f"corrupt header: {n_kv} metadata entries and {n_tensors} tensors "
+                              f"cannot fit in {file_size} bytes")
+
+
+def open_reader(path):  # path -> GGUFReader, memory-mapped, every tensor inside the file
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise GGUFError(path, "no such file")
+    file_size = os.path.getsize(path)
+    _check_header(path, file_size)
+    try:
+        reader = GGUFReader(path, "r")
+    except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError, TypeError) as e:
+        raise GGUFError(path, f"corrupt GGUF ({type(e).__name__}: {e})") from None
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > file_size:
+            raise GGUFError(path, f"tensor {t.name} runs past the end of the file (truncated?)")
+    return reader
+
+
+_INT_TYPES = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+              GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64}
+_FLOAT_TYPES = {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
+
+
+class Metadata:
+    """Typed access to a reader's keys; every failure names the file and key."""
+
+    def __init__(self, reader, path):
+        self.reader, self.path = reader, path
+
+    def _field(self, key, required):
+        f = self.reader.fields.get(key)
+        if f is None and required:
+            raise GGUFError(self.path, f"missing required key {key}")
+        return f
+
+    def str(self, key, default=None, required=False):
+        f = self._field(key, required)
+        if f is None:
+            return default
+        if f.types != [GGUFValueType.STRING]:
+            raise GGUFError(self.path, f"key {key} should be a string")
+        return f.contents()
+
+    def int(self, key, default=None, required=False, per_layer=None):
+        f = self._field(key, required)
+        if f is None:
+            return default
+        if f.types[0] == GGUFValueType.ARRAY and per_layer is not None:
+            values = f.contents()
+            if f.types[-1] not in _INT_TYPES or len(set(values)) != 1:
+                raise GGUFError(self.path, f"key {key}: per-layer values {values[:8]} are not supported "
+                                           "(this model has one value for every layer)")
+            return int(values[0])
+        if f.types[0] not in _INT_TYPES:
+            raise GGUFError(self.path, f"key {key} should be an integer")
+        return int(f.contents())
+
+    def float(self, key, default=None, required=False):
+        f = self._field(key, required)
+        if f is None:
+            return default
+        if f.types[0] not in _FLOAT_TYPES:
+            raise GGUFError(self.path, f"key {key} should be a float")
+        return float(f.contents())
+
+    def bool(self, key, default=None):
+        f = self._field(key, False)
+        if f is None:
+            return default
+        return bool(f.contents())
+
+    def array(self, key, default=None):
+        f = self._field(key, False)
+        if f is None:
+            return default
+        if f.types[0] != GGUFValueType.ARRAY:
+            raise GGUFError(self.path, f"key {key} should be an array")
+        return f.contents()
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+
+def swa_layers_from(meta, key, n_layer, default_period):  # -> tuple[bool] per layer
+    """llama.cpp's load_swa_pattern: an array is copied (missing entries are full layers);
+    a scalar period P (default 4 when absent) makes layer i SWA iff P == 0 or i % P < P - 1."""
+    f = meta.reader.fields.get(key)
+    if f is not None and f.types[0] == GGUFValueType.ARRAY:
+        if f.types[-1] not in _INT_TYPES | {GGUFValueType.BOOL}:
+            raise GGUFError(meta.path, f"key {key} should be an array of bool or int")
+        values = [bool(v) for v in f.contents()][:n_layer]
+        return tuple(values + [False] * (n_layer - len(values)))
+    period = meta.int(key, default=default_period)
+    return tuple(period == 0 or (i % period) < period - 1 for i in range(n_layer))
+
+
+# Token texts llama.cpp marks end-of-generation wherever they occur (llama-vocab.cpp, load).
+# `<|eom|>` is not among them: it is EOG only when tokenizer.ggml.eom_token_id names it.
+EOG_TOKEN_NAMES = frozenset([
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+])
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    model: str
+    pre: str
+    tokens: list = field(repr=False)
+    token_types: list = field(repr=False)
+    merges: list = field(repr=False)
+    bos: int
+    eos: int
+    eot: int
+    eom: int
+    pad: int
+    mask: int
+    add_bos: bool
+    add_eos: bool
+    chat_template: str = field(repr=False)
+
+    @property
+    def n_vocab(self):
+        return len(self.tokens)
+
+    @property
+    def eog_ids(self):  # llama.cpp's end-of-generation set: EOS, EOT, EOM and its list of names
+        named = {i for i, t in enumerate(self.tokens) if t in EOG_TOKEN_NAMES}
+        return frozenset(named | {i for i in (self.eos, self.eot, self.eom) if i >= 0})
+
+
+def read_tokenizer(meta):  # Metadata -> TokenizerConfig (ids are -1 where the key is absent)
+    tokens = meta.array("tokenizer.ggml.tokens")
+    if not tokens:
+        raise GGUFError(meta.path, "missing required key tokenizer.ggml.tokens")
+    n_vocab = len(tokens)
+
+    def token_id(name):
+        i = meta.int(f"tokenizer.ggml.{name}_token_id", default=-1)
+        if i >= n_vocab:
+            raise GGUFError(meta.path, f"tokenizer.ggml.{name}_token_id {i} is outside the vocabulary ({n_vocab})")
+        return i
+
+    return TokenizerConfig(
+        model=meta.str("tokenizer.ggml.model", default="gpt2"),
+        pre=meta.str("tokenizer.ggml.pre", default="default"),
+        tokens=tokens, token_types=meta.array("tokenizer.ggml.token_type", default=[1] * n_vocab),
+        merges=meta.array("tokenizer.ggml.merges", default=[]),
+        bos=token_id("bos"), eos=token_id("eos"), eot=token_id("eot"), eom=token_id("eom"),
+        pad=token_id("padding"), mask=token_id("mask"),
+        add_bos=meta.bool("tokenizer.ggml.add_bos_token", default=False),
+        add_eos=meta.bool("tokenizer.ggml.add_eos_token", default=False),
+        chat_template=meta.str("tokenizer.chat_template", default=""),
+    )
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int         # attention.key_length (128 on the release; n_embd/n_head would be 208)
+    head_dim_v: int
+    n_rot: int
+    rope_base: float
+    rope_base_swa: float  # rope.freq_base_swa, falling back to rope.freq_base (muse override)
+    rms_eps: float
+    n_swa: int
+    swa_layers: tuple     # per layer: sliding-window attention and RoPE; full layers are NoPE
+    logit_scale: float
+    softcap: float        # 30.0 when absent (llama.cpp hparams default); 0 disables
+    post_norm_eps: float = 1e-8  # hard-coded in llama.cpp's muse-glimmer graph, not a GGUF key
+
+    @property
+    def n_gqa(self):
+        return self.n_head // self.n_head_kv
+
+
+def read_text_config(meta):  # Metadata -> TextConfig
+    a = lambda k: f"muse-glimmer.{k}"  # noqa: E731
+    n_layer = meta.int(a("block_count"), required=True)
+    n_embd = meta.int(a("embedding_length"), required=True)
+    n_head = meta.int(a("attention.head_count"), required=True, per_layer=True)
+    n_head_kv = meta.int(a("attention.head_count_kv"), default=n_head, per_layer=True)
+    head_dim = meta.int(a("attention.key_length"), default=n_embd // max(n_head, 1))
+    rope_base = meta.float(a("rope.freq_base"), default=10000.0)
+    cfg = TextConfig(
+        n_vocab=len(meta.array("tokenizer.ggml.tokens", default=[])),
+        n_ctx_train=meta.int(a("context_length"), required=True),
+        n_embd=n_embd, n_layer=n_layer,
+        n_ff=meta.int(a("feed_forward_length"), required=True, per_layer=True),
+        n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+        head_dim_v=meta.int(a("attention.value_length"), default=n_embd // max(n_head, 1)),
+        n_rot=meta.int(a("rope.dimension_count"), default=head_dim),
+        rope_base=rope_base,
+        rope_base_swa=meta.float(a("rope.freq_base_swa"), default=rope_base),
+        rms_eps=meta.float(a("attention.layer_norm_rms_epsilon"), required=True),
+        n_swa=meta.int(a("attention.sliding_window"), required=True),
+        swa_layers=swa_layers_from(meta, a("attention.sliding_window_pattern"), n_layer, 4),
+        logit_scale=meta.float(a("logit_scale"), required=True),
+        softcap=meta.float(a("final_logit_softcapping"), default=30.0),
+    )
+    _validate_text(meta.path, cfg)
+    return cfg
+
+
+def _validate_text(path, c):
+    if not (0 < c.n_layer <= 512 and 0 < c.n_embd and 0 < c.n_head and 0 < c.n_head_kv and 0 < c.n_ff):
+        raise GGUFError(path, f"implausible sizes: n_layer={c.n_layer} n_embd={c.n_embd} "
+                              f"n_head={c.n_head} n_head_kv={c.n_head_kv} n_ff={c.n_ff}")
+    if c.n_head % c.n_head_kv:
+        raise GGUFError(path, f"head_count {c.n_head} is not a multiple of head_count_kv {c.n_head_kv}")
+    if c.head_dim != c.head_dim_v or c.n_rot != c.head_dim or c.head_dim % 2:
+        raise GGUFError(path, f"unsupported head geometry: key_length={c.head_dim} "
+                              f"value_length={c.head_dim_v} rope.dimension_count={c.n_rot}")
+    if c.n_vocab == 0:
+        raise GGUFError(path, "the vocabulary (tokenizer.ggml.tokens) is empty")
+    if not any(c.swa_layers):
+        raise GGUFError(path, "sliding_window_pattern has no sliding-window layer "
+                              "(llama.cpp aborts on such a model)")
+    if c.n_swa <= 0:
+        raise GGUFError(path, f"sliding_window must be positive, not {c.n_swa}")
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    image_size: int
+    patch_size: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    layer_norm_eps: float
+    merge_size: int
+    image_mean: tuple
+    image_std: tuple
+    projection_dim: int
+    rope_theta: float = 10000.0     # hard-coded in llama.cpp's clip.cpp, not a key
+    sparse_factor: int = 4          # every 4th tower layer attends globally (clip.cpp)
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+
+def read_vision_config(meta):  # Metadata -> VisionConfig
+    projector = meta.str("clip.projector_type", required=True)
+    if projector != "muse-glimmer":
+        raise GGUFError(meta.path, f"clip.projector_type is {projector!r}, not 'muse-glimmer'")
+    if not meta.bool("clip.has_vision_encoder", default=False):
+        raise GGUFError(meta.path, "mmproj has no vision encoder (clip.has_vision_encoder)")
+    v = lambda k: f"clip.vision.{k}"  # noqa: E731
+    cfg = VisionConfig(
+        image_size=meta.int(v("image_size"), required=True),
+        patch_size=meta.int(v("patch_size"), required=True),
+        n_embd=meta.int(v("embedding_length"), required=True),
+        n_ff=meta.int(v("feed_forward_length"), required=True),
+        n_layer=meta.int(v("block_count"), required=True),
+        n_head=meta.int(v("attention.head_count"), required=True),
+        layer_norm_eps=meta.float(v("attention.layer_norm_epsilon"), default=1e-6),
+        merge_size=meta.int(v("spatial_merge_size"), default=2),
+        image_mean=tuple(meta.array(v("image_mean"), default=[0.5, 0.5, 0.5])),
+        image_std=tuple(meta.array(v("image_std"), default=[0.5, 0.5, 0.5])),
+        projection_dim=meta.int(v("projection_dim"), default=0),
+    )
+    if not (0 < cfg.n_layer <= 512 and cfg.n_head > 0 and cfg.n_embd % cfg.n_head == 0 and cfg.patch_size > 0):
+        raise GGUFError(meta.path, f"implausible vision sizes: layers={cfg.n_layer} width={cfg.n_embd} "
+                                   f"heads={cfg.n_head} patch={cfg.patch_size}")
+    return cfg
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    rope_base: float
+    rms_eps: float
+    block_size: int
+    target_layers: tuple  # GGUF convention: the *input* of each target layer (HF ids + 1)
+    n_swa: int
+    swa_layers: tuple
+    mask_token: int
+    n_ctx_train: int
+
+
+def read_draft_config(meta):  # Metadata -> DraftConfig
+    a = lambda k: f"dflash.{k}"  # noqa: E731
+    n_layer = meta.int(a("block_count"), required=True)
+    n_embd = meta.int(a("embedding_length"), required=True)
+    n_head = meta.int(a("attention.head_count"), required=True, per_layer=True)
+    n_swa = meta.int(a("attention.sliding_window"), default=0)
+    target_layers = meta.array(a("target_layers"))
+    if not target_layers:
+        raise GGUFError(meta.path, "missing required key dflash.target_layers")
+    cfg = DraftConfig(
+        n_embd=n_embd, n_layer=n_layer,
+        n_ff=meta.int(a("feed_forward_length"), required=True, per_layer=True),
+        n_head=n_head,
+        n_head_kv=meta.int(a("attention.head_count_kv"), default=n_head, per_layer=True),
+        head_dim=meta.int(a("attention.key_length"), default=n_embd // max(n_head, 1)),
+        rope_base=meta.float(a("rope.freq_base"), default=10000.0),
+        rms_eps=meta.float(a("attention.layer_norm_rms_epsilon"), required=True),
+        block_size=meta.int(a("block_size"), default=16),
+        target_layers=tuple(int(x) for x in target_layers),
+        n_swa=n_swa,
+        swa_layers=(swa_layers_from(meta, a("attention.sliding_window_pattern"), n_layer, 4)
+                    if n_swa > 0 else (False,) * n_layer),
+        mask_token=meta.int("tokenizer.ggml.mask_token_id", default=-1),
+        n_ctx_train=meta.int(a("context_length"), default=0),
+    )
+    if not (0 < cfg.n_layer <= 512 and cfg.n_head > 0 and cfg.n_head % cfg.n_head_kv == 0):
+        raise GGUFError(meta.path, f"implausible drafter sizes: layers={cfg.n_layer} heads={cfg.n_head}/{cfg.n_head_kv}")
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Expected tensors per role (NumPy [out, in] shapes); a shape that disagrees is an error at load
+
+def text_tensor_shapes(c):  # TextConfig -> {name: shape}
+    E, V, F, D = c.n_embd, c.n_vocab, c.n_ff, c.head_dim
+    q, kv = c.n_head * D, c.n_head_kv * D
+    shapes = {"token_embd.weight": (V, E), "output_norm.weight": (E,), "output.weight": (V, E)}
+    for il in range(c.n_layer):
+        b = f"blk.{il}."
+        shapes.update({
+            b + "attn_norm.weight": (E,), b + "attn_q.weight": (q, E), b + "attn_k.weight": (kv, E),
+            b + "attn_v.weight": (kv, E), b + "attn_q_norm.weight": (D,), b + "attn_k_norm.weight": (D,),
+            b + "attn_gate.weight": (q, E), b + "attn_output.weight": (E, q),
+            b + "post_attention_norm.weight": (E,), b + "ffn_norm.weight": (E,),
+            b + "ffn_gate.weight": (F, E), b + "ffn_up.weight": (F, E), b + "ffn_down.weight": (E, F),
+            b + "post_ffw_norm.weight": (E,),
+        })
+    return shapes
+
+
+def text_optional_shapes(c):  # fused QKV replaces q/k/v; q/k/v biases are optional
+    D = c.head_dim
+    q, kv = c.n_head * D, c.n_head_kv * D
+    shapes = {}
+    for il in range(c.n_layer):
+        b = f"blk.{il}."
+        shapes.update({b + "attn_qkv.weight": (q + 2 * kv, c.n_embd), b + "attn_q.bias": (q,),
+                       b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
+    return shapes
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors
+
+class Weights:
+    """Tensors of one GGUF, dequantized on demand to float32 (or float64) with a bounded LRU cache."""
+
+    def __init__(self, reader, path, cache_bytes=DEFAULT_CACHE_BYTES):
+        self.path = path
+        self.tensors = {t.name: t for t in reader.tensors}
+        self.cache_bytes = cache_bytes
+        self._cache = OrderedDict()
+        self._cached_bytes = 0
+
+    def __contains__(self, name):
+        return name in self.tensors
+
+    def shape(self, name):  # name -> NumPy shape (reversed ggml ne)
+        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+
+    def type_name(self, name):
+        return self.tensors[name].tensor_type.name
+
+    def raw(self, name):  # the tensor's bytes/values as stored, memory-mapped
+        return self.tensors[name].data
+
+    def get(self, name, dtype=np.float32):  # name -> dequantized array of self.shape(name)
+        key = (name, np.dtype(dtype).str)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        t = self._tensor(name)
+        w = dequantize(t.data, t.tensor_type, self.path, name).reshape(self.shape(name)).astype(dtype, copy=False)
+        self._remember(key, w)
+        return w
+
+    def rows(self, name, ids, dtype=np.float32):  # name, ids [T] -> [T, n_cols], dequantizing only those rows
+        t = self._tensor(name)
+        return dequantize(t.data[np.asarray(ids)], t.tensor_type, self.path, name).astype(dtype, copy=False)
+
+    def _tensor(self, name):
+        t = self.tensors.get(name)
+        if t is None:
+            raise GGUFError(self.path, f"missing tensor {name}")
+        return t
+
+    def _remember(self, key, w):
+        self._cache[key] = w
+        self._cached_bytes += w.nbytes
+        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cached_bytes -= old.nbytes
+
+
+def dequantize(data, qtype, path, name):  # raw blocks [..., row_bytes] -> float32 [..., n_cols]
+    try:
+        return np.asarray(quants.dequantize(np.asarray(data), qtype), dtype=np.float32)
+    except NotImplementedError:
+        raise GGUFError(path, f"tensor {name} has type {qtype.name}, which this reference cannot dequantize") from None
+
+
+def check_tensors(weights, required, optional=()):  # raise on a missing tensor or wrong shape
+    optional = dict(optional)
+    for name, shape in list(required.items()) + [(n, s) for n, s in optional.items() if n in weights]:
+        if name not in weights:
+            raise GGUFError(weights.path, f"missing tensor {name}")
+        have = weights.shape(name)
+        if have != tuple(shape):
+            raise GGUFError(weights.path, f"tensor {name} has shape {list(have)}, the metadata implies {list(shape)}")
+    for name, t in weights.tensors.items():
+        if t.tensor_type not in quants._type_traits and t.tensor_type not in (
+                GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            raise GGUFError(weights.path, f"tensor {name} has type {t.tensor_type.name}, "
+                                          "which this reference cannot dequantize")
+
+
+# ---------------------------------------------------------------------------------------------
+# The three roles
+
+@dataclass
+class GGUFModel:
+    path: str
+    role: str
+    config: object
+    weights: Weights
+    meta: Metadata
+    tokenizer: TokenizerConfig = None
+
+
+ROLES = ("text", "mmproj", "dflash")
+
+
+def role_of(meta):  # Metadata -> "text" | "mmproj" | "dflash" | description of something else
+    arch = meta.str("general.architecture", required=True)
+    if arch == "muse-glimmer":
+        return "text"
+    if arch == "dflash":
+        return "dflash"
+    if arch == "clip":
+        return "mmproj"
+    return f"architecture {arch!r}"
+
+
+_ROLE_NAMES = {"text": "a muse-glimmer text model", "mmproj": "a muse-glimmer mmproj (clip)",
+               "dflash": "a dflash drafter"}
+
+
+def load(path, role, cache_bytes=DEFAULT_CACHE_BYTES):  # path, role -> GGUFModel (validated)
+    path = os.fspath(path)
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}")
+    try:
+        reader = open_reader(path)
+    except OSError as e:
+        raise GGUFError(path, f"cannot read ({e.strerror or e})") from None
+    meta = Metadata(reader, path)
+    found = role_of(meta)
+    if found != role:
+        raise GGUFError(path, f"expected {_ROLE_NAMES[role]}, found {_ROLE_NAMES.get(found, found)}")
+    weights = Weights(reader, path, cache_bytes)
+    try:
+        if role == "text":
+            tokenizer = read_tokenizer(meta)
+            config = read_text_config(meta)
+            check_tensors(weights, text_tensor_shapes(config) if "blk.0.attn_qkv.weight" not in weights
+                          else _fused_shapes(config), text_optional_shapes(config))
+        elif role == "mmproj":
+            tokenizer = None
+            config = read_vision_config(meta)
+            check_tensors(weights, vision_tensor_shapes(config, weights))
+        else:
+            tokenizer = read_tokenizer(meta) if "tokenizer.ggml.tokens" in reader.fields else None
+            config = read_draft_config(meta)
+            check_tensors(weights, draft_tensor_shapes(config))
+    except (ValueError, TypeError, IndexError, UnicodeDecodeError) as e:
+        raise GGUFError(path, f"bad metadata ({type(e).__name__}: {e})") from None
+    return GGUFModel(path, role, config, weights, meta, tokenizer)
+
+
+def _fused_shapes(c):
+    shapes = text_tensor_shapes(c)
+    for il in range(c.n_layer):
+        for part in ("q", "k", "v"):
+            del shapes[f"blk.{il}.attn_{part}.weight"]
+    return shapes
+
+
+def vision_tensor_shapes(c, weights):  # VisionConfig -> {name: shape}
+    E, F, P = c.n_embd, c.n_ff, c.patch_size
+    n_pos = weights.shape("v.position_embd.weight")[0] if "v.position_embd.weight" in weights else 0
+    merged = E * c.merge_size * c.merge_size
+    shapes = {"v.patch_embd.weight": (E, 3, P, P), "v.position_embd.weight": (n_pos, E),
+              "v.pre_ln.weight": (E,), "v.pre_ln.bias": (E,), "v.post_ln.weight": (E,), "v.post_ln.bias": (E,)}
+    for il in range(c.n_layer):
+        b = f"v.blk.{il}."
+        for ln in ("ln1", "ln2"):
+            shapes[b + ln + ".weight"] = (E,)
+            shapes[b + ln + ".bias"] = (E,)
+        for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            shapes[b + proj + ".weight"] = (E, E)
+            shapes[b + proj + ".bias"] = (E,)
+        shapes.update({b + "ffn_up.weight": (F, E), b + "ffn_up.bias": (F,),
+                       b + "ffn_down.weight": (E, F), b + "ffn_down.bias": (E,)})
+    if "mm.0.weight" in weights:
+        hidden = weights.shape("mm.0.weight")[0]
+        shapes["mm.0.weight"] = (hidden, merged)
+        shapes["mm.1.weight"] = (hidden, hidden)
+        shapes["mm.2.weight"] = (weights.shape("mm.2.weight")[0] if "mm.2.weight" in weights else 0, hidden)
+    else:
+        shapes["mm.0.weight"] = (0, merged)
+    return shapes
+
+
+def draft_tensor_shapes(c):  # DraftConfig -> {name: shape}
+    E, F, D = c.n_embd, c.n_ff, c.head_dim
+    q, kv = c.n_head * D, c.n_head_kv * D
+    shapes = {"fc.weight": (E, len(c.target_layers) * E), "enc.output_norm.weight": (E,),
+              "output_norm.weight": (E,)}
+    for il in range(c.n_layer):
+        b = f"blk.{il}."
+        shapes.update({
+            b + "attn_norm.weight": (E,), b + "attn_q.weight": (q, E), b + "attn_k.weight": (kv, E),
+            b + "attn_v.weight": (kv, E), b + "attn_output.weight": (E, q),
+            b + "attn_q_norm.weight": (D,), b + "attn_k_norm.weight": (D,), b + "ffn_norm.weight": (E,),
+            b + "ffn_gate.weight": (F, E), b + "ffn_up.weight": (F, E), b + "ffn_down.weight": (E, F),
+        })
+    return shapes

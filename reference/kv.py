@@ -1,0 +1,67 @@
+"""KV caches. A cache holds, per layer, K (after QK-norm and RoPE) and V rows plus the absolute
+position stored in each row (-1 = empty). Attention always reads the rows a layer has and lets the
+mask (ops.causal_visible on those positions) decide what is live.
+
+- Uniform: one row per position (row = pos), n_ctx rows on every layer.
+- Ring: the persistent SWA ring. Sliding-window layers keep ring_rows = pad256(n_swa + chunk + 1)
+  rows indexed by pos % ring_rows; full layers stay uniform. A chunk of C new tokens needs the
+  n_swa - 1 keys before its first token plus its own C rows, so the ring never overwrites a row a
+  query of the same chunk can still see.
+"""
+import numpy as np
+
+
+class CacheError(Exception):
+    pass
+
+
+def pad256(n):  # int -> int, rounded up to a multiple of 256 as llama.cpp pads its caches
+    return (n + 255) // 256 * 256
+
+
+class LayerCache:
+    """One layer's rows: k/v [rows, Hkv, D], pos [rows]; row = pos % rows (identity when rows >= n_ctx)."""
+
+    def __init__(self, rows, n_head_kv, head_dim, dtype):
+        self.k = np.zeros((rows, n_head_kv, head_dim), dtype)
+        self.v = np.zeros((rows, n_head_kv, head_dim), dtype)
+        self.pos = np.full(rows, -1, np.int64)
+        self.rows = rows
+
+    def store(self, positions, k, v):  # positions [T], k/v [T, Hkv, D]
+        slots = np.asarray(positions) % self.rows
+        self.k[slots], self.v[slots], self.pos[slots] = k, v, positions
+
+    def live(self):  # -> k [S, Hkv, D], v [S, Hkv, D], pos [S]: rows up to the last filled one
+        end = int(np.flatnonzero(self.pos >= 0).max(initial=-1)) + 1
+        return self.k[:end], self.v[:end], self.pos[:end]
+
+    def truncate(self, n_keep):  # forget every position >= n_keep (rollback after a rejected draft)
+        self.pos[self.pos >= n_keep] = -1
+
+
+class KVCache:
+    """Per-layer caches for one sequence; `kind` is "uniform" or "ring"."""
+
+    def __init__(self, n_layer, swa_layers, n_swa, n_ctx, n_head_kv, head_dim, dtype,
+                 kind="ring", chunk=2048):
+        if kind not in ("uniform", "ring"):
+            raise CacheError(f"unknown KV cache kind {kind!r} (ring or uniform)")
+        self.kind, self.n_ctx, self.n_swa, self.chunk = kind, n_ctx, n_swa, chunk
+        self.ring_rows = min(pad256(n_swa + chunk + 1), pad256(n_ctx))
+        self.layers = []
+        for il in range(n_layer):
+            rows = self.ring_rows if kind == "ring" and swa_layers[il] else n_ctx
+            self.layers.append(LayerCache(rows, n_head_kv, head_dim, dtype))
+        self.n_past = 0
+
+    def check_room(self, n_new, batch):  # raise before tokens that would not fit
+        if self.n_past + n_new > self.n_ctx:
+            raise CacheError(f"context full: {self.n_past} + {n_new} tokens exceed --ctx {self.n_ctx}")
+        if self.kind == "ring" and batch > self.chunk:
+            raise CacheError(f"a batch of {batch} tokens exceeds the ring's chunk size {self.chunk}")
+
+    def truncate(self, n_keep):  # keep positions [0, n_keep)
+        for layer in self.layers:
+            layer.truncate(n_keep)
+        self.n_past = min(self.n_past, n_keep)

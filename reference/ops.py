@@ -1,0 +1,114 @@
+"""The math, one pure function per concept. Nothing here knows a model, a file or a cache.
+
+Every function keeps the dtype of its input (float32 in `exact` mode, float64 for the noise floor),
+except where a comment says a sum is carried in float64 because llama.cpp does so.
+"""
+import numpy as np
+from scipy.special import erf
+
+
+def linear(x, w):  # x [T, in], w [out, in] -> [T, out]
+    # Dot products accumulate in float64 and round once: the result then does not depend on the
+    # BLAS kernel, the batch size or the thread count, so chunked and one-shot prefills agree.
+    return (x.astype(np.float64) @ w.astype(np.float64, copy=False).T).astype(x.dtype)
+
+
+def rms_norm(x, eps):  # x [..., n] -> [..., n]
+    # ggml sums the f32 squares in double, then rounds the mean back to f32 (ops.cpp rms_norm).
+    sum_sq = np.sum((x * x).astype(np.float64), axis=-1)
+    mean = (sum_sq / x.shape[-1]).astype(x.dtype)
+    scale = x.dtype.type(1) / np.sqrt(mean + x.dtype.type(eps))
+    return x * scale[..., None]
+
+
+def layer_norm(x, w, b, eps):  # x [..., n], w [n], b [n] -> [..., n]
+    mean = np.mean(x.astype(np.float64), axis=-1, keepdims=True)
+    centered = x - mean.astype(x.dtype)
+    var = np.mean(centered.astype(np.float64) ** 2, axis=-1, keepdims=True).astype(x.dtype)
+    return centered / np.sqrt(var + x.dtype.type(eps)) * w + b
+
+
+def rope_angles(positions, n_dims, base, dtype):  # positions [T] -> theta [T, n_dims/2]
+    """ggml's angles: theta_0 = p, theta_{i+1} = theta_i * base^(-2/n_dims), multiplied in float32.
+    In float64 the exact p * base^(-2i/n_dims) is the noise-floor reference."""
+    p = np.asarray(positions)
+    if dtype == np.float64:
+        return p[:, None].astype(np.float64) * base ** (-2.0 * np.arange(n_dims // 2) / n_dims)
+    theta_scale = np.float32(base) ** np.float32(-2.0 / n_dims)
+    theta = np.empty((len(p), n_dims // 2), np.float32)
+    theta[:, 0] = p.astype(np.float32)
+    for i in range(1, n_dims // 2):
+        theta[:, i] = theta[:, i - 1] * theta_scale
+    return theta
+
+
+def rope_norm(x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]; pairs (2i, 2i+1)
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out
+
+
+def rope_neox(x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]; pairs (i, i + D/2)
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+
+
+def softmax(x, axis=-1):  # x [..., n] -> [..., n]; rows that are all -inf give 0
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - np.where(np.isfinite(m), m, 0))
+    s = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(s > 0, s, 1)
+
+
+def sigmoid(x):  # [...] -> [...]
+    return 1 / (1 + np.exp(-x))
+
+
+def silu(x):  # [...] -> [...]
+    return x / (1 + np.exp(-x))
+
+
+def gelu_erf(x):  # [...] -> [...]; the exact GELU, not the tanh approximation
+    return (0.5 * x * (1 + erf(x / np.sqrt(2)))).astype(x.dtype, copy=False)
+
+
+def swiglu(gate, up):  # gate [T, F], up [T, F] -> [T, F]; SiLU on the gate projection only
+    return silu(gate) * up
+
+
+def softcap(z, cap):  # z [...] -> [...]; llama.cpp order: scale by the f32 reciprocal, tanh, scale back
+    if cap == 0:
+        return z
+    return np.tanh(z * z.dtype.type(1.0 / cap)) * z.dtype.type(cap)
+
+
+def attention(q, k, v, visible, scale):  # q [T, H, D], k/v [S, Hkv, D], visible [T, S] bool -> [T, H, D]
+    """Scaled dot-product attention with contiguous GQA groups (q head h reads kv head h // (H/Hkv)),
+    computed per kv head on a [group*T, S] score block so K and V are never repeated."""
+    T, H, D = q.shape
+    S, Hkv, _ = k.shape
+    group = H // Hkv
+    # float64 inside, for the same reason as in linear: the result must not depend on how many
+    # (masked) cache rows a batch happens to read.
+    qg = q.astype(np.float64).reshape(T, Hkv, group, D).transpose(1, 2, 0, 3).reshape(Hkv, group * T, D)
+    scores = (qg @ k.astype(np.float64).transpose(1, 2, 0)) * scale        # [Hkv, group*T, S]
+    scores = scores.reshape(Hkv, group, T, S)
+    scores = np.where(visible[None, None], scores, -np.inf)
+    probs = softmax(scores).reshape(Hkv, group * T, S)
+    out = probs @ v.astype(np.float64).transpose(1, 0, 2)                   # [Hkv, group*T, D]
+    return out.reshape(Hkv, group, T, D).transpose(2, 0, 1, 3).reshape(T, H, D).astype(q.dtype)
+
+
+def causal_visible(query_pos, key_pos, window):  # [T], [S] (-1 = empty slot), window or 0 -> [T, S] bool
+    """llama.cpp's KV mask: a key is visible iff it is filled, not in the future, and on a
+    sliding-window layer closer than the window (p_q - p_k < n_swa, self included)."""
+    qp, kp = np.asarray(query_pos)[:, None], np.asarray(key_pos)[None, :]
+    visible = (kp >= 0) & (kp <= qp)
+    if window:
+        visible &= (qp - kp) < window
+    return visible
