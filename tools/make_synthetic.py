@@ -5,7 +5,7 @@ weights. Used by tests (loader, caches, bad input) and for layouts too large to 
                                              --head-dim 64 --vocab 512 --window 16 --type F32]
 """
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGUFWriter, GGMLQuantizationType
@@ -29,9 +29,13 @@ class TextDims:
     logit_scale: float = 0.5
     softcap: float = 20.0
     qk_scale: float = 3.87
-    swa_pattern: list = field(default=None)  # per-layer bools; default: HF rule, last layer full
+    # per-layer bools (written as an array), an int (written as the scalar period), or None for
+    # the array of HF's rule (layer i full iff (n_layer - 1 - i) % 4 == 0), as the converter writes
+    swa_pattern: object = None
 
-    def swa_layers(self):
+    def swa_key_value(self):
+        if isinstance(self.swa_pattern, int):
+            return self.swa_pattern
         if self.swa_pattern is not None:
             return list(self.swa_pattern)
         return [(self.n_layer - 1 - i) % 4 != 0 for i in range(self.n_layer)]
@@ -57,6 +61,22 @@ def text_tensors(d, rng):  # TextDims -> {name: f32 array [out, in]}, weights sc
     return t
 
 
+class _EditingWriter(GGUFWriter):
+    """Drops the keys in `omit` and writes `replace[key] = (value, GGUFValueType)` in place of the
+    usual value, so a test can plant a missing key or a key of the wrong type."""
+
+    def __init__(self, path, arch, omit, replace):
+        self.omit, self.replace = omit, replace
+        super().__init__(path, arch)
+
+    def add_key_value(self, key, val, vtype, sub_type=None):
+        if key in self.omit:
+            return
+        if key in self.replace:
+            val, vtype = self.replace.pop(key)
+        super().add_key_value(key, val, vtype, sub_type)
+
+
 def vocab(n_vocab):  # -> tokens, token types: printable byte tokens, then BOS/EOS/EOT as CONTROL
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot|>"]
     tokens = [f"t{i}" for i in range(n_vocab - len(specials))] + specials
@@ -64,12 +84,13 @@ def vocab(n_vocab):  # -> tokens, token types: printable byte tokens, then BOS/E
     return tokens, types
 
 
-def write_text_gguf(path, dims=None, qtype="F32", seed=0, tensors=None, extra_keys=None):
-    """Writes a text GGUF; `tensors` overrides the random ones (tests use it to plant a bad shape)."""
+def write_text_gguf(path, dims=None, qtype="F32", seed=0, tensors=None, extra_keys=None, omit_keys=()):
+    """Writes a text GGUF; `tensors`, `extra_keys` ({key: (value, GGUFValueType)}, replacing or adding)
+    and `omit_keys` let tests plant a bad shape, a key of another type or a missing key."""
     d = dims or TextDims()
     rng = np.random.default_rng(seed)
     tensors = text_tensors(d, rng) if tensors is None else tensors
-    w = GGUFWriter(path, ARCH)
+    w = _EditingWriter(path, ARCH, set(omit_keys), dict(extra_keys or {}))
     a = lambda k: f"{ARCH}.{k}"  # noqa: E731
     w.add_uint32(a("context_length"), 4096)
     w.add_uint32(a("embedding_length"), d.n_embd)
@@ -82,7 +103,11 @@ def write_text_gguf(path, dims=None, qtype="F32", seed=0, tensors=None, extra_ke
     w.add_float32(a("rope.freq_base"), d.rope_base)
     w.add_float32(a("attention.layer_norm_rms_epsilon"), d.rms_eps)
     w.add_uint32(a("attention.sliding_window"), d.n_swa)
-    w.add_array(a("attention.sliding_window_pattern"), d.swa_layers())
+    pattern = d.swa_key_value()
+    if isinstance(pattern, int):
+        w.add_uint32(a("attention.sliding_window_pattern"), pattern)
+    else:
+        w.add_array(a("attention.sliding_window_pattern"), pattern)
     w.add_float32(a("logit_scale"), d.logit_scale)
     w.add_float32(a("final_logit_softcapping"), d.softcap)
     tokens, types = vocab(d.n_vocab)
@@ -93,8 +118,8 @@ def write_text_gguf(path, dims=None, qtype="F32", seed=0, tensors=None, extra_ke
     w.add_uint32("tokenizer.ggml.bos_token_id", d.n_vocab - 3)
     w.add_uint32("tokenizer.ggml.eos_token_id", d.n_vocab - 2)
     w.add_uint32("tokenizer.ggml.eot_token_id", d.n_vocab - 1)
-    for key, (value, kind) in (extra_keys or {}).items():
-        getattr(w, f"add_{kind}")(key, value)
+    for key, (value, vtype) in list(w.replace.items()):
+        w.add_key_value(key, value, vtype)
     qt = GGMLQuantizationType[qtype]
     for name, x in tensors.items():
         if x.ndim == 1 or qt == GGMLQuantizationType.F32:

@@ -1,0 +1,29 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN = os.path.join(ROOT, "golden")
+MODELS = os.path.join(GOLDEN, "models")
+
+
+def model_manifest():  # -> list of manifest entries for the committed tiny models
+    with open(os.path.join(MODELS, "manifest.json")) as f:
+        data = json.load(f)
+    return data["files"] if isinstance(data, dict) else data
+
+
+def run_cli(module, *args):  # -> CompletedProcess of `python -m module args`
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+
+
+@pytest.fixture(scope="session")
+def synthetic_gguf(tmp_path_factory):  # a small random text GGUF with the real keys and names
+    from tools.make_synthetic import write_text_gguf
+    path = str(tmp_path_factory.mktemp("syn") / "syn.gguf")
+    write_text_gguf(path)
+    return path

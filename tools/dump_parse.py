@@ -1,0 +1,186 @@
+"""Read the text tensor dump of llama.cpp's `llama-eval-callback` or `llama-debug --verbose`.
+
+Both print every graph node through common/debug.cpp (`common_debug_cb_eval`):
+
+    common_debug_cb_eval:              attn_norm-0 = (f32)   RMS_NORM(embd_norm{256, 7, 1, 1}, }) = {256, 7, 1, 1}
+        [
+            [
+                [     -0.1234,       0.5678,       0.9012,    ...,       1.2345, ...  ],
+                ...,
+                [ ... the last 3 rows ... ],
+            ],
+        ]
+        sum = 12.345678
+
+Older builds wrote `ggml_debug:` in front and no sum; both are read. `{256, 7, 1, 1}` is ggml's ne,
+fastest dimension first: numpy shape [1, 1, 7, 256]. Only the first and last 3 entries of each
+dimension are printed, with `%12.4f` (so a printed value is within 5e-5 of the float), and `sum` is
+a float32 running sum over the whole tensor (printed once per ne3 block, same value each time).
+Quantized tensors get a header and no values.
+
+A prompt split into ubatches runs the graph once per ubatch, and llama-debug also runs a warm-up
+decode first unless given --no-warmup: each run is a pass, and a pass starts when the dump's first
+(name, op) comes back. Within a pass one name can label several nodes (`Qcur-0` is the matmul and
+then its 3-D reshape); the last is the tensor the graph callback named. `join_passes` concatenates
+the passes along the token axis.
+"""
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+N_SHOWN = 3  # common_debug_print_tensor(..., n = 3): first and last 3 per dimension
+HEADER = re.compile(r"^(?P<func>[A-Za-z_]\w*): +(?P<name>\S.*?) = \((?P<type>\w+)\) +(?P<op>[^\s(]+)"
+                    r"\((?P<srcs>.*)\) = \{(?P<ne>[\d, ]+)\}\s*$")
+SUM = re.compile(r"^sum = (?P<sum>\S+)$")
+
+
+class DumpError(Exception):
+    pass
+
+
+@dataclass
+class PartialTensor:
+    """The printed part of one tensor: values at some flat (C-order) indices of shape ne[::-1]."""
+    ne: tuple  # ggml order, 4 ints
+    index: np.ndarray  # [k] int64
+    values: np.ndarray  # [k] float64
+    sum: float | None  # float32 running sum over all elements, as printed; None if not printed
+    op: str
+
+    @property
+    def size(self):
+        return int(np.prod(self.ne))
+
+
+def read_row(text, ne, i1, i2, i3, where):  # "[ v, v, ..., v ]," -> (flat indices, values)
+    index, values, i0 = [], [], 0
+    for token in (t.strip() for t in text.strip().lstrip("[").rstrip(",").rstrip("]").split(",")):
+        if token.startswith("..."):
+            i0 = max(ne[0] - N_SHOWN, i0)
+        elif token:
+            if i0 >= ne[0] or i1 >= ne[1] or i2 >= ne[2] or i3 >= ne[3]:
+                raise DumpError(f"{where}: more values than ne {list(ne)} allows")
+            try:
+                values.append(float(token))
+            except ValueError:
+                raise DumpError(f"{where}: {token!r} is not a number") from None
+            index.append(((i3 * ne[2] + i2) * ne[1] + i1) * ne[0] + i0)
+            i0 += 1
+    return index, values
+
+
+def read_values(ne, body, where):  # ggml ne, [(line number, text)] -> (index [k], values [k], sum)
+    """Walks the nesting of common_debug_print_tensor: `[` per i3, `[` per i2, one line per i1 row;
+    a `...,` line skips to the last 3 rows (inside an i2 block) or the last 3 i2 blocks."""
+    index, values, total = [], [], None
+    depth = i1 = i2 = i3 = 0
+    for lineno, line in body:
+        s = line.strip()
+        if s == "[":
+            depth += 1
+            if depth == 1:
+                i2 = 0
+            elif depth == 2:
+                i1 = 0
+        elif s.startswith("["):
+            row_index, row_values = read_row(s, ne, i1, i2, i3, f"{where}:{lineno}")
+            index += row_index
+            values += row_values
+            i1 += 1
+        elif s in ("]", "],"):
+            if depth == 1:
+                i3 += 1
+            elif depth == 2:
+                i2 += 1
+            depth -= 1
+        elif s.startswith("..."):
+            if depth == 1:
+                i2 = ne[2] - N_SHOWN
+            elif depth == 2:
+                i1 = ne[1] - N_SHOWN
+        elif SUM.match(s) and total is None:
+            total = float(SUM.match(s)["sum"])
+    return np.array(index, np.int64), np.array(values, np.float64), total
+
+
+def parse_dump(text, source="dump"):  # text -> [pass: {name: PartialTensor}] in graph order
+    blocks = []  # [name, op, ne, header line number, body lines]
+    for lineno, line in enumerate(text.splitlines(), 1):
+        m = HEADER.match(line.strip())
+        if m:
+            ne = tuple(int(v) for v in m["ne"].split(",") if v.strip())
+            if len(ne) != 4:
+                raise DumpError(f"{source}:{lineno}: ne {{{m['ne']}}} does not have 4 dimensions")
+            blocks.append((m["name"].strip(), m["op"], ne, lineno, []))
+        elif blocks:
+            blocks[-1][4].append((lineno, line))
+    if not blocks:
+        raise DumpError(f"{source}: no tensor lines found (expected llama-eval-callback or llama-debug --verbose output)")
+    passes, first = [], blocks[0][:2]
+    for name, op, ne, lineno, body in blocks:
+        if (name, op) == first:
+            passes.append({})
+        index, values, total = read_values(ne, body, source)
+        passes[-1].pop(name, None)  # re-insert so that the order is the order of the last node
+        passes[-1][name] = PartialTensor(ne, index, values, total, op)
+    return passes
+
+
+def token_axis(nes):  # [ne of each pass] -> the ggml axis that counts tokens
+    """The outermost axis longer than 1 in any pass: tokens are the slowest axis of every activation
+    (ne = {E, T} or {D, H, T}). A pass of one token with per-head shape {D, H, 1} is ambiguous;
+    the comparison in tools.bisect re-derives rows from the other side's row length."""
+    return max([a for a in (1, 2, 3) if any(ne[a] > 1 for ne in nes)], default=1)
+
+
+def pass_tokens(points):  # {name: PartialTensor} of one pass -> its number of tokens
+    ne = next(iter(points.values())).ne
+    return int(np.prod(ne[token_axis([ne]):]))
+
+
+def concat(parts, axis):  # [PartialTensor], ggml axis -> PartialTensor
+    ne = list(parts[0].ne)
+    ne[axis] = sum(p.ne[axis] for p in parts)
+    shape = tuple(reversed(ne))
+    index, offset = [], 0
+    for p in parts:
+        multi = list(np.unravel_index(p.index, tuple(reversed(p.ne))))
+        multi[3 - axis] = multi[3 - axis] + offset
+        index.append(np.ravel_multi_index(tuple(multi), shape))
+        offset += p.ne[axis]
+    sums = [p.sum for p in parts]
+    total = None if None in sums else float(sum(sums))
+    return PartialTensor(tuple(ne), np.concatenate(index), np.concatenate([p.values for p in parts]), total, parts[-1].op)
+
+
+def join_passes(passes):  # [pass] -> ({name: PartialTensor}, {name: why it was left out})
+    names = list(dict.fromkeys(name for points in passes for name in points))
+    joined, skipped = {}, {}
+    for name in names:
+        parts = [points[name] for points in passes if name in points]
+        axis = token_axis([p.ne for p in parts])
+        if any(p.ne[:axis] + p.ne[axis + 1:] != parts[0].ne[:axis] + parts[0].ne[axis + 1:] for p in parts):
+            skipped[name] = f"shape differs between passes: {[list(p.ne) for p in parts]}"
+        else:
+            joined[name] = concat(parts, axis)
+    return joined, skipped
+
+
+def load_dump(path, n_tokens=None):  # dump file -> ({name: PartialTensor}, [notes])
+    """Reads and joins a dump. With n_tokens (the other trace's prompt length), a first pass is
+    dropped as llama-debug's warm-up when the passes after it add up to exactly n_tokens."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as e:
+        raise DumpError(f"{path}: {e.strerror or e}") from None
+    passes = parse_dump(text, path)
+    notes = []
+    tokens = [pass_tokens(p) for p in passes]
+    if n_tokens is not None and len(passes) > 1 and sum(tokens) != n_tokens and sum(tokens[1:]) == n_tokens:
+        notes.append(f"{path}: dropped the first pass ({tokens[0]} tokens) as a warm-up run")
+        passes = passes[1:]
+    points, skipped = join_passes(passes)
+    notes += [f"{path}: {name} left out: {why}" for name, why in skipped.items()]
+    return points, notes
