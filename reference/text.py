@@ -42,17 +42,23 @@ class TextModel:
     def embed(self, token_ids):  # [T] -> [T, E], the raw rows of token_embd
         return self.weights.rows("token_embd.weight", token_ids, self.dtype)
 
-    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=False):
+    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=False, layer_inputs=None):
         """embeddings [T, E] (token rows, or image rows in their place), positions [T] -> logits [T, V].
-        Appends the batch's K/V to `cache`."""
+        Appends the batch's K/V to `cache`. `layer_inputs`, a dict whose keys are layer ids, gets
+        the residual entering each of those layers ([T, E]; id n_layer is the last layer's output):
+        what a DFlash drafter reads from its target (dflash.target_layers)."""
         c = self.cfg
         x = ops.rms_norm(embeddings.astype(self.dtype, copy=False), c.rms_eps)
         trace("embd_norm", x)
         for il in tqdm(range(c.n_layer), desc="layers", disable=not progress, leave=False):
+            if layer_inputs is not None and il in layer_inputs:
+                layer_inputs[il] = x
             x = x + self.attention_block(il, x, positions, cache, trace)
             trace(f"ffn_inp-{il}", x)
             x = x + self.ffn_block(il, x, trace)
             trace(f"l_out-{il}", x)
+        if layer_inputs is not None and c.n_layer in layer_inputs:
+            layer_inputs[c.n_layer] = x
         cache.n_past = max(cache.n_past, int(np.max(positions)) + 1)
         y = ops.rms_norm(x, c.rms_eps) * self.norm_weight("output_norm.weight")
         trace("result_norm", y)
