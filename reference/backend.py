@@ -5,6 +5,9 @@ import numpy as np
 from . import ops
 
 
+STREAM_ROWS = 4096
+
+
 class NumpyBackend:
     name = "numpy"
 
@@ -12,7 +15,16 @@ class NumpyBackend:
         self.dtype = dtype
 
     def linear(self, x, weights, name):  # x [T, in], GGUF tensor name [out, in] -> [T, out]
-        return ops.linear(x, weights.get(name, np.float64))  # f64 products, see ops.linear
+        # f64 weights because ops.linear accumulates in f64. A matrix too big for the weight cache
+        # (the 202048-row output head of the 30B model is 10 GB in f64) is streamed in row blocks.
+        if weights.dense_bytes(name, np.float64) <= weights.cache_bytes // 4:
+            return ops.linear(x, weights.get(name, np.float64))
+        n_out = weights.shape(name)[0]
+        out = np.empty((x.shape[0], n_out), x.dtype)
+        for start in range(0, n_out, STREAM_ROWS):
+            rows = slice(start, min(start + STREAM_ROWS, n_out))
+            out[:, rows] = ops.linear(x, weights.rows(name, rows, np.float64))
+        return out
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         return ops.attention(q, k, v, visible, scale)

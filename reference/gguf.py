@@ -441,9 +441,13 @@ class Weights:
         self._remember(key, w)
         return w
 
-    def rows(self, name, ids, dtype=np.float32):  # name, ids [T] -> [T, n_cols], dequantizing only those rows
+    def rows(self, name, ids, dtype=np.float32):  # name, ids [T] or a slice -> [T, n_cols], only those rows
         t = self._tensor(name)
-        return dequantize(t.data[np.asarray(ids)], t.tensor_type, self.path, name).astype(dtype, copy=False)
+        picked = t.data[ids if isinstance(ids, slice) else np.asarray(ids)]
+        return dequantize(picked, t.tensor_type, self.path, name).astype(dtype, copy=False)
+
+    def dense_bytes(self, name, dtype):  # bytes the tensor takes once dequantized to dtype
+        return int(self._tensor(name).n_elements) * np.dtype(dtype).itemsize
 
     def _tensor(self, name):
         t = self.tensors.get(name)

@@ -195,3 +195,17 @@ def test_lazy_weights_bounded_cache(synthetic_gguf):
     assert m.weights._cached_bytes <= 600_000 and len(m.weights._cache) == 1
     rows = m.weights.rows("token_embd.weight", [3, 7])
     assert np.array_equal(rows, m.weights.get("token_embd.weight")[[3, 7]])
+
+
+def test_matrices_larger_than_the_cache_stream_in_row_blocks(monkeypatch):
+    # with a 2 MB cache the 1 MB (f64) output head is streamed in blocks of 100 rows: same logits
+    from reference import backend
+    from reference.text import TextModel
+    monkeypatch.setattr(backend, "STREAM_ROWS", 100)
+    path = os.path.join(MODELS, "tiny-a-q8_0.gguf")
+    small, big = gguf.load(path, "text", cache_bytes=2_000_000), gguf.load(path, "text")
+    ids = list(range(40))
+    streamed = TextModel(small).prefill(ids, TextModel(small).new_cache(40))
+    cached = TextModel(big).prefill(ids, TextModel(big).new_cache(40))
+    assert np.array_equal(streamed, cached)
+    assert small.weights._cached_bytes <= 2_000_000
