@@ -16,6 +16,7 @@ from . import gguf
 from .kv import CacheError
 from .text import TextModel
 from .tokenizer import detokenize
+from .tp import TensorParallelBackend, TPError, check_tp
 from .trace import Tracer, TraceError
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden")
@@ -46,6 +47,7 @@ def build_parser():
     p.add_argument("--prefill-chunk", type=int, default=2048)
     p.add_argument("--ctx", type=int, default=0, help="context size (default: prompt + n-predict)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--tp", type=int, default=1, help="simulate N-way tensor parallelism (N divides n_head_kv)")
     return p
 
 
@@ -71,7 +73,11 @@ def run(args):  # parsed args -> exit status
     timings = {}
     t0 = time.perf_counter()
     model = gguf.load(args.model or DEFAULT_MODEL, "text")
-    lm = TextModel(model, dtype=np.dtype(args.dtype))
+    backend = None
+    if args.tp != 1:
+        check_tp(model.config, args.tp)
+        backend = TensorParallelBackend(np.dtype(args.dtype), args.tp)
+    lm = TextModel(model, dtype=np.dtype(args.dtype), backend=backend)
     timings["load"] = time.perf_counter() - t0
     tok = model.tokenizer
     prompt = parse_token_ids(args.token_ids, tok.n_vocab) if args.token_ids else default_prompt(tok)
@@ -108,7 +114,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except (gguf.GGUFError, CacheError, TraceError, UsageError) as e:
+    except (gguf.GGUFError, CacheError, TraceError, TPError, UsageError) as e:
         print(f"reference.run: {e}", file=sys.stderr)
         return 2
     except OSError as e:
