@@ -1,13 +1,13 @@
 """Compare a test engine's logits with reference logits, position by position, and gate on the result.
 
     python -m tools.diff REF TEST [--gate nmse=1e-4,top1=0.999] [--near-tie-margin X | --noise-floor F64]
-                         [--json OUT.json] [--plot OUT.png] [--topk 5] [--engine NAME]
+                         [--json OUT.json] [--plot OUT.png] [--topk 5]
 
 REF and TEST are float `.npy` logits `[n_pos, n_vocab]` (a 1-D `[n_vocab]` counts as one position),
 or two directories of them. A directory with a `manifest.json` is read through it: a JSON list of
 entries (or an object holding that list under "goldens", "entries" or "files"), each with "file" and
-"prompt_id" (or "id"); `--engine` keeps only the entries whose "engine" matches. Without a manifest
-the `.npy` files pair by name. Every reference prompt needs a test counterpart.
+"prompt_id" (or "id"), as tools/golden.py writes it. Without a manifest the `.npy` files pair by
+name. Every reference prompt needs a test counterpart.
 
 Per position: NMSE, max|diff|, cosine, KL(ref||test), top-1 and top-k agreement, the reference's top-1
 margin (logit gap top1 - top2) and delta-p (probability of the reference's top-1 under test minus
@@ -24,6 +24,11 @@ Why 8: max|ref64 - ref| = d bounds how far the float32 reference is from the exa
 engine of the same float32 quality is also within about d, so one logit may differ by 2d between the
 two runs and a top1-top2 gap (two logits) by 4d; a factor 2 more allows engines whose summation
 order is less careful than the reference's (which carries long sums in float64).
+
+Gate: `--gate key=limit,...`, checked for every prompt. Upper limits: nmse (whole prompt), nmse_pos
+(worst position), max_abs, kl (mean over positions), kl_max, delta_p (largest |delta-p|). Lower
+limits: cosine (worst position), top1 and topk (mean agreement). top1 counts near-tie flips as
+disagreements, so it bounds how many near-ties are tolerated; a real divergence fails regardless.
 
 Exit status: 0 pass, 1 gate failed (every real divergence fails; near-ties alone do not),
 2 bad input (one line on stderr naming the file and the problem).
@@ -88,7 +93,7 @@ def load_logits(path):  # .npy file -> [n_pos, n_vocab]
     return a
 
 
-def manifest_files(directory, engine=None):  # dir with manifest.json -> {prompt_id: path}
+def manifest_files(directory):  # dir with manifest.json -> {prompt_id: path}
     path = os.path.join(directory, MANIFEST)
     try:
         with open(path) as f:
@@ -104,32 +109,30 @@ def manifest_files(directory, engine=None):  # dir with manifest.json -> {prompt
     for entry in manifest:
         if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
             raise BadInput(f"{path}: entry without a \"file\": {entry!r:.80}")
-        if engine is not None and entry.get("engine") != engine:
-            continue
         key = str(entry.get("prompt_id", entry.get("id", os.path.splitext(entry["file"])[0])))
         file = os.path.realpath(os.path.join(directory, entry["file"]))
         if os.path.commonpath([root, file]) != root:
             raise BadInput(f"{path}: entry {key!r} points outside the directory: {entry['file']!r}")
         if key in files:
-            raise BadInput(f"{path}: prompt id {key!r} appears twice (select one engine with --engine)")
+            raise BadInput(f"{path}: prompt id {key!r} appears twice")
         files[key] = file
     return files
 
 
-def logit_files(path, engine=None):  # file or dir -> {prompt_id: path}
+def logit_files(path):  # file or dir -> {prompt_id: path}
     if not os.path.exists(path):
         raise BadInput(f"{path}: no such file or directory")
     if not os.path.isdir(path):
         return {os.path.splitext(os.path.basename(path))[0]: path}
     if os.path.exists(os.path.join(path, MANIFEST)):
-        return manifest_files(path, engine)
+        return manifest_files(path)
     return {name[:-4]: os.path.join(path, name) for name in sorted(os.listdir(path)) if name.endswith(".npy")}
 
 
-def pair_files(ref_path, test_path, engine=None):  # -> [(prompt_id, ref file, test file)]
+def pair_files(ref_path, test_path):  # -> [(prompt_id, ref file, test file)]
     if os.path.isdir(ref_path) != os.path.isdir(test_path):
         raise BadInput(f"{test_path}: cannot compare a file with a directory ({ref_path})")
-    ref, test = logit_files(ref_path, engine), logit_files(test_path, engine)
+    ref, test = logit_files(ref_path), logit_files(test_path)
     if not os.path.isdir(ref_path):
         return [(next(iter(ref)), ref_path, test_path)]
     if not ref:
@@ -257,7 +260,8 @@ def plot_report(runs, path):  # [(id, report, failures)] -> PNG with NMSE and KL
             # log axes cannot show an exact 0; draw it at the bottom of the float64 range instead
             y = np.maximum(r["per_position"][metric], 1e-30)
             ax.semilogy(x, y, ".-", lw=0.8, ms=3, label=key if metric == "nmse" else None)
-            for kind, style in (("near-tie", dict(marker="^", color="orange")), ("real", dict(marker="X", color="red"))):
+            for kind, style in (("near-tie", {"marker": "^", "color": "orange"}),
+                                ("real", {"marker": "X", "color": "red"})):
                 at = [f["pos"] for f in r["flips"] if f["kind"] == kind]
                 ax.scatter(start + np.array(at, int), y[at], s=60, zorder=3, **style,
                            label=f"{kind} flip" if (metric == "kl" and key == runs[0][0]) else None)
@@ -278,22 +282,34 @@ def plot_report(runs, path):  # [(id, report, failures)] -> PNG with NMSE and KL
     plt.close(fig)
 
 
+def margin_rule(args):  # parsed CLI args -> the near-tie rule in force, as text
+    if args.near_tie_margin is not None:
+        return f"M = {args.near_tie_margin:g} (--near-tie-margin)"
+    if args.noise_floor:
+        return f"M = {NEAR_TIE_FACTOR} x max|ref64 - ref| (noise floor {args.noise_floor})"
+    return f"M = {NEAR_TIE_FACTOR} x float32 spacing at max|ref| (no noise floor given)"
+
+
+def prompt_margin(args, noise, key, ref):  # -> near-tie margin M for one prompt; None: the rounding default
+    if args.near_tie_margin is not None or noise is None:
+        return args.near_tie_margin
+    noise_file = noise.get(key) if os.path.isdir(args.noise_floor) else args.noise_floor
+    if noise_file is None:
+        raise BadInput(f"{args.noise_floor}: no float64 logits for prompt {key!r}")
+    ref64 = load_logits(noise_file)
+    try:
+        return noise_margin(ref, ref64)
+    except BadInput as e:
+        raise BadInput(f"{noise_file}: {e}") from None
+
+
 def run_diff(args):  # parsed CLI args -> exit status
-    gate = parse_gate(args.gate or "")
-    noise = logit_files(args.noise_floor, args.engine) if args.noise_floor else None
+    gate, rule = parse_gate(args.gate or ""), margin_rule(args)
+    noise = logit_files(args.noise_floor) if args.noise_floor else None
     runs = []
-    for key, ref_file, test_file in pair_files(args.ref, args.test, args.engine):
+    for key, ref_file, test_file in pair_files(args.ref, args.test):
         ref, test = load_logits(ref_file), load_logits(test_file)
-        if args.near_tie_margin is not None:
-            margin, rule = args.near_tie_margin, f"M = {args.near_tie_margin:g} (--near-tie-margin)"
-        elif noise is not None:
-            noise_file = noise.get(key) if os.path.isdir(args.noise_floor) else args.noise_floor
-            if noise_file is None:
-                raise BadInput(f"{args.noise_floor}: no float64 logits for prompt {key!r}")
-            margin = noise_margin(ref, load_logits(noise_file))
-            rule = f"M = {NEAR_TIE_FACTOR} x max|ref64 - ref| (noise floor {args.noise_floor})"
-        else:
-            margin, rule = None, f"M = {NEAR_TIE_FACTOR} x float32 spacing at max|ref| (no noise floor given)"
+        margin = prompt_margin(args, noise, key, ref)
         try:
             report = diff_logits(ref, test, margin, args.topk)
         except BadInput as e:
@@ -312,7 +328,8 @@ def run_diff(args):  # parsed CLI args -> exit status
 
 
 def main(argv=None):  # -> exit status
-    p = argparse.ArgumentParser(prog="python -m tools.diff", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.diff", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ref", help="reference logits .npy or directory of goldens")
     p.add_argument("test", help="test logits .npy or directory, paired with REF by prompt id")
     p.add_argument("--gate", help=f"limits, e.g. nmse=1e-4,top1=0.999 (keys: {', '.join(GATE_KEYS)})")
@@ -320,7 +337,6 @@ def main(argv=None):  # -> exit status
     margin.add_argument("--near-tie-margin", type=float, help="near-tie threshold M in logits")
     margin.add_argument("--noise-floor", help="float64 logits of the run that made REF (file or directory)")
     p.add_argument("--topk", type=int, default=5, help="k of the top-k agreement (default 5)")
-    p.add_argument("--engine", help="in manifests, keep only entries of this engine")
     p.add_argument("--json", help="write the full report as JSON")
     p.add_argument("--plot", help="write a PNG of NMSE and KL per position")
     args = p.parse_args(argv)

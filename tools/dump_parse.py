@@ -21,17 +21,18 @@ Quantized tensors get a header and no values.
 A prompt split into ubatches runs the graph once per ubatch, and llama-debug also runs a warm-up
 decode first unless given --no-warmup: each run is a pass, and a pass starts when the dump's first
 (name, op) comes back. Within a pass one name can label several nodes (`Qcur-0` is the matmul and
-then its 3-D reshape); the last is the tensor the graph callback named. `join_passes` concatenates
-the passes along the token axis.
+then its 3-D reshape): the last one is kept, as it is the tensor the graph callback named.
+`join_passes` concatenates the passes along the token axis.
 """
+import math
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
 N_SHOWN = 3  # common_debug_print_tensor(..., n = 3): first and last 3 per dimension
-HEADER = re.compile(r"^(?P<func>[A-Za-z_]\w*): +(?P<name>\S.*?) = \((?P<type>\w+)\) +(?P<op>[^\s(]+)"
-                    r"\((?P<srcs>.*)\) = \{(?P<ne>[\d, ]+)\}\s*$")
+HEADER = re.compile(r"^[A-Za-z_]\w*: +(?P<name>\S.*?) = \(\w+\) +(?P<op>[^\s(]+)\(.*\) = \{(?P<ne>[\d, ]+)\}\s*$")
+MAX_ELEMENTS = 2 ** 48  # far beyond any real tensor; keeps a corrupt ne from overflowing index math
 SUM = re.compile(r"^sum = (?P<sum>\S+)$")
 
 
@@ -49,7 +50,7 @@ class PartialTensor:
     op: str
 
     @property
-    def size(self):
+    def size(self):  # -> number of elements of the whole tensor
         return int(np.prod(self.ne))
 
 
@@ -105,24 +106,24 @@ def read_values(ne, body, where):  # ggml ne, [(line number, text)] -> (index [k
 
 
 def parse_dump(text, source="dump"):  # text -> [pass: {name: PartialTensor}] in graph order
-    blocks = []  # [name, op, ne, header line number, body lines]
+    blocks = []  # (name, op, ne, [(line number, body line)])
     for lineno, line in enumerate(text.splitlines(), 1):
         m = HEADER.match(line.strip())
         if m:
             ne = tuple(int(v) for v in m["ne"].split(",") if v.strip())
-            if len(ne) != 4:
-                raise DumpError(f"{source}:{lineno}: ne {{{m['ne']}}} does not have 4 dimensions")
-            blocks.append((m["name"].strip(), m["op"], ne, lineno, []))
+            if len(ne) != 4 or math.prod(ne) > MAX_ELEMENTS:
+                raise DumpError(f"{source}:{lineno}: ne {{{m['ne']}}} is not 4 plausible dimensions")
+            blocks.append((m["name"].strip(), m["op"], ne, []))
         elif blocks:
-            blocks[-1][4].append((lineno, line))
+            blocks[-1][3].append((lineno, line))
     if not blocks:
-        raise DumpError(f"{source}: no tensor lines found (expected llama-eval-callback or llama-debug --verbose output)")
+        raise DumpError(f"{source}: no tensor lines found (expected llama-eval-callback or "
+                        "llama-debug --verbose output)")
     passes, first = [], blocks[0][:2]
-    for name, op, ne, lineno, body in blocks:
+    for name, op, ne, body in blocks:
         if (name, op) == first:
             passes.append({})
         index, values, total = read_values(ne, body, source)
-        passes[-1].pop(name, None)  # re-insert so that the order is the order of the last node
         passes[-1][name] = PartialTensor(ne, index, values, total, op)
     return passes
 
@@ -151,19 +152,24 @@ def concat(parts, axis):  # [PartialTensor], ggml axis -> PartialTensor
         offset += p.ne[axis]
     sums = [p.sum for p in parts]
     total = None if None in sums else float(sum(sums))
-    return PartialTensor(tuple(ne), np.concatenate(index), np.concatenate([p.values for p in parts]), total, parts[-1].op)
+    values = np.concatenate([p.values for p in parts])
+    return PartialTensor(tuple(ne), np.concatenate(index), values, total, parts[-1].op)
 
 
-def join_passes(passes):  # [pass] -> ({name: PartialTensor}, {name: why it was left out})
-    names = list(dict.fromkeys(name for points in passes for name in points))
-    joined, skipped = {}, {}
-    for name in names:
-        parts = [points[name] for points in passes if name in points]
+def join_passes(passes):  # [pass] -> ({name: PartialTensor}, [names left out])
+    """A name missing from a pass (a dump cut short) or whose non-token axes change between passes
+    (permuted views put tokens in the middle) is left out rather than joined misaligned."""
+    joined, skipped = {}, []
+    for name in dict.fromkeys(name for points in passes for name in points):
+        parts = [points.get(name) for points in passes]
+        if None in parts:
+            skipped.append(name)
+            continue
         axis = token_axis([p.ne for p in parts])
-        if any(p.ne[:axis] + p.ne[axis + 1:] != parts[0].ne[:axis] + parts[0].ne[axis + 1:] for p in parts):
-            skipped[name] = f"shape differs between passes: {[list(p.ne) for p in parts]}"
-        else:
+        if all(p.ne[:axis] + p.ne[axis + 1:] == parts[0].ne[:axis] + parts[0].ne[axis + 1:] for p in parts):
             joined[name] = concat(parts, axis)
+        else:
+            skipped.append(name)
     return joined, skipped
 
 
@@ -182,5 +188,7 @@ def load_dump(path, n_tokens=None):  # dump file -> ({name: PartialTensor}, [not
         notes.append(f"{path}: dropped the first pass ({tokens[0]} tokens) as a warm-up run")
         passes = passes[1:]
     points, skipped = join_passes(passes)
-    notes += [f"{path}: {name} left out: {why}" for name, why in skipped.items()]
+    if skipped:
+        notes.append(f"{path}: {len(skipped)} tensors left out (missing from a pass, or shaped differently "
+                     f"between passes): {', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''}")
     return points, notes

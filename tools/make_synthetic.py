@@ -1,17 +1,25 @@
 """Write Muse-Glimmer text GGUFs with the real keys and tensor names, filled with seeded random
-weights. Used by tests (loader, caches, bad input) and for layouts too large to download.
+weights, streamed to disk one block of rows at a time (the 30B layout never sits in memory).
 
-    python -m tools.make_synthetic OUT.gguf [--layers 5 --embd 256 --ff 512 --heads 4 --heads-kv 2
-                                             --head-dim 64 --vocab 512 --window 16 --type F32]
+    python -m tools.make_synthetic OUT.gguf                       # a small test model (F32)
+    python -m tools.make_synthetic OUT.gguf --layout 30b --mix ud-iq2_xxs   # the release layout
+    python -m tools.make_synthetic OUT.gguf --layout 30b --mix q8_0 --layers 2   # real widths, 2 layers
+
+Small models take f32 arrays and quantize them with gguf.quants; the 30B layout writes random but
+valid quantized blocks directly (random quant bits, f16 scales set so each weight matrix has a
+standard deviation of about 1/sqrt(n_in), which keeps activations of order one through the layers).
 """
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
-from gguf import GGUFWriter, GGMLQuantizationType
+from gguf import GGUFWriter, GGMLQuantizationType, GGML_QUANT_SIZES
 from gguf import quants
+from tqdm import tqdm
 
 ARCH = "muse-glimmer"
+Q = GGMLQuantizationType
+ROWS_PER_WRITE = 2048
 
 
 @dataclass
@@ -41,43 +49,195 @@ class TextDims:
         return [(self.n_layer - 1 - i) % 4 != 0 for i in range(self.n_layer)]
 
 
-def text_tensors(d, rng):  # TextDims -> {name: f32 array [out, in]}, weights scaled for unit activations
+# The release (spec/text.md §1.4): 52 layers, 6656 wide, 32/2 heads of 128, window 2048.
+RELEASE_30B = TextDims(n_layer=52, n_embd=6656, n_ff=19968, n_head=32, n_head_kv=2, head_dim=128,
+                       n_vocab=202048, n_swa=2048, logit_scale=0.19611613513818404, softcap=20.0)
+
+# Weight types by tensor role. ud-iq2_xxs follows the UD-IQ2_XXS files: IQ2_XXS for most 2-D weights,
+# more bits where quantization hurts most (V, ffn_down) and for the embeddings and the output head.
+MIXES = {
+    "f32": {},
+    "q8_0": {"default": Q.Q8_0},
+    "ud-iq2_xxs": {"default": Q.IQ2_XXS, "attn_v": Q.IQ4_XS, "ffn_down": Q.IQ3_XXS,
+                   "token_embd": Q.Q4_K, "output": Q.Q6_K},
+}
+
+
+def weight_type(mix, name):  # tensor name -> GGML type under a mix (1-D tensors are always F32)
+    table = MIXES[mix]
+    role = name.split(".")[-2]
+    return table.get(role, table.get("default", Q.F32))
+
+
+def text_shapes(d):  # TextDims -> [(name, NumPy shape)] in the converter's order
     E, F, D, V = d.n_embd, d.n_ff, d.head_dim, d.n_vocab
     q, kv = d.n_head * D, d.n_head_kv * D
-    mat = lambda o, i: (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)  # noqa: E731
-    norm = lambda n: (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
-    t = {"token_embd.weight": rng.standard_normal((V, E)).astype(np.float32),
-         "output_norm.weight": norm(E), "output.weight": mat(V, E) * 4}
+    shapes = [("token_embd.weight", (V, E))]
     for il in range(d.n_layer):
         b = f"blk.{il}."
-        t.update({
-            b + "attn_norm.weight": norm(E), b + "attn_q.weight": mat(q, E), b + "attn_k.weight": mat(kv, E),
-            b + "attn_v.weight": mat(kv, E), b + "attn_q_norm.weight": np.full(D, d.qk_scale, np.float32),
-            b + "attn_k_norm.weight": np.ones(D, np.float32), b + "attn_gate.weight": mat(q, E),
-            b + "attn_output.weight": mat(E, q), b + "post_attention_norm.weight": norm(E),
-            b + "ffn_norm.weight": norm(E), b + "ffn_gate.weight": mat(F, E), b + "ffn_up.weight": mat(F, E),
-            b + "ffn_down.weight": mat(E, F), b + "post_ffw_norm.weight": norm(E),
-        })
-    return t
+        shapes += [(b + "attn_norm.weight", (E,)), (b + "attn_q.weight", (q, E)), (b + "attn_k.weight", (kv, E)),
+                   (b + "attn_v.weight", (kv, E)), (b + "attn_q_norm.weight", (D,)), (b + "attn_k_norm.weight", (D,)),
+                   (b + "attn_gate.weight", (q, E)), (b + "attn_output.weight", (E, q)),
+                   (b + "post_attention_norm.weight", (E,)), (b + "ffn_norm.weight", (E,)),
+                   (b + "ffn_gate.weight", (F, E)), (b + "ffn_up.weight", (F, E)), (b + "ffn_down.weight", (E, F)),
+                   (b + "post_ffw_norm.weight", (E,))]
+    return shapes + [("output_norm.weight", (E,)), ("output.weight", (V, E))]
 
 
-class _EditingWriter(GGUFWriter):
-    """Drops the keys in `omit` and writes `replace[key] = (value, GGUFValueType)` in place of the
-    usual value, so a test can plant a missing key or a key of the wrong type."""
-
-    def __init__(self, path, arch, omit, replace):
-        self.omit, self.replace = omit, replace
-        super().__init__(path, arch)
-
-    def add_key_value(self, key, val, vtype, sub_type=None):
-        if key in self.omit:
-            return
-        if key in self.replace:
-            val, vtype = self.replace.pop(key)
-        super().add_key_value(key, val, vtype, sub_type)
+def random_f32(d, name, shape, rng):  # -> f32 array: unit-scale weights for a small test model
+    if name.endswith("attn_q_norm.weight"):
+        return np.full(shape, d.qk_scale, np.float32)
+    if name.endswith("attn_k_norm.weight"):
+        return np.ones(shape, np.float32)
+    if len(shape) == 1:
+        return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if name == "token_embd.weight":
+        return rng.standard_normal(shape).astype(np.float32)
+    scale = 4 if name == "output.weight" else 1  # a peaked output distribution
+    return (scale * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
 
 
-def vocab(n_vocab):  # -> tokens, token types: printable byte tokens, then BOS/EOS/EOT as CONTROL
+def text_tensors(d, rng):  # TextDims -> {name: f32 array [out, in]}
+    return {name: random_f32(d, name, shape, rng) for name, shape in text_shapes(d)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Random valid quantized blocks
+
+# byte offsets of the f16 super-block scales in each block (ggml-common.h block layouts)
+F16_SCALE_OFFSETS = {Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ2_XXS: (0,),
+                     Q.IQ3_XXS: (0,), Q.IQ4_XS: (0,)}
+
+
+def block_scale_for_unit_std(qtype):  # -> f16 scale that gives random blocks of this type std 1
+    block, size = GGML_QUANT_SIZES[qtype]
+    probe = np.random.default_rng(0).integers(0, 256, (64, size), dtype=np.uint8)
+    set_scales(probe, qtype, 1.0)
+    return 1.0 / float(np.std(quants.dequantize(probe.reshape(1, -1), qtype)))
+
+
+def set_scales(blocks, qtype, scale):  # blocks [n, block_bytes] uint8, in place
+    f16 = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+    for off in F16_SCALE_OFFSETS[qtype]:
+        blocks[:, off:off + 2] = f16
+
+
+def random_rows(qtype, n_rows, n_cols, std, rng, unit_scale):  # -> raw rows [n_rows, row_bytes] uint8
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (n_rows * n_cols // block, size), dtype=np.uint8)
+    set_scales(blocks, qtype, std * unit_scale)
+    return blocks.reshape(n_rows, -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming writer
+
+@dataclass
+class TensorSpec:
+    name: str
+    shape: tuple        # NumPy [out, in]
+    qtype: object
+    rows: object        # (start, stop) -> the stored rows: f32 values or raw quantized bytes
+
+    @property
+    def nbytes(self):
+        block, size = GGML_QUANT_SIZES[self.qtype]
+        return int(np.prod(self.shape)) // block * size
+
+
+def stream_gguf(path, add_keys, specs, progress=False):
+    """Writes the header, the keys (add_keys(writer)), the tensor infos, then each tensor's rows
+    ROWS_PER_WRITE at a time; memory stays at one block of rows."""
+    w = GGUFWriter(path, ARCH, use_temp_file=False)
+    add_keys(w)
+    for s in specs:
+        w.add_tensor_info(s.name, s.shape, np.float32, s.nbytes, raw_dtype=s.qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    out = w.fout[0]
+    w.write_padding(out, out.tell())
+    for s in tqdm(specs, desc="tensors", disable=not progress):
+        n_rows = s.shape[0] if len(s.shape) > 1 else 1
+        for start in range(0, n_rows, ROWS_PER_WRITE):
+            out.write(np.ascontiguousarray(s.rows(start, min(start + ROWS_PER_WRITE, n_rows))).tobytes())
+        w.write_padding(out, s.nbytes)
+    w.close()
+
+
+def array_spec(name, x, qtype):  # a tensor held in memory, quantized as it is written
+    if x.ndim == 1:  # one "row": the whole vector
+        return TensorSpec(name, x.shape, Q.F32, lambda a, b: x.astype(np.float32))
+    if qtype == Q.F32:
+        return TensorSpec(name, x.shape, qtype, lambda a, b: x[a:b].astype(np.float32))
+    return TensorSpec(name, x.shape, qtype, lambda a, b: quants.quantize(x[a:b], qtype))
+
+
+def random_spec(d, name, shape, qtype, seed):  # a tensor generated row block by row block
+    unit = block_scale_for_unit_std(qtype) if qtype not in (Q.F32, Q.F16, Q.BF16) else 1.0
+
+    def rows(start, stop):
+        rng = np.random.default_rng([seed, start])
+        if len(shape) == 1 or qtype == Q.F32:
+            return random_f32(d, name, (stop - start, *shape[1:]) if len(shape) > 1 else shape, rng)
+        std = 1.0 if name == "token_embd.weight" else 1.0 / np.sqrt(shape[1])
+        return random_rows(qtype, stop - start, shape[1], std, rng, unit)
+    return TensorSpec(name, shape, Q.F32 if len(shape) == 1 else qtype, rows)
+
+
+def text_keys(d):  # TextDims -> add_keys(writer) for the text role
+    def add_keys(w):
+        a = lambda k: f"{ARCH}.{k}"  # noqa: E731
+        for key, value in (("context_length", 131072), ("embedding_length", d.n_embd), ("block_count", d.n_layer),
+                           ("feed_forward_length", d.n_ff), ("attention.head_count", d.n_head),
+                           ("attention.head_count_kv", d.n_head_kv), ("attention.key_length", d.head_dim),
+                           ("attention.value_length", d.head_dim), ("attention.sliding_window", d.n_swa)):
+            w.add_uint32(a(key), value)
+        w.add_float32(a("rope.freq_base"), d.rope_base)
+        w.add_float32(a("attention.layer_norm_rms_epsilon"), d.rms_eps)
+        pattern = d.swa_key_value()
+        if isinstance(pattern, int):
+            w.add_uint32(a("attention.sliding_window_pattern"), pattern)
+        else:
+            w.add_array(a("attention.sliding_window_pattern"), pattern)
+        w.add_float32(a("logit_scale"), d.logit_scale)
+        w.add_float32(a("final_logit_softcapping"), d.softcap)
+        tokens, types = vocab(d.n_vocab)
+        w.add_string("tokenizer.ggml.model", "gpt2")
+        w.add_string("tokenizer.ggml.pre", "llama4")
+        w.add_array("tokenizer.ggml.tokens", tokens)
+        w.add_array("tokenizer.ggml.token_type", types)
+        w.add_uint32("tokenizer.ggml.bos_token_id", d.n_vocab - 3)
+        w.add_uint32("tokenizer.ggml.eos_token_id", d.n_vocab - 2)
+        w.add_uint32("tokenizer.ggml.eot_token_id", d.n_vocab - 1)
+    return add_keys
+
+
+class _EditingWriter:
+    """Wraps add_keys so that the keys in `omit` are dropped and `replace[key] = (value,
+    GGUFValueType)` is written in place of (or in addition to) the usual value: tests plant a
+    missing key or a key of the wrong type with it."""
+
+    def __init__(self, add_keys, omit, replace):
+        self.add_keys, self.omit, self.replace = add_keys, set(omit), dict(replace)
+
+    def __call__(self, w):
+        original = w.add_key_value
+        pending = dict(self.replace)
+
+        def edited(key, val, vtype, sub_type=None):
+            if key in self.omit:
+                return
+            if key in pending:
+                val, vtype = pending.pop(key)
+            original(key, val, vtype, sub_type)
+        w.add_key_value = edited
+        self.add_keys(w)
+        for key, (val, vtype) in pending.items():
+            original(key, val, vtype)
+
+
+def vocab(n_vocab):  # -> tokens, token types: ordinary tokens, then BOS/EOS/EOT as CONTROL
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot|>"]
     tokens = [f"t{i}" for i in range(n_vocab - len(specials))] + specials
     types = [1] * (n_vocab - len(specials)) + [3] * len(specials)
@@ -85,71 +245,37 @@ def vocab(n_vocab):  # -> tokens, token types: printable byte tokens, then BOS/E
 
 
 def write_text_gguf(path, dims=None, qtype="F32", seed=0, tensors=None, extra_keys=None, omit_keys=()):
-    """Writes a text GGUF; `tensors`, `extra_keys` ({key: (value, GGUFValueType)}, replacing or adding)
-    and `omit_keys` let tests plant a bad shape, a key of another type or a missing key."""
+    """A small text GGUF from f32 arrays. `tensors`, `extra_keys` ({key: (value, GGUFValueType)},
+    replacing or adding) and `omit_keys` let tests plant a bad shape, a key of another type or a
+    missing key."""
     d = dims or TextDims()
-    rng = np.random.default_rng(seed)
-    tensors = text_tensors(d, rng) if tensors is None else tensors
-    w = _EditingWriter(path, ARCH, set(omit_keys), dict(extra_keys or {}))
-    a = lambda k: f"{ARCH}.{k}"  # noqa: E731
-    w.add_uint32(a("context_length"), 4096)
-    w.add_uint32(a("embedding_length"), d.n_embd)
-    w.add_uint32(a("block_count"), d.n_layer)
-    w.add_uint32(a("feed_forward_length"), d.n_ff)
-    w.add_uint32(a("attention.head_count"), d.n_head)
-    w.add_uint32(a("attention.head_count_kv"), d.n_head_kv)
-    w.add_uint32(a("attention.key_length"), d.head_dim)
-    w.add_uint32(a("attention.value_length"), d.head_dim)
-    w.add_float32(a("rope.freq_base"), d.rope_base)
-    w.add_float32(a("attention.layer_norm_rms_epsilon"), d.rms_eps)
-    w.add_uint32(a("attention.sliding_window"), d.n_swa)
-    pattern = d.swa_key_value()
-    if isinstance(pattern, int):
-        w.add_uint32(a("attention.sliding_window_pattern"), pattern)
-    else:
-        w.add_array(a("attention.sliding_window_pattern"), pattern)
-    w.add_float32(a("logit_scale"), d.logit_scale)
-    w.add_float32(a("final_logit_softcapping"), d.softcap)
-    tokens, types = vocab(d.n_vocab)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "llama4")
-    w.add_array("tokenizer.ggml.tokens", tokens)
-    w.add_array("tokenizer.ggml.token_type", types)
-    w.add_uint32("tokenizer.ggml.bos_token_id", d.n_vocab - 3)
-    w.add_uint32("tokenizer.ggml.eos_token_id", d.n_vocab - 2)
-    w.add_uint32("tokenizer.ggml.eot_token_id", d.n_vocab - 1)
-    for key, (value, vtype) in list(w.replace.items()):
-        w.add_key_value(key, value, vtype)
-    qt = GGMLQuantizationType[qtype]
-    for name, x in tensors.items():
-        if x.ndim == 1 or qt == GGMLQuantizationType.F32:
-            w.add_tensor(name, x.astype(np.float32))
-        else:
-            w.add_tensor(name, quants.quantize(x, qt), raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    tensors = text_tensors(d, np.random.default_rng(seed)) if tensors is None else tensors
+    specs = [array_spec(name, x, Q[qtype]) for name, x in tensors.items()]
+    stream_gguf(path, _EditingWriter(text_keys(d), omit_keys, extra_keys or {}), specs)
     return d
+
+
+def write_layout_gguf(path, dims, mix, seed=0, progress=True):  # the release layout, random blocks
+    specs = [random_spec(dims, name, shape, weight_type(mix, name), seed + i)
+             for i, (name, shape) in enumerate(text_shapes(dims))]
+    stream_gguf(path, text_keys(dims), specs, progress)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tools.make_synthetic", description=__doc__.splitlines()[0])
     p.add_argument("out")
-    p.add_argument("--layers", type=int, default=5)
-    p.add_argument("--embd", type=int, default=256)
-    p.add_argument("--ff", type=int, default=512)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--heads-kv", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--window", type=int, default=16)
-    p.add_argument("--type", default="F32", help="GGML type of the 2-D weights (F32, F16, BF16, Q8_0, ...)")
+    p.add_argument("--layout", choices=("small", "30b"), default="small")
+    p.add_argument("--mix", choices=sorted(MIXES), default="f32", help="weight types (30b layout)")
+    p.add_argument("--type", default="F32", help="GGML type of the 2-D weights (small layout)")
+    p.add_argument("--layers", type=int, help="override the layer count")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    dims = TextDims(n_layer=a.layers, n_embd=a.embd, n_ff=a.ff, n_head=a.heads, n_head_kv=a.heads_kv,
-                    head_dim=a.head_dim, n_vocab=a.vocab, n_swa=a.window)
-    write_text_gguf(a.out, dims, a.type, a.seed)
+    if a.layout == "30b":
+        dims = RELEASE_30B if a.layers is None else replace(RELEASE_30B, n_layer=a.layers)
+        write_layout_gguf(a.out, dims, a.mix, a.seed)
+    else:
+        dims = TextDims() if a.layers is None else TextDims(n_layer=a.layers)
+        write_text_gguf(a.out, dims, a.type, a.seed)
 
 
 if __name__ == "__main__":

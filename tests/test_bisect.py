@@ -1,0 +1,268 @@
+"""tools.bisect, tools.dump_parse and tools.hf_names.
+
+The fixture tests/fixtures/eval_callback_dump.txt is in the exact format of llama.cpp's
+common/debug.cpp: two passes (ubatches of 8 and 3 tokens) of a few nodes, plus a log line before and
+after. Every printed value of tensor NAME is `fixture_values(NAME, joined numpy shape)` at its
+place in the joined 11-token tensor, and every sum is the float32 sum of its ubatch's tensor; the
+values are multiples of 1/16, so printing and summing them is exact. `Qcur-0` is printed twice per
+pass, as the matmul {16, T} (other values) and then as its reshape {8, 2, T}.
+"""
+import os
+
+import numpy as np
+import pytest
+from conftest import MODELS, ROOT, run_cli
+
+from reference.trace import Tracer
+from tools import bisect as bisect_tool
+from tools import dump_parse
+from tools.hf_names import HF_TEXT_MODULES, hf_module, hf_rope_rows_to_gguf
+
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "eval_callback_dump.txt")
+N_LAYER, T, E, H, D = 4, 5, 16, 2, 8
+LAYER_OPS = ["attn_norm", "Qcur", "Qcur_normed", "attn_out", "attn_o_proj", "attn_post_norm", "ffn_inp",
+             "ffn_norm", "ffn_out", "ffn_post_norm", "l_out"]
+
+
+def fixture_values(name, shape):  # -> values of the fixture's tensor `name` joined over both passes
+    flat = np.arange(int(np.prod(shape)))
+    return ((((flat * 7 + sum(map(ord, name))) % 33) - 16) / 16.0).reshape(shape)
+
+
+def rms(x):  # [..., n] -> [..., n]
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+def toy_trace(inject=None, dtype=np.float32):  # -> {name: tensor} in forward order
+    """A small pre-norm transformer-like forward; `inject` adds an error at one point, which then
+    flows into every later point as a real bug would."""
+    rng = np.random.default_rng(0)
+    shapes = {"q": (E, H * D), "o": (H * D, E), "up": (E, 3 * E), "down": (3 * E, E), "out": (E, 40)}
+    w = {k: rng.normal(size=shape).astype(dtype) / np.sqrt(shape[0]) for k, shape in shapes.items()}
+    trace = {}
+
+    def record(name, x):  # [...] -> [...] as stored, with the injected error if any
+        if name == inject:
+            x = x + 1e-3 * np.std(x) * np.random.default_rng(1).normal(size=x.shape).astype(dtype)
+        trace[name] = x.astype(dtype)
+        return trace[name]
+
+    x = record("embd_norm", rms(np.random.default_rng(2).normal(size=(T, E)).astype(dtype)))
+    for il in range(N_LAYER):
+        h = record(f"attn_norm-{il}", rms(x))
+        q = record(f"Qcur-{il}", (h @ w["q"]).reshape(T, H, D))
+        q = record(f"Qcur_normed-{il}", rms(q))
+        a = record(f"attn_out-{il}", np.tanh(q).reshape(T, H * D))
+        a = record(f"attn_o_proj-{il}", a @ w["o"])
+        a = record(f"attn_post_norm-{il}", rms(a))
+        x = record(f"ffn_inp-{il}", x + a)
+        u = record(f"ffn_norm-{il}", rms(x))
+        f = record(f"ffn_out-{il}", np.maximum(u @ w["up"], 0) @ w["down"])
+        f = record(f"ffn_post_norm-{il}", rms(f))
+        x = record(f"l_out-{il}", x + f)
+    record("result_output", record("result_norm", rms(x)) @ w["out"])
+    return trace
+
+
+def save_trace(trace, directory):  # {name: tensor} -> trace dir as reference.run writes it
+    tracer = Tracer(str(directory))
+    for name, x in trace.items():
+        tracer(name, x)
+    tracer.close()
+    return str(directory)
+
+
+def test_error_injected_at_layer_2_attn_post_norm_is_found():
+    clean = toy_trace()
+    result = bisect_tool.bisect(clean, toy_trace(inject="attn_post_norm-2"), bisect_tool.EXACT_THRESHOLD)
+    first = result["first"]
+    assert (first["name"], first["layer"], first["op"]) == ("attn_post_norm-2", 2, "attn_post_norm")
+    names = [p["name"] for p in result["points"]]
+    assert names == list(clean)  # A's forward order
+    assert all(p["diverged"] for p in result["points"][names.index("attn_post_norm-2"):])
+    assert not any(p["diverged"] for p in result["points"][:names.index("attn_post_norm-2")])
+    assert bisect_tool.bisect(clean, toy_trace(), bisect_tool.EXACT_THRESHOLD)["first"] is None
+
+
+def test_noise_floor_thresholds_separate_rounding_from_a_bug():
+    exact = toy_trace(dtype=np.float64)
+    clean, buggy = toy_trace(), toy_trace(inject="ffn_out-1")
+    thresholds = bisect_tool.noise_thresholds(clean, exact)
+    assert set(thresholds) == set(clean)
+
+    def engine(noisier):  # an engine whose rounding error is `noisier` times the reference's
+        return {n: (a + noisier * (exact[n] - a)).astype(np.float32) for n, a in clean.items()}
+
+    assert bisect_tool.bisect(clean, engine(3), thresholds)["first"] is None
+    assert bisect_tool.bisect(clean, engine(12), thresholds)["first"] is not None
+    assert bisect_tool.bisect(clean, buggy, thresholds)["first"]["name"] == "ffn_out-1"
+
+
+def test_cli_names_the_first_divergence(tmp_path, capsys):
+    a = save_trace(toy_trace(), tmp_path / "a")
+    b = save_trace(toy_trace(inject="attn_post_norm-2"), tmp_path / "b")
+    r = run_cli("tools.bisect", a, b, "--table", tmp_path / "t.txt", "--json", tmp_path / "r.json")
+    assert r.returncode == 1, r.stderr
+    assert "first divergence: attn_post_norm-2 (layer 2, op attn_post_norm) nmse=" in r.stdout
+    table = (tmp_path / "t.txt").read_text()
+    assert "attn_post_norm" in table.splitlines()[4] and "DIVERGED" in table
+    assert bisect_tool.main([a, a]) == 0
+    assert "no divergence above threshold" in capsys.readouterr().out
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")  # an extra: [parity]
+    a = save_trace(toy_trace(), tmp_path / "a")
+    b = save_trace(toy_trace(inject="Qcur-1"), tmp_path / "b")
+    assert bisect_tool.main([a, b, "--plot", str(tmp_path / "p.png")]) == 1
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_input(tmp_path, capsys):
+    a = save_trace(toy_trace(), tmp_path / "a")
+    (tmp_path / "junk.txt").write_text("not a dump\n")
+    for source in (tmp_path / "missing", tmp_path / "junk.txt"):
+        assert bisect_tool.main([a, str(source)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(source) in err[0]
+    r = run_cli("tools.bisect", a, tmp_path / "junk.txt")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_parse_fixture_dump():
+    with open(FIXTURE) as f:
+        passes = dump_parse.parse_dump(f.read(), FIXTURE)
+    assert len(passes) == 2
+    assert list(passes[0]) == ["embd_norm", "attn_norm-0", "Qcur-0", "cache_k_l0 (view)", "attn_post_norm-0",
+                               "result_output"]
+    first = passes[0]["embd_norm"]
+    assert first.ne == (8, 8, 1, 1) and first.op == "RMS_NORM"
+    assert (first.index[0], first.values[0], first.sum) == (0, 0.4375, 0.4375)
+    assert first.index.size == 36  # 6 of 8 rows, 6 of 8 values each
+    assert passes[0]["Qcur-0"].op == "RESHAPE"  # the last node of that name
+    quantized = passes[0]["cache_k_l0 (view)"]
+    assert quantized.index.size == 0 and quantized.sum is None
+
+    points, notes = dump_parse.load_dump(FIXTURE)
+    assert notes == []
+    expected_ne = {"embd_norm": (8, 11, 1, 1), "Qcur-0": (8, 2, 11, 1), "attn_post_norm-0": (8, 11, 1, 1),
+                   "result_output": (32, 1, 1, 1)}
+    for name, ne in expected_ne.items():
+        t = points[name]
+        assert t.ne == ne
+        full = fixture_values(name, tuple(reversed(ne))).reshape(-1)
+        np.testing.assert_array_equal(t.values, full[t.index])
+        assert t.sum == full.sum()
+    assert points["embd_norm"].index.size == 36 + 18
+    assert points["Qcur-0"].index.size == (6 + 3) * 2 * 6
+
+
+def test_warm_up_pass_is_dropped_only_when_the_token_count_says_so():
+    whole, _ = dump_parse.load_dump(FIXTURE, n_tokens=11)
+    assert whole["embd_norm"].ne == (8, 11, 1, 1)
+    last, notes = dump_parse.load_dump(FIXTURE, n_tokens=3)
+    assert last["embd_norm"].ne == (8, 3, 1, 1) and "warm-up" in notes[0]
+
+
+def fixture_as_full_trace():  # -> the fixture's tensors, whole, in the reference's layout
+    rng = np.random.default_rng(3)
+    trace = {name: fixture_values(name, (11, E // 2)).astype(np.float32)
+             for name in ("embd_norm", "attn_norm-0", "attn_post_norm-0")}
+    trace["Qcur-0"] = fixture_values("Qcur-0", (11, 2, 8)).astype(np.float32)
+    logits = rng.normal(size=(11, 32)).astype(np.float32)
+    logits[-1] = fixture_values("result_output", (1, 32))[0]  # llama.cpp keeps only the last row
+    trace["result_output"] = logits
+    return trace
+
+
+def test_dump_against_full_trace_uses_printed_values_and_sums():
+    dump, _ = dump_parse.load_dump(FIXTURE, n_tokens=11)
+    trace = fixture_as_full_trace()
+    result = bisect_tool.bisect(trace, dump, bisect_tool.EXACT_THRESHOLD)
+    assert result["first"] is None
+    by_name = {p["name"]: p for p in result["points"]}
+    assert by_name["attn_post_norm-0"]["sum_ok"] is True
+    assert by_name["result_output"]["note"] == "last 1 of 11 vs 1 tokens"
+    assert by_name["result_output"]["n"] == 6
+
+    within_print = fixture_as_full_trace()
+    within_print["attn_norm-0"][0, 0] += 4e-5  # under the %12.4f rounding of the dump
+    assert bisect_tool.bisect(within_print, dump, 1e-12)["first"] is None
+
+    hidden = fixture_as_full_trace()
+    hidden["attn_post_norm-0"][4, 4] += 0.5  # row 4, column 4: never printed, only summed
+    first = bisect_tool.bisect(hidden, dump, bisect_tool.EXACT_THRESHOLD)["first"]
+    assert first["name"] == "attn_post_norm-0" and first["nmse"] == 0 and first["sum_ok"] is False
+    # the same error is within a loose threshold (whole-tensor NMSE ~ 8e-3), and the sums must say so too
+    assert bisect_tool.bisect(hidden, dump, 1e-2)["first"] is None
+
+    shown = fixture_as_full_trace()
+    shown["attn_norm-0"][10, 7] += 0.01  # the last printed value
+    first = bisect_tool.bisect(shown, dump, bisect_tool.EXACT_THRESHOLD)["first"]
+    assert first["name"] == "attn_norm-0" and first["nmse"] > 1e-6
+
+
+def test_older_prefix_and_nan_values():
+    text = """ggml_debug:                   norm-0 = (f32)       NORM(inp_embd{4, 2, 1, 1}, }) = {4, 2, 1, 1}
+                                     [
+                                      [
+                                       [  1.0000,   -nan,   2.0000,   3.0000],
+                                       [  0.5000,   0.2500,   0.1250,   inf],
+                                      ],
+                                     ]
+"""
+    (points,) = dump_parse.parse_dump(text)
+    t = points["norm-0"]
+    assert t.sum is None and t.index.tolist() == list(range(8))
+    assert np.isnan(t.values[1]) and np.isinf(t.values[7])
+    result = bisect_tool.bisect({"norm-0": np.arange(8, dtype=np.float32).reshape(2, 4)}, points, 1.0)
+    assert result["first"]["name"] == "norm-0"  # NaN never passes a threshold
+
+
+def test_hf_names_cover_the_trace_and_undo_rotate_half():
+    for op in LAYER_OPS + ["attn_gate_proj", "Kcur", "Vcur", "Kcur_normed", "Qcur_rope", "Kcur_rope",
+                           "attn_gate_sig", "attn_gated"]:
+        assert op + "-{il}" in HF_TEXT_MODULES
+    assert hf_module("attn_post_norm-7")[0] == "model.language_model.layers.7.post_attention_layernorm"
+    assert hf_module("result_norm")[0] == "model.language_model.norm"
+    # llama.cpp's converter reorders the q_proj rows of each head: HF row s*D/2 + j -> GGUF row 2j + s
+    rng = np.random.default_rng(0)
+    w_hf, x = rng.normal(size=(H * D, E)), rng.normal(size=(3, E))
+    w_gguf = w_hf.reshape(H, 2, D // 2, E).swapaxes(1, 2).reshape(H * D, E)
+    np.testing.assert_array_equal(hf_rope_rows_to_gguf(x @ w_hf.T, D), x @ w_gguf.T)
+    per_head = hf_rope_rows_to_gguf((x @ w_hf.T).reshape(3, H, D), D)
+    np.testing.assert_array_equal(per_head, (x @ w_gguf.T).reshape(3, H, D))
+
+
+@pytest.fixture(scope="module")
+def tiny_a():  # -> (GGUFModel, prompt ids) of the committed tiny model
+    from reference import gguf
+    return gguf.load(os.path.join(MODELS, "tiny-a-f32.gguf"), "text"), [497, 85, 318, 217, 394, 109, 23]
+
+
+def reference_trace(model, ids, lm=None):  # -> {name: tensor} of one prefill of the reference forward
+    from reference.text import TextModel
+    lm = lm or TextModel(model)
+    tracer = Tracer(keep_in_memory=True)
+    lm.prefill(ids, lm.new_cache(len(ids), "uniform"), trace=tracer)
+    return tracer.points
+
+
+def test_planted_bugs_in_the_reference_forward(tiny_a, monkeypatch):
+    from reference import ops
+    from reference.text import TextModel
+    model, ids = tiny_a
+    clean = reference_trace(model, ids)
+    assert bisect_tool.bisect(clean, reference_trace(model, ids), bisect_tool.EXACT_THRESHOLD)["first"] is None
+
+    # the post-attention norm weight of layer 2 off by 0.1 %
+    lm = TextModel(model)
+    weight = lm.norm_weight
+    lm.norm_weight = lambda name: weight(name) * (1.001 if name == "blk.2.post_attention_norm.weight" else 1)
+    first = bisect_tool.bisect(clean, reference_trace(model, ids, lm), bisect_tool.EXACT_THRESHOLD)["first"]
+    assert first["name"] == "attn_post_norm-2"
+
+    # RoPE pairing (i, i + D/2) instead of ggml's (2i, 2i+1): shows up on the first sliding-window layer
+    monkeypatch.setattr(ops, "rope_norm", ops.rope_neox)
+    first = bisect_tool.bisect(clean, reference_trace(model, ids), bisect_tool.EXACT_THRESHOLD)["first"]
+    assert first["name"] == "Qcur_rope-1"

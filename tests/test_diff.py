@@ -1,0 +1,145 @@
+"""tools.metrics and tools.diff: the metrics, the near-tie rule, the gate and the exit statuses."""
+import json
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from tools import diff, metrics
+
+NEAR_TIE_POS, REAL_POS = 2, 4
+
+
+def logits_pair(real=True):  # -> ref [6, 40], ref64, test with a near-tie flip (and a real one)
+    rng = np.random.default_rng(0)
+    ref64 = rng.normal(size=(6, 40)) * 2
+    ref64[NEAR_TIE_POS, :2] = [9.0, 9.0 - 1e-4]  # top-2 within the noise: either order is right
+    ref64[REAL_POS, :2] = [9.0, 7.0]  # a clear winner
+    ref = ref64.astype(np.float32)
+    ref64 = ref64 + 2e-5  # noise floor max|ref64 - ref| ~ 2e-5 -> margin M ~ 1.6e-4 > 1e-4
+    test = ref + rng.normal(size=ref.shape).astype(np.float32) * 1e-6
+    test[NEAR_TIE_POS, :2] = ref[NEAR_TIE_POS, 1::-1]
+    if real:
+        test[REAL_POS, 5] = 12.0
+    return ref, ref64, test
+
+
+def test_metrics_by_hand():
+    ref, x = np.array([[3.0, 4.0], [0.0, 0.0]]), np.array([[3.0, 5.0], [0.0, 0.0]])
+    assert metrics.nmse(ref, x).tolist() == [1 / 25, 0.0]
+    assert metrics.nmse(np.zeros(2), np.ones(2)) == np.inf
+    assert metrics.max_abs_diff(ref, x).tolist() == [1.0, 0.0]
+    assert metrics.cosine(ref, x)[0] == pytest.approx(29 / (5 * np.sqrt(34)))
+    assert metrics.cosine(ref, x)[1] == 1.0
+    z = np.array([[2.0, 1.0, 0.5, -1.0]])
+    assert metrics.top1_margin(z)[0] == 1.0
+    assert metrics.kl(z, z)[0] == 0.0
+    uniform = np.zeros_like(z)
+    p = np.exp(z) / np.exp(z).sum()
+    assert metrics.kl(z, uniform)[0] == pytest.approx(np.sum(p * np.log(p * 4)))  # KL(ref || test)
+    assert metrics.topk_agreement(z, np.array([[2.0, 0.0, 1.0, 3.0]]), 2)[0] == 0.5
+    assert metrics.delta_p(z, np.array([[0.0, 1.0, 0.5, -1.0]]))[0] < 0
+
+
+def test_near_tie_and_real_divergence_are_told_apart():
+    ref, ref64, test = logits_pair()
+    margin = diff.noise_margin(ref, ref64)
+    assert 1e-4 < margin < 2e-4
+    report = diff.diff_logits(ref, test, margin)
+    kinds = {f["pos"]: f["kind"] for f in report["flips"]}
+    assert kinds == {NEAR_TIE_POS: "near-tie", REAL_POS: "real"}
+    assert (report["first_flip"], report["first_real"]) == (NEAR_TIE_POS, REAL_POS)
+    assert report["summary"]["n_near_tie"] == report["summary"]["n_real"] == 1
+    assert report["summary"]["top1"] == pytest.approx(4 / 6)
+    assert np.argmax(report["per_position"]["kl"]) == REAL_POS
+    failures = diff.check_gate(report, {})
+    assert len(failures) == 1 and "position 4" in failures[0]
+    # a margin under the tie's gap turns the near-tie into a real divergence
+    tight = diff.diff_logits(ref, test, near_tie_margin=5e-5)
+    assert {f["pos"]: f["kind"] for f in tight["flips"]}[NEAR_TIE_POS] == "real"
+
+
+def test_gate_limits():
+    ref, _, test = logits_pair(real=False)
+    report = diff.diff_logits(ref, test, near_tie_margin=1e-3)
+    assert diff.check_gate(report, {}) == []  # a near-tie alone passes
+    assert diff.check_gate(report, diff.parse_gate("nmse=1e-6,top1=0.8")) == []
+    failures = diff.check_gate(report, diff.parse_gate("nmse=1e-20, top1=1"))
+    assert [f.split()[0] for f in failures] == ["nmse", "top1"]
+    for bad in ("nmse", "speed=1", "kl=abc"):
+        with pytest.raises(diff.BadInput):
+            diff.parse_gate(bad)
+
+
+def test_cli_pass_fail_and_outputs(tmp_path, capsys):
+    ref, ref64, test = logits_pair()
+    np.save(tmp_path / "ref.npy", ref)
+    np.save(tmp_path / "ref64.npy", ref64)
+    np.save(tmp_path / "real.npy", test)
+    _, _, tie_only = logits_pair(real=False)
+    np.save(tmp_path / "tie.npy", tie_only)
+
+    status = diff.main([str(tmp_path / f) for f in ("ref.npy", "tie.npy")]
+                       + ["--noise-floor", str(tmp_path / "ref64.npy"), "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert status == 0 and "near-tie" in out and "PASS" in out
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["status"] == "pass" and saved["prompts"][0]["flips"][0]["kind"] == "near-tie"
+
+    real = run_cli("tools.diff", tmp_path / "ref.npy", tmp_path / "real.npy", "--noise-floor", tmp_path / "ref64.npy")
+    assert real.returncode == 1 and "real divergence at position 4" in real.stdout
+    gate = diff.main([str(tmp_path / "ref.npy"), str(tmp_path / "tie.npy"), "--near-tie-margin", "1e-3",
+                      "--gate", "nmse=1e-20"])
+    assert gate == 1 and "nmse = " in capsys.readouterr().out
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")  # an extra: [parity]
+    ref, ref64, test = logits_pair()
+    np.save(tmp_path / "ref.npy", ref)
+    np.save(tmp_path / "test.npy", test)
+    assert diff.main([str(tmp_path / "ref.npy"), str(tmp_path / "test.npy"), "--plot", str(tmp_path / "r.png")]) == 1
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_directories_pair_by_prompt_id(tmp_path):
+    ref, _, test = logits_pair(real=False)
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "test").mkdir()
+    np.save(tmp_path / "ref" / "golden_a.npy", ref)
+    np.save(tmp_path / "ref" / "golden_b.npy", ref[:3])
+    entries = [{"file": "golden_a.npy", "prompt_id": "a"}, {"file": "golden_b.npy", "prompt_id": "b"}]
+    (tmp_path / "ref" / "manifest.json").write_text(json.dumps({"goldens": entries}))
+    np.save(tmp_path / "test" / "b.npy", test[:3])
+    args = [str(tmp_path / "ref"), str(tmp_path / "test"), "--near-tie-margin", "1e-3"]
+    assert diff.main(args) == 2  # prompt a has no test logits
+    np.save(tmp_path / "test" / "a.npy", test)
+    assert diff.main(args + ["--json", str(tmp_path / "d.json")]) == 0
+    prompts = json.loads((tmp_path / "d.json").read_text())["prompts"]
+    assert [(p["prompt_id"], p["n_pos"]) for p in prompts] == [("a", 6), ("b", 3)]
+    entries.append({"file": "../test/a.npy", "prompt_id": "c"})
+    (tmp_path / "ref" / "manifest.json").write_text(json.dumps(entries))
+    with pytest.raises(diff.BadInput, match="outside"):
+        diff.pair_files(str(tmp_path / "ref"), str(tmp_path / "test"))
+
+
+@pytest.mark.parametrize("case", ["missing", "shape", "nan", "pickle", "not_npy"])
+def test_bad_input_exits_2_with_one_line(tmp_path, case):
+    ref = np.zeros((3, 10), np.float32)
+    np.save(tmp_path / "ref.npy", ref)
+    bad = tmp_path / "test.npy"
+    if case == "shape":
+        np.save(bad, np.zeros((3, 11), np.float32))
+    elif case == "nan":
+        np.save(bad, np.where(np.eye(3, 10) > 0, np.nan, 0).astype(np.float32))
+    elif case == "pickle":
+        np.save(bad, np.array([{"logits": 1}], dtype=object), allow_pickle=True)
+    elif case == "not_npy":
+        bad.write_text("0.1 0.2 0.3\n")
+    r = run_cli("tools.diff", tmp_path / "ref.npy", bad)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in r.stderr
+    expected = {"missing": "no such file", "shape": "does not match", "nan": "NaN", "pickle": "pickled",
+                "not_npy": "not a .npy"}[case]
+    assert expected in lines[0]

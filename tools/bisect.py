@@ -1,0 +1,348 @@
+"""Line two traces up by name and find the first trace point where they diverge.
+
+    python -m tools.bisect A B [--threshold T | --noise-floor A64] [--table OUT.txt] [--plot OUT.png] [--json OUT.json]
+
+Run it as a module from the repository root (a plain `python tools/bisect.py` would shadow the
+standard library's `bisect`). A and B are each a trace directory of this reference (index.json plus
+one .npy per point, `python -m reference.run --trace DIR`) or a text dump of llama.cpp's
+`llama-eval-callback` / `llama-debug --verbose` (tools/dump_parse.py). Points are taken in A's order
+(the forward order: embd_norm, then per layer attn_norm ... l_out, then result_norm, result_output);
+points only one side has are listed, not compared.
+
+Per point the error is NMSE = sum((a-b)^2) / sum(a^2) in float64 (llama.cpp test-backend-ops), A as
+the reference. Full tensors are compared whole. A dump holds only the first and last 3 entries of
+each dimension, printed to 4 decimals, plus the float32 sum: there the NMSE covers the printed
+entries, and each difference is first reduced by the print rounding (5e-5 per dumped side), so
+printing alone never counts as error (and an error smaller than that is invisible: about NMSE 1e-9
+for activations of unit size). The sums guard the entries not printed: they disagree when their
+difference exceeds the worst-case rounding of a float32 running sum, (n-1) * 2^-24 * sum|x|, plus
+the most an error within the threshold can move a sum, sqrt(n * threshold) * ||a||.
+When the two sides hold different numbers of tokens (llama.cpp keeps only the output rows after the
+last layer's attention), the last rows of both are compared.
+
+Threshold (a point diverges when its NMSE is above it, or its sums disagree):
+  --noise-floor A64   per point, 64 * NMSE(A64, A) (and never below 64 * 2^-48, one float32
+                      rounding), where A64 is the float64 trace of the run that made A. 64 = 8^2:
+                      the tolerated RMS error is 8 times the float32 noise of A: 2 because B carries
+                      its own independent rounding, 4 more for engines that sum float32 blockwise or
+                      sequentially where NumPy sums pairwise;
+  --threshold T       T for every point;
+  neither             1e-9, for two runs of this reference (backends, chunking, ring vs uniform
+                      cache): float32 math that differs only in summation order sits far below it,
+                      and it is still 100x under test-backend-ops' 1e-7 per-op tolerance. Compare
+                      another engine with --threshold (e.g. 5e-4 for quantized matmuls) or --noise-floor.
+
+Exit status: 0 no point above threshold, 1 a divergence was found (printed as
+"first divergence: <name> (layer L, op OP) nmse=...", layer "-" for points outside the layers),
+2 bad input.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+import numpy as np
+
+from reference.trace import INDEX, TraceError, load_trace
+
+from . import metrics
+from .dump_parse import DumpError, PartialTensor, load_dump, token_axis
+
+EXACT_THRESHOLD = 1e-9
+NOISE_FACTOR = 8  # tolerated RMS error over the float32 noise of A; squared for NMSE (module doc)
+F32_ROUNDING_NMSE = 2.0 ** -48  # (2^-24)^2: one float32 rounding of every element
+PRINT_SLACK = 0.5e-4  # a dumped value is printed with %12.4f
+SUM_PRINT_SLACK = 0.5e-6  # the sum with %f
+LAYER_NAME = re.compile(r"^(?P<op>.+?)-(?P<layer>\d+)(?P<view>( \(\w+\))*)$")  # "Qcur-0 (view) (permuted)"
+
+
+class BadInput(Exception):
+    pass
+
+
+def load_source(path, n_tokens=None):  # trace dir or dump file -> ({name: array | PartialTensor}, [notes])
+    if not os.path.exists(path):
+        raise BadInput(f"{path}: no such file or directory")
+    try:
+        if os.path.isdir(path):
+            if not os.path.exists(os.path.join(path, INDEX)):
+                raise BadInput(f"{path}: a trace directory needs {INDEX}")
+            return load_trace(path), []
+        return load_dump(path, n_tokens)
+    except (TraceError, DumpError) as e:
+        raise BadInput(str(e)) from None
+
+
+def layer_and_op(name):  # "attn_post_norm-2" -> (2, "attn_post_norm"); "result_norm" -> (None, "result_norm")
+    m = LAYER_NAME.match(name)
+    return (int(m["layer"]), m["op"] + m["view"]) if m else (None, name)
+
+
+def row_length(t):  # array | PartialTensor -> elements per token (tokens are the slowest axis)
+    if isinstance(t, np.ndarray):
+        return int(np.prod(t.shape[1:])) if t.ndim > 1 else t.size
+    return int(np.prod(t.ne[:token_axis([t.ne])]))
+
+
+def n_rows(t, row_len):  # array | PartialTensor, elements per token -> number of tokens, or None
+    """A dump's ne does not say which axis counts tokens when it is 1 ({D, H, 1}): any split of ne
+    whose inner part holds row_len elements will do."""
+    if isinstance(t, np.ndarray):
+        return (t.shape[0] if t.ndim > 1 else 1) if row_length(t) == row_len else None
+    inner = [int(np.prod(t.ne[:k])) for k in (1, 2, 3, 4)]
+    return t.size // row_len if row_len in inner else None
+
+
+def describe(t):  # array | PartialTensor -> its shape as text
+    return str(list(t.shape)) if isinstance(t, np.ndarray) else f"ne {list(t.ne)}"
+
+
+def printed(t, offset, count):  # PartialTensor, first flat index kept, how many -> (index, values) re-based
+    keep = (t.index >= offset) & (t.index < offset + count)
+    return t.index[keep] - offset, t.values[keep]
+
+
+def shrink_toward(ref, x, slack):  # [k], [k] -> [k]: x moved toward ref by up to slack
+    return ref + np.sign(x - ref) * np.maximum(np.abs(x - ref) - slack, 0.0)
+
+
+def sums_agree(a, b, start_a, start_b, threshold):  # -> True/False, or None when no sum can be compared
+    """Can the two sums come from tensors within `threshold` NMSE of each other? A dump's sum covers
+    its whole tensor, so it counts only when none of its rows was cut. Allowed difference: per dumped
+    side the worst-case rounding of a float32 running sum, (n-1) 2^-24 sum|x|, plus the %f print
+    rounding; plus the most an error of NMSE `threshold` can move a sum, sqrt(n threshold) ||a||."""
+    sides = [(a, start_a), (b, start_b)]
+    if any(isinstance(t, PartialTensor) and (t.sum is None or start) for t, start in sides):
+        return None
+    full = [t.reshape(-1)[start:].astype(np.float64) for t, start in sides if isinstance(t, np.ndarray)]
+    dumps = [t for t in (a, b) if isinstance(t, PartialTensor)]
+    n = dumps[0].size
+    # sum|x| and ||x|| are exact from a full side; with two dumps the printed values estimate them
+    shown = full[0] if full else dumps[0].values
+    l1, l2 = n * np.mean(np.abs(shown)), np.sqrt(n * np.mean(shown ** 2))
+    totals = [float(x.sum()) for x in full] + [t.sum for t in dumps]
+    tolerance = len(dumps) * ((n - 1) * 2.0 ** -24 * l1 + SUM_PRINT_SLACK) + np.sqrt(n * threshold) * l2
+    return bool(abs(totals[0] - totals[1]) <= tolerance)
+
+
+def compare_point(a, b, threshold=0.0):  # a (reference), b: array | PartialTensor -> {nmse, n, size, sum_ok, note}
+    full_a, full_b = isinstance(a, np.ndarray), isinstance(b, np.ndarray)
+    row_len = row_length(a if full_a or not full_b else b)
+    rows_a, rows_b = n_rows(a, row_len), n_rows(b, row_len)
+    if rows_a is None or rows_b is None:
+        note = f"shapes differ: {describe(a)} vs {describe(b)}"
+        return {"nmse": None, "n": 0, "size": 0, "sum_ok": None, "note": note}
+    rows = min(rows_a, rows_b)
+    count, start_a, start_b = rows * row_len, (rows_a - rows) * row_len, (rows_b - rows) * row_len
+    note = f"last {rows} of {rows_a} vs {rows_b} tokens" if rows_a != rows_b else ""
+    if count == 0:
+        return {"nmse": None, "n": 0, "size": 0, "sum_ok": None, "note": note or "empty"}
+    if full_a and full_b:
+        va, vb = a.reshape(-1)[start_a:], b.reshape(-1)[start_b:]
+        return {"nmse": float(metrics.nmse(va, vb)), "n": count, "size": count, "sum_ok": None, "note": note}
+    if full_a:
+        index, vb = printed(b, start_b, count)
+        va = a.reshape(-1)[start_a + index]
+    elif full_b:
+        index, va = printed(a, start_a, count)
+        vb = b.reshape(-1)[start_b + index]
+    else:
+        index_a, va = printed(a, start_a, count)
+        index_b, vb = printed(b, start_b, count)
+        index, in_a, in_b = np.intersect1d(index_a, index_b, return_indices=True)
+        va, vb = va[in_a], vb[in_b]
+    # printing rounds each dumped value by up to PRINT_SLACK: only the difference beyond it is error
+    va, vb = va.astype(np.float64), vb.astype(np.float64)
+    vb = shrink_toward(va, vb, PRINT_SLACK * ((not full_a) + (not full_b)))
+    return {"nmse": float(metrics.nmse(va, vb)) if index.size else None, "n": int(index.size), "size": count,
+            "sum_ok": sums_agree(a, b, start_a, start_b, threshold), "note": note}
+
+
+def noise_thresholds(trace_a, trace_a64):  # {name: f32 tensor}, {name: f64 tensor} -> {name: threshold}
+    thresholds = {}
+    for name in (n for n in trace_a if n in trace_a64):
+        floor = compare_point(trace_a64[name], trace_a[name])["nmse"]
+        if floor is not None:
+            thresholds[name] = NOISE_FACTOR ** 2 * max(floor, F32_ROUNDING_NMSE)
+    return thresholds
+
+
+def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD):  # {name: tensor} x2, float | {name: float} -> result
+    """Compares the common points in A's order; `first` is the first point above its threshold."""
+    points, first = [], None
+    for name in (n for n in trace_a if n in trace_b):
+        limit = threshold.get(name) if isinstance(threshold, dict) else threshold
+        if limit is None:
+            raise BadInput(f"no noise floor for trace point {name}")
+        layer, op = layer_and_op(name)
+        c = compare_point(trace_a[name], trace_b[name], limit)
+        # written as "not <=" so that a NaN counts as diverged
+        diverged = (c["nmse"] is not None and not c["nmse"] <= limit) or c["sum_ok"] is False
+        point = {"name": name, "layer": layer, "op": op, "threshold": limit, "diverged": diverged, **c}
+        points.append(point)
+        if diverged and first is None:
+            first = point
+    return {"points": points, "first": first, "only_in_a": [n for n in trace_a if n not in trace_b],
+            "only_in_b": [n for n in trace_b if n not in trace_a]}
+
+
+def first_line(result):  # -> the one-line verdict
+    f = result["first"]
+    if f is None:
+        return f"no divergence above threshold ({sum(p['nmse'] is not None for p in result['points'])} points compared)"
+    where = f"layer {'-' if f['layer'] is None else f['layer']}, op {f['op']}"
+    nmse = "n/a" if f["nmse"] is None else f"{f['nmse']:.3e}"
+    why = " (sum check failed)" if f["sum_ok"] is False else ""
+    return f"first divergence: {f['name']} ({where}) nmse={nmse} threshold={f['threshold']:.3e}{why}"
+
+
+def layer_grid(result):  # -> (row labels, op columns, {(row, op): point})
+    cells = {("-" if p["layer"] is None else str(p["layer"]), p["op"]): p for p in result["points"]}
+    rows = list(dict.fromkeys(row for row, _ in cells))
+    # an op that only some layers have (RoPE on sliding-window layers) goes after the op it follows there
+    ops, at = [], -1
+    for p in result["points"]:
+        if p["op"] not in ops:
+            ops.insert(at + 1, p["op"])
+        at = ops.index(p["op"])
+    return rows, ops, cells
+
+
+def cell_text(p):  # point -> "1.2e-07*"
+    if p is None or p["nmse"] is None:
+        return "."
+    return f"{p['nmse']:.1e}" + ("!" if p["sum_ok"] is False else "*" if p["diverged"] else "")
+
+
+def format_table(result, rule):  # -> the layers x ops grid and the per-point list
+    rows, ops, cells = layer_grid(result)
+    width = {op: max(len(op), 9) for op in ops}
+    lines = ["NMSE = sum((a-b)^2) / sum(a^2), float64, A as reference (llama.cpp test-backend-ops)",
+             f"threshold: {rule}", "* above threshold, ! sums disagree, . not compared", "",
+             "layer " + " ".join(f"{op:>{width[op]}}" for op in ops)]
+    for row in rows:
+        lines.append(f"{row:>5} " + " ".join(f"{cell_text(cells.get((row, op))):>{width[op]}}" for op in ops))
+    lines += ["", f"{'point':<24} {'nmse':>10} {'threshold':>10} {'compared':>12} {'sums':>6}  note"]
+    for p in result["points"]:
+        nmse = "n/a" if p["nmse"] is None else f"{p['nmse']:.3e}"
+        sums = {None: "-", True: "ok", False: "DIFF"}[p["sum_ok"]]
+        lines.append(f"{p['name']:<24} {nmse:>10} {p['threshold']:>10.2e} {p['n']:>5}/{p['size']:<6} {sums:>6}  "
+                     f"{'DIVERGED ' if p['diverged'] else ''}{p['note']}")
+    return "\n".join(lines)
+
+
+def format_summary(result, rule, notes):  # -> what goes to stdout
+    lines = [f"threshold: {rule}"] + notes
+    for side in ("only_in_a", "only_in_b"):
+        if result[side]:
+            lines.append(f"{len(result[side])} points {side.replace('_', ' ')}: {', '.join(result[side][:6])}"
+                         + (" ..." if len(result[side]) > 6 else ""))
+    rows, ops, cells = layer_grid(result)
+    lines.append(f"{'layer':>5} {'max nmse':>10}  {'at op':<16} first op above threshold")
+    for row in rows:
+        points = [cells[(row, op)] for op in ops if (row, op) in cells]
+        worst = max((p for p in points if p["nmse"] is not None), key=lambda p: p["nmse"], default=None)
+        above = next((p["op"] for p in points if p["diverged"]), "-")
+        if worst is not None:
+            lines.append(f"{row:>5} {worst['nmse']:>10.2e}  {worst['op']:<16} {above}")
+    return "\n".join(lines + [first_line(result)])
+
+
+def plot_result(result, path):  # -> PNG: heatmap layers x ops and the NMSE curve in forward order
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BadInput(f"{path}: --plot needs matplotlib (pip install matplotlib)") from None
+    rows, ops, cells = layer_grid(result)
+    points = result["points"]
+    # a log scale cannot show an exact 0: draw it a decade under the smallest error or threshold
+    positive = [v for p in points for v in (p["nmse"], p["threshold"]) if v and np.isfinite(v)]
+    floor = 0.1 * min(positive, default=1e-30)
+    grid = np.full((len(rows), len(ops)), np.nan)
+    for (row, op), p in cells.items():
+        if p["nmse"] is not None:
+            grid[rows.index(row), ops.index(op)] = np.log10(max(p["nmse"], floor))
+    fig, (heat, curve) = plt.subplots(2, 1, figsize=(12, 4 + 0.18 * len(rows)),
+                                      gridspec_kw={"height_ratios": [max(len(rows), 3), 4]})
+    image = heat.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", interpolation="nearest")
+    fig.colorbar(image, ax=heat, label=f"log10 NMSE (0 at {np.log10(floor):.1f})")
+    heat.set_xticks(range(len(ops)), ops, rotation=60, ha="right", fontsize=7)
+    heat.set_yticks(range(len(rows)), rows, fontsize=7)
+    heat.set_ylabel("layer")
+    first = result["first"]
+    if first is not None:
+        row = "-" if first["layer"] is None else str(first["layer"])
+        heat.add_patch(plt.Rectangle((ops.index(first["op"]) - 0.5, rows.index(row) - 0.5), 1, 1,
+                                     fill=False, edgecolor="red", lw=2))
+    x = np.arange(len(points))
+    nmse = np.array([np.nan if p["nmse"] is None else max(p["nmse"], floor) for p in points])
+    curve.semilogy(x, nmse, ".-", lw=0.8, ms=3, label="NMSE(A, B)")
+    curve.semilogy(x, [p["threshold"] for p in points], "--", color="grey", lw=0.8, label="threshold")
+    if first is not None:
+        curve.axvline(points.index(first), color="red", lw=1, label=f"first divergence: {first['name']}")
+    curve.set_xlabel("trace point, forward order")
+    curve.set_ylabel("NMSE")
+    curve.legend(fontsize=7, loc="upper left")
+    curve.grid(True, alpha=0.3)
+    heat.set_title(first_line(result), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def tokens_of(trace):  # {name: tensor} -> prompt length from the first full tensor, or None
+    return next((int(t.shape[0]) for t in trace.values() if isinstance(t, np.ndarray) and t.ndim > 1), None)
+
+
+def run_bisect(args):  # parsed CLI args -> exit status
+    trace_a, notes = load_source(args.a)
+    trace_b, notes_b = load_source(args.b, tokens_of(trace_a))
+    if tokens_of(trace_a) is None and tokens_of(trace_b) is not None:
+        # A is a dump: read it again, now knowing the prompt length that tells a warm-up pass apart
+        trace_a, notes = load_source(args.a, tokens_of(trace_b))
+    if args.noise_floor:
+        threshold = noise_thresholds(trace_a, load_source(args.noise_floor)[0])
+        rule = f"per point 64 x NMSE({args.noise_floor}, A), at least 64 x 2^-48"
+    elif args.threshold is not None:
+        threshold, rule = args.threshold, f"{args.threshold:g} (--threshold)"
+    else:
+        threshold, rule = EXACT_THRESHOLD, f"{EXACT_THRESHOLD:g} (default, exact vs exact)"
+    result = bisect(trace_a, trace_b, threshold)
+    if not result["points"]:
+        raise BadInput(f"{args.b}: no trace point in common with {args.a}")
+    print(format_summary(result, rule, notes + notes_b))
+    if args.table:
+        with open(args.table, "w") as f:
+            f.write(format_table(result, rule) + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threshold_rule": rule, **result}, f, indent=1)
+    if args.plot:
+        plot_result(result, args.plot)
+    return 1 if result["first"] else 0
+
+
+def main(argv=None):  # -> exit status
+    p = argparse.ArgumentParser(prog="python -m tools.bisect", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("a", help="reference side: trace directory or llama.cpp dump")
+    p.add_argument("b", help="side under test: trace directory or llama.cpp dump")
+    limit = p.add_mutually_exclusive_group()
+    limit.add_argument("--threshold", type=float, help="NMSE above which a point diverges")
+    limit.add_argument("--noise-floor", help="float64 trace of the run that made A: per-point thresholds")
+    p.add_argument("--table", help="write the layers x ops NMSE table and the per-point list")
+    p.add_argument("--plot", help="write a PNG heatmap (layers x ops) and the NMSE curve")
+    p.add_argument("--json", help="write the per-point results as JSON")
+    args = p.parse_args(argv)
+    try:
+        return run_bisect(args)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
