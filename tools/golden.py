@@ -7,7 +7,8 @@
 P.jsonl holds one prompt a line: {"id": ..., "token_ids": [...]} or {"id": ..., "text": ...}.
 For every prompt DIR gets <id>.npy, float32 [n_prompt_tokens, n_vocab]: the logits of every prompt
 position from one prefill. With --n-predict N the greedy continuation (argmax, exactly N tokens,
-no stop at end-of-generation tokens) is recorded in the manifest, and <id>.decode.npy holds the
+no stop at end-of-generation tokens; llama-cpp also records the model's EOG ids and the index
+of the first generated one) is recorded in the manifest, and <id>.decode.npy holds the
 logits of its N-1 single-token decode steps (row i: after feeding generated token i).
 DIR/manifest.json describes the run: model file and sha256, engine and version, options, date, and
 per prompt its token ids and files. The engines sit in ENGINES; each is a function
@@ -99,13 +100,12 @@ def llama_cpp_engine(args) -> Engine:
         llm.close()
         return gen, np.array(steps, dtype=np.float32).reshape(len(steps), -1)
 
-    tok_llm = None
+    vocab_llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    vocab = vocab_llm._model.vocab
+    eog_ids = [i for i in range(vocab_llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
 
     def tokenize(text: str) -> list[int]:
-        nonlocal tok_llm
-        if tok_llm is None:
-            tok_llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-        return tok_llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        return vocab_llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
 
     return Engine(
         name="llama-cpp",
@@ -113,8 +113,10 @@ def llama_cpp_engine(args) -> Engine:
         model={"file": path.name, "sha256": sha256(path)},
         options={"kv_type": args.kv_type, "flash_attn": args.flash_attn, "n_ubatch": n_ubatch,
                  "n_batch": n_ubatch, "n_ctx": args.n_ctx, "n_threads": threads, "backend": "cpu",
+                 "system_info": llama_cpp.llama_print_system_info().decode().strip(),
                  "tokenize": "add_bos=True, special=True (text prompts only)"},
         tokenize=tokenize, prefill=prefill, greedy=greedy,
+        extra={"eog_ids": eog_ids},
     )
 
 
@@ -127,7 +129,8 @@ def transformers_engine(args) -> Engine:
     from transformers import AutoTokenizer, MuseGlimmerForConditionalGeneration
 
     ckpt = Path(args.checkpoint)
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    threads = args.threads or 1  # one thread: torch's reductions then do not depend on the machine
+    torch.set_num_threads(threads)
     model = MuseGlimmerForConditionalGeneration.from_pretrained(
         ckpt, dtype=torch.float32, attn_implementation="eager").eval()
     weights = sorted(ckpt.glob("*.safetensors"))
@@ -163,7 +166,7 @@ def transformers_engine(args) -> Engine:
         version=f"transformers {transformers.__version__} (torch {torch.__version__.split('+')[0]})",
         model={"checkpoint": ckpt.name,
                "files": [{"file": w.name, "sha256": sha256(w)} for w in weights]},
-        options={"dtype": "float32", "attn_implementation": "eager", "device": "cpu",
+        options={"dtype": "float32", "attn_implementation": "eager", "device": "cpu", "n_threads": threads,
                  "tokenize": "AutoTokenizer defaults (text prompts only)"},
         tokenize=tokenize, prefill=prefill, greedy=greedy,
     )
@@ -204,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-predict", type=int, default=0, help="greedy continuation length (0: none)")
     ap.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp n_batch = n_ubatch")
     ap.add_argument("--n-ctx", type=int, default=1024)
-    ap.add_argument("--threads", type=int, default=0, help="0: all cores")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="0: all cores for llama-cpp (results do not depend on it), 1 for transformers")
     args = ap.parse_args(argv)
     need = {"llama-cpp": "model", "transformers": "checkpoint"}.get(args.engine)
     if need and not getattr(args, need):
@@ -231,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
             np.save(args.out / f"{p['id']}.decode.npy", steps, allow_pickle=False)
             entry["greedy"] = {"n_predict": args.n_predict, "stop_at_eog": False, "tokens": gen,
                                "decode_logits": f"{p['id']}.decode.npy"}
+            if "eog_ids" in engine.extra:
+                eog = [i for i, t in enumerate(gen) if t in engine.extra["eog_ids"]]
+                entry["greedy"]["first_eog_index"] = eog[0] if eog else None
         entries.append(entry)
 
     manifest = {

@@ -98,6 +98,16 @@ def log(msg: str) -> None:
     print(f"[make_tiny] {msg}", flush=True)
 
 
+def tensor_types(path: Path) -> dict[str, int]:
+    """How many tensors of each ggml type the GGUF holds (quantize falls back on narrow rows)."""
+    from gguf import GGUFReader
+
+    counts: dict[str, int] = {}
+    for t in GGUFReader(path).tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -345,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     def record(path: Path, role: str, ckpt: str, config: dict, made: dict) -> None:
         files[path.name] = {
             "name": path.name, "role": role, "sha256": sha256(path), "size": path.stat().st_size,
-            "checkpoint": ckpt, "config": config, "made": made, "versions": vers, "date": today,
+            "tensor_types": tensor_types(path), "checkpoint": ckpt, "config": config, "made": made,
+            "versions": vers, "date": today,
         }
         failures.pop(path.name, None)
         log(f"  wrote {path.name} ({path.stat().st_size / 1e6:.2f} MB)")
