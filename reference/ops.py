@@ -112,3 +112,51 @@ def causal_visible(query_pos, key_pos, window):  # [T], [S] (-1 = empty slot), w
     if window:
         visible &= (qp - kp) < window
     return visible
+
+
+# ---------------------------------------------------------------------------------------------
+# Vision (spec/vision.md §3)
+
+def rope_2d(x, theta_a, theta_b):  # x [T, H, D], theta_a/theta_b [T, D/4] -> [T, H, D]
+    """Two NORM ropes side by side: pairs (2i, 2i+1) of the first half of every head turn by
+    theta_a (the column), those of the second half by theta_b (the row)."""
+    half = x.shape[-1] // 2
+    return np.concatenate([rope_norm(x[..., :half], theta_a), rope_norm(x[..., half:], theta_b)], axis=-1)
+
+
+def bilinear_taps(n_in, n_out, dtype):  # -> lo [n_out], hi [n_out], frac [n_out]
+    """ggml_interpolate's bilinear taps without align-corners: half-pixel centres in the input's
+    float type, both taps and the fraction clamped to the border (transformers zero-pads instead)."""
+    s = (np.arange(n_out).astype(dtype) + dtype(0.5)) / (dtype(n_out) / dtype(n_in)) - dtype(0.5)
+    i0 = np.floor(s).astype(np.int64)
+    lo, hi = np.clip(i0, 0, n_in - 1), np.clip(i0 + 1, 0, n_in - 1)
+    return lo, hi, np.clip(s - lo.astype(dtype), 0, 1).astype(dtype)
+
+
+def resize_bilinear_border(grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]
+    dtype = grid.dtype.type
+    y0, y1, dy = bilinear_taps(grid.shape[0], out_h, dtype)
+    x0, x1, dx = bilinear_taps(grid.shape[1], out_w, dtype)
+    dy, dx = dy[:, None, None], dx[None, :, None]
+    one = dtype(1)
+    a, b = grid[y0][:, x0], grid[y0][:, x1]
+    c, d = grid[y1][:, x0], grid[y1][:, x1]
+    # ggml's expression order, so float32 rounds as it does
+    return a * (one - dx) * (one - dy) + b * dx * (one - dy) + c * (one - dx) * dy + d * dx * dy
+
+
+def window_permutation(rows, cols, side):  # -> perm [rows*cols], window lengths [n_windows]
+    """Raster order over side x side windows, raster order inside each; edge windows are clipped.
+    perm[i] is the raster index of the i-th token in window order."""
+    raster = np.arange(rows * cols).reshape(rows, cols)
+    windows = [raster[wy:wy + side, wx:wx + side].reshape(-1)
+               for wy in range(0, rows, side) for wx in range(0, cols, side)]
+    return np.concatenate(windows), [len(w) for w in windows]
+
+
+def pixel_shuffle_channel_outer(x, rows, cols, m):  # x [rows*cols, C] raster -> [rows*cols/m^2, C*m^2]
+    """Each m x m block of tokens becomes one row, channel-outer: out[o, c*m*m + s] with
+    s = ry*m + rx (top-left, top-right, bottom-left, bottom-right for m = 2)."""
+    C = x.shape[-1]
+    blocks = x.reshape(rows // m, m, cols // m, m, C).transpose(0, 2, 4, 1, 3)  # [oy, ox, c, ry, rx]
+    return blocks.reshape((rows // m) * (cols // m), C * m * m)

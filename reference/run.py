@@ -13,9 +13,12 @@ import time
 import numpy as np
 
 from . import gguf
+from .chat import ChatError, chat_prompt, prompt_ids
+from .dflash import Drafter, Speculator, acceptance
+from .governor import CostGovernor, FloorBandit
 from .kv import CacheError
 from .text import TextModel
-from .tokenizer import detokenize
+from .tokenizer import Tokenizer, TokenizerError, detokenize
 from .tp import TensorParallelBackend, TPError, check_tp
 from .trace import Tracer, TraceError
 
@@ -39,6 +42,13 @@ def build_parser():
     p.add_argument("--model", help="text GGUF (default: the embedded tiny model in golden/models)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--token-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
+    src.add_argument("--prompt", help="prompt text, tokenized with the GGUF's tokenizer")
+    src.add_argument("--prompt-file", help="file holding the prompt text (UTF-8)")
+    p.add_argument("--chat", action="store_true", help="render the prompt as a user message with the GGUF's chat template")
+    p.add_argument("--system", help="system message for --chat (default: the template's own system block)")
+    p.add_argument("--date", help="YYYY-MM-DD the chat template sees as today (default: today), for reproducible prompts")
+    p.add_argument("--no-special", action="store_true", help="tokenize special-token text in the prompt as plain text")
+    p.add_argument("--tokenize-only", action="store_true", help="print the JSON list of prompt token ids and exit")
     p.add_argument("--n-predict", type=int, default=DEFAULT_N_PREDICT, help="greedy tokens to generate")
     p.add_argument("--logits-out", help="write float32 [n_prompt_tokens, n_vocab] logits of one prefill")
     p.add_argument("--trace", help="write one .npy per named trace point and index.json into this directory")
@@ -47,7 +57,14 @@ def build_parser():
     p.add_argument("--prefill-chunk", type=int, default=2048)
     p.add_argument("--ctx", type=int, default=0, help="context size (default: prompt + n-predict)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--draft-model", help="DFlash drafter GGUF: speculative greedy decoding (same tokens)")
+    p.add_argument("--spec-draft-n-max", type=int, default=3,
+                   help="draft tokens per step: a block of n + 1 rows, clamped to the drafter's block_size - 1")
+    p.add_argument("--spec-p-min", default="0.0",
+                   help="confidence floor in [0, 1], or 'auto': adaptive floor and a cost governor")
     p.add_argument("--tp", type=int, default=1, help="simulate N-way tensor parallelism (N divides n_head_kv)")
+    p.add_argument("--backend", choices=("numpy", "numba"), default="numpy",
+                   help="numba: the accel/ kernels, multiplying straight from the quantized blocks (same logits)")
     return p
 
 
@@ -69,44 +86,116 @@ def default_prompt(tok):  # the BOS token and a few ordinary tokens, so no token
     return first + [i for i, t in enumerate(tok.token_types) if t == 1][:8]
 
 
+def spec_governor(p_min):  # --spec-p-min text -> (fixed floor or None, CostGovernor or None)
+    if p_min == "auto":
+        return None, CostGovernor(floors=FloorBandit())
+    try:
+        value = float(p_min)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise UsageError(f"--spec-p-min must be a number in [0, 1] or 'auto', got {p_min!r}")
+    return value, None
+
+
+def read_prompt_file(path):  # -> its text
+    with open(path, encoding="utf-8") as f:
+        try:
+            return f.read()
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
+def prompt_tokens(args, tok):  # -> ids from --token-ids, --prompt/--prompt-file (plain or --chat), or the default
+    text = read_prompt_file(args.prompt_file) if args.prompt_file else args.prompt
+    if (args.system is not None or args.date is not None) and not args.chat:
+        raise UsageError("--system and --date only apply with --chat")
+    if args.chat and (text is None or args.no_special):
+        raise UsageError("--chat needs --prompt or --prompt-file, and parses the template's special tokens "
+                         "(no --no-special)")
+    if args.no_special and text is None:
+        raise UsageError("--no-special only applies to --prompt or --prompt-file")
+    if text is None:
+        return parse_token_ids(args.token_ids, tok.n_vocab) if args.token_ids else default_prompt(tok)
+    tokenizer = Tokenizer(tok)
+    if not args.chat:
+        return tokenizer.tokenize(text, add_special=True, parse_special=not args.no_special)
+    system = [{"role": "system", "content": args.system}] if args.system is not None else []
+    return prompt_ids(tokenizer, chat_prompt(tok, system + [{"role": "user", "content": text}], date=args.date))
+
+
+def accel_backend(args):  # --backend other than numpy -> backend from accel/ (imported only then)
+    from accel import BackendError, make_backend
+    if args.tp != 1:
+        raise UsageError("--tp simulates tensor parallelism on the numpy backend only")
+    try:
+        return make_backend(args.backend, np.dtype(args.dtype))
+    except BackendError as e:
+        raise UsageError(str(e)) from None
+
+
 def run(args):  # parsed args -> exit status
     timings = {}
     t0 = time.perf_counter()
     model = gguf.load(args.model or DEFAULT_MODEL, "text")
     backend = None
+    if args.backend != "numpy":
+        backend = accel_backend(args)
     if args.tp != 1:
         check_tp(model.config, args.tp)
         backend = TensorParallelBackend(np.dtype(args.dtype), args.tp)
     lm = TextModel(model, dtype=np.dtype(args.dtype), backend=backend)
+    drafter = Drafter(gguf.load(args.draft_model, "dflash"), lm) if args.draft_model else None
     timings["load"] = time.perf_counter() - t0
     tok = model.tokenizer
-    prompt = parse_token_ids(args.token_ids, tok.n_vocab) if args.token_ids else default_prompt(tok)
+    prompt = prompt_tokens(args, tok)
+    if args.tokenize_only:
+        print(json.dumps(prompt))
+        return 0
+    if not prompt:
+        raise UsageError("the prompt has no tokens")
     if args.n_predict < 0 or args.prefill_chunk <= 0 or args.ctx < 0:
         raise UsageError("--n-predict, --prefill-chunk and --ctx must not be negative (chunk must be positive)")
     n_ctx = args.ctx or len(prompt) + args.n_predict
     cache = lm.new_cache(n_ctx, args.kv, args.prefill_chunk)
+    if args.spec_draft_n_max < 0:
+        raise UsageError("--spec-draft-n-max must not be negative")
+    p_min, governor = spec_governor(args.spec_p_min)
+    speculator = Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), args.prefill_chunk) if drafter else None
     tracer = Tracer(args.trace)
 
     t0 = time.perf_counter()
-    logits = lm.prefill(prompt, cache, args.prefill_chunk, tracer)
+    if speculator:  # the drafter is caught up on every prompt row as the target prefills
+        logits = speculator.forward(prompt, tracer)
+    else:
+        logits = lm.prefill(prompt, cache, args.prefill_chunk, tracer)
     timings["prefill"] = time.perf_counter() - t0
     tracer.close()
     if args.logits_out:
         np.save(args.logits_out, logits.astype(np.float32))
 
     t0 = time.perf_counter()
-    generated = []
-    if args.n_predict:
+    generated, steps = [], []
+    if args.n_predict and speculator:
+        generated, steps = speculator.decode(logits[-1], args.n_predict, args.spec_draft_n_max, p_min or 0.0, governor)
+    elif args.n_predict:
         generated = lm.decode_greedy(logits[-1], args.n_predict, cache, args.prefill_chunk)
     timings["decode"] = time.perf_counter() - t0
     text = detokenize(tok, generated)
     if args.json:
-        print(json.dumps({"prompt_tokens": prompt, "tokens": generated, "text": text, "timings": timings}))
+        result = {"prompt_tokens": prompt, "tokens": generated, "text": text, "timings": timings}
+        if speculator:
+            result["speculative"] = acceptance(steps)
+        print(json.dumps(result))
     else:
         print(detokenize(tok, prompt) + text)
         rate = len(generated) / timings["decode"] if generated and timings["decode"] > 0 else 0.0
         print(f"\n[{len(prompt)} prompt tokens in {timings['prefill']:.3f} s, {len(generated)} generated "
               f"at {rate:.1f} tok/s, load {timings['load']:.3f} s]", file=sys.stderr)
+        if speculator:
+            spec = acceptance(steps)
+            print(f"[speculative: {spec['accepted']} of {spec['drafted']} drafts accepted in {len(steps)} "
+                  "verification steps]", file=sys.stderr)
     return 0
 
 
@@ -114,7 +203,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except (gguf.GGUFError, CacheError, TraceError, TPError, UsageError) as e:
+    except (gguf.GGUFError, CacheError, TraceError, TPError, UsageError, TokenizerError, ChatError) as e:
         print(f"reference.run: {e}", file=sys.stderr)
         return 2
     except OSError as e:
