@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -27,10 +26,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tools.golden import LLAMA_CPP_COMMIT, sha256
+
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).resolve().parent / "data" / "tiny_corpus.txt"
 
-LLAMA_CPP_COMMIT = "0c1e570"  # the llama.cpp vendored in the llama-cpp-python 0.3.36 sdist
 LLAMA_CPP_SOURCE = "llama-cpp-python 0.3.36 sdist (vendor/llama.cpp)"
 
 VOCAB_SIZE = 512
@@ -106,14 +106,6 @@ def tensor_types(path: Path) -> dict[str, int]:
     for t in GGUFReader(path).tensors:
         counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
     return dict(sorted(counts.items()))
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
