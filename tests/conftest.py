@@ -1,5 +1,11 @@
-import json
 import os
+
+# The tiny models' matrices are far too small for threaded BLAS: on 2 cores it only thrashes.
+# Set before numpy is imported (conftest is imported before the test modules and the CLIs they start).
+for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
+
+import json
 import subprocess
 import sys
 

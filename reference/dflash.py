@@ -1,0 +1,297 @@
+"""DFlash speculative decoding as llama.cpp runs it (spec/dflash.md): a block drafter that reads the
+target's hidden states, and greedy verification around it. The output is the target's own greedy
+continuation whatever the drafter proposes; the drafter only changes how many target passes it takes.
+
+    capture   f_t = concat(x_in[L] for L in dflash.target_layers)   residual *entering* target layer L
+    encode    g_t = rms(f_t Wfc) * enc.output_norm
+    inject    per drafter layer: K = rope_neox(rms_h(g Wk) * k_norm, p_t), V = g Wv  -> cell at p_t
+              (no attn_norm on g, no Q, no attention)
+    draft     block [anchor, MASK x n_max] at positions pos0 .. pos0 + n_max, h = raw token_embd rows
+              per layer: x = rms(h) * attn_norm;  q, k = rope_neox(rms_h(x Wq|Wk) * q|k_norm);  v = x Wv
+                         h += attn(q, context cells + block cells, no causal cut, window per row) Wo
+                         h += swiglu(u Wgate, u Wup) Wdown,   u = rms(h) * ffn_norm
+              logits = rms(h) * output_norm  W_output(target)       no logit scale, no softcap
+              row i >= 1 proposes the token at pos0 + i; row 0 (the anchor) is dropped
+    verify    target on [anchor, d1 .. dk]: keep the drafts its argmax agrees with, plus one target
+              token; both caches then forget every position after the kept ones.
+
+The flow is llama.cpp's server (and transformers'): the target prefills the whole prompt, the drafter
+is caught up on every prompt row chunk by chunk, the first token is the target's, and drafting
+starts from it. The anchor is the last emitted token, which the target has not processed yet, so the
+drafter cache holds context rows for positions 0 .. pos0 - 1 exactly when it drafts.
+
+Departures from llama.cpp, none of which changes a token: speculative-simple drafts from the last
+prompt token (one step more); a step with no budget left drafts nothing, where llama.cpp reads a
+budget of 0 as "no limit" and verifies drafts past n_predict.
+"""
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import ops
+from .governor import Plan
+from .gguf import GGUFError
+from .kv import CacheError
+from .text import NO_TRACE
+
+TOP_K = 10  # llama.cpp's draft sampler keeps the top 10 logits; p is renormalised over them
+
+
+class DraftCache:
+    """The drafter's K/V cells. A cell holds a position but has no fixed slot, as in llama.cpp's
+    cache: rows are never overwritten by position, so a row left behind stays visible to every
+    later query (the drafter's mask has no causal cut). Rows must be removed, not masked."""
+
+    def __init__(self, n_layer, n_cells, n_head_kv, head_dim, dtype):
+        self.k = np.zeros((n_layer, n_cells, n_head_kv, head_dim), dtype)
+        self.v = np.zeros((n_layer, n_cells, n_head_kv, head_dim), dtype)
+        self.pos = np.full(n_cells, -1, np.int64)
+
+    def allocate(self, positions):  # positions [T] -> cells [T], the first free ones
+        cells = np.flatnonzero(self.pos < 0)[:len(positions)]
+        if len(cells) < len(positions):
+            raise CacheError(f"drafter cache full ({len(self.pos)} cells)")
+        self.pos[cells] = positions
+        return cells
+
+    def n_live(self):  # -> number of cells up to the last used one
+        return int(np.flatnonzero(self.pos >= 0).max(initial=-1)) + 1
+
+    def remove_from(self, n_keep):  # forget every position >= n_keep (llama.cpp's seq_rm)
+        self.pos[self.pos >= n_keep] = -1
+
+    def positions(self):  # -> sorted positions held
+        return np.sort(self.pos[self.pos >= 0])
+
+
+def draft_visible(query_pos, key_pos, window):  # [T], [S] (-1 = empty cell), window or 0 -> [T, S] bool
+    """The drafter's mask (non-causal): every filled cell is visible, except where a sliding-window
+    layer hides it, per query row: p_q - p_k >= window (llama.cpp's rule; transformers keeps
+    |p_q - p_k| <= window, one row more)."""
+    qp, kp = np.asarray(query_pos)[:, None], np.asarray(key_pos)[None, :]
+    visible = np.broadcast_to(kp >= 0, (len(qp), kp.shape[1])).copy()
+    if window:
+        visible &= (qp - kp) < window
+    return visible
+
+
+def confidence(logits):  # [V] -> p of the top token, renormalised over the top 10 raw logits
+    top = np.sort(logits)[-TOP_K:]
+    return float(ops.softmax(top)[-1])
+
+
+def draft_tokens(block_logits, p_min):  # [n_max + 1, V] -> draft ids (rows 1..; cut at p < p_min)
+    drafts = []
+    for row in block_logits[1:]:
+        if confidence(row) < p_min:
+            break
+        drafts.append(int(np.argmax(row)))
+    return drafts
+
+
+def accept_greedy(target_logits, drafts, eog):  # [k + 1, V], k ids -> the ids the target emits
+    """llama.cpp's sample_and_accept_n at temperature 0: the target's argmax row by row while it
+    agrees with the draft, then one more target token. An agreed end-of-generation token ends the
+    step unless it is the last draft (its bonus row is then read as well; the caller stops there)."""
+    ids = []
+    for i, d in enumerate(drafts):
+        ids.append(int(np.argmax(target_logits[i])))
+        if ids[-1] != d or (ids[-1] in eog and i + 1 < len(drafts)):
+            return ids
+    ids.append(int(np.argmax(target_logits[len(drafts)])))
+    return ids
+
+
+class Drafter:
+    """A DFlash drafter bound to its target: it borrows the target's token_embd and output."""
+
+    def __init__(self, draft_model, target):  # GGUFModel (role dflash), TextModel
+        check_pairing(draft_model, target)
+        self.cfg = draft_model.config
+        self.weights = draft_model.weights
+        self.target = target
+        self.dtype = target.dtype
+        self.backend = target.backend
+
+    def clamp_n_max(self, n_max):  # llama.cpp clamps the block to the trained block_size
+        return max(0, min(n_max, self.cfg.block_size - 1))
+
+    def new_cache(self, n_ctx):  # context rows for n_ctx positions plus one block
+        c = self.cfg
+        return DraftCache(c.n_layer, n_ctx + c.block_size, c.n_head_kv, c.head_dim, self.dtype)
+
+    def norm_weight(self, name):  # [n]
+        return self.weights.get(name, self.dtype)
+
+    def features(self, layer_inputs):  # {target layer: [T, E]} -> [T, n_target_layers * E]
+        return np.concatenate([layer_inputs[il] for il in self.cfg.target_layers], axis=1)
+
+    def encode(self, features, trace=NO_TRACE):  # [T, n_target_layers * E] -> g [T, E]
+        trace("inp_target_features", features)
+        g = ops.rms_norm(self.backend.linear(features, self.weights, "fc.weight"), self.cfg.rms_eps)
+        g = g * self.norm_weight("enc.output_norm.weight")
+        trace("inp_g_embeddings", g)
+        return g
+
+    def heads(self, il, x, which):  # x [T, E] -> [T, H, D] ("q") or [T, Hkv, D] ("k", "v")
+        c = self.cfg
+        return self.backend.linear(x, self.weights, f"blk.{il}.attn_{which}.weight").reshape(len(x), -1, c.head_dim)
+
+    def rope(self, x, positions):  # x [T, H, D] -> [T, H, D]; NeoX pairs (j, j + D/2)
+        theta = ops.rope_angles(positions, self.cfg.head_dim, self.cfg.rope_base, self.dtype)
+        return ops.rope_neox(x, theta)
+
+    def head_norm(self, il, x, which):  # x [T, H, D] -> [T, H, D], per-head RMSNorm
+        return ops.rms_norm(x, self.cfg.rms_eps) * self.norm_weight(f"blk.{il}.attn_{which}_norm.weight")
+
+    def inject(self, g, positions, cache, trace=NO_TRACE):  # g [T, E], positions [T] -> None
+        """Context K/V of every drafter layer from the same g, at the target positions."""
+        cells = cache.allocate(positions)
+        for il in range(self.cfg.n_layer):
+            k = self.rope(self.head_norm(il, self.heads(il, g, "k"), "k"), positions)
+            v = self.heads(il, g, "v")
+            trace(f"Kcur_injected-{il}", k), trace(f"Vcur_injected-{il}", v)
+            cache.k[il, cells], cache.v[il, cells] = k, v
+
+    def block_logits(self, anchor, pos0, n_max, cache, trace=NO_TRACE):  # -> [n_max + 1, V]
+        """One draft pass over [anchor, MASK x n_max]; the block's own cells are removed after it,
+        so the cache again holds only context rows."""
+        c = self.cfg
+        tokens = [anchor] + [c.mask_token] * n_max
+        positions = np.arange(pos0, pos0 + n_max + 1)
+        h = self.target.embed(tokens)  # raw rows: the target's embedding norm is not applied
+        trace("inp_noise_embd", h)
+        cells = cache.allocate(positions)
+        for il in range(c.n_layer):
+            h = h + self.attention_block(il, h, positions, cells, cache, trace)
+            trace(f"ffn_inp-{il}", h)
+            h = h + self.ffn_block(il, h, trace)
+            trace(f"l_out-{il}", h)
+        cache.remove_from(pos0)
+        z = ops.rms_norm(h, c.rms_eps) * self.norm_weight("output_norm.weight")
+        trace("result_norm", z)
+        logits = self.backend.linear(z, self.target.weights, "output.weight")
+        trace("result_output", logits)
+        return logits
+
+    def attention_block(self, il, h, positions, cells, cache, trace):  # h [T, E] -> [T, E] (to add)
+        c = self.cfg
+        x = ops.rms_norm(h, c.rms_eps) * self.norm_weight(f"blk.{il}.attn_norm.weight")
+        trace(f"noise_norm-{il}", x)
+        q = self.rope(self.head_norm(il, self.heads(il, x, "q"), "q"), positions)
+        k = self.rope(self.head_norm(il, self.heads(il, x, "k"), "k"), positions)
+        v = self.heads(il, x, "v")
+        trace(f"Qcur-{il}", q), trace(f"Kcur-{il}", k), trace(f"Vcur-{il}", v)
+        cache.k[il, cells], cache.v[il, cells] = k, v
+        n = cache.n_live()
+        visible = draft_visible(positions, cache.pos[:n], c.n_swa if c.swa_layers[il] else 0)
+        o = self.backend.attention(q, cache.k[il, :n], cache.v[il, :n], visible, 1.0 / np.sqrt(c.head_dim))
+        return self.backend.linear(o.reshape(len(h), -1), self.weights, f"blk.{il}.attn_output.weight")
+
+    def ffn_block(self, il, h, trace):  # h [T, E] -> [T, E] (to add)
+        b = f"blk.{il}."
+        u = ops.rms_norm(h, self.cfg.rms_eps) * self.norm_weight(b + "ffn_norm.weight")
+        trace(f"ffn_norm-{il}", u)
+        f = ops.swiglu(self.backend.linear(u, self.weights, b + "ffn_gate.weight"),
+                       self.backend.linear(u, self.weights, b + "ffn_up.weight"))
+        f = self.backend.linear(f, self.weights, b + "ffn_down.weight")
+        trace(f"ffn_out-{il}", f)
+        return f
+
+
+def check_pairing(draft_model, target):  # raise GGUFError (naming the drafter) if it cannot serve target
+    c, t = draft_model.config, target.cfg
+    problem = None
+    if c.n_embd != t.n_embd:
+        problem = f"drafter n_embd {c.n_embd} differs from the target's {t.n_embd}"
+    elif not all(0 <= il <= t.n_layer for il in c.target_layers):
+        problem = f"dflash.target_layers {list(c.target_layers)} outside the target's layers 0..{t.n_layer}"
+    elif not 0 <= c.mask_token < t.n_vocab:
+        problem = f"mask token {c.mask_token} is not in the target's vocabulary of {t.n_vocab}"
+    elif draft_model.tokenizer is not None and draft_model.tokenizer.n_vocab != t.n_vocab:
+        problem = f"drafter vocabulary of {draft_model.tokenizer.n_vocab} differs from the target's {t.n_vocab}"
+    elif c.block_size < 1:
+        problem = f"dflash.block_size {c.block_size} must be positive"
+    if problem:
+        raise GGUFError(draft_model.path, problem)
+
+
+@dataclass(frozen=True)
+class Step:
+    drafted: int    # draft tokens the target verified
+    accepted: int   # of them, agreed by the target (the step emitted accepted + 1 tokens)
+    p_min: float
+
+
+def acceptance(steps):  # [Step] -> {"drafted", "accepted", "steps": [{"drafted", "accepted", "p_min"}]}
+    return {"drafted": sum(s.drafted for s in steps), "accepted": sum(s.accepted for s in steps),
+            "steps": [asdict(s) for s in steps]}
+
+
+class Speculator:
+    """Greedy speculative decoding of a TextModel with a Drafter, over one target cache and one
+    drafter cache that always hold the same committed positions."""
+
+    def __init__(self, target, drafter, cache, draft_cache, chunk=2048):
+        self.target, self.drafter = target, drafter
+        self.cache, self.draft_cache = cache, draft_cache
+        self.chunk = chunk
+        self.eog = target.tokenizer.eog_ids if target.tokenizer else frozenset()
+
+    def forward(self, token_ids, trace=NO_TRACE):  # [T] after the cache's tokens -> logits [T, V]
+        """Target pass in chunks; each chunk's captured layer inputs are injected into the drafter
+        at once, so the drafter never lags behind the target."""
+        token_ids = np.asarray(token_ids, np.int64)
+        self.cache.check_room(len(token_ids), min(len(token_ids), self.chunk))
+        out = []
+        for start in range(0, len(token_ids), self.chunk):
+            ids = token_ids[start:start + self.chunk]
+            positions = np.arange(self.cache.n_past, self.cache.n_past + len(ids))
+            layer_inputs = dict.fromkeys(self.drafter.cfg.target_layers)
+            out.append(self.target.forward(self.target.embed(ids), positions, self.cache, trace,
+                                           layer_inputs=layer_inputs))
+            self.drafter.inject(self.drafter.encode(self.drafter.features(layer_inputs)), positions, self.draft_cache)
+        return np.concatenate(out) if out else np.zeros((0, self.target.cfg.n_vocab), self.target.dtype)
+
+    def draft(self, anchor, pos0, n_max, p_min):  # -> draft ids (at most n_max)
+        if n_max == 0:
+            return []
+        return draft_tokens(self.drafter.block_logits(anchor, pos0, n_max, self.draft_cache), p_min)
+
+    def verify(self, anchor, drafts):  # -> the ids the target emits; both caches rolled back
+        pos0 = self.cache.n_past
+        ids = accept_greedy(self.forward([anchor] + drafts), drafts, self.eog)
+        n_keep = pos0 + len(ids)  # the anchor and the accepted drafts; the last id is the next anchor
+        self.cache.truncate(n_keep)
+        self.draft_cache.remove_from(n_keep)
+        return ids
+
+    def decode(self, next_logits, n_predict, n_max, p_min=0.0, governor=None, clock=time.perf_counter):
+        """Greedy tokens after a prefill whose last logits are `next_logits`: the same tokens as
+        TextModel.decode_greedy (stop after an end-of-generation token, kept, or n_predict tokens).
+        -> (generated ids, [Step] per verification). With a governor, it decides per step whether
+        to draft and with which floor, from the step times `clock` measures."""
+        n_max = self.drafter.clamp_n_max(n_max)
+        if governor is not None:
+            governor.reset()
+        generated, steps = [], []
+        if n_predict <= 0:
+            return generated, steps
+        generated.append(int(np.argmax(next_logits)))
+        while len(generated) < n_predict and generated[-1] not in self.eog and self.cache.n_past < self.cache.n_ctx:
+            pos0 = self.cache.n_past
+            # llama.cpp's budget: room in the context and in n_predict (the step adds one token more)
+            budget = max(0, min(self.cache.n_ctx - pos0 - 2, n_predict - len(generated) - 1))
+            plan = governor.plan() if governor is not None else Plan(True, p_min)
+            start = clock()
+            drafts = self.draft(generated[-1], pos0, n_max, plan.p_min)[:budget] if plan.draft and budget else []
+            ids = self.verify(generated[-1], drafts)
+            if governor is not None:
+                governor.record(plan, clock() - start, len(ids))
+            steps.append(Step(len(drafts), len(ids) - 1, plan.p_min))
+            for token in ids:
+                generated.append(token)
+                if token in self.eog or len(generated) == n_predict:
+                    break
+        return generated, steps
