@@ -168,7 +168,7 @@ class TokenizerConfig:
     eom: int
     pad: int
     mask: int
-    add_bos: bool
+    add_bos: object        # True/False from the GGUF, None when absent (the pre-tokenizer decides)
     add_eos: bool
     chat_template: str = field(repr=False)
 
@@ -201,7 +201,7 @@ def read_tokenizer(meta):  # Metadata -> TokenizerConfig (ids are -1 where the k
         merges=meta.array("tokenizer.ggml.merges", default=[]),
         bos=token_id("bos"), eos=token_id("eos"), eot=token_id("eot"), eom=token_id("eom"),
         pad=token_id("padding"), mask=token_id("mask"),
-        add_bos=meta.bool("tokenizer.ggml.add_bos_token", default=False),
+        add_bos=meta.bool("tokenizer.ggml.add_bos_token", default=None),
         add_eos=meta.bool("tokenizer.ggml.add_eos_token", default=False),
         chat_template=meta.str("tokenizer.chat_template", default=""),
     )

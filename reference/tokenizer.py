@@ -110,7 +110,7 @@ COLLAPSED_CLASS = {"N": r"\xd10-9", "L": r"\xd2A-Za-z"}
 class CollapseTable(dict):
     """str.translate table: ASCII stays, every other code point becomes its class byte."""
 
-    def __missing__(self, cp):
+    def __missing__(self, cp):  # code point -> its byte in the collapsed text (computed once)
         self[cp] = cp if cp < 128 else COLLAPSED_BYTE[unicode_class(cp)]
         return self[cp]
 
@@ -173,10 +173,11 @@ def split_llama3(text):  # str -> words, llama.cpp's scanner for the LLAMA3 rege
     |\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+, as llama.cpp scans it (past the end a position has no class)."""
     cls, n = classes_of(text), len(text)
     at = lambda i: cls[i] if i < n else None  # noqa: E731
+    # llama.cpp lowers with Unicode's table, but no non-ASCII letter lowers to s, t, m, d, r, e, v or l
+    lower = lambda i: text[i].lower() if text[i].isascii() else text[i]  # noqa: E731
     words, pos = [], 0
     while pos < n:
         start, ch = pos, text[pos]
-        lower = lambda i: text[i].lower() if text[i].isascii() else text[i]  # noqa: E731
         if ch == "'" and pos + 1 < n and lower(pos + 1) in ("s", "t", "m", "d"):
             pos += 2
         elif ch == "'" and pos + 2 < n and lower(pos + 1) + lower(pos + 2) in ("re", "ve", "ll"):
@@ -394,7 +395,7 @@ class Tokenizer:
 
     WORD_CACHE_LIMIT = 1 << 16
 
-    def __init__(self, tok):
+    def __init__(self, tok):  # TokenizerConfig
         self.tok = tok
         self.pre = pre_tokenizer(tok)
         self.add_bos = self.pre.add_bos if tok.add_bos is None else tok.add_bos
