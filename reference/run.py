@@ -13,14 +13,16 @@ import time
 import numpy as np
 
 from . import gguf
-from .chat import ChatError, chat_prompt, prompt_ids
+from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
 from .dflash import Drafter, Speculator, acceptance
 from .governor import CostGovernor, FloorBandit
+from .image import ImageError, load_rgb
 from .kv import CacheError
 from .text import TextModel
 from .tokenizer import Tokenizer, TokenizerError, detokenize
 from .tp import TensorParallelBackend, TPError, check_tp
 from .trace import Tracer, TraceError
+from .vision import DEFAULT_MAX_TOKENS, VisionModel, check_compatible
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden")
 DEFAULT_MODEL = os.path.join(GOLDEN, "models", "tiny-a-f32.gguf")
@@ -44,9 +46,10 @@ def build_parser():
     src.add_argument("--token-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
     src.add_argument("--prompt", help="prompt text, tokenized with the GGUF's tokenizer")
     src.add_argument("--prompt-file", help="file holding the prompt text (UTF-8)")
-    p.add_argument("--chat", action="store_true", help="render the prompt as a user message with the GGUF's chat template")
+    p.add_argument("--chat", action="store_true",
+                   help="render the prompt as a user message with the GGUF's chat template")
     p.add_argument("--system", help="system message for --chat (default: the template's own system block)")
-    p.add_argument("--date", help="YYYY-MM-DD the chat template sees as today (default: today), for reproducible prompts")
+    p.add_argument("--date", help="YYYY-MM-DD the chat template sees as today (default: today): reproducible prompts")
     p.add_argument("--no-special", action="store_true", help="tokenize special-token text in the prompt as plain text")
     p.add_argument("--tokenize-only", action="store_true", help="print the JSON list of prompt token ids and exit")
     p.add_argument("--n-predict", type=int, default=DEFAULT_N_PREDICT, help="greedy tokens to generate")
@@ -65,6 +68,13 @@ def build_parser():
     p.add_argument("--tp", type=int, default=1, help="simulate N-way tensor parallelism (N divides n_head_kv)")
     p.add_argument("--backend", choices=("numpy", "numba"), default="numpy",
                    help="numba: the accel/ kernels, multiplying straight from the quantized blocks (same logits)")
+    p.add_argument("--mmproj", help="vision projector GGUF (clip, projector muse-glimmer) for --image")
+    p.add_argument("--image", action="append", default=[],
+                   help="image file (repeatable); each <|patch|> in the prompt takes the next image, "
+                        "with none they go right after BOS")
+    p.add_argument("--image-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help="merged-token cap per image (llama.cpp's --image-max-tokens)")
+    p.add_argument("--embeddings-out", help="write float32 [n_image_tokens, n_embd]: the raw image projections")
     return p
 
 
@@ -121,7 +131,43 @@ def prompt_tokens(args, tok):  # -> ids from --token-ids, --prompt/--prompt-file
     if not args.chat:
         return tokenizer.tokenize(text, add_special=True, parse_special=not args.no_special)
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
-    return prompt_ids(tokenizer, chat_prompt(tok, system + [{"role": "user", "content": text}], date=args.date))
+    images = [{"type": "image"}] * len(args.image or [])  # before the text, where llama-mtmd-cli puts its markers
+    user = {"role": "user", "content": images + [{"type": "text", "text": text}] if images else text}
+    return prompt_ids(tokenizer, chat_prompt(tok, system + [user], date=args.date))
+
+
+def image_embeddings(args, lm):  # -> [[n_i, n_embd] per --image]
+    if not args.image:
+        if args.mmproj or args.embeddings_out:
+            raise UsageError("--mmproj and --embeddings-out need --image")
+        return []
+    if not args.mmproj:
+        raise UsageError("--image needs --mmproj")
+    if args.image_max_tokens < 1:
+        raise UsageError(f"--image-max-tokens must be at least 1, got {args.image_max_tokens}")
+    vision = VisionModel(gguf.load(args.mmproj, "mmproj"), dtype=lm.dtype)
+    check_compatible(vision, lm.cfg, args.model or DEFAULT_MODEL)
+    # one trace directory per image: the tower's point names (attn_out-0, ...) are also text ones
+    traces = [Tracer(os.path.join(args.trace, f"image-{i}") if args.trace else None) for i in range(len(args.image))]
+    out = [vision.encode(load_rgb(path), args.image_max_tokens, trace) for path, trace in zip(args.image, traces)]
+    for trace in traces:
+        trace.close()
+    return out
+
+
+def image_prompt_rows(lm, prompt, images):  # ids with <|patch|> per image -> embeddings [T, n_embd]
+    """Each placeholder becomes <|image_start|>, the image's rows, <|image_end|> (one position per
+    row, as mtmd decodes them). The rows are raw projections: the text model's embedding norm
+    then treats them as it treats token rows."""
+    tok = lm.tokenizer
+    patch = token_id(tok, IMAGE_PLACEHOLDER)
+    if patch not in prompt:  # llama-mtmd-cli puts its media markers at the start of the prompt
+        at = 1 if prompt and prompt[0] == tok.bos else 0
+        prompt = prompt[:at] + [patch] * len(images) + prompt[at:]
+    ids = np.asarray(expand_images(prompt, tok, [len(e) for e in images]))
+    rows = lm.embed(ids)
+    rows[ids == patch] = np.concatenate(images).astype(rows.dtype)
+    return rows
 
 
 def accel_backend(args):  # --backend other than numpy -> backend from accel/ (imported only then)
@@ -156,17 +202,28 @@ def run(args):  # parsed args -> exit status
         raise UsageError("the prompt has no tokens")
     if args.n_predict < 0 or args.prefill_chunk <= 0 or args.ctx < 0:
         raise UsageError("--n-predict, --prefill-chunk and --ctx must not be negative (chunk must be positive)")
-    n_ctx = args.ctx or len(prompt) + args.n_predict
+    if args.image and drafter:
+        raise UsageError("--draft-model with --image is not supported")
+    tracer = Tracer(args.trace)
+    t0 = time.perf_counter()
+    images = image_embeddings(args, lm)
+    if images:
+        timings["image_encode"] = time.perf_counter() - t0
+    if args.embeddings_out:
+        np.save(args.embeddings_out, np.concatenate(images).astype(np.float32))
+    rows = image_prompt_rows(lm, prompt, images) if images else None
+    n_ctx = args.ctx or (len(prompt) if rows is None else len(rows)) + args.n_predict
     cache = lm.new_cache(n_ctx, args.kv, args.prefill_chunk)
     if args.spec_draft_n_max < 0:
         raise UsageError("--spec-draft-n-max must not be negative")
     p_min, governor = spec_governor(args.spec_p_min)
     speculator = Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), args.prefill_chunk) if drafter else None
-    tracer = Tracer(args.trace)
 
     t0 = time.perf_counter()
     if speculator:  # the drafter is caught up on every prompt row as the target prefills
         logits = speculator.forward(prompt, tracer)
+    elif rows is not None:
+        logits = lm.prefill_embeddings(rows, cache, args.prefill_chunk, tracer)
     else:
         logits = lm.prefill(prompt, cache, args.prefill_chunk, tracer)
     timings["prefill"] = time.perf_counter() - t0
@@ -184,6 +241,8 @@ def run(args):  # parsed args -> exit status
     text = detokenize(tok, generated)
     if args.json:
         result = {"prompt_tokens": prompt, "tokens": generated, "text": text, "timings": timings}
+        if images:
+            result["image_tokens"] = [len(e) for e in images]
         if speculator:
             result["speculative"] = acceptance(steps)
         print(json.dumps(result))
@@ -203,7 +262,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except (gguf.GGUFError, CacheError, TraceError, TPError, UsageError, TokenizerError, ChatError) as e:
+    except (gguf.GGUFError, CacheError, TraceError, TPError, UsageError, TokenizerError, ChatError, ImageError) as e:
         print(f"reference.run: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -126,14 +126,17 @@ class TextModel:
     # Prefill and greedy decoding on top of either cache
 
     def prefill(self, token_ids, cache, chunk=2048, trace=NO_TRACE, progress=False):  # [T] -> logits [T, V]
-        """Feeds the prompt in chunks of at most `chunk` tokens after the cache's n_past tokens."""
-        token_ids = np.asarray(token_ids, np.int64)
-        cache.check_room(len(token_ids), min(len(token_ids), chunk))
+        return self.prefill_embeddings(self.embed(np.asarray(token_ids, np.int64)), cache, chunk, trace, progress)
+
+    def prefill_embeddings(self, rows, cache, chunk=2048, trace=NO_TRACE, progress=False):  # [T, E] -> [T, V]
+        """Feeds embedding rows (token rows, or image rows in their place) in chunks of at most
+        `chunk` after the cache's n_past positions."""
+        cache.check_room(len(rows), min(len(rows), chunk))
         out = []
-        for start in range(0, len(token_ids), chunk):
-            ids = token_ids[start:start + chunk]
-            positions = np.arange(cache.n_past, cache.n_past + len(ids))
-            out.append(self.forward(self.embed(ids), positions, cache, trace, progress))
+        for start in range(0, len(rows), chunk):
+            batch = rows[start:start + chunk]
+            positions = np.arange(cache.n_past, cache.n_past + len(batch))
+            out.append(self.forward(batch, positions, cache, trace, progress))
         return np.concatenate(out) if out else np.zeros((0, self.cfg.n_vocab), self.dtype)
 
     def decode_greedy(self, next_logits, n_predict, cache, chunk=2048):  # logits [V] -> generated ids

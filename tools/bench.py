@@ -1,11 +1,15 @@
-"""Benchmarks as ratios against a peer run in the same process: prefill and decode tokens/s of this
-reference vs transformers eager (CPU, float32) on the same weights.
+"""Benchmarks as ratios against a peer run in the same process.
 
     python -m tools.bench text --model golden/models/tiny-b-f32.gguf --checkpoint build/tiny/tiny-b \
         [--prompt-len 100 --n-decode 32 --repeat 3 --json out.json]
+    python -m tools.bench vision [--layers 4 --json out.json]
 
-The checkpoint is the transformers directory the GGUF was converted from (tools.make_tiny writes
-it under build/). Needs the `parity` extra (torch, transformers).
+`text`: prefill and decode tokens/s of this reference vs transformers eager (CPU, float32) on the
+same weights; the checkpoint is the transformers directory the GGUF was converted from
+(tools.make_tiny writes it under build/); needs the `parity` extra (torch, transformers).
+`vision`: the tower's cost per window on the release's 32 x 32-patch windows (a narrow synthetic
+tower), for 1, 4 and 9 windows and for a 1024 x 1024 image (1369 tokens) window-local vs with every
+layer global: window-local layers cost the same per window, an N x N mask would not.
 """
 import argparse
 import json
@@ -80,6 +84,39 @@ def bench_text(args):  # -> report dict
     return report
 
 
+def bench_vision(args):  # -> report dict
+    import tempfile
+    from reference.vision import VisionModel
+    from tools.make_synthetic import write_mmproj_gguf
+    from tools.make_vision_goldens import synthetic_image
+    with tempfile.TemporaryDirectory() as tmp:
+        m = VisionModel(gguf.load(write_mmproj_gguf(f"{tmp}/mm.gguf", n_pos=1024, n_layer=args.layers), "mmproj"))
+        px = {k * k: m.preprocess(synthetic_image(448 * k, 448 * k, 1, "smooth")) for k in (1, 2, 3)}
+        photo = m.preprocess(synthetic_image(1024, 1024, 2, "smooth"))
+        m.is_global = lambda il: False
+        per_window = {n: best_of(args.repeat, lambda: m.forward(p)) / n for n, p in px.items()}
+        windowed = best_of(args.repeat, lambda: m.forward(photo))
+        m.is_global = lambda il: True
+        all_global = best_of(1, lambda: m.forward(photo))
+    return {"layers": args.layers, "s_per_window": per_window, "photo_1024_window_local_s": windowed,
+            "photo_1024_all_global_s": all_global, "ratio_global_over_window_local": all_global / windowed}
+
+
+def print_text(report):
+    for name, r in report["engines"].items():
+        print(f"{name:20s} prefill {r['prefill_tok_s']:9.1f} tok/s   decode {r['decode_tok_s']:8.1f} tok/s")
+    ratio = report["ratio_reference_over_transformers"]
+    print(f"reference / transformers: prefill x{ratio['prefill_tok_s']:.2f}, decode x{ratio['decode_tok_s']:.2f}")
+
+
+def print_vision(report):
+    print("window-local layers, s per window: "
+          + ", ".join(f"{n} windows {t:.3f}" for n, t in report["s_per_window"].items()))
+    print(f"1024x1024 (1369 tokens, 9 windows), {report['layers']} layers: window-local "
+          f"{report['photo_1024_window_local_s']:.2f} s, all global {report['photo_1024_all_global_s']:.2f} s "
+          f"(x{report['ratio_global_over_window_local']:.1f})")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -90,12 +127,13 @@ def main(argv=None):
     t.add_argument("--n-decode", type=int, default=32)
     t.add_argument("--repeat", type=int, default=3)
     t.add_argument("--json")
+    v = sub.add_parser("vision", help="vision tower cost per window, window-local vs all-global layers")
+    v.add_argument("--layers", type=int, default=4)
+    v.add_argument("--repeat", type=int, default=2)
+    v.add_argument("--json")
     args = p.parse_args(argv)
-    report = bench_text(args)
-    for name, r in report["engines"].items():
-        print(f"{name:20s} prefill {r['prefill_tok_s']:9.1f} tok/s   decode {r['decode_tok_s']:8.1f} tok/s")
-    ratio = report["ratio_reference_over_transformers"]
-    print(f"reference / transformers: prefill x{ratio['prefill_tok_s']:.2f}, decode x{ratio['decode_tok_s']:.2f}")
+    report = bench_text(args) if args.what == "text" else bench_vision(args)
+    (print_text if args.what == "text" else print_vision)(report)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -261,6 +261,46 @@ def write_layout_gguf(path, dims, mix, seed=0, progress=True):  # the release la
     stream_gguf(path, text_keys(dims), specs, progress)
 
 
+def write_mmproj_gguf(path, n_embd=64, n_layer=2, n_head=2, n_ff=128, n_pos=64, merge=2, n_out=256, seed=0):
+    """A small mmproj with the converter's keys and tensor names, random weights (1/sqrt(fan-in))."""
+    rng = np.random.default_rng(seed)
+    E, P = n_embd, 14
+    w = GGUFWriter(str(path), "clip")
+    w.add_string("clip.projector_type", "muse-glimmer")
+    w.add_bool("clip.has_vision_encoder", True)
+    for key, value in (("image_size", 224), ("patch_size", P), ("embedding_length", E),
+                       ("feed_forward_length", n_ff), ("block_count", n_layer), ("attention.head_count", n_head),
+                       ("spatial_merge_size", merge), ("projection_dim", n_out)):
+        w.add_uint32(f"clip.vision.{key}", value)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+
+    def add(name, *shape):
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 0
+        x = rng.standard_normal(shape) / np.sqrt(fan_in) if fan_in else 1 + 0.1 * rng.standard_normal(shape)
+        w.add_tensor(name, x.astype(np.float32))
+    add("v.patch_embd.weight", E, 3, P, P)
+    add("v.position_embd.weight", n_pos, E)
+    for ln in ("v.pre_ln", "v.post_ln"):
+        add(ln + ".weight", E), add(ln + ".bias", E)
+    for il in range(n_layer):
+        b = f"v.blk.{il}."
+        for ln in ("ln1", "ln2"):
+            add(b + ln + ".weight", E), add(b + ln + ".bias", E)
+        for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            add(b + proj + ".weight", E, E), add(b + proj + ".bias", E)
+        add(b + "ffn_up.weight", n_ff, E), add(b + "ffn_up.bias", n_ff)
+        add(b + "ffn_down.weight", E, n_ff), add(b + "ffn_down.bias", E)
+    add("mm.0.weight", 128, E * merge * merge), add("mm.1.weight", 128, 128), add("mm.2.weight", n_out, 128)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tools.make_synthetic", description=__doc__.splitlines()[0])
     p.add_argument("out")

@@ -1,0 +1,222 @@
+"""The Muse-Glimmer vision encoder (mmproj) as llama.cpp's mtmd computes it (spec/vision.md).
+
+    grid:    the merged-token grid closest to the image's aspect under the token cap (ties: more tokens)
+    pixels:  uint8 Lanczos-3 stretch to 28*cols x 28*rows, (u8/255 - mean) / std
+    E = patches(14x14, c-ky-kx) Wp + bilinear(pos 32x32 -> gh x gw, border clamp)
+    X = LN_pre(E[perm])                               perm: 32x32-patch windows, raster in each
+    50 x  X += attn(LN1(X)) Wo + bo                   2D NORM rope (column | row, 1-indexed),
+          X += fc2(gelu_erf(fc1(LN2(X))))             window-local except every 4th and the last layer
+    Y = LN_post(X)[inverse perm]
+    Z = pixel_shuffle_2x2(Y)                          channel-outer: Z[o, c*4 + s]
+    out = gelu(gelu(Z M0) M1) M2                      the raw projection; the text model's embd_norm follows
+
+Attention runs window by window, never through an N x N mask. Sizes come from the mmproj: the
+window side is the side of the position table (32 on the release, 8 on the tiny model).
+"""
+import math
+
+import numpy as np
+
+from . import ops
+from .backend import NumpyBackend
+from .gguf import GGUFError
+from .image import resize_lanczos
+from .trace import Tracer
+
+NO_TRACE = Tracer()
+DEFAULT_MAX_TOKENS = 4096    # llama.cpp's set_limit_image_tokens(1, 4096) for this projector
+SUPPORTED_MERGE = 2          # llama.cpp counts merged tokens with a literal 2 (clip.cpp)
+ATTENTION_SCORES_BUDGET = 1 << 25  # float64 scores per attention call (256 MiB): bounds global layers
+
+
+# ---------------------------------------------------------------------------------------------
+# Preprocessing
+
+def lround(x):  # C's lround: halves away from zero
+    whole = math.floor(x)
+    return whole + 1 if x - whole >= 0.5 else whole
+
+
+def grid_size(width, height, unit, max_tokens):  # image px -> (cols, rows) in merged tokens
+    """llama.cpp's muse_glimmer_grid_size, in doubles like the C++. Of the floor/ceil candidates
+    under the cap, the one nearest the image's aspect (rows/cols vs H/W) wins; on an exact tie the
+    one with more tokens (transformers keeps whichever its set() yields first)."""
+    rows_ideal, cols_ideal = height / unit, width / unit
+    ratio = cols_ideal / rows_ideal if rows_ideal > 0 else 1.0
+    if rows_ideal * cols_ideal > max_tokens:
+        rows_ideal = math.sqrt(max_tokens / ratio)
+        cols_ideal = rows_ideal * ratio
+    target = height / width
+    best, best_d = None, 0.0
+    for rows in (math.floor(rows_ideal), math.ceil(rows_ideal)):
+        for cols in (math.floor(cols_ideal), math.ceil(cols_ideal)):
+            if rows < 1 or cols < 1 or rows * cols > max_tokens:
+                continue
+            d = abs(rows / cols - target)
+            if best is None or d < best_d or (d == best_d and rows * cols > best[0] * best[1]):
+                best, best_d = (rows, cols), d
+    if best is None:  # nothing fits under the cap: round (this may exceed it, as llama.cpp does)
+        best = (max(1, lround(rows_ideal)), max(1, lround(cols_ideal)))
+    return best[1], best[0]
+
+
+def normalize(rgb, mean, std, dtype):  # uint8 [H, W, 3] -> [H, W, 3]; llama.cpp's (u8/255 - mean)/std
+    v = rgb.astype(dtype) / dtype(255)
+    return (v - np.asarray(mean, np.float32).astype(dtype)) / np.asarray(std, np.float32).astype(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# The tower
+
+NUMERICS = ("exact", "ggml-cpu")
+
+
+class VisionModel:
+    """`numerics="ggml-cpu"` adds the rounding llama.cpp's CPU graph does that the exact mode does
+    not: ggml_conv_2d builds its im2col in F16, so the normalised pixels and the patch kernel are
+    rounded to f16 before the patch embedding (nearly all of what separates the two, §8); and a
+    matmul with F16 weights rounds its activations to f16."""
+
+    def __init__(self, gguf_model, dtype=np.float32, backend=None, numerics="exact"):
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {NUMERICS}")
+        self.numerics = numerics
+        self.path = gguf_model.path
+        self.cfg = gguf_model.config
+        self.weights = gguf_model.weights
+        self.dtype = np.dtype(dtype)
+        self.backend = backend or NumpyBackend(self.dtype)
+        n_pos = self.weights.shape("v.position_embd.weight")[0]
+        self.pos_side = math.isqrt(n_pos)
+        if self.pos_side ** 2 != n_pos:
+            raise GGUFError(self.path, f"v.position_embd has {n_pos} rows, not a square grid")
+        if self.cfg.merge_size != SUPPORTED_MERGE:
+            raise GGUFError(self.path, f"clip.vision.spatial_merge_size {self.cfg.merge_size} is not supported "
+                                       f"(llama.cpp counts merged tokens with a literal {SUPPORTED_MERGE})")
+        if self.cfg.head_dim % 4:
+            raise GGUFError(self.path, f"head size {self.cfg.head_dim} cannot hold two rope halves of pairs")
+
+    @property
+    def n_out(self):  # width of one image embedding (the text model's n_embd)
+        return self.weights.shape("mm.2.weight")[0]
+
+    @property
+    def unit(self):  # pixels per merged token side (28)
+        return self.cfg.patch_size * self.cfg.merge_size
+
+    def preprocess(self, rgb, max_tokens=DEFAULT_MAX_TOKENS):  # uint8 [H, W, 3] -> uint8 [h, w, 3]
+        cols, rows = grid_size(rgb.shape[1], rgb.shape[0], self.unit, max_tokens)
+        return resize_lanczos(rgb, cols * self.unit, rows * self.unit)
+
+    def encode(self, rgb, max_tokens=DEFAULT_MAX_TOKENS, trace=NO_TRACE):  # uint8 [H, W, 3] -> [N, n_out]
+        return self.forward(self.preprocess(rgb, max_tokens), trace)
+
+    def forward(self, resized, trace=NO_TRACE):  # uint8 [h, w, 3] (multiples of 28) -> [h*w/784, n_out]
+        c, p = self.cfg, self.cfg.patch_size
+        gh, gw = resized.shape[0] // p, resized.shape[1] // p
+        if resized.shape[0] % self.unit or resized.shape[1] % self.unit or gh == 0 or gw == 0:
+            raise ValueError(f"tower input {resized.shape[1]}x{resized.shape[0]} is not a positive "
+                             f"multiple of {self.unit}")
+        pixels = normalize(resized, c.image_mean, c.image_std, self.dtype.type)
+        x = self.patch_embed(pixels) + self.position_embed(gh, gw)
+        trace("after_posemb", x)
+        perm, window_lengths = ops.window_permutation(gh, gw, self.pos_side)
+        x = x[perm]
+        trace("after_sp_perm", x)
+        x = self.layer_norm(x, "v.pre_ln")
+        trace("pre_ln", x)
+        rows, cols = np.divmod(perm, gw)  # 1-indexed positions of the permuted tokens (clip.cpp)
+        theta_w = ops.rope_angles(cols + 1, c.head_dim // 2, c.rope_theta, self.dtype)
+        theta_h = ops.rope_angles(rows + 1, c.head_dim // 2, c.rope_theta, self.dtype)
+        windows = np.cumsum([0] + window_lengths)
+        for il in range(c.n_layer):
+            spans = [(0, len(perm))] if self.is_global(il) else list(zip(windows[:-1], windows[1:]))
+            x = self.block(il, x, theta_w, theta_h, spans, trace)
+        x = self.layer_norm(x, "v.post_ln")
+        y = np.empty_like(x)
+        y[perm] = x  # the inverse permutation: back to raster order
+        trace("after_inv_perm", y)
+        z = ops.pixel_shuffle_channel_outer(y, gh, gw, c.merge_size)
+        trace("encoder_out", z)
+        out = self.adapter(z)
+        trace("projected", out)
+        return out
+
+    def is_global(self, il):  # every sparse_factor-th layer and the last attend to the whole image
+        return il == self.cfg.n_layer - 1 or (il + 1) % self.cfg.sparse_factor == 0
+
+    def patch_embed(self, pixels):  # [H, W, 3] -> [gh*gw, E] raster order; a stride-14 conv, no bias
+        p = self.cfg.patch_size
+        gh, gw = pixels.shape[0] // p, pixels.shape[1] // p
+        patches = pixels.reshape(gh, p, gw, p, 3).transpose(0, 2, 4, 1, 3).reshape(gh * gw, 3 * p * p)
+        kernel = self.weights.get("v.patch_embd.weight", np.float64).reshape(self.cfg.n_embd, 3 * p * p)
+        if self.numerics == "ggml-cpu":
+            patches = patches.astype(np.float16).astype(patches.dtype)
+            kernel = kernel.astype(np.float16).astype(kernel.dtype)
+        return ops.linear(patches, kernel)
+
+    def position_embed(self, gh, gw):  # -> [gh*gw, E]; table row y*side + x
+        side = self.pos_side
+        table = self.weights.get("v.position_embd.weight", self.dtype).reshape(side, side, -1)
+        return ops.resize_bilinear_border(table, gh, gw).reshape(gh * gw, -1)
+
+    def layer_norm(self, x, prefix):  # x [T, E] -> [T, E]
+        w = self.weights
+        return ops.layer_norm(x, w.get(prefix + ".weight", self.dtype), w.get(prefix + ".bias", self.dtype),
+                              self.cfg.layer_norm_eps)
+
+    def linear(self, x, name):  # x [T, in] -> [T, out]
+        if self.numerics == "ggml-cpu" and self.weights.type_name(name) == "F16":
+            x = x.astype(np.float16).astype(x.dtype)  # ggml's F16 dot product reads f16 activations
+        return self.backend.linear(x, self.weights, name)
+
+    def dense(self, x, name):  # x [T, in] -> [T, out]; a GGUF linear with its bias
+        return self.linear(x, name + ".weight") + self.weights.get(name + ".bias", self.dtype)
+
+    def block(self, il, x, theta_w, theta_h, spans, trace):  # x [T, E] (window order) -> [T, E]
+        c, b = self.cfg, f"v.blk.{il}."
+        T, H, D = x.shape[0], c.n_head, c.head_dim
+        h = self.layer_norm(x, b + "ln1")
+        trace(f"layer_inp_normed-{il}", h)
+        q, k, v = (self.dense(h, b + f"attn_{n}").reshape(T, H, D) for n in "qkv")
+        trace(f"Qcur-{il}", q), trace(f"Kcur-{il}", k), trace(f"Vcur-{il}", v)
+        q, k = ops.rope_2d(q, theta_w, theta_h), ops.rope_2d(k, theta_w, theta_h)
+        trace(f"Qcur_pos-{il}", q), trace(f"Kcur_pos-{il}", k)
+        a = self.attend(q, k, v, spans).reshape(T, H * D)
+        trace(f"kqv_out-{il}", a)
+        a = self.dense(a, b + "attn_out")
+        trace(f"attn_out-{il}", a)
+        x = x + a
+        trace(f"ffn_inp-{il}", x)
+        h = self.layer_norm(x, b + "ln2")
+        trace(f"ffn_inp_normed-{il}", h)
+        f = self.dense(ops.gelu_erf(self.dense(h, b + "ffn_up")), b + "ffn_down")
+        trace(f"ffn_out-{il}", f)
+        x = x + f
+        trace(f"layer_out-{il}", x)
+        return x
+
+    def attend(self, q, k, v, spans):  # q/k/v [T, H, D], spans [(start, stop)] -> [T, H, D]
+        """Bidirectional attention inside each span; queries go in blocks small enough that one
+        block's scores fit ATTENTION_SCORES_BUDGET (a global layer at 4096 tokens has N = 16384)."""
+        out = np.empty_like(q)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        for start, stop in spans:
+            n = stop - start
+            block = max(1, ATTENTION_SCORES_BUDGET // (q.shape[1] * n))
+            for q0 in range(start, stop, block):
+                q1 = min(q0 + block, stop)
+                visible = np.ones((q1 - q0, n), dtype=bool)
+                out[q0:q1] = self.backend.attention(q[q0:q1], k[start:stop], v[start:stop], visible, scale)
+        return out
+
+    def adapter(self, z):  # [N, E*4] -> [N, n_out]; GELU after fc1 and fc2, none after the projection
+        a = ops.gelu_erf(self.linear(z, "mm.0.weight"))
+        a = ops.gelu_erf(self.linear(a, "mm.1.weight"))
+        return self.linear(a, "mm.2.weight")
+
+
+def check_compatible(vision, text_cfg, text_path):  # raise GGUFError when the widths differ
+    if vision.n_out != text_cfg.n_embd:
+        raise GGUFError(vision.path, f"mmproj projects to {vision.n_out} features but the text model "
+                                     f"{text_path} has n_embd {text_cfg.n_embd}")
