@@ -20,7 +20,7 @@ from reference.image import ImageError, load_rgb, resize_lanczos
 from reference.text import TextModel
 from reference.trace import Tracer
 from tools.make_synthetic import TextDims, write_text_gguf
-from tools.make_synthetic import write_mmproj_gguf
+from tools.make_synthetic import VisionDims, write_mmproj_gguf
 from tools.make_vision_goldens import CASES, synthetic_image
 from tools.metrics import nmse, top1_agreement
 from conftest import GOLDEN, MODELS, run_cli
@@ -436,6 +436,6 @@ def test_resize_refuses_absurd_targets():
     ({"merge": 3}, "spatial_merge_size 3"),        # llama.cpp counts merged tokens with a literal 2
 ])
 def test_projectors_llama_cpp_cannot_run(tmp_path, kwargs, message):
-    path = write_mmproj_gguf(tmp_path / "mm.gguf", **kwargs)
+    path = write_mmproj_gguf(tmp_path / "mm.gguf", VisionDims(**kwargs))
     with pytest.raises(gguf.GGUFError, match=message):
         vision.VisionModel(gguf.load(path, "mmproj"))

@@ -87,10 +87,10 @@ def bench_text(args):  # -> report dict
 def bench_vision(args):  # -> report dict
     import tempfile
     from reference.vision import VisionModel
-    from tools.make_synthetic import write_mmproj_gguf
+    from tools.make_synthetic import VisionDims, write_mmproj_gguf
     from tools.make_vision_goldens import synthetic_image
     with tempfile.TemporaryDirectory() as tmp:
-        m = VisionModel(gguf.load(write_mmproj_gguf(f"{tmp}/mm.gguf", n_pos=1024, n_layer=args.layers), "mmproj"))
+        m = VisionModel(gguf.load(write_mmproj_gguf(f"{tmp}/mm.gguf", VisionDims(n_pos=1024, n_layer=args.layers)), "mmproj"))
         px = {k * k: m.preprocess(synthetic_image(448 * k, 448 * k, 1, "smooth")) for k in (1, 2, 3)}
         photo = m.preprocess(synthetic_image(1024, 1024, 2, "smooth"))
         m.is_global = lambda il: False

@@ -1,9 +1,12 @@
-"""Write Muse-Glimmer text GGUFs with the real keys and tensor names, filled with seeded random
-weights, streamed to disk one block of rows at a time (the 30B layout never sits in memory).
+"""Write Muse-Glimmer GGUFs (text model, vision projector, DFlash drafter) with the real keys and
+tensor names, filled with seeded random weights, streamed to disk one block of rows at a time (the
+30B layout never sits in memory).
 
     python -m tools.make_synthetic OUT.gguf                       # a small test model (F32)
     python -m tools.make_synthetic OUT.gguf --layout 30b --mix ud-iq2_xxs   # the release layout
     python -m tools.make_synthetic OUT.gguf --layout 30b --mix q8_0 --layers 2   # real widths, 2 layers
+    python -m tools.make_synthetic OUT.gguf --role mmproj --layout 30b --type F16  # the 50-layer tower
+    python -m tools.make_synthetic OUT.gguf --role dflash --layout 30b --type Q8_0 # the 5-layer drafter
 
 Small models take f32 arrays and quantize them with gguf.quants; the 30B layout writes random but
 valid quantized blocks directly (random quant bits, f16 scales set so each weight matrix has a
@@ -84,21 +87,21 @@ def text_shapes(d):  # TextDims -> [(name, NumPy shape)] in the converter's orde
     return shapes + [("output_norm.weight", (E,)), ("output.weight", (V, E))]
 
 
-def random_f32(d, name, shape, rng):  # -> f32 array: unit-scale weights for a small test model
-    if name.endswith("attn_q_norm.weight"):
-        return np.full(shape, d.qk_scale, np.float32)
+def random_f32(name, shape, rng, qk_scale=3.87):  # -> f32 array of unit-scale random weights
+    if name.endswith("attn_q_norm.weight"):  # what the converter synthesizes (spec/text.md §2.2)
+        return np.full(shape, qk_scale, np.float32)
     if name.endswith("attn_k_norm.weight"):
         return np.ones(shape, np.float32)
-    if len(shape) == 1:
+    if len(shape) == 1:  # norms and biases
         return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     if name == "token_embd.weight":
         return rng.standard_normal(shape).astype(np.float32)
     scale = 4 if name == "output.weight" else 1  # a peaked output distribution
-    return (scale * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    return (scale * rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
 
 
 def text_tensors(d, rng):  # TextDims -> {name: f32 array [out, in]}
-    return {name: random_f32(d, name, shape, rng) for name, shape in text_shapes(d)}
+    return {name: random_f32(name, shape, rng, d.qk_scale) for name, shape in text_shapes(d)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,10 +148,10 @@ class TensorSpec:
         return int(np.prod(self.shape)) // block * size
 
 
-def stream_gguf(path, add_keys, specs, progress=False):
+def stream_gguf(path, arch, add_keys, specs, progress=False):
     """Writes the header, the keys (add_keys(writer)), the tensor infos, then each tensor's rows
     ROWS_PER_WRITE at a time; memory stays at one block of rows."""
-    w = GGUFWriter(path, ARCH, use_temp_file=False)
+    w = GGUFWriter(path, arch, use_temp_file=False)
     add_keys(w)
     for s in specs:
         w.add_tensor_info(s.name, s.shape, np.float32, s.nbytes, raw_dtype=s.qtype)
@@ -173,16 +176,20 @@ def array_spec(name, x, qtype):  # a tensor held in memory, quantized as it is w
     return TensorSpec(name, x.shape, qtype, lambda a, b: quants.quantize(x[a:b], qtype))
 
 
-def random_spec(d, name, shape, qtype, seed):  # a tensor generated row block by row block
+def random_spec(name, shape, qtype, seed, qk_scale=3.87):  # a tensor generated row block by row block
+    qtype = Q.F32 if len(shape) == 1 else qtype
     unit = block_scale_for_unit_std(qtype) if qtype not in (Q.F32, Q.F16, Q.BF16) else 1.0
 
     def rows(start, stop):
         rng = np.random.default_rng([seed, start])
-        if len(shape) == 1 or qtype == Q.F32:
-            return random_f32(d, name, (stop - start, *shape[1:]) if len(shape) > 1 else shape, rng)
-        std = 1.0 if name == "token_embd.weight" else 1.0 / np.sqrt(shape[1])
-        return random_rows(qtype, stop - start, shape[1], std, rng, unit)
-    return TensorSpec(name, shape, Q.F32 if len(shape) == 1 else qtype, rows)
+        if len(shape) == 1:
+            return random_f32(name, shape, rng, qk_scale)
+        if qtype in (Q.F32, Q.F16, Q.BF16):
+            return quants.quantize(random_f32(name, (stop - start, *shape[1:]), rng, qk_scale), qtype)
+        n_in = int(np.prod(shape[1:]))
+        std = 1.0 if name == "token_embd.weight" else 1.0 / np.sqrt(n_in)
+        return random_rows(qtype, stop - start, n_in, std, rng, unit)
+    return TensorSpec(name, shape, qtype, rows)
 
 
 def text_keys(d):  # TextDims -> add_keys(writer) for the text role
@@ -251,71 +258,153 @@ def write_text_gguf(path, dims=None, qtype="F32", seed=0, tensors=None, extra_ke
     d = dims or TextDims()
     tensors = text_tensors(d, np.random.default_rng(seed)) if tensors is None else tensors
     specs = [array_spec(name, x, Q[qtype]) for name, x in tensors.items()]
-    stream_gguf(path, _EditingWriter(text_keys(d), omit_keys, extra_keys or {}), specs)
+    stream_gguf(path, ARCH, _EditingWriter(text_keys(d), omit_keys, extra_keys or {}), specs)
     return d
 
 
 def write_layout_gguf(path, dims, mix, seed=0, progress=True):  # the release layout, random blocks
-    specs = [random_spec(dims, name, shape, weight_type(mix, name), seed + i)
+    specs = [random_spec(name, shape, weight_type(mix, name), seed + i, dims.qk_scale)
              for i, (name, shape) in enumerate(text_shapes(dims))]
-    stream_gguf(path, text_keys(dims), specs, progress)
+    stream_gguf(path, ARCH, text_keys(dims), specs, progress)
 
 
-def write_mmproj_gguf(path, n_embd=64, n_layer=2, n_head=2, n_ff=128, n_pos=64, merge=2, n_out=256, seed=0):
-    """A small mmproj with the converter's keys and tensor names, random weights (1/sqrt(fan-in))."""
-    rng = np.random.default_rng(seed)
-    E, P = n_embd, 14
-    w = GGUFWriter(str(path), "clip")
-    w.add_string("clip.projector_type", "muse-glimmer")
-    w.add_bool("clip.has_vision_encoder", True)
-    for key, value in (("image_size", 224), ("patch_size", P), ("embedding_length", E),
-                       ("feed_forward_length", n_ff), ("block_count", n_layer), ("attention.head_count", n_head),
-                       ("spatial_merge_size", merge), ("projection_dim", n_out)):
-        w.add_uint32(f"clip.vision.{key}", value)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+# ---------------------------------------------------------------------------------------------
+# The vision projector (clip, projector muse-glimmer) and the DFlash drafter
 
-    def add(name, *shape):
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 0
-        x = rng.standard_normal(shape) / np.sqrt(fan_in) if fan_in else 1 + 0.1 * rng.standard_normal(shape)
-        w.add_tensor(name, x.astype(np.float32))
-    add("v.patch_embd.weight", E, 3, P, P)
-    add("v.position_embd.weight", n_pos, E)
-    for ln in ("v.pre_ln", "v.post_ln"):
-        add(ln + ".weight", E), add(ln + ".bias", E)
-    for il in range(n_layer):
+@dataclass
+class VisionDims:
+    n_layer: int = 2
+    n_embd: int = 64
+    n_ff: int = 128
+    n_head: int = 2
+    patch: int = 14
+    n_pos: int = 64          # position-table rows: a square grid, its side is the window
+    merge: int = 2
+    adapter: int = 128       # width of the adapter MLP (mm.0, mm.1)
+    n_out: int = 256         # the text model's n_embd
+
+
+# vision.md §2: the 50-layer, 1536-wide tower of the release and its adapter to 6656
+RELEASE_MMPROJ = VisionDims(n_layer=50, n_embd=1536, n_ff=8960, n_head=16, patch=14, n_pos=1024, merge=2,
+                            adapter=4096, n_out=6656)
+
+
+def vision_shapes(v):  # VisionDims -> [(name, NumPy shape)]
+    E, F = v.n_embd, v.n_ff
+    shapes = [("v.patch_embd.weight", (E, 3, v.patch, v.patch)), ("v.position_embd.weight", (v.n_pos, E)),
+              ("v.pre_ln.weight", (E,)), ("v.pre_ln.bias", (E,))]
+    for il in range(v.n_layer):
         b = f"v.blk.{il}."
-        for ln in ("ln1", "ln2"):
-            add(b + ln + ".weight", E), add(b + ln + ".bias", E)
+        shapes += [(b + "ln1.weight", (E,)), (b + "ln1.bias", (E,))]
         for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            add(b + proj + ".weight", E, E), add(b + proj + ".bias", E)
-        add(b + "ffn_up.weight", n_ff, E), add(b + "ffn_up.bias", n_ff)
-        add(b + "ffn_down.weight", E, n_ff), add(b + "ffn_down.bias", E)
-    add("mm.0.weight", 128, E * merge * merge), add("mm.1.weight", 128, 128), add("mm.2.weight", n_out, 128)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            shapes += [(b + proj + ".weight", (E, E)), (b + proj + ".bias", (E,))]
+        shapes += [(b + "ln2.weight", (E,)), (b + "ln2.bias", (E,)), (b + "ffn_up.weight", (F, E)),
+                   (b + "ffn_up.bias", (F,)), (b + "ffn_down.weight", (E, F)), (b + "ffn_down.bias", (E,))]
+    return shapes + [("v.post_ln.weight", (E,)), ("v.post_ln.bias", (E,)),
+                     ("mm.0.weight", (v.adapter, E * v.merge * v.merge)), ("mm.1.weight", (v.adapter, v.adapter)),
+                     ("mm.2.weight", (v.n_out, v.adapter))]
+
+
+def vision_keys(v):  # VisionDims -> add_keys(writer): the keys the converter writes for the mmproj
+    def add_keys(w):
+        w.add_string("general.type", "mmproj")
+        w.add_string("clip.projector_type", "muse-glimmer")
+        w.add_bool("clip.has_vision_encoder", True)
+        side = int(round(np.sqrt(v.n_pos)))
+        for key, value in (("image_size", side * v.patch * v.merge), ("patch_size", v.patch),
+                           ("embedding_length", v.n_embd), ("feed_forward_length", v.n_ff),
+                           ("block_count", v.n_layer), ("attention.head_count", v.n_head),
+                           ("spatial_merge_size", v.merge), ("projection_dim", v.n_out)):
+            w.add_uint32(f"clip.vision.{key}", value)
+        w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+        w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+        w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    return add_keys
+
+
+def write_mmproj_gguf(path, dims=None, qtype="F32", seed=0, progress=False):  # -> path
+    v = dims or VisionDims()
+    specs = [random_spec(name, shape, Q[qtype], seed + i) for i, (name, shape) in enumerate(vision_shapes(v))]
+    stream_gguf(str(path), "clip", vision_keys(v), specs, progress)
     return str(path)
 
+
+@dataclass
+class DraftDims:
+    n_layer: int = 2
+    n_embd: int = 256
+    n_ff: int = 256
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 32
+    block_size: int = 4
+    target_layers: tuple = (2, 4)   # GGUF convention: the input of these target layers
+    n_swa: int = 16
+    mask_token: int = 511
+
+
+# dflash.md §1: 5 layers over the 52-layer target, 32/8 heads, block 16, target layers HF ids + 1
+RELEASE_DRAFTER = DraftDims(n_layer=5, n_embd=6656, n_ff=19968, n_head=32, n_head_kv=8, head_dim=128,
+                            block_size=16, target_layers=(2, 14, 26, 38, 50), n_swa=2048, mask_token=201818)
+
+
+def draft_shapes(d):  # DraftDims -> [(name, NumPy shape)]
+    E, F, D = d.n_embd, d.n_ff, d.head_dim
+    q, kv = d.n_head * D, d.n_head_kv * D
+    shapes = [("fc.weight", (E, len(d.target_layers) * E)), ("enc.output_norm.weight", (E,))]
+    for il in range(d.n_layer):
+        b = f"blk.{il}."
+        shapes += [(b + "attn_norm.weight", (E,)), (b + "attn_q.weight", (q, E)), (b + "attn_k.weight", (kv, E)),
+                   (b + "attn_v.weight", (kv, E)), (b + "attn_output.weight", (E, q)),
+                   (b + "attn_q_norm.weight", (D,)), (b + "attn_k_norm.weight", (D,)), (b + "ffn_norm.weight", (E,)),
+                   (b + "ffn_gate.weight", (F, E)), (b + "ffn_up.weight", (F, E)), (b + "ffn_down.weight", (E, F))]
+    return shapes + [("output_norm.weight", (E,))]
+
+
+def draft_keys(d):  # DraftDims -> add_keys(writer): the keys of the converter's dflash GGUF
+    def add_keys(w):
+        a = lambda k: f"dflash.{k}"  # noqa: E731
+        for key, value in (("context_length", 131072), ("embedding_length", d.n_embd), ("block_count", d.n_layer),
+                           ("feed_forward_length", d.n_ff), ("attention.head_count", d.n_head),
+                           ("attention.head_count_kv", d.n_head_kv), ("attention.key_length", d.head_dim),
+                           ("attention.value_length", d.head_dim), ("block_size", d.block_size),
+                           ("attention.sliding_window", d.n_swa)):
+            w.add_uint32(a(key), value)
+        w.add_float32(a("rope.freq_base"), 500000.0)
+        w.add_float32(a("attention.layer_norm_rms_epsilon"), 1e-5)
+        w.add_array(a("target_layers"), list(d.target_layers))
+        w.add_array(a("attention.sliding_window_pattern"), [True] * d.n_layer)
+        w.add_uint32("tokenizer.ggml.mask_token_id", d.mask_token)
+    return add_keys
+
+
+def write_draft_gguf(path, dims=None, qtype="F32", seed=0, progress=False):  # -> path
+    d = dims or DraftDims()
+    specs = [random_spec(name, shape, Q[qtype], seed + i) for i, (name, shape) in enumerate(draft_shapes(d))]
+    stream_gguf(str(path), "dflash", draft_keys(d), specs, progress)
+    return str(path)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tools.make_synthetic", description=__doc__.splitlines()[0])
     p.add_argument("out")
+    p.add_argument("--role", choices=("text", "mmproj", "dflash"), default="text")
     p.add_argument("--layout", choices=("small", "30b"), default="small")
-    p.add_argument("--mix", choices=sorted(MIXES), default="f32", help="weight types (30b layout)")
-    p.add_argument("--type", default="F32", help="GGML type of the 2-D weights (small layout)")
+    p.add_argument("--mix", choices=sorted(MIXES), default="f32", help="text weight types (30b layout)")
+    p.add_argument("--type", default="F32", help="GGML type of the 2-D weights (small text; mmproj; dflash)")
     p.add_argument("--layers", type=int, help="override the layer count")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    if a.layout == "30b":
-        dims = RELEASE_30B if a.layers is None else replace(RELEASE_30B, n_layer=a.layers)
-        write_layout_gguf(a.out, dims, a.mix, a.seed)
+    release = a.layout == "30b"
+    layers = {} if a.layers is None else {"n_layer": a.layers}
+    if a.role == "mmproj":
+        write_mmproj_gguf(a.out, replace(RELEASE_MMPROJ if release else VisionDims(), **layers), a.type, a.seed, release)
+    elif a.role == "dflash":
+        write_draft_gguf(a.out, replace(RELEASE_DRAFTER if release else DraftDims(), **layers), a.type, a.seed, release)
+    elif release:
+        write_layout_gguf(a.out, replace(RELEASE_30B, **layers), a.mix, a.seed)
     else:
-        dims = TextDims() if a.layers is None else TextDims(n_layer=a.layers)
-        write_text_gguf(a.out, dims, a.type, a.seed)
+        write_text_gguf(a.out, replace(TextDims(), **layers), a.type, a.seed)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""The synthetic writer: the release layouts have the converter's tensor counts and shapes, random
+quantized blocks are valid with the intended spread, and every role loads."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from reference import gguf
+from tools import make_synthetic as ms
+
+
+def test_release_tensor_counts():
+    # vision.md §2.2: 4 + 50*16 + 2 + 3 = 809 tensors; text: 3 + 52*14; drafter: 3 + 5*11
+    assert len(ms.vision_shapes(ms.RELEASE_MMPROJ)) == 809
+    assert len(ms.text_shapes(ms.RELEASE_30B)) == 3 + 52 * 14
+    assert len(ms.draft_shapes(ms.RELEASE_DRAFTER)) == 3 + 5 * 11
+    shapes = dict(ms.text_shapes(ms.RELEASE_30B))
+    assert shapes["blk.0.attn_q.weight"] == (4096, 6656) and shapes["output.weight"] == (202048, 6656)
+    assert dict(ms.draft_shapes(ms.RELEASE_DRAFTER))["fc.weight"] == (6656, 33280)
+
+
+@pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.IQ3_XXS, Q.IQ4_XS, Q.Q4_K, Q.Q6_K, Q.Q8_0])
+def test_random_blocks_dequantize_with_the_intended_std(qtype):
+    rng = np.random.default_rng(0)
+    unit = ms.block_scale_for_unit_std(qtype)
+    rows = ms.random_rows(qtype, 64, 1024, 0.03, rng, unit)
+    w = quants.dequantize(rows, qtype)
+    assert w.shape == (64, 1024) and np.all(np.isfinite(w))
+    # the scale was calibrated on other random blocks: the spread matches within sampling noise
+    assert 0.02 < np.std(w) < 0.04
+
+
+def test_every_role_loads(tmp_path):
+    text = ms.write_text_gguf(str(tmp_path / "t.gguf"))
+    assert gguf.load(str(tmp_path / "t.gguf"), "text").config.n_layer == text.n_layer
+    v = gguf.load(ms.write_mmproj_gguf(tmp_path / "v.gguf", qtype="F16"), "mmproj")
+    assert (v.config.n_layer, v.config.n_embd, v.weights.type_name("v.blk.0.attn_q.weight")) == (2, 64, "F16")
+    d = gguf.load(ms.write_draft_gguf(tmp_path / "d.gguf", qtype="Q8_0"), "dflash")
+    assert d.config.target_layers == (2, 4) and d.weights.type_name("fc.weight") == "Q8_0"
+
+
+def test_release_layout_streams_with_two_layers(tmp_path):
+    # real widths, 2 layers (layer 0 sliding, layer 1 full), the UD-IQ2_XXS mix; a 4096-token vocabulary
+    # keeps the file at 190 MB (the release's 202048 rows would add 1.9 GB of embeddings and head)
+    path = str(tmp_path / "l2.gguf")
+    ms.write_layout_gguf(path, replace(ms.RELEASE_30B, n_layer=2, n_vocab=4096), "ud-iq2_xxs", progress=False)
+    m = gguf.load(path, "text")
+    assert m.config.swa_layers == (True, False) and m.config.head_dim == 128
+    types = {n: m.weights.type_name(n) for n in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight",
+                                                 "blk.0.attn_v.weight", "token_embd.weight", "output.weight")}
+    assert types == {"blk.0.attn_q.weight": "IQ2_XXS", "blk.0.ffn_down.weight": "IQ3_XXS",
+                     "blk.0.attn_v.weight": "IQ4_XS", "token_embd.weight": "Q4_K", "output.weight": "Q6_K"}
+    rows = m.weights.rows("blk.1.ffn_up.weight", slice(0, 8))
+    assert 0.5 / np.sqrt(6656) < np.std(rows) < 2 / np.sqrt(6656)
