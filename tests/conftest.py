@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+pytest_plugins = ["tools.pytest_parity", "pytester"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "golden")
 MODELS = os.path.join(GOLDEN, "models")

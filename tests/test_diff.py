@@ -1,9 +1,11 @@
-"""tools.metrics and tools.diff: the metrics, the near-tie rule, the gate and the exit statuses."""
+"""tools.metrics and tools.diff: the metrics, the near-tie rule, the gate and the exit statuses, on
+synthetic logits and on real ones (the reference against llama.cpp's committed F16-KV golden)."""
 import json
+import os
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import GOLDEN, MODELS, run_cli
 
 from tools import diff, metrics
 
@@ -143,3 +145,108 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case):
     expected = {"missing": "no such file", "shape": "does not match", "nan": "NaN", "pickle": "pickled",
                 "not_npy": "not a .npy"}[case]
     assert expected in lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# real model logits: the reference against llama.cpp with an F16 KV cache and flash attention
+
+F16_KV_RUN = os.path.join(GOLDEN, "logits", "llama-cpp", "tiny-a-f32", "kv-f16_fa-on")
+PLANTED = [20, 40, 55]  # positions given a real bug
+
+
+@pytest.fixture(scope="module")
+def real_pair():  # -> (reference logits of len64-nobos on tiny-a-f32, llama.cpp's F16-KV golden of it)
+    from reference import gguf
+    from reference.text import TextModel
+    with open(os.path.join(F16_KV_RUN, "manifest.json")) as f:
+        entry = next(e for e in json.load(f)["entries"] if e["id"] == "len64-nobos")
+    lm = TextModel(gguf.load(os.path.join(MODELS, "tiny-a-f32.gguf"), "text"))
+    ids = entry["token_ids"]
+    return lm.prefill(ids, lm.new_cache(len(ids), "uniform")), np.load(os.path.join(F16_KV_RUN, entry["file"]))
+
+
+def plant_real_bug(ref, test):  # -> test with a clearly different winner at PLANTED
+    buggy = test.copy()
+    for pos in PLANTED:
+        fifth = np.argsort(ref[pos])[-5]
+        buggy[pos, fifth] = buggy[pos].max() + 1.0
+    return buggy
+
+
+def test_near_tie_and_planted_bug_in_real_logits(real_pair):
+    """llama.cpp rounds K, V (and Q, the probabilities) to F16 here: it flips one top-1 of this prompt
+    (position 10, reference margin 0.0021) by its rounding alone. The typical-error rule gives
+    M = 2 x median max|ref - test| = 0.031; every planted position has a reference margin far above
+    it (checked), so the three are real and position 10 stays a near-tie."""
+    ref, test = real_pair
+    clean = diff.diff_logits(ref, test, diff.TYPICAL)
+    assert [(f["pos"], f["kind"]) for f in clean["flips"]] == [(10, "near-tie")]
+    assert clean["flips"][0]["ref_margin"] < 0.01 < clean["near_tie_margin"] < 0.05
+    assert diff.check_gate(clean, {}) == []
+    margins = metrics.top1_margin(ref)[PLANTED]
+    assert margins.min() > 4 * clean["near_tie_margin"]
+
+    report = diff.diff_logits(ref, plant_real_bug(ref, test), diff.TYPICAL)
+    assert {f["pos"]: f["kind"] for f in report["flips"]} == {10: "near-tie", 20: "real", 40: "real", 55: "real"}
+    # a bug on 3 of 64 positions leaves the median, and so M, where it was
+    assert report["near_tie_margin"] == pytest.approx(clean["near_tie_margin"], rel=0.05)
+    assert (report["first_flip"], report["first_real"]) == (10, 20)
+    failures = diff.check_gate(report, {})
+    assert [f.split(":")[0] for f in failures] == [f"real divergence at position {p}" for p in PLANTED]
+
+
+def test_cli_typical_error_on_real_logits(real_pair, tmp_path):
+    ref, test = real_pair
+    np.save(tmp_path / "ref.npy", ref)
+    np.save(tmp_path / "tie.npy", test)
+    np.save(tmp_path / "bug.npy", plant_real_bug(ref, test))
+    ok = run_cli("tools.diff", tmp_path / "ref.npy", tmp_path / "tie.npy", "--typical-error", "--gate", "nmse=1e-5")
+    assert ok.returncode == 0 and "near-tie" in ok.stdout and "PASS" in ok.stdout, ok.stdout
+    bad = run_cli("tools.diff", tmp_path / "ref.npy", tmp_path / "bug.npy", "--typical-error")
+    assert bad.returncode == 1 and bad.stdout.count("real divergence at position") == 3
+    # without a margin that knows the engine's precision, the F16 rounding flip counts as real
+    strict = run_cli("tools.diff", tmp_path / "ref.npy", tmp_path / "tie.npy")
+    assert strict.returncode == 1 and "real divergence at position 10" in strict.stdout
+
+
+def test_corpus_report_worst_prompts_first(tmp_path):
+    pytest.importorskip("matplotlib")  # an extra: [parity]
+    ref, _, test = logits_pair(real=False)
+    rng = np.random.default_rng(1)
+    for side in ("ref", "test"):
+        (tmp_path / side).mkdir()
+    for i in range(12):
+        noise = rng.normal(size=ref.shape).astype(np.float32) * 10.0 ** (-9 + i % 4)
+        np.save(tmp_path / "ref" / f"p{i:02d}.npy", ref)
+        np.save(tmp_path / "test" / f"p{i:02d}.npy", (test if i == 7 else ref) + noise)
+    args = [str(tmp_path / "ref"), str(tmp_path / "test"), "--near-tie-margin", "1e-3", "--worst", "5",
+            "--json", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png")]
+    assert diff.main(args) == 0
+    saved = json.loads((tmp_path / "c.json").read_text())
+    overall = saved["overall"]
+    assert overall["n_prompts"] == 12 and overall["n_pos"] == 72 and overall["n_near_tie"] == 1
+    kl = {p["prompt_id"]: p["summary"]["kl_mean"] for p in saved["prompts"]}
+    assert overall["kl_mean"] == pytest.approx(np.mean(list(kl.values())))
+    table = [line.split()[0] for line in diff.format_report(
+        [(p["prompt_id"], p, []) for p in saved["prompts"]], {}, "", n_prompts_shown=5).splitlines()[4:9]]
+    assert table == sorted(kl, key=lambda k: -kl[k])[:5]
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("case", ["keys", "pickle", "positions", "zip"])
+def test_bad_topk_golden_exits_2(tmp_path, case):
+    good = {"prompt_ids": np.arange(3), "tokens": np.array([5, 6]), "positions": np.array([0, 1]),
+            "top_ids": np.array([[5, 1], [6, 2]]), "top_logprobs": np.array([[-0.1, -2.0], [-0.2, -3.0]])}
+    bad = tmp_path / "g.topk.npz"
+    if case == "keys":
+        np.savez(bad, **{k: v for k, v in good.items() if k != "positions"})
+    elif case == "pickle":
+        np.savez(bad, **{**good, "tokens": np.array([{"x": 1}], dtype=object)})
+    elif case == "positions":
+        np.savez(bad, **{**good, "positions": np.array([1, 1])})
+    else:
+        bad.write_bytes(b"PK\x03\x04 not a zip")
+    np.save(tmp_path / "full.npy", np.zeros((4, 8), np.float32))
+    r = run_cli("tools.diff", bad, tmp_path / "full.npy")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in r.stderr

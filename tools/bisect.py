@@ -7,7 +7,9 @@ standard library's `bisect`). A and B are each a trace directory of this referen
 one .npy per point, `python -m reference.run --trace DIR`) or a text dump of llama.cpp's
 `llama-eval-callback` / `llama-debug --verbose` (tools/dump_parse.py). Points are taken in A's order
 (the forward order: embd_norm, then per layer attn_norm ... l_out, then result_norm, result_output);
-points only one side has are listed, not compared.
+points only one side has are listed, not compared, except a layer point whose op the other side
+records on other layers only (`Qcur_rope-0` where the other side ropes layers 1-3): that is a
+difference of structure (RoPE or the layer type on the wrong layers) and counts as a divergence.
 
 Per point the error is NMSE = sum((a-b)^2) / sum(a^2) in float64 (llama.cpp test-backend-ops), A as
 the reference. Full tensors are compared whole. A dump holds only the first and last 3 entries of
@@ -168,20 +170,59 @@ def noise_thresholds(trace_a, trace_a64):  # {name: f32 tensor}, {name: f64 tens
     return thresholds
 
 
+def merged_order(names_a, names_b):  # -> all names: A's order, each B-only name after the one it follows in B
+    in_a, followers, last = set(names_a), {}, None
+    for name in names_b:
+        if name in in_a:
+            last = name
+        else:
+            followers.setdefault(last, []).append(name)
+    order = list(followers.get(None, []))
+    for name in names_a:
+        order += [name] + followers.get(name, [])
+    return order
+
+
+def layered_ops(trace):  # {name: tensor} -> ops that the source records inside layers
+    return {op for layer, op in map(layer_and_op, trace) if layer is not None}
+
+
+def one_sided_point(name, side, other_ops):  # point only one side has -> structural divergence, or None
+    """A layer point that one side records while the other records the same op only on other
+    layers is a difference of structure, not of numbers: RoPE on a layer the other side treats as
+    NoPE, or missing on one it ropes. Ops the other side never records (llama.cpp's kq-0, views)
+    are just not comparable."""
+    layer, op = layer_and_op(name)
+    if layer is None or op not in other_ops:
+        return None
+    other = "B" if side == "A" else "A"
+    return {"name": name, "layer": layer, "op": op, "threshold": float("nan"), "diverged": True, "nmse": None,
+            "n": 0, "size": 0, "sum_ok": None, "only_in": side,
+            "note": f"only in {side}: {other} records {op} on other layers, not on layer {layer}"}
+
+
 def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD):  # {name: tensor} x2, float | {name: float} -> result
-    """Compares the common points in A's order; `first` is the first point above its threshold."""
+    """Compares the common points in A's order; `first` is the first point above its threshold, or
+    the first structural difference (one_sided_point), whichever comes first in forward order."""
     points, first = [], None
-    for name in (n for n in trace_a if n in trace_b):
-        limit = threshold.get(name) if isinstance(threshold, dict) else threshold
-        if limit is None:
-            raise BadInput(f"no noise floor for trace point {name}")
-        layer, op = layer_and_op(name)
-        c = compare_point(trace_a[name], trace_b[name], limit)
-        # written as "not <=" so that a NaN counts as diverged
-        diverged = (c["nmse"] is not None and not c["nmse"] <= limit) or c["sum_ok"] is False
-        point = {"name": name, "layer": layer, "op": op, "threshold": limit, "diverged": diverged, **c}
+    ops_a, ops_b = layered_ops(trace_a), layered_ops(trace_b)
+    for name in merged_order(list(trace_a), list(trace_b)):
+        if name not in trace_b or name not in trace_a:
+            point = one_sided_point(name, "A", ops_b) if name in trace_a else one_sided_point(name, "B", ops_a)
+            if point is None:
+                continue
+        else:
+            limit = threshold.get(name) if isinstance(threshold, dict) else threshold
+            if limit is None:
+                raise BadInput(f"no noise floor for trace point {name}")
+            layer, op = layer_and_op(name)
+            c = compare_point(trace_a[name], trace_b[name], limit)
+            # written as "not <=" so that a NaN counts as diverged
+            diverged = (c["nmse"] is not None and not c["nmse"] <= limit) or c["sum_ok"] is False
+            point = {"name": name, "layer": layer, "op": op, "threshold": limit, "diverged": diverged,
+                     "only_in": None, **c}
         points.append(point)
-        if diverged and first is None:
+        if point["diverged"] and first is None:
             first = point
     return {"points": points, "first": first, "only_in_a": [n for n in trace_a if n not in trace_b],
             "only_in_b": [n for n in trace_b if n not in trace_a]}
@@ -192,6 +233,8 @@ def first_line(result):  # -> the one-line verdict
     if f is None:
         return f"no divergence above threshold ({sum(p['nmse'] is not None for p in result['points'])} points compared)"
     where = f"layer {'-' if f['layer'] is None else f['layer']}, op {f['op']}"
+    if f["only_in"]:
+        return f"first divergence: {f['name']} ({where}) {f['note']}"
     nmse = "n/a" if f["nmse"] is None else f"{f['nmse']:.3e}"
     why = " (sum check failed)" if f["sum_ok"] is False else ""
     return f"first divergence: {f['name']} ({where}) nmse={nmse} threshold={f['threshold']:.3e}{why}"
@@ -210,6 +253,8 @@ def layer_grid(result):  # -> (row labels, op columns, {(row, op): point})
 
 
 def cell_text(p):  # point -> "1.2e-07*"
+    if p is not None and p["only_in"]:
+        return f"{p['only_in']} only"
     if p is None or p["nmse"] is None:
         return "."
     return f"{p['nmse']:.1e}" + ("!" if p["sum_ok"] is False else "*" if p["diverged"] else "")
@@ -219,7 +264,8 @@ def format_table(result, rule):  # -> the layers x ops grid and the per-point li
     rows, ops, cells = layer_grid(result)
     width = {op: max(len(op), 9) for op in ops}
     lines = ["NMSE = sum((a-b)^2) / sum(a^2), float64, A as reference (llama.cpp test-backend-ops)",
-             f"threshold: {rule}", "* above threshold, ! sums disagree, . not compared", "",
+             f"threshold: {rule}",
+             "* above threshold, ! sums disagree, A/B only: recorded by one side only (structure), . not compared", "",
              "layer " + " ".join(f"{op:>{width[op]}}" for op in ops)]
     for row in rows:
         lines.append(f"{row:>5} " + " ".join(f"{cell_text(cells.get((row, op))):>{width[op]}}" for op in ops))

@@ -1,24 +1,42 @@
 """Compare a test engine's logits with reference logits, position by position, and gate on the result.
 
-    python -m tools.diff REF TEST [--gate nmse=1e-4,top1=0.999] [--near-tie-margin X | --noise-floor F64]
-                         [--json OUT.json] [--plot OUT.png] [--topk 5]
+    python -m tools.diff REF TEST [--gate nmse=1e-4,top1=0.999]
+                         [--near-tie-margin X | --noise-floor F64 | --typical-error]
+                         [--json OUT.json] [--plot OUT.png] [--topk 5] [--worst 20]
 
 REF and TEST are float `.npy` logits `[n_pos, n_vocab]` (a 1-D `[n_vocab]` counts as one position),
-or two directories of them. A directory with a `manifest.json` is read through it: a JSON list of
-entries (or an object holding that list under "goldens", "entries" or "files"), each with "file" and
-"prompt_id" (or "id"), as tools/golden.py writes it. Without a manifest the `.npy` files pair by
-name. Every reference prompt needs a test counterpart.
+top-k goldens `.topk.npz` (llama-server; format in tools/golden.py), or two directories of them: a
+golden or corpus directory of tools.golden is read through its `manifest.json` (a JSON list of
+entries, or an object holding it under "goldens", "entries" or "files"; each entry has "file" and
+"prompt_id" or "id"). Without a manifest the files pair by name. Every reference prompt needs a test
+counterpart.
 
 Per position: NMSE, max|diff|, cosine, KL(ref||test), top-1 and top-k agreement, the reference's top-1
 margin (logit gap top1 - top2) and delta-p (probability of the reference's top-1 under test minus
 under ref). NMSE is sum((ref-test)^2) / sum(ref^2) accumulated in float64 (llama.cpp test-backend-ops).
 
+A top-k golden against full logits: position n_prompt - 1 + i of the full side lines up with
+generated token i of the golden (the full side must be the logits of prompt + those tokens, e.g.
+tools.golden with continuation_ids, to compare more than the first). Only the golden's k tokens are
+known there, so NMSE, max|diff| and cosine are over the log-probabilities of those k tokens (log-
+probabilities, not logits: they do not depend on a per-row offset of the logits), KL is over those k
+tokens plus one bucket for the rest of the probability mass (a lower bound of the full KL), top-k
+agreement is the overlap of the full side's k best with the golden's, and the margin is a log-
+probability gap, which equals the logit gap.
+
 Near-tie rule. A position whose top-1 differs is a near-tie when the reference's own top1-top2
 margin is below M, else a real divergence. M is, in order of preference:
   --near-tie-margin X            M = X;
   --noise-floor F64              M = 8 * max|ref64 - ref| over the prompt, where ref64 are the float64
-                                 logits of the run that made REF (`reference.run --dtype float64`);
-  neither                        M = 8 * float32 spacing at max|ref|: only the rounding of the logits
+                                 logits of the run that made REF (`tools.golden --engine reference
+                                 --dtype float64` or `reference.run --dtype float64`);
+  --typical-error                M = 2 * the median over the prompt's positions of max|ref - test|:
+                                 for a test engine of lower precision than REF (an F16 KV cache,
+                                 quantized activations), whose rounding moves each logit by about that
+                                 much, so a top1-top2 gap by up to twice it. A bug confined to a few
+                                 positions does not move the median; one that spoils every position
+                                 inflates M, but then the NMSE and KL gates fail;
+  none of them                   M = 8 * float32 spacing at max|ref|: only the rounding of the logits
                                  themselves, so almost every flip counts as real.
 Why 8: max|ref64 - ref| = d bounds how far the float32 reference is from the exact logits. A test
 engine of the same float32 quality is also within about d, so one logit may differ by 2d between the
@@ -30,6 +48,11 @@ Gate: `--gate key=limit,...`, checked for every prompt. Upper limits: nmse (whol
 limits: cosine (worst position), top1 and topk (mean agreement). top1 counts near-tie flips as
 disagreements, so it bounds how many near-ties are tolerated; a real divergence fails regardless.
 
+Corpus directories: the report lists the prompts worst first (most real divergences, then largest
+mean KL; --worst N of them, all in the JSON) and an overall line: positions, mean KL and top-1
+agreement over all positions, near-tie and real flips, prompts with a real divergence. The PNG then
+adds the mean KL of every prompt, worst first.
+
 Exit status: 0 pass, 1 gate failed (every real divergence fails; near-ties alone do not),
 2 bad input (one line on stderr naming the file and the problem).
 """
@@ -37,13 +60,19 @@ import argparse
 import json
 import os
 import sys
+import zipfile
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import metrics
 
 NEAR_TIE_FACTOR = 8
+TYPICAL_FACTOR = 2
+TYPICAL = "typical"
 NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"
+TOPK_SUFFIX = ".topk.npz"
 MANIFEST = "manifest.json"
 NMSE_DEFINITION = "NMSE = sum((ref-test)^2) / sum(ref^2), float64 (llama.cpp test-backend-ops)"
 
@@ -65,6 +94,16 @@ class BadInput(Exception):
     """A file or argument that cannot be compared; the message names it and says why."""
 
 
+@dataclass
+class TopK:
+    """A top-k golden: the k best tokens and their log-probabilities for each generated token."""
+    prompt_ids: np.ndarray    # [n_prompt] int
+    tokens: np.ndarray        # [n_gen] int, the generated tokens
+    positions: np.ndarray     # [n] int: row r describes the choice of tokens[positions[r]]
+    ids: np.ndarray           # [n, k] int, best first
+    logprobs: np.ndarray      # [n, k] float64
+
+
 def check_logits(a, what):  # [n_pos, n_vocab] -> None, raises BadInput
     if a.dtype.kind != "f":
         raise BadInput(f"{what}: dtype {a.dtype} is not a float array of logits")
@@ -75,14 +114,19 @@ def check_logits(a, what):  # [n_pos, n_vocab] -> None, raises BadInput
         raise BadInput(f"{what}: contains {n_nan} NaN and {n_inf} Inf values")
 
 
-def load_logits(path):  # .npy file -> [n_pos, n_vocab]
+def read_magic(path, magic, what):  # -> None, raises BadInput unless the file starts with magic
     try:
         with open(path, "rb") as f:
-            if f.read(len(NPY_MAGIC)) != NPY_MAGIC:
-                raise BadInput(f"{path}: not a .npy file")
-        a = np.load(path, allow_pickle=False)
+            if f.read(len(magic)) != magic:
+                raise BadInput(f"{path}: not a {what} file")
     except OSError as e:
         raise BadInput(f"{path}: {e.strerror or e}") from None
+
+
+def load_logits(path):  # .npy file -> [n_pos, n_vocab]
+    read_magic(path, NPY_MAGIC, ".npy")
+    try:
+        a = np.load(path, allow_pickle=False)
     except ValueError as e:
         # numpy refuses object arrays here, which is how a pickle inside a .npy shows up
         problem = "holds pickled objects (refused)" if "allow_pickle" in str(e) else f"corrupt .npy ({e})"
@@ -93,14 +137,48 @@ def load_logits(path):  # .npy file -> [n_pos, n_vocab]
     return a
 
 
-def manifest_files(directory):  # dir with manifest.json -> {prompt_id: path}
+def load_topk(path):  # .topk.npz file -> TopK
+    read_magic(path, ZIP_MAGIC, ".topk.npz")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in ("prompt_ids", "tokens", "positions", "top_ids", "top_logprobs")}
+    except KeyError as e:
+        raise BadInput(f"{path}: no array {e} (a top-k golden holds prompt_ids, tokens, positions, top_ids, "
+                       "top_logprobs)") from None
+    except (ValueError, OSError, zipfile.BadZipFile) as e:
+        raise BadInput(f"{path}: corrupt .npz ({e})") from None
+    ids, lp = arrays["top_ids"], arrays["top_logprobs"]
+    positions = arrays["positions"]
+    if any(arrays[k].dtype.kind not in "iu" for k in ("prompt_ids", "tokens", "positions", "top_ids")) \
+            or lp.dtype.kind != "f":
+        raise BadInput(f"{path}: ids and positions must be integers, top_logprobs floats")
+    if ids.ndim != 2 or lp.shape != ids.shape or positions.shape != ids.shape[:1] or ids.shape[0] == 0 \
+            or ids.shape[1] < 2 or arrays["prompt_ids"].ndim != 1 or arrays["prompt_ids"].size == 0 \
+            or arrays["tokens"].ndim != 1:
+        raise BadInput(f"{path}: shapes {[list(a.shape) for a in arrays.values()]} are not "
+                       "[n_prompt], [n_gen], [n], [n, k >= 2], [n, k]")
+    if np.any(np.diff(positions) <= 0) or positions[0] < 0 or positions[-1] >= arrays["tokens"].size:
+        raise BadInput(f"{path}: positions must increase within the {arrays['tokens'].size} generated tokens")
+    if not np.all(np.isfinite(lp)) or np.any(lp > 0) or np.any(ids < 0):
+        raise BadInput(f"{path}: top_logprobs must be finite and <= 0, ids non-negative")
+    return TopK(arrays["prompt_ids"], arrays["tokens"], positions.astype(np.int64), ids.astype(np.int64),
+                lp.astype(np.float64))
+
+
+def load_golden(path):  # file -> [n_pos, n_vocab] | TopK
+    return load_topk(path) if str(path).endswith(TOPK_SUFFIX) else load_logits(path)
+
+
+def read_manifest(directory):  # dir with manifest.json -> ({prompt_id: path}, the manifest's other fields)
     path = os.path.join(directory, MANIFEST)
     try:
         with open(path) as f:
             manifest = json.load(f)
     except (OSError, ValueError) as e:
         raise BadInput(f"{path}: cannot read manifest ({e})") from None
+    header = {}
     if isinstance(manifest, dict):
+        header = manifest
         manifest = next((manifest[k] for k in ("goldens", "entries", "files") if k in manifest), None)
     if not isinstance(manifest, list):
         raise BadInput(f"{path}: expected a list of entries")
@@ -116,31 +194,35 @@ def manifest_files(directory):  # dir with manifest.json -> {prompt_id: path}
         if key in files:
             raise BadInput(f"{path}: prompt id {key!r} appears twice")
         files[key] = file
-    return files
+    return files, header
 
 
-def logit_files(path):  # file or dir -> {prompt_id: path}
+def logit_files(path):  # file or dir -> ({prompt_id: path}, manifest fields)
     if not os.path.exists(path):
         raise BadInput(f"{path}: no such file or directory")
     if not os.path.isdir(path):
-        return {os.path.splitext(os.path.basename(path))[0]: path}
+        return {os.path.basename(path).removesuffix(TOPK_SUFFIX).removesuffix(".npy"): path}, {}
     if os.path.exists(os.path.join(path, MANIFEST)):
-        return manifest_files(path)
-    return {name[:-4]: os.path.join(path, name) for name in sorted(os.listdir(path)) if name.endswith(".npy")}
+        return read_manifest(path)
+    names = sorted(n for n in os.listdir(path) if n.endswith((".npy", TOPK_SUFFIX)) and not n.startswith("."))
+    return {n.removesuffix(TOPK_SUFFIX).removesuffix(".npy"): os.path.join(path, n) for n in names}, {}
 
 
-def pair_files(ref_path, test_path):  # -> [(prompt_id, ref file, test file)]
+def pair_files(ref_path, test_path):  # -> ([(prompt_id, ref file, test file)], [notes on the sources])
     if os.path.isdir(ref_path) != os.path.isdir(test_path):
         raise BadInput(f"{test_path}: cannot compare a file with a directory ({ref_path})")
-    ref, test = logit_files(ref_path), logit_files(test_path)
+    (ref, ref_header), (test, test_header) = logit_files(ref_path), logit_files(test_path)
+    notes = [f"{side} {path} was made by this project's reference (self_made): not an independent golden"
+             for side, path, header in (("REF", ref_path, ref_header), ("TEST", test_path, test_header))
+             if header.get("self_made")]
     if not os.path.isdir(ref_path):
-        return [(next(iter(ref)), ref_path, test_path)]
+        return [(next(iter(ref)), ref_path, test_path)], notes
     if not ref:
         raise BadInput(f"{ref_path}: no logits found")
     missing = [k for k in ref if k not in test]
     if missing:
-        raise BadInput(f"{test_path}: no logits for prompt(s) {', '.join(missing)} of {ref_path}")
-    return [(k, ref[k], test[k]) for k in ref]
+        raise BadInput(f"{test_path}: no logits for prompt(s) {', '.join(missing[:8])} of {ref_path}")
+    return [(k, ref[k], test[k]) for k in ref], notes
 
 
 def noise_margin(ref, ref64):  # [n_pos, n_vocab] x2 -> near-tie margin
@@ -149,26 +231,23 @@ def noise_margin(ref, ref64):  # [n_pos, n_vocab] x2 -> near-tie margin
     return NEAR_TIE_FACTOR * float(metrics.max_abs_diff(ref64.reshape(-1), ref.reshape(-1)))
 
 
-def rounding_margin(ref):  # [n_pos, n_vocab] -> near-tie margin when no noise floor is known
+def rounding_margin(ref):  # [n_pos, n] -> near-tie margin when no noise floor is known
     return NEAR_TIE_FACTOR * float(np.spacing(np.float32(np.max(np.abs(ref)))))
 
 
-def diff_logits(ref, test, near_tie_margin=None, topk=5):  # [n_pos, n_vocab] x2 -> report dict
-    """Per-position metrics, aggregates and top-1 flips classified by the near-tie rule (module doc)."""
-    check_logits(ref, "reference")
-    check_logits(test, "test")
-    if ref.shape != test.shape:
-        raise BadInput(f"shape {list(test.shape)} does not match reference {list(ref.shape)}")
+def typical_margin(ref, test):  # [n_pos, n] x2 -> near-tie margin from the test's typical error
+    return TYPICAL_FACTOR * float(np.median(metrics.max_abs_diff(ref, test)))
+
+
+def make_report(ref, test, pos, near_tie_margin, n_vocab, topk):  # compared values, per-position metrics -> report
+    """ref/test are what the metrics were computed on (logits, or log-probabilities of top-k tokens);
+    near_tie_margin is a number, TYPICAL or None (module doc)."""
     if near_tie_margin is None:
         near_tie_margin = rounding_margin(ref)
-    pos = {
-        "nmse": metrics.nmse(ref, test), "max_abs": metrics.max_abs_diff(ref, test),
-        "cosine": metrics.cosine(ref, test), "kl": metrics.kl(ref, test),
-        "top1_agree": metrics.top1_agreement(ref, test), "topk_agree": metrics.topk_agreement(ref, test, topk),
-        "ref_margin": metrics.top1_margin(ref), "delta_p": metrics.delta_p(ref, test),
-        "ref_top1": np.argmax(ref, axis=-1), "test_top1": np.argmax(test, axis=-1),
-    }
-    flips = [{"pos": int(i), "ref_token": int(pos["ref_top1"][i]), "test_token": int(pos["test_top1"][i]),
+    elif near_tie_margin == TYPICAL:
+        near_tie_margin = typical_margin(ref, test)
+    flips = [{"pos": int(pos["position"][i]), "row": int(i), "ref_token": int(pos["ref_top1"][i]),
+              "test_token": int(pos["test_top1"][i]),
               "ref_margin": float(pos["ref_margin"][i]),
               "kind": "near-tie" if pos["ref_margin"][i] < near_tie_margin else "real"}
              for i in np.flatnonzero(~pos["top1_agree"])]
@@ -183,11 +262,87 @@ def diff_logits(ref, test, near_tie_margin=None, topk=5):  # [n_pos, n_vocab] x2
         "n_near_tie": len(flips) - len(real), "n_real": len(real),
     }
     return {
-        "n_pos": int(ref.shape[0]), "n_vocab": int(ref.shape[1]), "topk": topk,
+        "n_pos": int(ref.shape[0]), "n_vocab": int(n_vocab), "topk": int(topk),
         "near_tie_margin": float(near_tie_margin), "summary": summary, "flips": flips,
         "first_flip": flips[0]["pos"] if flips else None, "first_real": real[0] if real else None,
         "per_position": {k: v.tolist() for k, v in pos.items()},
     }
+
+
+def diff_logits(ref, test, near_tie_margin=None, topk=5):  # [n_pos, n_vocab] x2 -> report dict
+    """Per-position metrics, aggregates and top-1 flips classified by the near-tie rule (module doc)."""
+    check_logits(ref, "reference")
+    check_logits(test, "test")
+    if ref.shape != test.shape:
+        raise BadInput(f"shape {list(test.shape)} does not match reference {list(ref.shape)}")
+    pos = {
+        "nmse": metrics.nmse(ref, test), "max_abs": metrics.max_abs_diff(ref, test),
+        "cosine": metrics.cosine(ref, test), "kl": metrics.kl(ref, test),
+        "top1_agree": metrics.top1_agreement(ref, test), "topk_agree": metrics.topk_agreement(ref, test, topk),
+        "ref_margin": metrics.top1_margin(ref), "delta_p": metrics.delta_p(ref, test),
+        "ref_top1": np.argmax(ref, axis=-1), "test_top1": np.argmax(test, axis=-1),
+        "position": np.arange(ref.shape[0]),
+    }
+    return make_report(ref, test, pos, near_tie_margin, ref.shape[1], topk)
+
+
+def aligned_rows(full, top):  # [n_full, V], TopK -> (positions [n], full rows [n, V], ids [n, k], logprobs [n, k])
+    at = top.prompt_ids.size - 1 + top.positions
+    keep = at < full.shape[0]
+    if not keep.any():
+        raise BadInput(f"the full logits have {full.shape[0]} rows; the top-k golden starts at position {at[0]}")
+    if top.ids[keep].max() >= full.shape[1]:
+        raise BadInput(f"top-k token id {int(top.ids[keep].max())} is outside a vocabulary of {full.shape[1]}")
+    return at[keep], full[at[keep]], top.ids[keep], top.logprobs[keep]
+
+
+def bucket_kl(lp_ref, lp_test):  # [n, k] log-probabilities of the same tokens x2 -> [n]
+    """KL(ref||test) over the k tokens plus one bucket holding the rest of each distribution: merging
+    tokens never raises KL, so this is a lower bound of the KL over the full vocabulary."""
+    def with_rest(lp):  # [n, k] -> [n, k+1] probabilities
+        p = np.exp(lp)
+        return np.concatenate([p, np.maximum(1 - p.sum(-1, keepdims=True), 0)], axis=-1)
+    p, q = with_rest(lp_ref), with_rest(lp_test)
+    tiny = np.finfo(np.float64).tiny
+    return np.maximum(np.sum(p * (np.log(np.maximum(p, tiny)) - np.log(np.maximum(q, tiny))), axis=-1), 0.0)
+
+
+def diff_topk(ref, test, near_tie_margin=None):  # one side TopK, the other [n_pos, n_vocab] -> report dict
+    """Compares on the top-k golden's tokens (module doc); either side may be the golden."""
+    ref_is_top = isinstance(ref, TopK)
+    top, full = (ref, test) if ref_is_top else (test, ref)
+    if isinstance(full, TopK):
+        raise BadInput("two top-k goldens: one side needs full logits")
+    check_logits(full, "reference" if not ref_is_top else "test")
+    at, rows, ids, lp_top = aligned_rows(full, top)
+    k = ids.shape[1]
+    lp_all = metrics.log_softmax(rows)
+    lp_full = np.take_along_axis(lp_all, ids, axis=-1)
+    lp_ref, lp_test = (lp_top, lp_full) if ref_is_top else (lp_full, lp_top)
+    full_top1, full_topk = np.argmax(rows, axis=-1), np.argpartition(rows, -k, axis=-1)[:, -k:]
+    if ref_is_top:
+        ref_margin, p_ref, p_test = lp_top[:, 0] - lp_top[:, 1], np.exp(lp_top[:, 0]), np.exp(lp_full[:, 0])
+    else:
+        # the reference's top-1 may be missing from the test's k tokens: its probability there counts as 0
+        in_top = ids == full_top1[:, None]
+        p_test = np.where(in_top.any(-1), np.exp(np.where(in_top, lp_top, -np.inf).max(-1)), 0.0)
+        ref_margin, p_ref = metrics.top1_margin(rows), np.exp(lp_all[np.arange(len(rows)), full_top1])
+    pos = {
+        "nmse": metrics.nmse(lp_ref, lp_test), "max_abs": metrics.max_abs_diff(lp_ref, lp_test),
+        "cosine": metrics.cosine(lp_ref, lp_test), "kl": bucket_kl(lp_ref, lp_test),
+        "top1_agree": full_top1 == ids[:, 0],
+        "topk_agree": (full_topk[:, :, None] == ids[:, None, :]).any(-1).sum(-1) / k,
+        "ref_margin": ref_margin, "delta_p": p_test - p_ref,
+        "ref_top1": ids[:, 0] if ref_is_top else full_top1, "test_top1": full_top1 if ref_is_top else ids[:, 0],
+        "position": at,
+    }
+    return make_report(lp_ref, lp_test, pos, near_tie_margin, full.shape[1], k)
+
+
+def diff_pair(ref, test, near_tie_margin=None, topk=5):  # logits | TopK x2 -> report dict
+    if isinstance(ref, TopK) or isinstance(test, TopK):
+        return diff_topk(ref, test, near_tie_margin)
+    return diff_logits(ref, test, near_tie_margin, topk)
 
 
 def parse_gate(text):  # "nmse=1e-4,top1=0.999" -> {"nmse": 1e-4, "top1": 0.999}
@@ -214,65 +369,112 @@ def check_gate(report, gate):  # report of diff_logits, gate of parse_gate -> [f
     return failures
 
 
-def format_report(runs, gate, margin_rule, n_worst=8):  # [(id, report, failures)] -> text
+def worst_first(runs):  # [(id, report, failures)] -> the same, most real divergences then largest mean KL first
+    return sorted(runs, key=lambda run: (-run[1]["summary"]["n_real"], -run[1]["summary"]["kl_mean"]))
+
+
+def corpus_summary(runs):  # [(id, report, failures)] -> aggregates over every position of every prompt
+    n_pos = sum(r["n_pos"] for _, r, _ in runs)
+
+    def mean(field):  # a per-prompt mean -> the mean over every position
+        return float(sum(r["summary"][field] * r["n_pos"] for _, r, _ in runs) / n_pos)
+
+    return {"n_prompts": len(runs), "n_pos": int(n_pos), "kl_mean": mean("kl_mean"),
+            "kl_max": max(r["summary"]["kl_max"] for _, r, _ in runs), "top1": mean("top1"),
+            "nmse_max": max(r["summary"]["nmse"] for _, r, _ in runs),
+            "n_near_tie": sum(r["summary"]["n_near_tie"] for _, r, _ in runs),
+            "n_real": sum(r["summary"]["n_real"] for _, r, _ in runs),
+            "prompts_with_real": sum(r["summary"]["n_real"] > 0 for _, r, _ in runs),
+            "prompts_failed": sum(bool(fails) for _, _, fails in runs)}
+
+
+def format_report(runs, gate, margin_rule, n_worst=8, notes=(), n_prompts_shown=20):  # [(id, report, failures)] -> text
     topk = runs[0][1]["topk"]
     lines = [NMSE_DEFINITION + "; KL(ref||test) in nats on the full softmax",
-             f"near-tie: a top-1 flip where the reference's top1-top2 margin < M; {margin_rule}", "",
+             f"near-tie: a top-1 flip where the reference's top1-top2 margin < M; {margin_rule}", *notes, "",
              f"{'prompt':<16} {'n_pos':>5} {'nmse':>9} {'max|d|':>9} {'min cos':>9} {'mean KL':>9} "
              f"{'max KL':>9} {'top1':>6} {f'top{topk}':>6} {'M':>9} {'ties':>5} {'real':>5} {'1st flip':>8}"]
-    for key, r, _ in runs:
+    shown = worst_first(runs)[:n_prompts_shown] if len(runs) > 1 else runs
+    for key, r, _ in shown:
         s = r["summary"]
         lines.append(f"{key:<16.16} {r['n_pos']:>5} {s['nmse']:>9.2e} {s['max_abs']:>9.2e} {s['cosine_min']:>9.6f} "
                      f"{s['kl_mean']:>9.2e} {s['kl_max']:>9.2e} {s['top1']:>6.3f} {s['topk']:>6.3f} "
                      f"{r['near_tie_margin']:>9.2e} {s['n_near_tie']:>5} {s['n_real']:>5} "
                      f"{'-' if r['first_flip'] is None else r['first_flip']:>8}")
+    if len(runs) > 1:
+        c = corpus_summary(runs)
+        if len(shown) < len(runs):
+            lines.append(f"... {len(runs) - len(shown)} more prompts (worst first above; all in --json)")
+        lines += ["", f"overall: {c['n_prompts']} prompts, {c['n_pos']} positions, mean KL {c['kl_mean']:.3g}, "
+                      f"max KL {c['kl_max']:.3g}, top-1 {c['top1']:.4f}, worst prompt NMSE {c['nmse_max']:.3g}, "
+                      f"{c['n_near_tie']} near-tie and {c['n_real']} real flips, "
+                      f"{c['prompts_with_real']} prompts with a real divergence"]
     worst = sorted(((r["per_position"]["kl"][i], key, i, r) for key, r, _ in runs for i in range(r["n_pos"])),
                    key=lambda t: -t[0])[:n_worst]
     lines += ["", "worst positions by KL:", f"{'prompt':<16} {'pos':>5} {'nmse':>9} {'KL':>9} {'margin':>9} "
               f"{'ref top1':>9} {'test top1':>9} {'delta_p':>9}"]
     for kl, key, i, r in worst:
         p = r["per_position"]
-        lines.append(f"{key:<16.16} {i:>5} {p['nmse'][i]:>9.2e} {kl:>9.2e} {p['ref_margin'][i]:>9.3g} "
+        lines.append(f"{key:<16.16} {p['position'][i]:>5} {p['nmse'][i]:>9.2e} {kl:>9.2e} {p['ref_margin'][i]:>9.3g} "
                      f"{p['ref_top1'][i]:>9} {p['test_top1'][i]:>9} {p['delta_p'][i]:>+9.2e}")
-    flips = [(key, f) for key, r, _ in runs for f in r["flips"]]
+    flips = [(key, f) for key, r, _ in worst_first(runs) for f in r["flips"]]
     if flips:
         lines += ["", "top-1 flips:"] + [f"  {key} pos {f['pos']}: {f['ref_token']} -> {f['test_token']}, "
-                                         f"ref margin {f['ref_margin']:.3g}: {f['kind']}" for key, f in flips]
-    failures = [f"  {key}: {line}" for key, _, fails in runs for line in fails]
+                                         f"ref margin {f['ref_margin']:.3g}: {f['kind']}" for key, f in flips[:50]]
+        if len(flips) > 50:
+            lines.append(f"  ... {len(flips) - 50} more (all in --json)")
+    failures = [f"  {key}: {line}" for key, _, fails in worst_first(runs) for line in fails]
     gate_text = ", ".join(f"{k}{'<=' if GATE_KEYS[k][1] == 'max' else '>='}{v:g}" for k, v in gate.items())
     lines += ["", f"gate ({gate_text or 'no metric limits'}; real divergences always fail): "
-              + ("FAIL" if failures else "PASS")] + failures
+              + ("FAIL" if failures else "PASS")] + failures[:50]
     return "\n".join(lines)
 
 
-def plot_report(runs, path):  # [(id, report, failures)] -> PNG with NMSE and KL per position
+def flip_markers(ax, r, y, start, label):  # near-tie and real flips of one prompt as markers on a curve
+    for kind, style in (("near-tie", {"marker": "^", "color": "orange"}), ("real", {"marker": "X", "color": "red"})):
+        at = [f["row"] for f in r["flips"] if f["kind"] == kind]
+        ax.scatter(start + np.array(at, int), y[at], s=60, zorder=3, **style, label=f"{kind} flip" if label else None)
+
+
+def plot_report(runs, path):  # [(id, report, failures)] -> PNG: NMSE and KL per position (+ KL per prompt)
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise BadInput(f"{path}: --plot needs matplotlib (pip install matplotlib)") from None
-    fig, axes = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    corpus = len(runs) > 1
+    fig, axes = plt.subplots(3 if corpus else 2, 1, figsize=(11, 9 if corpus else 6))
     start = 0
-    for key, r, _ in runs:
+    for n, (key, r, _) in enumerate(runs):
         x = start + np.arange(r["n_pos"])
-        for ax, metric in zip(axes, ("nmse", "kl")):
+        for ax, metric in zip(axes[:2], ("nmse", "kl")):
             # log axes cannot show an exact 0; draw it at the bottom of the float64 range instead
             y = np.maximum(r["per_position"][metric], 1e-30)
-            ax.semilogy(x, y, ".-", lw=0.8, ms=3, label=key if metric == "nmse" else None)
-            for kind, style in (("near-tie", {"marker": "^", "color": "orange"}),
-                                ("real", {"marker": "X", "color": "red"})):
-                at = [f["pos"] for f in r["flips"] if f["kind"] == kind]
-                ax.scatter(start + np.array(at, int), y[at], s=60, zorder=3, **style,
-                           label=f"{kind} flip" if (metric == "kl" and key == runs[0][0]) else None)
+            ax.semilogy(x, y, ".-", lw=0.8, ms=3, label=key if metric == "nmse" and n < 10 else None)
+            flip_markers(ax, r, y, start, label=metric == "kl" and n == 0)
         if start:
-            for ax in axes:
-                ax.axvline(start - 0.5, color="grey", ls=":", lw=0.8)
+            for ax in axes[:2]:
+                ax.axvline(start - 0.5, color="grey", ls=":", lw=0.5)
         start += r["n_pos"]
     axes[0].set_ylabel("NMSE")
     axes[1].set_ylabel("KL(ref||test)")
     axes[1].set_xlabel("position (prompts side by side)")
     axes[0].set_title(NMSE_DEFINITION, fontsize=9)
+    if corpus:
+        ranked = worst_first(runs)
+        kl = np.maximum([r["summary"]["kl_mean"] for _, r, _ in ranked], 1e-30)
+        colors = ["red" if r["summary"]["n_real"] else "orange" if r["summary"]["n_near_tie"] else "tab:blue"
+                  for _, r, _ in ranked]
+        axes[2].bar(np.arange(len(ranked)), kl, color=colors)
+        axes[2].set_yscale("log")
+        axes[2].set_ylabel("mean KL per prompt")
+        axes[2].set_xlabel("prompts, worst first (red: a real divergence, orange: near-ties only)")
+        if len(ranked) <= 40:
+            axes[2].set_xticks(np.arange(len(ranked)), [k for k, _, _ in ranked], rotation=60, ha="right", fontsize=6)
+        c = corpus_summary(runs)
+        axes[2].set_title(f"{c['n_prompts']} prompts: mean KL {c['kl_mean']:.3g}, top-1 {c['top1']:.4f}, "
+                          f"{c['n_near_tie']} near-tie / {c['n_real']} real flips", fontsize=9)
     for ax in axes:
         ax.grid(True, which="major", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -287,12 +489,20 @@ def margin_rule(args):  # parsed CLI args -> the near-tie rule in force, as text
         return f"M = {args.near_tie_margin:g} (--near-tie-margin)"
     if args.noise_floor:
         return f"M = {NEAR_TIE_FACTOR} x max|ref64 - ref| (noise floor {args.noise_floor})"
+    if args.typical_error:
+        return f"M = {TYPICAL_FACTOR} x median over positions of max|ref - test| (--typical-error)"
     return f"M = {NEAR_TIE_FACTOR} x float32 spacing at max|ref| (no noise floor given)"
 
 
-def prompt_margin(args, noise, key, ref):  # -> near-tie margin M for one prompt; None: the rounding default
-    if args.near_tie_margin is not None or noise is None:
+def prompt_margin(args, noise, key, ref):  # -> near-tie margin M for one prompt: a number, TYPICAL or None
+    if args.near_tie_margin is not None:
         return args.near_tie_margin
+    if args.typical_error:
+        return TYPICAL
+    if noise is None:
+        return None
+    if isinstance(ref, TopK):
+        raise BadInput(f"{args.noise_floor}: a noise floor needs full reference logits, REF is a top-k golden")
     noise_file = noise.get(key) if os.path.isdir(args.noise_floor) else args.noise_floor
     if noise_file is None:
         raise BadInput(f"{args.noise_floor}: no float64 logits for prompt {key!r}")
@@ -305,22 +515,23 @@ def prompt_margin(args, noise, key, ref):  # -> near-tie margin M for one prompt
 
 def run_diff(args):  # parsed CLI args -> exit status
     gate, rule = parse_gate(args.gate or ""), margin_rule(args)
-    noise = logit_files(args.noise_floor) if args.noise_floor else None
+    noise = logit_files(args.noise_floor)[0] if args.noise_floor else None
+    pairs, notes = pair_files(args.ref, args.test)
     runs = []
-    for key, ref_file, test_file in pair_files(args.ref, args.test):
-        ref, test = load_logits(ref_file), load_logits(test_file)
+    for key, ref_file, test_file in pairs:
+        ref, test = load_golden(ref_file), load_golden(test_file)
         margin = prompt_margin(args, noise, key, ref)
         try:
-            report = diff_logits(ref, test, margin, args.topk)
+            report = diff_pair(ref, test, margin, args.topk)
         except BadInput as e:
             raise BadInput(f"{test_file}: {e} ({ref_file})") from None
         runs.append((key, report, check_gate(report, gate)))
-    print(format_report(runs, gate, rule))
+    print(format_report(runs, gate, rule, notes=notes, n_prompts_shown=args.worst))
     failed = any(fails for _, _, fails in runs)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"nmse_definition": NMSE_DEFINITION, "near_tie_rule": rule, "gate": gate,
-                       "status": "fail" if failed else "pass",
+            json.dump({"nmse_definition": NMSE_DEFINITION, "near_tie_rule": rule, "gate": gate, "notes": notes,
+                       "status": "fail" if failed else "pass", "overall": corpus_summary(runs),
                        "prompts": [{"prompt_id": key, "failures": fails, **r} for key, r, fails in runs]}, f)
     if args.plot:
         plot_report(runs, args.plot)
@@ -330,18 +541,22 @@ def run_diff(args):  # parsed CLI args -> exit status
 def main(argv=None):  # -> exit status
     p = argparse.ArgumentParser(prog="python -m tools.diff", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ref", help="reference logits .npy or directory of goldens")
-    p.add_argument("test", help="test logits .npy or directory, paired with REF by prompt id")
+    p.add_argument("ref", help="reference logits .npy, top-k golden .topk.npz, or a golden/corpus directory")
+    p.add_argument("test", help="test logits or directory, paired with REF by prompt id")
     p.add_argument("--gate", help=f"limits, e.g. nmse=1e-4,top1=0.999 (keys: {', '.join(GATE_KEYS)})")
     margin = p.add_mutually_exclusive_group()
     margin.add_argument("--near-tie-margin", type=float, help="near-tie threshold M in logits")
     margin.add_argument("--noise-floor", help="float64 logits of the run that made REF (file or directory)")
-    p.add_argument("--topk", type=int, default=5, help="k of the top-k agreement (default 5)")
+    margin.add_argument("--typical-error", action="store_true",
+                        help="M from the test's typical error (a lower-precision test engine)")
+    p.add_argument("--topk", type=int, default=5,
+                   help="k of the top-k agreement (default 5; a top-k golden sets its own)")
+    p.add_argument("--worst", type=int, default=20, help="prompts listed in the report, worst first (default 20)")
     p.add_argument("--json", help="write the full report as JSON")
-    p.add_argument("--plot", help="write a PNG of NMSE and KL per position")
+    p.add_argument("--plot", help="write a PNG of NMSE and KL per position (and mean KL per prompt)")
     args = p.parse_args(argv)
-    if args.topk < 1:
-        p.error("--topk must be at least 1")
+    if args.topk < 1 or args.worst < 1:
+        p.error("--topk and --worst must be at least 1")
     try:
         return run_diff(args)
     except BadInput as e:

@@ -1,18 +1,40 @@
-"""Golden logits from the external engines (llama.cpp through llama-cpp-python, transformers).
+"""Golden logits from an engine: this reference, llama.cpp (in-process or a running llama-server),
+or transformers.
 
     python -m tools.golden --engine llama-cpp --model M.gguf --prompts P.jsonl --out DIR \\
         [--kv-type f32|f16|q8_0] [--flash-attn on|off] [--n-predict N]
     python -m tools.golden --engine transformers --checkpoint HF_DIR --prompts P.jsonl --out DIR
+    python -m tools.golden --engine reference --model M.gguf --prompts P.jsonl --out DIR \\
+        [--dtype float32|float64] [--kv uniform|ring]
+    python -m tools.golden --engine llama-server --server-url http://127.0.0.1:8080 \\
+        --n-predict N [--n-probs K] --prompts P.jsonl --out DIR
+    python -m tools.golden ... --corpus [--task-size N] [--ray | --ray-address ADDR] [--workers N]
 
-P.jsonl holds one prompt a line: {"id": ..., "token_ids": [...]} or {"id": ..., "text": ...}.
-For every prompt DIR gets <id>.npy, float32 [n_prompt_tokens, n_vocab]: the logits of every prompt
-position from one prefill. With --n-predict N the greedy continuation (argmax, exactly N tokens,
-no stop at end-of-generation tokens; llama-cpp also records the model's EOG ids and the index
-of the first generated one) is recorded in the manifest, and <id>.decode.npy holds the
-logits of its N-1 single-token decode steps (row i: after feeding generated token i).
+P.jsonl holds one prompt a line: {"id": ..., "token_ids": [...]} or {"id": ..., "text": ...}, and
+optionally an engine's output to score, "continuation_ids": [...] or "continuation": "text" (text
+is tokenized on its own, without BOS: give ids to score exactly what an engine emitted).
+
+For every prompt DIR gets <id>.npy, float32 [n_tokens, n_vocab]: the logits of every position of
+one prefill of the prompt, followed by the continuation if there is one (teacher forcing: the whole
+continuation is checked in one forward, without the engine generating it). The manifest entry of a
+scored prompt holds per continuation token its log-probability and rank (0 = the argmax) under the
+logits of the position before it. With --n-predict N the greedy continuation (argmax, exactly N
+tokens, no stop at end-of-generation tokens; llama-cpp also records the model's EOG ids and the
+index of the first generated one) is recorded in the manifest, and <id>.decode.npy holds the logits
+of its N-1 single-token decode steps (row i: after feeding generated token i).
+
+llama-server gives no logits, only the top n_probs log-probabilities of each generated token, so its
+golden is <id>.topk.npz (see TOPK_FORMAT); tools.diff compares one against full logits.
+
+Goldens of --engine reference are made by this project's own forward: the manifest says so
+("self_made": true). Engine projects use them as their oracle; they are never an independent golden
+for testing the reference itself.
+
 DIR/manifest.json describes the run: model file and sha256, engine and version, options, date, and
-per prompt its token ids and files. The engines sit in ENGINES; each is a function
-(args) -> Engine.
+per prompt its token ids and files. Every file appears complete or not at all (written to a
+temporary name, then renamed). --corpus splits the prompts into tasks that resume after an
+interruption and can fan out over Ray (tools/corpus.py). The engines sit in ENGINES; each is a
+function (args) -> Engine.
 """
 from __future__ import annotations
 
@@ -22,13 +44,29 @@ import hashlib
 import json
 import os
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from . import metrics
+
 LLAMA_CPP_COMMIT = "0c1e570"  # vendored in llama-cpp-python 0.3.36
+REPO = Path(__file__).resolve().parent.parent
+TEXT_SOURCES = ("gguf", "ops", "kv", "text", "backend", "trace", "tokenizer")  # what a reference golden runs
+TOPK_FORMAT = ("<id>.topk.npz: prompt_ids int32 [n_prompt]; tokens int32 [n_gen], the greedy tokens; "
+               "positions int32 [n], top_ids int32 [n, k] and top_logprobs float32 [n, k]: for generated token "
+               "positions[r], the k most probable tokens (best first) of the full softmax of the raw logits "
+               "that chose it, i.e. at position n_prompt - 1 + positions[r] of prompt_ids + tokens. "
+               "llama-server reports no probabilities for a token after which the text ends in an "
+               "incomplete UTF-8 character: such tokens have no row")
+
+
+class GoldenError(Exception):
+    """A prompt set, engine reply or option that cannot give a golden; the message is one line."""
 
 
 @dataclass
@@ -37,10 +75,12 @@ class Engine:
     version: str
     model: dict                                   # file name, sha256 (never a machine path)
     options: dict
-    tokenize: Callable[[str], list[int]]
-    prefill: Callable[[list[int]], np.ndarray]    # ids -> float32 [n, n_vocab]
+    tokenize: Callable[[str, bool], list[int]]    # text, whether it starts a sequence (BOS) -> ids
+    prefill: Callable[[list[int]], np.ndarray] | None = None     # ids -> float32 [n, n_vocab]
     # ids, n -> (generated ids, decode-step logits float32 [n-1, n_vocab])
     greedy: Callable[[list[int], int], tuple[list[int], np.ndarray]] | None = None
+    topk: Callable[[list[int], int], dict] | None = None          # ids, n -> the arrays of TOPK_FORMAT
+    n_vocab: int | None = None                                    # to refuse token ids out of range
     extra: dict = field(default_factory=dict)
 
 
@@ -50,6 +90,78 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def save_atomic(path: Path, write: Callable) -> None:  # write(binary file) -> None
+    """The file appears under its name complete or not at all: a killed run leaves at most a hidden
+    temporary (swept by the next corpus run), never a truncated golden."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def save_json(path: Path, data) -> None:
+    save_atomic(path, lambda f: f.write((json.dumps(data, indent=1) + "\n").encode("utf-8")))
+
+
+def today() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+# ---------------------------------------------------------------------------------------------
+# this reference
+
+def reference_engine(args) -> Engine:
+    from reference import gguf
+    from reference.text import TextModel
+    from reference.tokenizer import Tokenizer
+
+    path = Path(args.model)
+    try:
+        model = gguf.load(str(path), "text")
+    except gguf.GGUFError as e:
+        raise GoldenError(str(e)) from None
+    lm = TextModel(model, np.dtype(args.dtype))
+    tokenizer = Tokenizer(model.tokenizer)
+
+    def new_cache(n: int):
+        return lm.new_cache(n, args.kv, args.prefill_chunk)
+
+    def prefill(ids: list[int]) -> np.ndarray:
+        return lm.prefill(ids, new_cache(len(ids)), args.prefill_chunk)
+
+    def greedy(ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
+        # exactly n tokens and no stop at EOG, as the other engines' goldens (decode_greedy stops)
+        cache = new_cache(len(ids) + n)
+        last = lm.prefill(ids, cache, args.prefill_chunk)[-1]
+        gen, steps = [], []
+        for i in range(n):
+            gen.append(int(np.argmax(last)))
+            if i == n - 1:
+                break
+            last = lm.prefill([gen[-1]], cache)[-1]
+            steps.append(last)
+        return gen, np.array(steps, dtype=lm.dtype).reshape(len(steps), -1)
+
+    sources = [REPO / "reference" / f"{name}.py" for name in TEXT_SOURCES]
+    source_hash = hashlib.sha256(b"".join(s.name.encode() + s.read_bytes() for s in sources)).hexdigest()
+    return Engine(
+        name="reference",
+        version=f"muse-glimmer reference (sha256 of reference/{{{','.join(TEXT_SOURCES)}}}.py {source_hash[:16]})",
+        model={"file": path.name, "sha256": sha256(path)},
+        options={"dtype": args.dtype, "kv": args.kv, "prefill_chunk": args.prefill_chunk, "backend": "numpy",
+                 "numerics": "exact", "tokenize": "reference.tokenizer, BOS and special tokens parsed"},
+        tokenize=lambda text, first: tokenizer.tokenize(text, add_special=first, parse_special=True),
+        prefill=prefill, greedy=greedy, n_vocab=model.config.n_vocab,
+        extra={"self_made": True,
+               "independent": "no: made by this project's reference; an oracle for engines, never a "
+                              "golden that tests the reference itself"},
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,7 +179,7 @@ def llama_cpp_engine(args) -> Engine:
 
     def make(n_tokens: int):
         if n_tokens > n_ubatch:
-            raise SystemExit(f"prompt of {n_tokens} tokens does not fit one ubatch of {n_ubatch}")
+            raise GoldenError(f"prompt of {n_tokens} tokens does not fit one ubatch of {n_ubatch}")
         return llama_cpp.Llama(
             model_path=str(path), n_ctx=args.n_ctx, n_batch=n_ubatch, n_ubatch=n_ubatch,
             logits_all=True, type_k=KV_TYPES[args.kv_type], type_v=KV_TYPES[args.kv_type],
@@ -104,8 +216,8 @@ def llama_cpp_engine(args) -> Engine:
     vocab = vocab_llm._model.vocab
     eog_ids = [i for i in range(vocab_llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
 
-    def tokenize(text: str) -> list[int]:
-        return vocab_llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+    def tokenize(text: str, first: bool) -> list[int]:
+        return vocab_llm.tokenize(text.encode("utf-8"), add_bos=first, special=True)
 
     return Engine(
         name="llama-cpp",
@@ -115,8 +227,135 @@ def llama_cpp_engine(args) -> Engine:
                  "n_batch": n_ubatch, "n_ctx": args.n_ctx, "n_threads": threads, "backend": "cpu",
                  "system_info": llama_cpp.llama_print_system_info().decode().strip(),
                  "tokenize": "add_bos=True, special=True (text prompts only)"},
-        tokenize=tokenize, prefill=prefill, greedy=greedy,
+        tokenize=tokenize, prefill=prefill, greedy=greedy, n_vocab=vocab_llm.n_vocab(),
         extra={"eog_ids": eog_ids},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# llama-server over HTTP
+
+def completion_request(ids: list[int], n_predict: int, n_probs: int) -> dict:
+    """The body of POST /completion. Greedy is temperature 0 and nothing else: the default sampler
+    chain then ends in the temperature sampler, which keeps only the argmax (penalties, DRY and XTC
+    are off by default, top-k/top-p/min-p keep the argmax). `"samplers": []` would drop it and sample
+    the raw distribution: non-deterministic goldens. post_sampling_probs false asks for the top
+    n_probs of the softmax of the raw logits (after the chain only the argmax would be left);
+    cache_prompt false makes every request one full prefill, as the other engines' goldens."""
+    return {"prompt": ids, "n_predict": n_predict, "n_probs": n_probs, "temperature": 0,
+            "post_sampling_probs": False, "return_tokens": True, "cache_prompt": False}
+
+
+def token_bytes(entry) -> bytes:  # a JSON item of completion_probabilities or top_logprobs -> its bytes
+    return bytes(int(b) for b in entry.get("bytes", []))
+
+
+def line_up(tokens: list[int], steps: list[dict], where: str) -> list[int]:  # -> index in tokens of each step
+    """llama-server adds a generated token's probabilities only once the text ends in a complete
+    UTF-8 character; that entry's bytes then hold the pieces of the tokens it waited for, then its own.
+    So entry s belongs to the next token with its id after which exactly those waiting pieces lie,
+    checked with every piece the reply shows (each top_logprobs item carries its token's bytes)."""
+    pieces = {int(t["id"]): token_bytes(t) for step in steps for t in step["top_logprobs"]}
+    rows, start = [], 0
+    for s, step in enumerate(steps):
+        own = pieces[int(step["id"])]
+        waiting = token_bytes(step)[:len(token_bytes(step)) - len(own)]
+
+        def fits(skipped):  # the tokens between the last entry and this one -> could they be the waiting bytes?
+            if not skipped or not waiting:
+                return not skipped and not waiting
+            if all(t in pieces for t in skipped):
+                return b"".join(pieces[t] for t in skipped) == waiting
+            return len(skipped) <= len(waiting)
+
+        found = [j for j in range(start, len(tokens)) if tokens[j] == int(step["id"]) and fits(tokens[start:j])]
+        if len(found) != 1:
+            raise GoldenError(f"{where}: cannot tell which generated token probability entry {s} belongs to")
+        rows.append(found[0])
+        start = found[0] + 1
+    return rows
+
+
+def parse_completion(reply: dict, ids: list[int], n_probs: int, where: str) -> dict:  # -> TOPK_FORMAT arrays
+    """Reads the JSON of a /completion reply: tokens (return_tokens) and completion_probabilities,
+    per reported token its id, bytes and top_logprobs, best first."""
+    probs = reply.get("completion_probabilities") if isinstance(reply, dict) else None
+    tokens = reply.get("tokens") if isinstance(reply, dict) else None
+    if not isinstance(probs, list) or not probs or not isinstance(tokens, list) or not tokens:
+        raise GoldenError(f"{where}: reply lacks tokens or completion_probabilities (were return_tokens "
+                          "and n_probs > 0 sent?)")
+    top_ids, top_logprobs = [], []
+    for i, step in enumerate(probs):
+        top = step.get("top_logprobs") if isinstance(step, dict) else None
+        if not isinstance(top, list) or len(top) != n_probs:
+            raise GoldenError(f"{where}: entry {i} has no list of {n_probs} top_logprobs "
+                              "(post_sampling_probs must be false)")
+        try:
+            top_ids.append([int(t["id"]) for t in top])
+            top_logprobs.append([float(t["logprob"]) for t in top])
+            greedy = int(step["id"]) == top_ids[-1][0]
+        except (KeyError, TypeError, ValueError):
+            raise GoldenError(f"{where}: entry {i}: malformed id or logprob") from None
+        if not greedy:
+            raise GoldenError(f"{where}: entry {i}: token {step['id']} is not the top-1: not a greedy run")
+    try:
+        tokens = [int(t) for t in tokens]
+        positions = line_up(tokens, probs, where)
+    except (KeyError, TypeError, ValueError):
+        raise GoldenError(f"{where}: malformed tokens or bytes") from None
+    top_logprobs = np.array(top_logprobs, np.float32)
+    if not np.all(np.isfinite(top_logprobs)) or np.any(np.diff(top_logprobs, axis=1) > 0):
+        raise GoldenError(f"{where}: top_logprobs are not finite and sorted best first")
+    return {"prompt_ids": np.array(ids, np.int32), "tokens": np.array(tokens, np.int32),
+            "positions": np.array(positions, np.int32),
+            "top_ids": np.array(top_ids, np.int32), "top_logprobs": top_logprobs}
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 600) -> dict:
+    data = None if body is None else json.dumps(body).encode("utf-8")
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read().decode("utf-8"))
+    except urllib.error.HTTPError as e:
+        raise GoldenError(f"{url}: HTTP {e.code}: {e.read()[:200].decode('utf-8', 'replace')}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise GoldenError(f"{url}: {getattr(e, 'reason', e)}") from None
+    except ValueError:
+        raise GoldenError(f"{url}: reply is not JSON") from None
+
+
+def llama_server_engine(args) -> Engine:
+    url = args.server_url.rstrip("/")
+    props = http_json(f"{url}/props")
+    settings = props.get("default_generation_settings", {})
+    served = os.path.basename(str(props.get("model_path", "")))
+    model = {"file": served}
+    if args.model:
+        if Path(args.model).name != served:
+            raise GoldenError(f"{url} serves {served!r}, not {Path(args.model).name!r}")
+        model["sha256"] = sha256(Path(args.model))
+
+    def topk(ids: list[int], n: int) -> dict:
+        if n <= 0:
+            raise GoldenError("--engine llama-server needs --n-predict N > 0 (it scores generated tokens)")
+        reply = http_json(f"{url}/completion", completion_request(ids, n, args.n_probs))
+        return parse_completion(reply, ids, args.n_probs, f"{url}/completion")
+
+    def tokenize(text: str, first: bool) -> list[int]:
+        return [int(t) for t in http_json(f"{url}/tokenize", {"content": text, "add_special": first,
+                                                              "parse_special": True})["tokens"]]
+
+    return Engine(
+        name="llama-server",
+        version=f"llama-server {props.get('build_info', 'unknown')}",
+        model=model,
+        options={"request": {k: v for k, v in completion_request([], 0, args.n_probs).items()
+                             if k not in ("prompt", "n_predict")},
+                 "n_ctx": settings.get("n_ctx"), "total_slots": props.get("total_slots"),
+                 "model_ftype": props.get("model_ftype"), "server_launch": args.server_launch or "not given",
+                 "golden": TOPK_FORMAT},
+        tokenize=tokenize, topk=topk,
     )
 
 
@@ -156,10 +395,10 @@ def transformers_engine(args) -> Engine:
 
     tokenizer = None
 
-    def tokenize(text: str) -> list[int]:
+    def tokenize(text: str, first: bool) -> list[int]:
         nonlocal tokenizer
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(ckpt)
-        return list(tokenizer(text)["input_ids"])
+        return list(tokenizer(text, add_special_tokens=first)["input_ids"])
 
     return Engine(
         name="transformers",
@@ -168,88 +407,196 @@ def transformers_engine(args) -> Engine:
                "files": [{"file": w.name, "sha256": sha256(w)} for w in weights]},
         options={"dtype": "float32", "attn_implementation": "eager", "device": "cpu", "n_threads": threads,
                  "tokenize": "AutoTokenizer defaults (text prompts only)"},
-        tokenize=tokenize, prefill=prefill, greedy=greedy,
+        tokenize=tokenize, prefill=prefill, greedy=greedy, n_vocab=model.config.get_text_config().vocab_size,
     )
 
 
 ENGINES: dict[str, Callable[[argparse.Namespace], Engine]] = {
+    "reference": reference_engine,
     "llama-cpp": llama_cpp_engine,
+    "llama-server": llama_server_engine,
     "transformers": transformers_engine,
 }
+ENGINE_NEEDS = {"reference": "model", "llama-cpp": "model", "transformers": "checkpoint"}
 
 
 # ---------------------------------------------------------------------------------------------
+# prompts and goldens
 
 def read_prompts(path: Path) -> list[dict]:
-    prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GoldenError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
+    prompts, seen = [], set()
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        p = json.loads(line)
-        if "id" not in p or ("token_ids" in p) == ("text" in p):
-            raise SystemExit(f"{path}:{n}: need an id and exactly one of token_ids or text")
+        try:
+            p = json.loads(line)
+        except ValueError:
+            raise GoldenError(f"{path}:{n}: not a JSON object") from None
+        if not isinstance(p, dict) or "id" not in p or ("token_ids" in p) == ("text" in p):
+            raise GoldenError(f"{path}:{n}: need an id and exactly one of token_ids or text")
+        if "continuation_ids" in p and "continuation" in p:
+            raise GoldenError(f"{path}:{n}: give continuation_ids or continuation, not both")
+        if "images" in p:
+            raise GoldenError(f"{path}:{n}: image prompts are not supported by these text engines")
         pid = str(p["id"])
         if not pid or Path(pid).name != pid or pid.startswith("."):
-            raise SystemExit(f"{path}:{n}: prompt id {pid!r} is not a plain file name")
+            raise GoldenError(f"{path}:{n}: prompt id {pid!r} is not a plain file name")
+        if pid in seen:
+            raise GoldenError(f"{path}:{n}: prompt id {pid!r} appears twice")
+        seen.add(pid)
+        for key in ("token_ids", "continuation_ids"):
+            if key in p and not (isinstance(p[key], list) and all(isinstance(t, int) for t in p[key])):
+                raise GoldenError(f"{path}:{n}: {key} must be a list of integers")
         prompts.append(p)
+    if not prompts:
+        raise GoldenError(f"{path}: no prompts")
     return prompts
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def continuation_score(logits: np.ndarray, n_prompt: int, continuation: list[int]) -> dict:
+    """logits [n_prompt + n_cont, V] of prompt + continuation -> per continuation token its
+    log-probability and rank (how many tokens have a strictly larger logit) under the row before it."""
+    rows = logits[n_prompt - 1:n_prompt - 1 + len(continuation)]
+    token = np.array(continuation)[:, None]
+    logprob = np.take_along_axis(metrics.log_softmax(rows), token, axis=-1)[:, 0]
+    rank = np.sum(rows > np.take_along_axis(rows, token, axis=-1), axis=-1)
+    return {"logprob": [float(v) for v in logprob], "rank": [int(r) for r in rank],
+            "sum_logprob": float(logprob.sum()), "n_top1": int(np.sum(rank == 0))}
+
+
+def check_ids(engine: Engine, pid: str, ids: list[int]) -> None:
+    bad = [t for t in ids if engine.n_vocab is not None and not 0 <= t < engine.n_vocab]
+    if bad:
+        raise GoldenError(f"prompt {pid}: token id {bad[0]} is out of range for a vocabulary of {engine.n_vocab}")
+
+
+def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int) -> dict:
+    """Runs one prompt and writes its files into `out` -> its manifest entry."""
+    pid = str(p["id"])
+    ids = [int(t) for t in p["token_ids"]] if "token_ids" in p else engine.tokenize(p["text"], True)
+    if "continuation_ids" in p:
+        continuation = [int(t) for t in p["continuation_ids"]]
+    else:
+        continuation = engine.tokenize(p["continuation"], False) if "continuation" in p else []
+    check_ids(engine, pid, ids + continuation)
+    entry = {"id": pid, "token_ids": ids + continuation}
+    if "text" in p:
+        entry["text"] = p["text"]
+    if continuation:
+        if not ids:
+            raise GoldenError(f"prompt {pid}: a continuation needs at least one prompt token before it")
+        entry.update(n_prompt=len(ids), continuation_ids=continuation)
+    if engine.prefill is None:
+        if continuation:
+            raise GoldenError(f"prompt {pid}: {engine.name} only reports generated tokens, "
+                              "it cannot score a continuation")
+        top = engine.topk(ids, n_predict)
+        save_atomic(out / f"{pid}.topk.npz", lambda f: np.savez(f, **top))
+        entry.update(file=f"{pid}.topk.npz", kind="topk", n_probs=int(top["top_ids"].shape[1]),
+                     greedy={"n_predict": n_predict, "tokens": top["tokens"].tolist()})
+        return entry
+    logits = engine.prefill(ids + continuation)
+    if logits.shape[0] != len(ids) + len(continuation) or not np.isfinite(logits).all():
+        raise GoldenError(f"prompt {pid}: bad logits {list(logits.shape)}")
+    save_atomic(out / f"{pid}.npy", lambda f: np.save(f, logits, allow_pickle=False))
+    entry.update(file=f"{pid}.npy", shape=list(logits.shape))
+    if continuation:
+        entry["score"] = continuation_score(logits, len(ids), continuation)
+    if n_predict > 0:
+        gen, steps = engine.greedy(ids + continuation, n_predict)
+        save_atomic(out / f"{pid}.decode.npy", lambda f: np.save(f, steps, allow_pickle=False))
+        entry["greedy"] = {"n_predict": n_predict, "stop_at_eog": False, "tokens": gen,
+                           "decode_logits": f"{pid}.decode.npy"}
+        if "eog_ids" in engine.extra:
+            eog = [i for i, t in enumerate(gen) if t in engine.extra["eog_ids"]]
+            entry["greedy"]["first_eog_index"] = eog[0] if eog else None
+    return entry
+
+
+def run_header(engine: Engine, prompts_file: Path) -> dict:  # -> the manifest fields every entry shares
+    return {
+        "engine": engine.name, "version": engine.version, "model": engine.model, "options": engine.options,
+        "prompts_file": prompts_file.name, "date": today(),
+        "logits": ("top-k log-probabilities of generated tokens: " + TOPK_FORMAT) if engine.prefill is None
+        else "float32 [n_tokens, n_vocab], all positions of one prefill of token_ids",
+        **engine.extra,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m tools.golden", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", required=True, choices=sorted(ENGINES))
-    ap.add_argument("--model", help="GGUF file (llama-cpp)")
+    ap.add_argument("--model", help="GGUF file (reference, llama-cpp; llama-server: the served file, for its sha256)")
     ap.add_argument("--checkpoint", help="HF checkpoint directory (transformers)")
     ap.add_argument("--prompts", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16")
-    ap.add_argument("--flash-attn", choices=["on", "off"], default="off")
+    ap.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="llama-cpp KV cache type")
+    ap.add_argument("--flash-attn", choices=["on", "off"], default="off", help="llama-cpp")
     ap.add_argument("--n-predict", type=int, default=0, help="greedy continuation length (0: none)")
     ap.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp n_batch = n_ubatch")
     ap.add_argument("--n-ctx", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=0,
                     help="0: all cores for llama-cpp (results do not depend on it), 1 for transformers")
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                    help="reference (float64: the noise floor for tools.diff --noise-floor)")
+    ap.add_argument("--kv", choices=["uniform", "ring"], default="uniform", help="reference KV cache")
+    ap.add_argument("--prefill-chunk", type=int, default=2048, help="reference")
+    ap.add_argument("--server-url", default="http://127.0.0.1:8080", help="llama-server")
+    ap.add_argument("--n-probs", type=int, default=10, help="llama-server: top-k per generated token")
+    ap.add_argument("--server-launch", help="llama-server: its command line, recorded in the manifest")
+    corpus = ap.add_argument_group("corpus mode (tools/corpus.py)")
+    corpus.add_argument("--corpus", action="store_true", help="tasks that resume; implied by --ray")
+    corpus.add_argument("--task-size", type=int, default=1, help="prompts per task")
+    corpus.add_argument("--ray", action="store_true", help="fan tasks out over a local Ray cluster")
+    corpus.add_argument("--ray-address", help="connect to this Ray cluster (e.g. ray://head:10001 or auto)")
+    corpus.add_argument("--workers", type=int, default=0, help="Ray workers, one model each (0: one per CPU)")
+    return ap
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = build_parser()
     args = ap.parse_args(argv)
-    need = {"llama-cpp": "model", "transformers": "checkpoint"}.get(args.engine)
+    need = ENGINE_NEEDS.get(args.engine)
     if need and not getattr(args, need):
         ap.error(f"--engine {args.engine} needs --{need}")
+    if args.task_size < 1 or args.n_probs < 1 or args.workers < 0:
+        ap.error("--task-size and --n-probs must be at least 1, --workers at least 0")
+    args.corpus = args.corpus or args.ray or bool(args.ray_address)
+    return args
 
+
+def run_prompts(args: argparse.Namespace, prompts: list[dict]) -> int:  # one process, one pass -> exit status
     from tqdm import tqdm
 
-    prompts = read_prompts(args.prompts)
     engine = ENGINES[args.engine](args)
+    for p in prompts:  # before the progress bar, so that bad input gets one clean line
+        check_ids(engine, str(p["id"]), p.get("token_ids", []) + p.get("continuation_ids", []))
     args.out.mkdir(parents=True, exist_ok=True)
-    entries = []
-    for p in tqdm(prompts, desc=f"{engine.name} {args.out.name}", unit="prompt"):
-        ids = [int(t) for t in p["token_ids"]] if "token_ids" in p else engine.tokenize(p["text"])
-        logits = engine.prefill(ids)
-        if logits.shape[0] != len(ids) or not np.isfinite(logits).all():
-            raise SystemExit(f"prompt {p['id']}: bad logits {logits.shape}")
-        np.save(args.out / f"{p['id']}.npy", logits, allow_pickle=False)
-        entry = {"id": str(p["id"]), "file": f"{p['id']}.npy", "shape": list(logits.shape),
-                 "token_ids": ids}
-        if "text" in p:
-            entry["text"] = p["text"]
-        if args.n_predict > 0:
-            gen, steps = engine.greedy(ids, args.n_predict)
-            np.save(args.out / f"{p['id']}.decode.npy", steps, allow_pickle=False)
-            entry["greedy"] = {"n_predict": args.n_predict, "stop_at_eog": False, "tokens": gen,
-                               "decode_logits": f"{p['id']}.decode.npy"}
-            if "eog_ids" in engine.extra:
-                eog = [i for i, t in enumerate(gen) if t in engine.extra["eog_ids"]]
-                entry["greedy"]["first_eog_index"] = eog[0] if eog else None
-        entries.append(entry)
-
-    manifest = {
-        "engine": engine.name, "version": engine.version, "model": engine.model,
-        "options": engine.options, "prompts_file": args.prompts.name,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-        "logits": "float32 [n_prompt_tokens, n_vocab], all positions of one prefill",
-        "entries": entries, **engine.extra,
-    }
-    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    entries = [golden_entry(engine, p, args.out, args.n_predict)
+               for p in tqdm(prompts, desc=f"{engine.name} {args.out.name}", unit="prompt")]
+    save_json(args.out / "manifest.json", {**run_header(engine, args.prompts), "entries": entries})
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        prompts = read_prompts(args.prompts)
+        if args.corpus:
+            from .corpus import run_corpus
+            return run_corpus(args, prompts)
+        return run_prompts(args, prompts)
+    except GoldenError as e:
+        print(f"tools.golden: {e}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported module's main: tools/corpus.py raises that module's GoldenError, not __main__'s
+    from tools import golden
+    sys.exit(golden.main())

@@ -1,0 +1,303 @@
+"""tools.golden (engines, top-k goldens of llama-server, teacher-forced scoring), the one-command gate
+of tools.diff on golden directories, and the pytest plugin tools.pytest_parity.
+
+Independent goldens used here: golden/logits/llama-cpp/tiny-a-f32/kv-f32_fa-off (llama-cpp-python
+0.3.36, F32 KV, flash attention off: prompt logits, greedy tokens and decode-step logits) and
+tests/fixtures/llama-server-completion.json, a reply of a real llama-server of the same llama.cpp
+build (command in tests/fixtures/README.md). NMSE is sum((ref - x)^2) / sum(ref^2).
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from conftest import GOLDEN, MODELS, ROOT, run_cli
+
+from tools import diff, golden
+
+LLAMA_CPP_RUN = os.path.join(GOLDEN, "logits", "llama-cpp", "tiny-a-f32", "kv-f32_fa-off")
+SERVER_REPLY = os.path.join(ROOT, "tests", "fixtures", "llama-server-completion.json")
+TINY_A = os.path.join(MODELS, "tiny-a-f32.gguf")
+# A float32 softmax over the 512-token vocabulary: expf, then a running float32 sum of 512 terms,
+# each addition rounding by up to 2^-24 of the sum; log of that. Worst case 512 * 2^-24 = 3.1e-5
+# in every log-probability llama-server prints.
+SERVER_SOFTMAX_ROUNDING = 512 * 2.0 ** -24
+# Largest |reference - llama.cpp| logit over every position of the tiny-a-f32 F32-KV goldens (measured
+# 7.2e-5, on len100); a log-probability moves by at most twice a logit's error (the logit and logsumexp).
+F32_LOGIT_ERROR = 7.2e-5
+EXACT_NMSE = 1e-10  # the f32 gate of test_text_parity (measured 5e-12 against llama.cpp)
+
+
+def llama_cpp_golden(prompt_id):  # -> (manifest entry, prompt logits, decode-step logits)
+    with open(os.path.join(LLAMA_CPP_RUN, "manifest.json")) as f:
+        entry = next(e for e in json.load(f)["entries"] if e["id"] == prompt_id)
+    def load(name):  # -> float32 logits of the run
+        return np.load(os.path.join(LLAMA_CPP_RUN, name), allow_pickle=False)
+
+    return entry, load(entry["file"]), load(entry["greedy"]["decode_logits"])
+
+
+def server_topk(reply=None):  # -> (TopK of the recorded reply, its prompt's llama.cpp golden entry)
+    entry = llama_cpp_golden("len33")[0]
+    with open(SERVER_REPLY) as f:
+        arrays = golden.parse_completion(reply or json.load(f), entry["token_ids"], 5, SERVER_REPLY)
+    return diff.TopK(arrays["prompt_ids"], arrays["tokens"], arrays["positions"].astype(np.int64),
+                     arrays["top_ids"].astype(np.int64), arrays["top_logprobs"].astype(np.float64)), entry
+
+
+def test_recorded_server_reply_parses_and_agrees_with_llama_cpp():
+    top, entry = server_topk()
+    assert top.tokens.tolist() == entry["greedy"]["tokens"][:8]  # the same greedy tokens as llama-cpp-python
+    # tokens 2 and 3 (bytes 244 and 'X') end in an incomplete UTF-8 character: the server reports
+    # their probabilities with nobody, the next entry carries their bytes
+    assert top.positions.tolist() == [0, 1, 4, 5, 6, 7]
+    _, prompt_logits, decode_logits = llama_cpp_golden("len33")
+    full = np.concatenate([prompt_logits, decode_logits])  # row 32 + i chose generated token i
+    report = diff.diff_topk(top, full)
+    s = report["summary"]
+    assert report["per_position"]["position"] == [32, 33, 36, 37, 38, 39]
+    assert s["top1"] == 1.0 and s["topk"] == 1.0 and s["n_real"] == 0
+    assert s["max_abs"] <= SERVER_SOFTMAX_ROUNDING  # measured 1.7e-6: the same logits, rounded once more
+
+
+def test_reference_teacher_forced_against_the_server_golden(tmp_path):
+    top, entry = server_topk()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "len33", "token_ids": entry["token_ids"],
+                                   "continuation_ids": top.tokens.tolist()}) + "\n")
+    assert golden.main(["--engine", "reference", "--model", TINY_A, "--prompts", str(prompts),
+                        "--out", str(tmp_path / "ref")]) == 0
+    logits = np.load(tmp_path / "ref" / "len33.npy")
+    assert logits.shape == (33 + 8, 512)
+    report = diff.diff_topk(top, logits)
+    s = report["summary"]
+    # measured: NMSE 5.7e-12, max |d log p| 1.4e-5
+    assert s["nmse"] <= EXACT_NMSE and s["top1"] == 1.0 and s["n_real"] == 0
+    assert s["max_abs"] <= 2 * F32_LOGIT_ERROR + SERVER_SOFTMAX_ROUNDING
+    # the same through the command line, both ways round, with the one-command gate
+    np.savez(tmp_path / "len33.topk.npz", prompt_ids=top.prompt_ids, tokens=top.tokens, positions=top.positions,
+             top_ids=top.ids, top_logprobs=top.logprobs)
+    for a, b in ((tmp_path / "len33.topk.npz", tmp_path / "ref" / "len33.npy"),
+                 (tmp_path / "ref" / "len33.npy", tmp_path / "len33.topk.npz")):
+        r = run_cli("tools.diff", a, b, "--gate", "nmse=1e-10,top1=1")
+        assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+
+
+def test_server_reply_errors():
+    with open(SERVER_REPLY) as f:
+        good = json.load(f)
+    bad_replies = {
+        "no probabilities": {k: v for k, v in good.items() if k != "completion_probabilities"},
+        "post-sampling": {**good, "completion_probabilities": [
+            {**{k: v for k, v in s.items() if k != "top_logprobs"}, "top_probs": s["top_logprobs"]}
+            for s in good["completion_probabilities"]]},
+        "unsorted": {**good, "completion_probabilities": [
+            {**s, "top_logprobs": [{**s["top_logprobs"][0], "logprob": -99.0}] + s["top_logprobs"][1:]}
+            for s in good["completion_probabilities"]]},
+        "not greedy": {**good, "completion_probabilities": [
+            {**s, "id": s["top_logprobs"][1]["id"]} for s in good["completion_probabilities"]]},
+    }
+    messages = {"no probabilities": "lacks", "post-sampling": "post_sampling_probs", "unsorted": "sorted",
+                "not greedy": "not the top-1"}
+    for name, reply in bad_replies.items():
+        with pytest.raises(golden.GoldenError, match=messages[name]):
+            server_topk(reply)
+    with pytest.raises(golden.GoldenError, match="malformed"):
+        server_topk({**good, "tokens": ["a"] * 8})
+
+
+def test_probability_entries_line_up_with_repeated_tokens():
+    def step(token, waiting=b""):  # an entry whose token is the argmax; its bytes = waiting pieces + its own
+        return {"id": token, "bytes": list(waiting + PIECES[token]), "logprob": -0.1,
+                "top_logprobs": [{"id": token, "bytes": list(PIECES[token]), "logprob": -0.1}]}
+    PIECES = {7: b"\xe2", 8: b"\x82", 9: b"\xac", 5: b"a"}
+    # "€" = e2 82 ac split over three byte tokens: only the last one is reported
+    assert golden.line_up([5, 7, 8, 9, 5], [step(5), step(9, b"\xe2\x82"), step(5)], "x") == [0, 3, 4]
+    # a token id that is waiting and then reported: the entry carries the waiting piece, so it is the second
+    PIECES[7] = b"\xe2\x82"
+    assert golden.line_up([7, 7], [step(7, b"\xe2\x82")], "x") == [1]
+
+
+def test_reference_engine_goldens_are_marked_and_match_llama_cpp(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    entries = [llama_cpp_golden(p)[0] for p in ("len7", "len33")]
+    prompts.write_text("".join(json.dumps({"id": e["id"], "token_ids": e["token_ids"]}) + "\n" for e in entries)
+                       + json.dumps({"id": "text", "text": "the sun"}) + "\n")
+    out = tmp_path / "ref"
+    assert golden.main(["--engine", "reference", "--model", TINY_A, "--prompts", str(prompts), "--out", str(out),
+                        "--n-predict", "4"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["engine"] == "reference" and manifest["self_made"] is True and "never" in manifest["independent"]
+    assert manifest["model"]["sha256"] == golden.sha256(TINY_A)
+    by_id = {e["id"]: e for e in manifest["entries"]}
+    # llama.cpp's tokenization of "the sun" (tests/fixtures/tiny-a-f32.eval-callback.txt)
+    assert by_id["text"]["token_ids"] == [497, 319, 261, 84, 77]
+    for e in entries:
+        assert by_id[e["id"]]["greedy"]["tokens"] == e["greedy"]["tokens"][:4]
+    # the one-command gate on golden directories: llama.cpp as REF, the reference's goldens as TEST
+    r = run_cli("tools.diff", LLAMA_CPP_RUN, out, "--gate", "nmse=1e-10,top1=1")
+    assert r.returncode == 2 and "no logits for prompt(s) len1" in r.stderr  # every REF prompt is needed
+    subset = tmp_path / "llama-cpp"
+    subset.mkdir()
+    for e in entries:
+        shutil.copy(os.path.join(LLAMA_CPP_RUN, e["file"]), subset)
+    r = run_cli("tools.diff", subset, out, "--gate", "nmse=1e-10,top1=1", "--json", tmp_path / "d.json")
+    assert r.returncode == 0 and "TEST" in r.stdout and "self_made" in r.stdout, r.stdout
+    assert json.loads((tmp_path / "d.json").read_text())["overall"]["n_pos"] == 7 + 33
+    r = run_cli("tools.diff", subset, out, "--gate", "nmse=1e-14")
+    assert r.returncode == 1 and "nmse = " in r.stdout
+
+
+def test_teacher_forced_score_of_llama_cpp_greedy_output(tmp_path):
+    """Scoring llama.cpp's 32-token greedy continuation in one forward of the reference gives the
+    log-probabilities llama.cpp's own decode steps assigned to those tokens."""
+    entry, prompt_logits, decode_logits = llama_cpp_golden("len33")
+    tokens = entry["greedy"]["tokens"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "g", "token_ids": entry["token_ids"], "continuation_ids": tokens}) + "\n")
+    assert golden.main(["--engine", "reference", "--model", TINY_A, "--prompts", str(prompts),
+                        "--out", str(tmp_path / "s")]) == 0
+    scored = json.loads((tmp_path / "s" / "manifest.json").read_text())["entries"][0]
+    assert scored["n_prompt"] == 33 and scored["continuation_ids"] == tokens
+    chose = np.concatenate([prompt_logits[-1:], decode_logits])  # llama.cpp's row that chose token i
+    llama_logprob = np.take_along_axis(golden.metrics.log_softmax(chose), np.array(tokens)[:, None], -1)[:, 0]
+    # the same f32 math: a log-probability differs by at most twice the largest logit difference
+    assert np.max(np.abs(np.array(scored["score"]["logprob"]) - llama_logprob)) <= 2 * F32_LOGIT_ERROR
+    assert scored["score"]["rank"] == [0] * 32 and scored["score"]["n_top1"] == 32  # greedy: all argmax
+    assert scored["score"]["sum_logprob"] == pytest.approx(float(llama_logprob.sum()), abs=64 * F32_LOGIT_ERROR)
+
+
+@pytest.mark.parametrize("case", ["not_json", "two_sources", "bad_id", "duplicate", "images", "bad_ids", "model",
+                                  "range"])
+def test_bad_input_exits_2_with_one_line(tmp_path, case):
+    prompts = tmp_path / "p.jsonl"
+    lines = {"not_json": "{id: 1}", "two_sources": '{"id": "a", "token_ids": [1], "text": "x"}',
+             "bad_id": '{"id": "../a", "token_ids": [1]}',
+             "duplicate": '{"id": "a", "token_ids": [1]}\n{"id": "a", "token_ids": [2]}',
+             "images": '{"id": "a", "token_ids": [1], "images": ["x.png"]}',
+             "bad_ids": '{"id": "a", "token_ids": [1, "two"]}', "model": '{"id": "a", "token_ids": [1]}',
+             "range": '{"id": "a", "token_ids": [497, 512]}'}
+    prompts.write_text(lines[case] + "\n")
+    model = tmp_path / "missing.gguf" if case == "model" else TINY_A
+    r = run_cli("tools.golden", "--engine", "reference", "--model", model, "--prompts", prompts,
+                "--out", tmp_path / "out")
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+    expected = {"model": str(model), "range": "prompt a: token id 512 is out of range"}.get(case, str(prompts))
+    assert expected in err[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# a real llama-server, when LLAMA_SERVER names its binary (not in CI)
+
+def free_port():  # -> a TCP port nobody listens on now
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def llama_server():  # -> URL of a llama-server on tiny-a-f32, launched as tests/fixtures/README.md says
+    binary = os.environ.get("LLAMA_SERVER")
+    if not binary:
+        pytest.skip("set LLAMA_SERVER to a llama-server binary to test against a live server")
+    port = free_port()
+    proc = subprocess.Popen([binary, "-m", TINY_A, "--host", "127.0.0.1", "--port", str(port), "-c", "512",
+                             "-t", "1", "-tb", "1", "-np", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off",
+                             "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("llama-server did not come up")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_live_server_reproduces_the_recorded_golden(llama_server, tmp_path):
+    top, entry = server_topk()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "len33", "token_ids": entry["token_ids"]}) + "\n")
+    assert golden.main(["--engine", "llama-server", "--server-url", llama_server, "--model", TINY_A,
+                        "--n-predict", "8", "--n-probs", "5", "--prompts", str(prompts),
+                        "--out", str(tmp_path / "srv")]) == 0
+    live = diff.load_topk(str(tmp_path / "srv" / "len33.topk.npz"))
+    assert live.tokens.tolist() == top.tokens.tolist() and live.positions.tolist() == top.positions.tolist()
+    np.testing.assert_array_equal(live.ids, top.ids)
+    np.testing.assert_array_equal(live.logprobs, top.logprobs)  # same build, same options: bit for bit
+    manifest = json.loads((tmp_path / "srv" / "manifest.json").read_text())
+    assert manifest["options"]["request"]["temperature"] == 0 and "samplers" not in manifest["options"]["request"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the pytest plugin
+
+ENGINE_TEST = """
+import numpy as np
+import pytest
+
+@pytest.mark.parity(golden="golden", gate="nmse=1e-4,top1=0.999")
+def test_engine(parity):
+    rng = np.random.default_rng(0)
+    for prompt in parity.prompts:
+        logits = np.load("golden/" + prompt["file"])
+        noise = rng.normal(size=logits.shape).astype(np.float32) * 1e-5
+        if prompt["id"] == "len7" and {bug}:
+            noise[3, int(np.argsort(logits[3])[-5])] += 30  # a clear new winner: a real divergence
+        parity.check(prompt["id"], logits + noise)
+"""
+
+
+def golden_copy(directory, ids=("len1", "len7")):  # a small golden directory in `directory`/golden
+    target = directory / "golden"
+    target.mkdir()
+    with open(os.path.join(LLAMA_CPP_RUN, "manifest.json")) as f:
+        manifest = json.load(f)
+    manifest["entries"] = [e for e in manifest["entries"] if e["id"] in ids]
+    for e in manifest["entries"]:
+        shutil.copy(os.path.join(LLAMA_CPP_RUN, e["file"]), target)
+        shutil.copy(os.path.join(LLAMA_CPP_RUN, e["greedy"]["decode_logits"]), target)
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
+def test_plugin_gates(pytester, monkeypatch):
+    monkeypatch.syspath_prepend(ROOT)
+    golden_copy(pytester.path)
+    pytester.makepyfile(test_clean=ENGINE_TEST.format(bug="False"), test_buggy=ENGINE_TEST.format(bug="True"))
+    result = pytester.runpytest("-p", "tools.pytest_parity", "test_clean.py")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*= parity =*", "golden/len1 *ok", "golden/len7 *ok"])
+    strict = pytester.runpytest("-p", "tools.pytest_parity", "test_clean.py", "--parity-gate", "nmse=1e-20")
+    strict.assert_outcomes(failed=1)
+    result = pytester.runpytest("-p", "tools.pytest_parity", "test_buggy.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*real divergence at position 3*"])
+
+
+def test_plugin_update_goldens_from_the_reference(pytester, monkeypatch):
+    monkeypatch.syspath_prepend(ROOT)
+    target = golden_copy(pytester.path, ids=("len7",))
+    old = np.load(target / "len7.npy")
+    pytester.makepyfile(test_engine=ENGINE_TEST.format(bug="False"))
+    result = pytester.runpytest("-p", "tools.pytest_parity", "--update-goldens", "reference",
+                                f"--parity-models={MODELS}", f"--rootdir={pytester.path}")
+    result.assert_outcomes(passed=1)
+    manifest = json.loads((target / "manifest.json").read_text())
+    assert manifest["engine"] == "reference" and manifest["self_made"] is True
+    assert manifest["entries"][0]["greedy"]["n_predict"] == 32  # the old manifest's greedy length
+    new = np.load(target / "len7.npy")
+    assert not np.array_equal(new, old) and golden.metrics.nmse(old.ravel(), new.ravel()) <= EXACT_NMSE

@@ -1,0 +1,227 @@
+"""Corpus mode of tools.golden: a prompt set split into tasks that resume and fan out over Ray.
+
+    python -m tools.golden --engine reference --model M.gguf --prompts P.jsonl --out DIR --corpus \\
+        [--task-size N] [--ray [--workers N] | --ray-address ADDR]
+
+The prompts are cut, in file order, into tasks of --task-size prompts (task-00000, task-00001, ...).
+A worker loads the model once and runs task after task; a task writes its goldens into DIR and then
+DIR/tasks/<task>.json (its prompt ids, the run it belongs to, its manifest entries), every file to a
+temporary name first and renamed when complete. A task whose part file exists, for the same run and
+the same prompts, is skipped: an interrupted run resumes where it stopped and a re-run is
+idempotent. Temporaries a killed run left behind are deleted at start. At the end DIR/manifest.json
+gets the entries of every finished task in prompt order, as tools.golden writes it, so tools.diff
+reads a corpus directory like any golden directory.
+
+Workers: in-process by default (one). --ray starts a local Ray cluster with --workers actor
+processes (default one per CPU); --ray-address joins an existing one (then the package must be
+importable and the model, prompts and DIR readable at the same paths on every node: a shared
+filesystem). Each actor holds one model. A task that raises is reported failed with its reason and
+leaves no part file, so the next run retries it; the summary lists done, failed and skipped tasks,
+and the exit status is 1 when any failed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+from .golden import ENGINES, REPO, GoldenError, golden_entry, run_header, save_json
+
+TASKS = "tasks"
+# the options that decide an engine's goldens: a corpus directory holds one run of them
+RUN_KEYS = {"reference": ("model", "dtype", "kv", "prefill_chunk"),
+            "llama-cpp": ("model", "kv_type", "flash_attn", "n_ubatch"),
+            "llama-server": ("server_url", "n_probs"), "transformers": ("checkpoint",)}
+
+
+def split_tasks(prompts: list[dict], size: int) -> list[dict]:  # -> [{"name", "prompts"}]
+    return [{"name": f"task-{i // size:05d}", "prompts": prompts[i:i + size]} for i in range(0, len(prompts), size)]
+
+
+def run_key(args) -> dict:  # -> RUN_KEYS of the engine, with file names only, never machine paths
+    key = {"engine": args.engine, "n_predict": args.n_predict}
+    for k in RUN_KEYS[args.engine]:
+        key[k] = Path(getattr(args, k)).name if k in ("model", "checkpoint") else getattr(args, k)
+    return key
+
+
+def part_path(out: Path, task: dict) -> Path:
+    return out / TASKS / f"{task['name']}.json"
+
+
+def read_part(out: Path, task: dict) -> dict | None:
+    try:
+        return json.loads(part_path(out, task).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def task_done(out: Path, task: dict, key: dict) -> bool:
+    part = read_part(out, task)
+    if part is None:
+        return False
+    if part.get("run") != key:
+        raise GoldenError(f"{out}: holds goldens of another run ({part.get('run')}); choose a new --out")
+    ids = [str(p["id"]) for p in task["prompts"]]
+    return part.get("prompt_ids") == ids and all((out / e["file"]).exists() for e in part["entries"])
+
+
+def sweep_temporaries(out: Path) -> int:  # -> how many a killed run left behind
+    stale = [p for d in (out, out / TASKS) if d.is_dir() for p in d.iterdir()
+             if p.name.startswith(".") and ".tmp" in p.name]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return len(stale)
+
+
+class Worker:
+    """One model, many tasks. Constructed inside the worker process (a Ray actor or this one)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.engine = ENGINES[args.engine](args)
+        self.header = run_header(self.engine, args.prompts)
+
+    def ready(self) -> bool:  # a Ray actor answers once its model is loaded
+        return True
+
+    def run(self, task: dict) -> dict:  # -> {"task", "status": "done" | "failed", "reason"}
+        out = self.args.out
+        try:
+            entries = [golden_entry(self.engine, p, out, self.args.n_predict) for p in task["prompts"]]
+            save_json(part_path(out, task), {"run": run_key(self.args), "header": self.header,
+                                             "prompt_ids": [str(p["id"]) for p in task["prompts"]],
+                                             "entries": entries})
+            return {"task": task["name"], "status": "done"}
+        except Exception as e:  # a bad prompt fails its task, not the run
+            return {"task": task["name"], "status": "failed", "reason": f"{type(e).__name__}: {e}".splitlines()[0]}
+
+
+def failed_tasks(todo: list[dict], what: str, error: BaseException) -> list[dict]:  # -> results saying why
+    reason = what + ": " + traceback.format_exception_only(type(error), error)[-1].strip().splitlines()[-1]
+    return [{"task": t["name"], "status": "failed", "reason": reason} for t in todo]
+
+
+def run_in_process(args, todo: list[dict], progress) -> list[dict]:
+    try:
+        worker = Worker(args)
+    except GoldenError:
+        raise  # bad input, such as a model file that is not a GGUF: one line and exit status 2
+    except Exception as e:
+        return failed_tasks(todo, "engine load failed", e)
+    results = []
+    for task in todo:
+        results.append(worker.run(task))
+        progress.update()
+    return results
+
+
+def run_ray(args, todo: list[dict], progress, timing: dict) -> list[dict]:
+    """One actor per worker process, each with its own model; a task goes to whichever actor is free.
+    timing["start"] gets the seconds until every actor holds its model."""
+    try:
+        import ray
+    except ImportError:
+        raise GoldenError("--ray needs the ray package (pip install -e \".[corpus]\")") from None
+
+    start = time.perf_counter()
+    if args.ray_address:
+        ray.init(address=args.ray_address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=args.workers or os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    try:
+        n_workers = min(args.workers or int(ray.cluster_resources().get("CPU", 1)), len(todo))
+        remote_worker = ray.remote(num_cpus=1)(Worker)
+        idle = [remote_worker.remote(args) for _ in range(n_workers)]
+        try:
+            ray.get([actor.ready.remote() for actor in idle])
+        except Exception as e:
+            return failed_tasks(todo, "engine load failed", e)
+        timing["start"] = time.perf_counter() - start
+        pending, queue, results = {}, list(todo), []
+        while queue or pending:
+            while idle and queue:
+                actor, task = idle.pop(), queue.pop(0)
+                pending[actor.run.remote(task)] = (actor, task)
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            actor, task = pending.pop(ready[0])
+            try:
+                results.append(ray.get(ready[0]))
+                idle.append(actor)
+            except Exception as e:  # the actor died: its task fails and it takes no more
+                results += failed_tasks([task], "worker died", e)
+                if not idle and not pending:
+                    results += failed_tasks(queue, "no worker left", e)
+                    queue = []
+            progress.update()
+        return results
+    finally:
+        ray.shutdown()
+
+
+def merge_manifest(out: Path, tasks: list[dict]) -> int:  # -> number of entries written
+    parts = [p for p in (read_part(out, t) for t in tasks) if p is not None]
+    if not parts:
+        return 0
+    header = dict(parts[0]["header"])
+    dates = sorted({p["header"].get("date") for p in parts} - {None})
+    for p in parts[1:]:
+        if {k: p["header"].get(k) for k in ("engine", "version", "model")} != \
+                {k: header.get(k) for k in ("engine", "version", "model")}:
+            raise GoldenError(f"{out}: tasks were made by different engines or models")
+    # workers on other machines may report other thread counts or CPU features: keep each one's
+    differing = {p["prompt_ids"][0]: p["header"]["options"] for p in parts
+                 if p["header"]["options"] != header["options"]}
+    header.update(date=dates[-1], dates=dates)
+    if differing:
+        header["options_of_tasks_starting_at"] = differing
+    entries = [e for p in parts for e in p["entries"]]
+    save_json(out / "manifest.json", {**header, "corpus": {"tasks": len(tasks), "tasks_done": len(parts)},
+                                      "entries": entries})
+    return len(entries)
+
+
+def summary_lines(done: list[dict], failed: list[dict], skipped: int, seconds: float, timing: dict) -> list[str]:
+    lines = [f"corpus: {len(done)} done, {len(failed)} failed, {skipped} skipped in {seconds:.1f} s"]
+    if done and seconds > 0:
+        rate = f"  {60 * len(done) / seconds:.1f} tasks/minute"
+        if timing.get("start"):
+            after = seconds - timing["start"]
+            rate += (f" ({timing['start']:.1f} s to start the workers; "
+                     f"{60 * len(done) / after:.1f} tasks/minute after)")
+        lines.append(rate)
+    return lines + [f"  failed {r['task']}: {r['reason']}" for r in failed]
+
+
+def run_corpus(args, prompts: list[dict]) -> int:  # -> exit status: 0 all tasks done, 1 some failed
+    from tqdm import tqdm
+
+    out = args.out
+    (out / TASKS).mkdir(parents=True, exist_ok=True)
+    swept = sweep_temporaries(out)
+    tasks = split_tasks(prompts, args.task_size)
+    key = run_key(args)
+    todo = [t for t in tasks if not task_done(out, t, key)]
+    skipped = len(tasks) - len(todo)
+    where = f"ray {args.ray_address}" if args.ray_address else "local ray" if args.ray else "in-process"
+    start, timing = time.perf_counter(), {}
+    with tqdm(total=len(tasks), initial=skipped, desc=f"{args.engine} {out.name} ({where})", unit="task") as progress:
+        if not todo:
+            results = []
+        elif args.ray or args.ray_address:
+            results = run_ray(args, todo, progress, timing)
+        else:
+            results = run_in_process(args, todo, progress)
+    seconds = time.perf_counter() - start
+    done = [r for r in results if r["status"] == "done"]
+    failed = [r for r in results if r["status"] == "failed"]
+    n_entries = merge_manifest(out, tasks)
+    lines = summary_lines(done, failed, skipped, seconds, timing)
+    if swept:
+        lines.append(f"  removed {swept} temporary files of an interrupted run")
+    lines.append(f"  {out / 'manifest.json'}: {n_entries} of {len(prompts)} prompts")
+    print("\n".join(lines))
+    return 1 if failed else 0
