@@ -28,3 +28,18 @@ class NumpyBackend:
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         return ops.attention(q, k, v, visible, scale)
+
+    def rms_norm(self, x, eps):  # x [..., n] -> [..., n]
+        return ops.rms_norm(x, eps)
+
+    def rope_norm(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
+        return ops.rope_norm(x, theta)
+
+    def sigmoid(self, x):  # [...] -> [...]
+        return ops.sigmoid(x)
+
+    def swiglu(self, gate, up):  # gate [T, F], up [T, F] -> [T, F]
+        return ops.swiglu(gate, up)
+
+    def softcap(self, z, cap):  # z [...] -> [...]
+        return ops.softcap(z, cap)

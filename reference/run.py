@@ -15,6 +15,7 @@ import numpy as np
 from . import gguf
 from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
 from .dflash import Drafter, Speculator, acceptance
+from .ggml_cpu import UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
 from .governor import CostGovernor, FloorBandit
 from .image import ImageError, load_rgb
 from .kv import CacheError
@@ -27,6 +28,7 @@ from .vision import DEFAULT_MAX_TOKENS, VisionModel, check_compatible
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden")
 DEFAULT_MODEL = os.path.join(GOLDEN, "models", "tiny-a-f32.gguf")
 DEFAULT_N_PREDICT = 16
+PROGRESS_BYTES = 1 << 30
 
 
 class UsageError(Exception):
@@ -66,8 +68,12 @@ def build_parser():
     p.add_argument("--spec-p-min", default="0.0",
                    help="confidence floor in [0, 1], or 'auto': adaptive floor and a cost governor")
     p.add_argument("--tp", type=int, default=1, help="simulate N-way tensor parallelism (N divides n_head_kv)")
-    p.add_argument("--backend", choices=("numpy", "numba"), default="numpy",
-                   help="numba: the accel/ kernels, multiplying straight from the quantized blocks (same logits)")
+    p.add_argument("--backend", choices=("numpy", "numba", "cupy"), default="numpy",
+                   help="numba: the accel/ kernels, multiplying straight from the quantized blocks (same logits); "
+                        "cupy: CUDA kernels, the text forward resident on the GPU with a captured decode graph")
+    p.add_argument("--numerics", choices=("exact", "ggml-cpu"), default="exact",
+                   help="ggml-cpu: round as llama.cpp's CPU backend does (F16 KV cache, flash attention off, "
+                        "a uniform cache, prompts in ubatches of at most 512 rows), for bit-identical logits")
     p.add_argument("--mmproj", help="vision projector GGUF (clip, projector muse-glimmer) for --image")
     p.add_argument("--image", action="append", default=[],
                    help="image file (repeatable); each <|patch|> in the prompt takes the next image, "
@@ -145,7 +151,7 @@ def image_embeddings(args, lm):  # -> [[n_i, n_embd] per --image]
         raise UsageError("--image needs --mmproj")
     if args.image_max_tokens < 1:
         raise UsageError(f"--image-max-tokens must be at least 1, got {args.image_max_tokens}")
-    vision = VisionModel(gguf.load(args.mmproj, "mmproj"), dtype=lm.dtype)
+    vision = VisionModel(gguf.load(args.mmproj, "mmproj"), dtype=lm.dtype, numerics=args.numerics)
     check_compatible(vision, lm.cfg, args.model or DEFAULT_MODEL)
     # one trace directory per image: the tower's point names (attn_out-0, ...) are also text ones
     traces = [Tracer(os.path.join(args.trace, f"image-{i}") if args.trace else None) for i in range(len(args.image))]
@@ -170,6 +176,17 @@ def image_prompt_rows(lm, prompt, images):  # ids with <|patch|> per image -> em
     return rows
 
 
+def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend; args get llama.cpp's cache and ubatch
+    if args.dtype != "float32" or args.backend != "numpy" or args.tp != 1:
+        raise UsageError("--numerics ggml-cpu computes in float32 on the numpy backend, without --tp")
+    args.kv = "uniform"  # one cell per position, as llama.cpp's cache holds a single sequence
+    args.prefill_chunk = min(args.prefill_chunk, UBATCH)
+    for difference in host_differences():
+        print(f"reference.run: warning: ggml-cpu models llama.cpp's x86-64 AVX512 build; here {difference}",
+              file=sys.stderr)
+    return GgmlCpuBackend(check_host=False)
+
+
 def accel_backend(args):  # --backend other than numpy -> backend from accel/ (imported only then)
     from accel import BackendError, make_backend
     if args.tp != 1:
@@ -190,7 +207,10 @@ def run(args):  # parsed args -> exit status
     if args.tp != 1:
         check_tp(model.config, args.tp)
         backend = TensorParallelBackend(np.dtype(args.dtype), args.tp)
-    lm = TextModel(model, dtype=np.dtype(args.dtype), backend=backend)
+    if args.numerics == "ggml-cpu":
+        backend = ggml_cpu_backend(args)
+    device_model = getattr(backend, "text_model", None)  # cupy: the whole forward on the GPU
+    lm = device_model(model, np.dtype(args.dtype)) if device_model else TextModel(model, np.dtype(args.dtype), backend)
     drafter = Drafter(gguf.load(args.draft_model, "dflash"), lm) if args.draft_model else None
     timings["load"] = time.perf_counter() - t0
     tok = model.tokenizer
@@ -219,13 +239,14 @@ def run(args):  # parsed args -> exit status
     p_min, governor = spec_governor(args.spec_p_min)
     speculator = Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), args.prefill_chunk) if drafter else None
 
+    progress = os.path.getsize(model.path) > PROGRESS_BYTES  # a bar per layer where a forward takes long
     t0 = time.perf_counter()
     if speculator:  # the drafter is caught up on every prompt row as the target prefills
         logits = speculator.forward(prompt, tracer)
     elif rows is not None:
-        logits = lm.prefill_embeddings(rows, cache, args.prefill_chunk, tracer)
+        logits = lm.prefill_embeddings(rows, cache, args.prefill_chunk, tracer, progress)
     else:
-        logits = lm.prefill(prompt, cache, args.prefill_chunk, tracer)
+        logits = lm.prefill(prompt, cache, args.prefill_chunk, tracer, progress)
     timings["prefill"] = time.perf_counter() - t0
     tracer.close()
     if args.logits_out:
@@ -236,7 +257,7 @@ def run(args):  # parsed args -> exit status
     if args.n_predict and speculator:
         generated, steps = speculator.decode(logits[-1], args.n_predict, args.spec_draft_n_max, p_min or 0.0, governor)
     elif args.n_predict:
-        generated = lm.decode_greedy(logits[-1], args.n_predict, cache, args.prefill_chunk)
+        generated = lm.decode_greedy(logits[-1], args.n_predict, cache, args.prefill_chunk, progress)
     timings["decode"] = time.perf_counter() - t0
     text = detokenize(tok, generated)
     if args.json:
@@ -262,7 +283,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except (gguf.GGUFError, CacheError, TraceError, TPError, UsageError, TokenizerError, ChatError, ImageError) as e:
+    except (gguf.GGUFError, CacheError, TraceError, TPError, UsageError, TokenizerError, ChatError, ImageError,
+            GgmlCpuError) as e:
         print(f"reference.run: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -48,7 +48,7 @@ class TextModel:
         the residual entering each of those layers ([T, E]; id n_layer is the last layer's output):
         what a DFlash drafter reads from its target (dflash.target_layers)."""
         c = self.cfg
-        x = ops.rms_norm(embeddings.astype(self.dtype, copy=False), c.rms_eps)
+        x = self.backend.rms_norm(embeddings.astype(self.dtype, copy=False), c.rms_eps)
         trace("embd_norm", x)
         for il in tqdm(range(c.n_layer), desc="layers", disable=not progress, leave=False):
             if layer_inputs is not None and il in layer_inputs:
@@ -60,10 +60,10 @@ class TextModel:
         if layer_inputs is not None and c.n_layer in layer_inputs:
             layer_inputs[c.n_layer] = x
         cache.n_past = max(cache.n_past, int(np.max(positions)) + 1)
-        y = ops.rms_norm(x, c.rms_eps) * self.norm_weight("output_norm.weight")
+        y = self.backend.rms_norm(x, c.rms_eps) * self.norm_weight("output_norm.weight")
         trace("result_norm", y)
-        logits = ops.softcap(self.backend.linear(y, self.weights, "output.weight") * self.dtype.type(c.logit_scale),
-                             c.softcap)
+        logits = self.backend.softcap(
+            self.backend.linear(y, self.weights, "output.weight") * self.dtype.type(c.logit_scale), c.softcap)
         trace("result_output", logits)
         return logits
 
@@ -82,43 +82,45 @@ class TextModel:
     def attention_block(self, il, x, positions, cache, trace):  # x [T, E] -> [T, E] (to add to x)
         c, w, b = self.cfg, self.weights, f"blk.{il}."
         T, swa = x.shape[0], c.swa_layers[il]
-        h = ops.rms_norm(x, c.rms_eps) * self.norm_weight(b + "attn_norm.weight")
+        h = self.backend.rms_norm(x, c.rms_eps) * self.norm_weight(b + "attn_norm.weight")
         trace(f"attn_norm-{il}", h)
         q, k, v = self.qkv(il, h)
         trace(f"Qcur-{il}", q), trace(f"Kcur-{il}", k), trace(f"Vcur-{il}", v)
         gate = self.backend.linear(h, w, b + "attn_gate.weight")
         trace(f"attn_gate_proj-{il}", gate)
-        q = ops.rms_norm(q, c.rms_eps) * self.norm_weight(b + "attn_q_norm.weight")
-        k = ops.rms_norm(k, c.rms_eps) * self.norm_weight(b + "attn_k_norm.weight")
+        q = self.backend.rms_norm(q, c.rms_eps) * self.norm_weight(b + "attn_q_norm.weight")
+        k = self.backend.rms_norm(k, c.rms_eps) * self.norm_weight(b + "attn_k_norm.weight")
         trace(f"Qcur_normed-{il}", q), trace(f"Kcur_normed-{il}", k)
         if swa:
             theta = ops.rope_angles(positions, c.n_rot, c.rope_base_swa, self.dtype)
-            q, k = ops.rope_norm(q, theta), ops.rope_norm(k, theta)
+            q, k = self.backend.rope_norm(q, theta), self.backend.rope_norm(k, theta)
             trace(f"Qcur_rope-{il}", q), trace(f"Kcur_rope-{il}", k)
         layer_cache = cache.layers[il]
         layer_cache.store(positions, k, v)
         k_rows, v_rows, k_pos = layer_cache.live()
         visible = ops.causal_visible(positions, k_pos, c.n_swa if swa else 0)
-        o = self.backend.attention(q, k_rows, v_rows, visible, 1.0 / np.sqrt(c.head_dim)).reshape(T, -1)
+        kq_scale = self.dtype.type(1) / np.sqrt(self.dtype.type(c.head_dim))  # llama.cpp: 1.0f/sqrtf(head_dim)
+        o = self.backend.attention(q, k_rows, v_rows, visible, kq_scale).reshape(T, -1)
         trace(f"attn_out-{il}", o)
-        g = ops.sigmoid(gate)
+        g = self.backend.sigmoid(gate)
         trace(f"attn_gate_sig-{il}", g)
         o = o * g
         trace(f"attn_gated-{il}", o)
         a = self.backend.linear(o, w, b + "attn_output.weight")
         trace(f"attn_o_proj-{il}", a)
-        a = ops.rms_norm(a, c.post_norm_eps) * self.norm_weight(b + "post_attention_norm.weight")
+        a = self.backend.rms_norm(a, c.post_norm_eps) * self.norm_weight(b + "post_attention_norm.weight")
         trace(f"attn_post_norm-{il}", a)
         return a
 
     def ffn_block(self, il, x, trace):  # x [T, E] -> [T, E] (to add to x)
         c, w, b = self.cfg, self.weights, f"blk.{il}."
-        u = ops.rms_norm(x, c.rms_eps) * self.norm_weight(b + "ffn_norm.weight")
+        u = self.backend.rms_norm(x, c.rms_eps) * self.norm_weight(b + "ffn_norm.weight")
         trace(f"ffn_norm-{il}", u)
-        f = ops.swiglu(self.backend.linear(u, w, b + "ffn_gate.weight"), self.backend.linear(u, w, b + "ffn_up.weight"))
+        f = self.backend.swiglu(self.backend.linear(u, w, b + "ffn_gate.weight"),
+                                self.backend.linear(u, w, b + "ffn_up.weight"))
         f = self.backend.linear(f, w, b + "ffn_down.weight")
         trace(f"ffn_out-{il}", f)
-        f = ops.rms_norm(f, c.post_norm_eps) * self.norm_weight(b + "post_ffw_norm.weight")
+        f = self.backend.rms_norm(f, c.post_norm_eps) * self.norm_weight(b + "post_ffw_norm.weight")
         trace(f"ffn_post_norm-{il}", f)
         return f
 
@@ -139,7 +141,7 @@ class TextModel:
             out.append(self.forward(batch, positions, cache, trace, progress))
         return np.concatenate(out) if out else np.zeros((0, self.cfg.n_vocab), self.dtype)
 
-    def decode_greedy(self, next_logits, n_predict, cache, chunk=2048):  # logits [V] -> generated ids
+    def decode_greedy(self, next_logits, n_predict, cache, chunk=2048, progress=False):  # [V] -> generated ids
         """Greedy tokens after a prefill whose last logits are `next_logits`. Stops after an
         end-of-generation token (kept in the output) or n_predict tokens, as llama.cpp does."""
         eog = self.tokenizer.eog_ids if self.tokenizer else frozenset()
@@ -149,5 +151,5 @@ class TextModel:
             generated.append(token)
             if token in eog or cache.n_past >= cache.n_ctx:
                 break
-            next_logits = self.prefill([token], cache, chunk)[-1]
+            next_logits = self.prefill([token], cache, chunk, progress=progress)[-1]
         return generated

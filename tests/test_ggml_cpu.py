@@ -1,0 +1,263 @@
+"""The ggml-cpu numerics mode against llama.cpp's own outputs (llama-cpp-python 0.3.36, llama.cpp
+0c1e570, CPU, 2 threads; golden/ggml_cpu/manifest.json and golden/logits/llama-cpp).
+
+Every assertion is bit-for-bit: the mode performs llama.cpp's float32 operations in llama.cpp's
+order, so the only right answer is the identical float (spec/ggml-cpu-numerics.md: one ULP anywhere
+flips an int8 activation rounding and spreads to ~1e-4). Failures report NMSE
+(sum((ref-x)^2)/sum(ref^2)), max |diff| and top-1 agreement. The per-op tests feed llama.cpp's own
+input tensors to one emulated op, so a failure names the op.
+"""
+import functools
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import GOLDEN, run_cli
+from reference import ggml_cpu, gguf, ops
+from reference.ggml_cpu import UBATCH, GgmlCpuBackend, GgmlCpuError
+from reference.text import TextModel
+from tools.metrics import max_abs_diff, nmse, top1_agreement
+
+HERE = os.path.join(GOLDEN, "ggml_cpu")
+MANIFEST = json.loads(Path(HERE, "manifest.json").read_text(encoding="utf-8"))
+OPS = MANIFEST["ops"]
+
+
+@functools.lru_cache(maxsize=None)
+def model(rel):  # path under golden/ -> GGUFModel (loaded once per test run)
+    return gguf.load(os.path.join(GOLDEN, rel), "text")
+
+
+def ggml_logits(rel, ids, fed, kv_type, flash_attn):  # -> [len(ids) + len(fed), V]: one prefill, then decodes
+    lm = TextModel(model(rel), backend=GgmlCpuBackend(kv_type, flash_attn, check_host=False))
+    cache = lm.new_cache(len(ids) + len(fed), "uniform")
+    rows = [lm.prefill(ids, cache, UBATCH)] + [lm.prefill([t], cache, UBATCH) for t in fed]
+    return np.concatenate(rows)
+
+
+def assert_identical(ref, got, what):  # bit-identical logits, with the figures when they are not
+    if np.array_equal(ref, got):
+        return
+    raise AssertionError(f"{what}: NMSE {float(np.max(nmse(ref, got))):.3g}, max |diff| "
+                         f"{float(np.max(max_abs_diff(ref, got))):.3g}, top-1 "
+                         f"{float(np.mean(top1_agreement(ref, got))):.3f} (expected bit-identical)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Logits: every type, F16 and F32 KV, flash attention off and on, prefill and decode
+
+@pytest.mark.parametrize("run", MANIFEST["runs"], ids=lambda r: r["file"][len("logits/"):-len(".npy")])
+def test_logits_bit_identical(run):
+    ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)
+    ids, fed = MANIFEST["prompt"]["token_ids"], run["generated"]
+    got = ggml_logits(run["model"], ids, fed, run["kv_type"], run["flash_attn"])
+    assert_identical(ref[:len(ids)], got[:len(ids)], f"{run['file']} prefill")
+    assert_identical(ref[len(ids):], got[len(ids):], f"{run['file']} decode")
+
+
+SHARED = [  # (model, run directory, prompt id): goldens of golden/logits/llama-cpp, same engine and options
+    *[(f"tiny-b-{t}", "kv-f32_fa-off", "len33")
+      for t in ("f16", "bf16", "q8_0", "q4_k_m", "q6_k", "iq2_xxs", "iq4_xs")],
+    ("tiny-b-f32", "kv-f16_fa-on", "len64-nobos"),  # 64 rows: the tiled flash-attention kernel
+    ("tiny-b-f32", "kv-f16_fa-off", "len64-nobos"),
+    ("tiny-a-iq2_xxs", "kv-f32_fa-off", "len33"),  # held-out geometry (head_dim 32); Q2_K repacked
+]
+
+
+@pytest.mark.parametrize("name,run,prompt", SHARED, ids=[f"{m}-{r}-{p}" for m, r, p in SHARED])
+def test_shared_llama_cpp_goldens(name, run, prompt):
+    folder = os.path.join(GOLDEN, "logits", "llama-cpp", name, run)
+    manifest = json.loads(Path(folder, "manifest.json").read_text(encoding="utf-8"))
+    entry = next(e for e in manifest["entries"] if e["id"] == prompt)
+    options = manifest["options"]
+    assert (options["n_ubatch"], options["n_threads"], options["backend"]) == (512, 2, "cpu")
+    ref = np.load(os.path.join(folder, entry["file"]), allow_pickle=False)
+    got = ggml_logits(f"models/{name}.gguf", entry["token_ids"], [], options["kv_type"], options["flash_attn"] == "on")
+    assert_identical(ref, got, f"{name}/{run}/{prompt}")
+
+
+def test_f32_kv_decode_steps():  # greedy decode of the shared F32-KV f32 golden, token by token
+    folder = os.path.join(GOLDEN, "logits", "llama-cpp", "tiny-b-f32", "kv-f32_fa-off")
+    entries = json.loads(Path(folder, "manifest.json").read_text(encoding="utf-8"))["entries"]
+    entry = next(e for e in entries if e["id"] == "len7")
+    ref = np.load(os.path.join(folder, entry["greedy"]["decode_logits"]), allow_pickle=False)[:8]
+    got = ggml_logits("models/tiny-b-f32.gguf", entry["token_ids"], entry["greedy"]["tokens"][:8], "f32", False)
+    assert_identical(ref, got[len(entry["token_ids"]):], "tiny-b-f32 F32 KV decode")
+
+
+# ---------------------------------------------------------------------------------------------
+# One op at a time, on llama.cpp's intermediate tensors (eval callback, layer 0 of a 10-token prompt)
+
+@functools.lru_cache(maxsize=None)
+def fixture(kind):  # -> (manifest entry, {name: array}) of golden/ggml_cpu/ops/<kind>.npz
+    entry = next(f for f in OPS["files"] if f["type"] == kind)
+    with np.load(os.path.join(HERE, entry["file"]), allow_pickle=False) as data:
+        return entry, {k: data[k] for k in data.files}
+
+
+@pytest.mark.parametrize("kind", [f["type"] for f in OPS["files"]])
+@pytest.mark.parametrize("step", ["", "decode."])
+@pytest.mark.parametrize("weight", ["ffn_up", "attn_output"])
+def test_op_mul_mat(kind, step, weight):  # the matmul kernel of each weight type and batch shape
+    entry, t = fixture(kind)
+    x, ref = t[f"{step}{weight}.in"], t[f"{step}{weight}.out"]
+    weights = model(entry["model"]).weights
+    got = ggml_cpu.mul_mat(x, weights, f"blk.0.{weight}.weight", {})[:, :ref.shape[1]]
+    assert_identical(ref, got, f"mul_mat {weights.type_name(f'blk.0.{weight}.weight')} with {len(x)} rows")
+
+
+def f32_fixture():  # -> (config of the f32 model, its fixture tensors)
+    entry, t = fixture("f32")
+    return model(entry["model"]).config, t
+
+
+def kq_scale(head_dim):  # the muse graph's 1.0f/sqrtf(float(n_embd_head)), in float32
+    return np.float32(1) / np.sqrt(np.float32(head_dim))
+
+
+def test_op_rms_norm():
+    cfg, t = f32_fixture()
+    assert_identical(t["rms_norm.out"], ggml_cpu.rms_norm(t["rms_norm.in"], cfg.rms_eps)[:, :64], "rms_norm")
+    post = ggml_cpu.rms_norm(t["post_norm.in"], cfg.post_norm_eps)[:, :64]
+    assert_identical(t["post_norm.out"], post, "rms_norm (post-norm eps 1e-8)")
+
+
+def test_op_rope():
+    cfg, t = f32_fixture()
+    theta = ops.rope_angles(np.arange(len(t["rope.in"])), cfg.n_rot, cfg.rope_base_swa, np.float32)
+    assert_identical(t["rope.out"], ggml_cpu.rope_norm(t["rope.in"], theta), "rope_norm")
+
+
+def test_op_soft_max():  # layer 0 slides an 8-token window; the 16 cells kept hold every live one
+    cfg, t = f32_fixture()
+    kq = t["soft_max.in"]  # [H, T, 16]
+    visible = ops.causal_visible(np.arange(kq.shape[1]), np.arange(kq.shape[2]), cfg.n_swa)
+    got = ggml_cpu.soft_max(kq.reshape(-1, kq.shape[2]), np.tile(visible, (len(kq), 1)), kq_scale(cfg.head_dim))
+    assert_identical(t["soft_max.out"], got.reshape(kq.shape), "soft_max_ext")
+
+
+def test_op_sigmoid_swiglu_softcap():
+    cfg, t = f32_fixture()
+    assert_identical(t["sigmoid.out"], ggml_cpu.sigmoid(t["sigmoid.in"]), "sigmoid")
+    assert_identical(t["swiglu.out"], ggml_cpu.swiglu(t["swiglu.gate"], t["swiglu.up"]), "swiglu")
+    assert_identical(t["softcap.in"], t["logit_scale.in"] * np.float32(cfg.logit_scale), "logit scale")
+    assert_identical(t["softcap.out"], ggml_cpu.softcap(t["softcap.in"], cfg.softcap), "softcap")
+
+
+CONFIGS = ["kv-f16_fa-off", "kv-f32_fa-off", "kv-f16_fa-on"]
+
+
+def check_attention(t, prefix, config, head_dim, n_swa):  # layer 0, a sliding-window layer: prefill and decode
+    backend = GgmlCpuBackend(config[3:6], config.endswith("on"), check_host=False)
+    scale = kq_scale(head_dim)
+    n = len(t[f"{prefix}prefill.q"])
+    prefill = backend.attention(t[f"{prefix}prefill.q"], t[f"{prefix}prefill.k"], t[f"{prefix}prefill.v"],
+                                ops.causal_visible(np.arange(n), np.arange(n), n_swa), scale)
+    assert_identical(t[f"{prefix}prefill.attn_out.{config}"], prefill.reshape(n, -1), f"attention {config}, {n} rows")
+    k, v = (np.concatenate([t[f"{prefix}prefill.{p}"], t[f"{prefix}decode.{p}"]]) for p in "kv")
+    decode = backend.attention(t[f"{prefix}decode.q"], k, v, ops.causal_visible([n], np.arange(n + 1), n_swa), scale)
+    assert_identical(t[f"{prefix}decode.attn_out.{config}"], decode.reshape(1, -1), f"attention {config}, decode")
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_op_attention(config):
+    cfg, t = f32_fixture()
+    check_attention(t, "", config, cfg.head_dim, cfg.n_swa)
+
+
+@functools.lru_cache(maxsize=None)
+def geometry():  # -> (manifest entry, {name: array}) of ops/geometry.npz (head sizes 20 and 24)
+    entry = OPS["geometry"]
+    with np.load(os.path.join(HERE, entry["file"]), allow_pickle=False) as data:
+        return entry, {k: data[k] for k in data.files}
+
+
+@pytest.mark.parametrize("head", ["hd20", "hd24"])
+def test_op_rope_vector_tails(head):  # 10 pairs: 8 by FMA, the last 2 without; 12 pairs: 8 + 4, all by FMA
+    entry, t = geometry()
+    dims = entry["models"][head]
+    x = t[f"{head}.rope.in"]
+    theta = ops.rope_angles(np.arange(len(x)), dims["head_dim"], dims["rope_base"], np.float32)
+    assert_identical(t[f"{head}.rope.out"], ggml_cpu.rope_norm(x, theta), f"rope_norm, head_dim {dims['head_dim']}")
+
+
+@pytest.mark.parametrize("head", ["hd20", "hd24"])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_op_attention_head_sizes(head, config):  # 1/sqrtf(24) is not 1/sqrt(24) rounded to float
+    entry, t = geometry()
+    dims = entry["models"][head]
+    check_attention(t, f"{head}.", config, dims["head_dim"], dims["n_swa"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The float tools the kernels are built from, against independent formulations
+
+def test_fma32_rounds_once():  # against exact rational arithmetic, including double-rounding traps
+    from fractions import Fraction
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(300).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    c = (rng.standard_normal(300) * 2.0 ** rng.integers(-30, 30, 300)).astype(np.float32)
+    # a*b = 2^-24 - 2^-54 and c = 1 + 2^-23: the exact sum lies just below a float32 midpoint that
+    # the float64 sum rounds onto, where ties-to-even would then go up (scaled by powers of two)
+    scale = 2.0 ** np.arange(-20, 20)
+    a[:40] = 2.0 ** -12 * (1 + 2.0 ** -15) * scale
+    b[:40] = 2.0 ** -12 * (1 - 2.0 ** -15)
+    c[:40] = (1 + 2.0 ** -23) * scale
+    got = ggml_cpu.fma32(a, b, c)
+    for x, y, z, r in zip(a, b, c, got):
+        exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+        near = np.float32(float(exact))
+        candidates = [np.nextafter(near, np.float32(-np.inf)), near, np.nextafter(near, np.float32(np.inf))]
+        best = min(candidates, key=lambda f: (abs(Fraction(float(f)) - exact), int(np.float32(f).view(np.uint32)) & 1))
+        assert r == best, (x, y, z)
+    assert got[20] == np.float32(1 + 2.0 ** -23)  # float64 then float32 would give 1 + 2^-22
+
+
+# ---------------------------------------------------------------------------------------------
+# Wiring, CLI and bad input
+
+def test_text_model_routes_elementwise_ops_through_the_backend():
+    calls = []
+
+    class Spy(GgmlCpuBackend):
+        def __getattribute__(self, name):
+            if name in ("rms_norm", "rope_norm", "sigmoid", "swiglu", "softcap"):
+                calls.append(name)
+            return super().__getattribute__(name)
+
+    lm = TextModel(model("models/tiny-b-f32.gguf"), backend=Spy(check_host=False))
+    lm.prefill([1, 2], lm.new_cache(2, "uniform"))
+    assert set(calls) == {"rms_norm", "rope_norm", "sigmoid", "swiglu", "softcap"}, \
+        "reference/text.py must call backend.rms_norm/rope_norm/sigmoid/swiglu/softcap for the ggml-cpu mode"
+
+
+def test_cli_logits_bit_identical(tmp_path):
+    run = next(r for r in MANIFEST["runs"] if r["type"] == "q4_0" and r["kv_type"] == "f16" and not r["flash_attn"])
+    ids = MANIFEST["prompt"]["token_ids"]
+    out = tmp_path / "logits.npy"
+    done = run_cli("reference.run", "--model", os.path.join(GOLDEN, run["model"]), "--numerics", "ggml-cpu",
+                   "--token-ids", ",".join(map(str, ids)), "--n-predict", "0", "--logits-out", str(out))
+    assert done.returncode == 0, done.stderr
+    ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)[:len(ids)]
+    assert_identical(ref, np.load(out, allow_pickle=False), "reference.run --numerics ggml-cpu")
+
+
+@pytest.mark.parametrize("args", [("--numerics", "ggml"), ("--numerics", "ggml-cpu", "--dtype", "float64")])
+def test_cli_bad_numerics_is_one_line_exit_2(args):
+    done = run_cli("reference.run", *args, "--token-ids", "1,2", "--n-predict", "0")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_unmodelled_requests_raise_typed_errors():
+    with pytest.raises(GgmlCpuError, match="q8_0"):
+        GgmlCpuBackend("q8_0", check_host=False)
+
+    class Weights:  # a weight type the emulation has no kernel for
+        def type_name(self, name):
+            return "IQ1_M"
+
+    with pytest.raises(GgmlCpuError, match="IQ1_M"):
+        ggml_cpu.mul_mat(np.zeros((1, 256), np.float32), Weights(), "blk.0.ffn_up.weight", {})
