@@ -16,6 +16,7 @@ window side is the side of the position table (32 on the release, 8 on the tiny 
 import math
 
 import numpy as np
+from tqdm import tqdm
 
 from . import ops
 from .backend import NumpyBackend
@@ -108,10 +109,10 @@ class VisionModel:
         cols, rows = grid_size(rgb.shape[1], rgb.shape[0], self.unit, max_tokens)
         return resize_lanczos(rgb, cols * self.unit, rows * self.unit)
 
-    def encode(self, rgb, max_tokens=DEFAULT_MAX_TOKENS, trace=NO_TRACE):  # uint8 [H, W, 3] -> [N, n_out]
-        return self.forward(self.preprocess(rgb, max_tokens), trace)
+    def encode(self, rgb, max_tokens=DEFAULT_MAX_TOKENS, trace=NO_TRACE, progress=False):  # uint8 [H, W, 3] -> [N, n_out]
+        return self.forward(self.preprocess(rgb, max_tokens), trace, progress)
 
-    def forward(self, resized, trace=NO_TRACE):  # uint8 [h, w, 3] (multiples of 28) -> [h*w/784, n_out]
+    def forward(self, resized, trace=NO_TRACE, progress=False):  # uint8 [h, w, 3] (multiples of 28) -> [h*w/784, n_out]
         c, p = self.cfg, self.cfg.patch_size
         gh, gw = resized.shape[0] // p, resized.shape[1] // p
         if resized.shape[0] % self.unit or resized.shape[1] % self.unit or gh == 0 or gw == 0:
@@ -129,7 +130,7 @@ class VisionModel:
         theta_w = ops.rope_angles(cols + 1, c.head_dim // 2, c.rope_theta, self.dtype)
         theta_h = ops.rope_angles(rows + 1, c.head_dim // 2, c.rope_theta, self.dtype)
         windows = np.cumsum([0] + window_lengths)
-        for il in range(c.n_layer):
+        for il in tqdm(range(c.n_layer), desc="tower layers", disable=not progress, leave=False):
             spans = [(0, len(perm))] if self.is_global(il) else list(zip(windows[:-1], windows[1:]))
             x = self.block(il, x, theta_w, theta_h, spans, trace)
         x = self.layer_norm(x, "v.post_ln")

@@ -3,6 +3,8 @@
     python -m tools.bench text --model golden/models/tiny-b-f32.gguf --checkpoint build/tiny/tiny-b \
         [--prompt-len 100 --n-decode 32 --repeat 3 --json out.json]
     python -m tools.bench vision [--layers 4 --json out.json]
+    python -m tools.bench scale --model 30B.gguf [--backend numba --prompt-len 64 --n-predict 8]
+    python -m tools.bench scale --mmproj MMPROJ.gguf [--image-size 1024]
 
 `text`: prefill and decode tokens/s of this reference vs transformers eager (CPU, float32) on the
 same weights; the checkpoint is the transformers directory the GGUF was converted from
@@ -10,6 +12,9 @@ same weights; the checkpoint is the transformers directory the GGUF was converte
 `vision`: the tower's cost per window on the release's 32 x 32-patch windows (a narrow synthetic
 tower), for 1, 4 and 9 windows and for a 1024 x 1024 image (1369 tokens) window-local vs with every
 layer global: window-local layers cost the same per window, an N x N mask would not.
+`scale`: one run at full size (the 30B layout from tools.make_synthetic): a prompt prefill and
+greedy tokens on the text model, or one image through the tower; seconds per token, peak RSS of
+this process, a progress bar per layer.
 """
 import argparse
 import json
@@ -102,6 +107,34 @@ def bench_vision(args):  # -> report dict
             "photo_1024_all_global_s": all_global, "ratio_global_over_window_local": all_global / windowed}
 
 
+def bench_scale(args):  # -> report dict of one full-size run, with this process's peak RSS
+    import resource
+    report = {"backend": args.backend}
+    if args.model:
+        from accel import make_backend
+        lm = TextModel(gguf.load(args.model, "text"), np.float32, make_backend(args.backend, np.float32))
+        ids = list(np.random.default_rng(0).integers(0, lm.cfg.n_vocab, args.prompt_len))
+        cache = lm.new_cache(args.prompt_len + args.n_predict, "ring")
+        t0 = time.perf_counter()
+        logits = lm.prefill(ids, cache, progress=True)
+        t1 = time.perf_counter()
+        tokens = lm.decode_greedy(logits[-1], args.n_predict, cache, progress=True)
+        t2 = time.perf_counter()
+        report.update(model=args.model, prompt_len=args.prompt_len, generated=len(tokens),
+                      s_per_prefill_token=(t1 - t0) / args.prompt_len,
+                      s_per_decoded_token=(t2 - t1) / max(len(tokens) - 1, 1))
+    if args.mmproj:
+        from reference.vision import VisionModel
+        from tools.make_vision_goldens import synthetic_image
+        vision = VisionModel(gguf.load(args.mmproj, "mmproj"))
+        t0 = time.perf_counter()
+        out = vision.encode(synthetic_image(args.image_size, args.image_size, 0, "smooth"), progress=True)
+        report.update(mmproj=args.mmproj, image_size=args.image_size, image_tokens=len(out),
+                      image_s=time.perf_counter() - t0)
+    report["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return report
+
+
 def print_text(report):
     for name, r in report["engines"].items():
         print(f"{name:20s} prefill {r['prefill_tok_s']:9.1f} tok/s   decode {r['decode_tok_s']:8.1f} tok/s")
@@ -131,9 +164,21 @@ def main(argv=None):
     v.add_argument("--layers", type=int, default=4)
     v.add_argument("--repeat", type=int, default=2)
     v.add_argument("--json")
+    sc = sub.add_parser("scale", help="one full-size run: text prefill + decode, or one image through the tower")
+    sc.add_argument("--model")
+    sc.add_argument("--mmproj")
+    sc.add_argument("--backend", default="numpy", choices=("numpy", "numba"))
+    sc.add_argument("--prompt-len", type=int, default=64)
+    sc.add_argument("--n-predict", type=int, default=8)
+    sc.add_argument("--image-size", type=int, default=1024)
+    sc.add_argument("--json")
     args = p.parse_args(argv)
-    report = bench_text(args) if args.what == "text" else bench_vision(args)
-    (print_text if args.what == "text" else print_vision)(report)
+    if args.what == "scale" and not (args.model or args.mmproj):
+        p.error("scale needs --model or --mmproj")
+    bench, show = {"text": (bench_text, print_text), "vision": (bench_vision, print_vision),
+                   "scale": (bench_scale, lambda r: print(json.dumps(r, indent=1)))}[args.what]
+    report = bench(args)
+    show(report)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
