@@ -1,0 +1,209 @@
+"""Benchmarks of the accelerated backends on a mid-size synthetic model with the real widths of
+Muse-Glimmer-30B (n_embd 6656, n_ff 19968, 32/2 heads of 128, vocab 202048) and 2 layers (one
+sliding-window, one full): prefill and decode tokens/s of the numba backend, the numpy reference
+and llama.cpp (llama-cpp-python) with the same number of threads, as ratios from one run.
+
+    python -m tools.bench_accel make --llama-bin DIR [--out build/bench]
+        writes mid-f16.gguf (seeded random weights) and, with llama-quantize from DIR,
+        mid-q4_k_m.gguf and mid-iq2_xxs.gguf (a uniform importance matrix stands in for calibration)
+    python -m tools.bench_accel run build/bench/mid-q4_k_m.gguf [--threads 2 --prompt-len 64
+        --n-decode 8 --engines numba,numpy,llama-cpp --json out.json]
+
+All engines compute the logits of every prompt position in prefill (llama.cpp with logits_all), as
+the reference does. The GGUFs are large (7.5 GB F16): keep them under build/, never commit them.
+Needs the `accel` extra, and the `parity` extra for llama.cpp.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+from gguf import GGUFValueType, GGUFWriter
+
+from reference import gguf
+from reference.text import TextModel
+from tools.make_synthetic import (Q, RELEASE_30B, TensorSpec, _EditingWriter, random_spec, stream_gguf,
+                                  text_keys, text_shapes)
+
+MID = replace(RELEASE_30B, n_layer=2)  # one sliding-window layer, one full layer
+QUANTS = (("q4_k_m", "Q4_K_M"), ("iq2_xxs", "IQ2_XXS"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Making the models
+
+def f16_spec(dims, name, shape, seed):  # make_synthetic's random rows of a tensor, matrices stored as F16
+    spec = random_spec(dims, name, shape, Q.F32, seed)
+    if len(shape) == 1:
+        return spec
+    return TensorSpec(name, shape, Q.F16, lambda start, stop: spec.rows(start, stop).astype(np.float16))
+
+
+def write_uniform_imatrix(path, dims):  # an importance matrix of ones for every matrix but token_embd
+    w = GGUFWriter(path, "imatrix")
+    w.add_string("general.type", "imatrix")
+    w.add_array("imatrix.datasets", ["uniform"])
+    w.add_uint32("imatrix.chunk_count", 1)
+    w.add_uint32("imatrix.chunk_size", 1)
+    for name, shape in text_shapes(dims):
+        if len(shape) == 2 and name != "token_embd.weight":
+            w.add_tensor(name + ".in_sum2", np.ones(shape[1], np.float32))
+            w.add_tensor(name + ".counts", np.ones(1, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def make(args):  # -> exit status
+    os.makedirs(args.out, exist_ok=True)
+    f16 = os.path.join(args.out, "mid-f16.gguf")
+    if not os.path.exists(f16):
+        # llama.cpp refuses a BPE vocabulary without merges; one harmless merge satisfies it
+        keys = _EditingWriter(text_keys(MID), (), {"tokenizer.ggml.merges": (["t 0"], GGUFValueType.ARRAY)})
+        specs = [f16_spec(MID, name, shape, i) for i, (name, shape) in enumerate(text_shapes(MID))]
+        stream_gguf(f16 + ".part", keys, specs, progress=True)
+        os.replace(f16 + ".part", f16)
+    imatrix = os.path.join(args.out, "mid.imatrix.gguf")
+    write_uniform_imatrix(imatrix, MID)
+    env = dict(os.environ, LD_LIBRARY_PATH=args.llama_bin)
+    for suffix, qtype in QUANTS:
+        dst = os.path.join(args.out, f"mid-{suffix}.gguf")
+        if not os.path.exists(dst):
+            subprocess.run([os.path.join(args.llama_bin, "llama-quantize"), "--imatrix", imatrix, f16,
+                            dst + ".part", qtype, str(args.threads)], check=True, env=env)
+            os.replace(dst + ".part", dst)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Running them
+
+def reference_engine(path, backend):  # -> (prefill(ids) -> logits, decode(id) -> logits)
+    from accel import make_backend
+    lm = TextModel(gguf.load(path, "text"), np.float32, make_backend(backend, np.float32))
+    state = {}
+
+    def prefill(ids):
+        state["cache"] = lm.new_cache(len(ids) + 64, "ring", len(ids))
+        return lm.prefill(ids, state["cache"], len(ids))
+
+    def decode(token):
+        return lm.prefill([token], state["cache"], 1)[-1]
+    return prefill, decode
+
+
+def llama_cpp_engine(path, threads, n_batch):  # -> (prefill, decode) as reference_engine
+    import llama_cpp
+    llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=n_batch + 64,
+                          n_batch=n_batch, n_ubatch=n_batch, logits_all=True, verbose=False)
+
+    def prefill(ids):
+        llm.reset()
+        llm.eval(ids)
+        return np.array(llm.scores[:len(ids)])
+
+    def decode(token):
+        llm.eval([token])
+        return np.array(llm.scores[llm.n_tokens - 1])
+    return prefill, decode
+
+
+def timed(fn, *args):  # -> (result, wall seconds, CPU seconds of all threads of this process)
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn(*args)
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def bench_engine(make_engine, ids, n_decode, repeat):  # -> (prompt logits, {prefill_tok_s, decode_tok_s, ...})
+    """The best of `repeat` rounds of (prefill the prompt, decode n_decode tokens after it): on a
+    shared machine the least disturbed round is the closest to the engine's own speed. CPU seconds
+    (all threads) are reported beside wall seconds: they move less when other jobs share the cores."""
+    prefill, decode = make_engine()
+    prefill(ids[:8])  # warm-up: JIT compilation or the numba cache, page faults of the weights
+    decode(ids[0])
+    best = {"prefill_s": np.inf, "prefill_cpu_s": np.inf, "decode_s": np.inf, "decode_cpu_s": np.inf}
+    for _ in range(repeat):
+        logits, wall, cpu = timed(prefill, ids)
+        steps = [timed(decode, int(token))[1:] for token in ids[:n_decode]]
+        for key, value in (("prefill_s", wall), ("prefill_cpu_s", cpu), ("decode_s", sum(w for w, _ in steps)),
+                           ("decode_cpu_s", sum(c for _, c in steps))):
+            best[key] = min(best[key], value)
+    return logits, {**best, "prefill_tok_s": len(ids) / best["prefill_s"], "decode_tok_s": n_decode / best["decode_s"]}
+
+
+def agreement(ref, x):  # -> {nmse, max_abs_diff, top1} over all positions
+    from tools.metrics import max_abs_diff, nmse
+    return {"nmse": float(nmse(ref.ravel(), x.ravel())), "max_abs_diff": float(np.max(max_abs_diff(ref, x))),
+            "top1": float(np.mean(ref.argmax(-1) == x.argmax(-1)))}
+
+
+def run(args):  # -> report dict
+    import numba
+    numba.set_num_threads(args.threads)
+    ids = [int(i) for i in np.random.default_rng(0).integers(0, MID.n_vocab - 3, args.prompt_len)]
+    makers = {"numba": lambda: reference_engine(args.model, "numba"),
+              "numpy": lambda: reference_engine(args.model, "numpy"),
+              "llama-cpp": lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len)}
+    report = {"model": os.path.basename(args.model), "threads": args.threads, "prompt_len": args.prompt_len,
+              "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]),
+              "engines": {}, "logits_vs_numba": {}}
+    logits = {}
+    for name in args.engines.split(","):
+        n_decode, repeat = (args.n_decode_numpy, 1) if name == "numpy" else (args.n_decode, args.repeat)
+        logits[name], report["engines"][name] = bench_engine(makers[name], ids, n_decode, repeat)
+        report["engines"][name].update(n_decode=n_decode, repeat=repeat)
+        r = report["engines"][name]
+        print(f"{name:10s} prefill {r['prefill_tok_s']:8.3f} tok/s ({r['prefill_cpu_s']:7.2f} CPU s)   "
+              f"decode {r['decode_tok_s']:8.3f} tok/s ({r['decode_cpu_s'] / n_decode:6.2f} CPU s/token)", flush=True)
+    for name in logits:
+        if name != "numba" and "numba" in logits:
+            report["logits_vs_numba"][name] = agreement(logits[name], logits["numba"])
+    ours = report["engines"].get("numba")
+    report["ratios"] = {f"numba/{name}": {"prefill_tok_s": ours["prefill_tok_s"] / r["prefill_tok_s"],
+                                          "decode_tok_s": ours["decode_tok_s"] / r["decode_tok_s"],
+                                          "prefill_per_cpu_s": r["prefill_cpu_s"] / ours["prefill_cpu_s"],
+                                          "decode_per_cpu_s": (r["decode_cpu_s"] / r["n_decode"])
+                                          / (ours["decode_cpu_s"] / ours["n_decode"])}
+                        for name, r in report["engines"].items() if name != "numba" and ours}
+    return report
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m tools.bench_accel", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    m = sub.add_parser("make", help="write the mid-size F16 GGUF and its Q4_K_M and IQ2_XXS quantizations")
+    m.add_argument("--llama-bin", required=True, help="directory with llama-quantize and its libraries")
+    m.add_argument("--out", default=os.path.join("build", "bench"))
+    m.add_argument("--threads", type=int, default=2)
+    r = sub.add_parser("run", help="prefill and decode tokens/s of numba, numpy and llama.cpp on one GGUF")
+    r.add_argument("model")
+    r.add_argument("--threads", type=int, default=2, help="numba and llama.cpp threads (BLAS: OPENBLAS_NUM_THREADS)")
+    r.add_argument("--prompt-len", type=int, default=64)
+    r.add_argument("--n-decode", type=int, default=8)
+    r.add_argument("--n-decode-numpy", type=int, default=2, help="the numpy reference takes ~30 s a token here")
+    r.add_argument("--repeat", type=int, default=3, help="rounds per engine, the best counts (numpy: one)")
+    r.add_argument("--engines", default="numba,numpy,llama-cpp")
+    r.add_argument("--json")
+    args = p.parse_args(argv)
+    if args.what == "make":
+        return make(args)
+    report = run(args)
+    for pair, ratio in report["ratios"].items():
+        print(f"{pair}: prefill x{ratio['prefill_tok_s']:.2f}, decode x{ratio['decode_tok_s']:.2f} (per CPU second: "
+              f"prefill x{ratio['prefill_per_cpu_s']:.2f}, decode x{ratio['decode_per_cpu_s']:.2f})")
+    for name, a in report["logits_vs_numba"].items():
+        print(f"logits {name} vs numba: NMSE {a['nmse']:.3g}, max |diff| {a['max_abs_diff']:.3g}, "
+              f"top-1 {a['top1']:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
