@@ -4,7 +4,8 @@
 
 Run it as a module from the repository root (a plain `python tools/bisect.py` would shadow the
 standard library's `bisect`). A and B are each a trace directory of this reference (index.json plus
-one .npy per point, `python -m reference.run --trace DIR`) or a text dump of llama.cpp's
+one .npy per point, `python -m reference.run --trace DIR`) a trace directory of transformers
+written by `python -m tools.hf_trace` (same format), or a text dump of llama.cpp's
 `llama-eval-callback` / `llama-debug --verbose` (tools/dump_parse.py). Points are taken in A's order
 (the forward order: embd_norm, then per layer attn_norm ... l_out, then result_norm, result_output);
 points only one side has are listed, not compared, except a layer point whose op the other side

@@ -1,8 +1,8 @@
 """Where each text-model trace point lives in transformers' MuseGlimmerForConditionalGeneration.
 
-For a planned `transformers` trace source: forward hooks on these modules give the tensors that line
-up with a reference trace or a llama.cpp dump. Each entry is (module path, what to record, how to turn
-it into the trace point). Conversions that every entry shares:
+tools/hf_trace.py records them with forward hooks (and wraps the two functions that are no module)
+into a trace that lines up with a reference trace or a llama.cpp dump. Each entry is (module path,
+what to record, how to turn it into the trace point), in forward order. Conversions every entry shares:
 - HF activations are [batch, T, ...]; drop the batch axis. Inside attention HF keeps heads first
   ([batch, H, T, D]); the trace is [T, H, D].
 - The GGUF's Q and K rows are in ggml's interleaved RoPE order; HF's q_proj/k_proj rows are in
@@ -26,8 +26,8 @@ HF_TEXT_MODULES = {
     "Kcur_normed-{il}": ("model.language_model.layers.{il}.self_attn.qk_norm", "output of the 2nd call",
                          "transpose heads; hf_rope_rows_to_gguf"),
     "Qcur_rope-{il}": ("model.language_model.layers.{il}.self_attn", "apply_rotary_pos_emb result [0]",
-                       "no module: wrap the function; sliding-window layers only; transpose heads; "
-                       "hf_rope_rows_to_gguf"),
+                       "no module: wrap the function; called on rope layers only (layer_rope_theta != 0); "
+                       "transpose heads; hf_rope_rows_to_gguf"),
     "Kcur_rope-{il}": ("model.language_model.layers.{il}.self_attn", "apply_rotary_pos_emb result [1]",
                        "as Qcur_rope"),
     "attn_out-{il}": ("model.language_model.layers.{il}.self_attn", "attention_interface result [0]",
