@@ -17,9 +17,14 @@ element-wise hooks rms_norm, rope_norm, sigmoid, swiglu and softcap. Attention r
 llama.cpp's KV cell j (one sequence from position 0, so cell = position) and applies the cache type
 when it reads K and V, which is the same as rounding them when they are stored.
 
-Not modelled (GgmlCpuError): quantized KV caches (llama.cpp rotates them by a Hadamard transform),
-weight types without a decoder below, the Q2_K vec_dot (a Q2_K matrix whose row count is not a
-multiple of 8, in batches of fewer than 8 rows). The vision tower keeps the exact numerics.
+A q8_0 cache (K and V) is llama.cpp's quantized cache: V quantized forces flash attention, K and V
+rows are stored as Q8_0 blocks, Q is converted to Q8_0 for the K dot products, and for head sizes
+that are multiples of 64 q, k, v and the attention output are rotated by Walsh-Hadamard transforms
+(llama-kv-cache.cpp attn_rot_k / attn_rot_v).
+
+Not modelled (GgmlCpuError): other quantized KV types, weight types without a decoder below, the
+Q2_K vec_dot (a Q2_K matrix whose row count is not a multiple of 8, in batches of fewer than 8
+rows). The vision tower keeps the exact numerics.
 """
 import ctypes
 import ctypes.util
@@ -35,7 +40,7 @@ BUILD = ("llama.cpp 0c1e570 (llama-cpp-python 0.3.36), x86-64 GCC -march=native,
          "AVX512 F/BW/DQ/VL/VNNI/BF16, llamafile + CPU repack, glibc 2.36, 2 threads")
 BUILD_CPU_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "fma", "f16c")
 BUILD_GLIBC = "2.36"
-KV_TYPES = ("f16", "f32")
+KV_TYPES = ("f16", "f32", "q8_0")
 UBATCH = 512  # llama-cpp-python's n_batch = n_ubatch: a longer prompt is computed 512 rows at a time
 
 
@@ -517,21 +522,31 @@ def f32_of(i):  # int [...] -> f32 [...]: vcvtdq2ps, round to nearest even
 # Quantized dot products, one function per kernel family
 
 def q0_lanes(w, a, accumulators=1):  # QuantRows/QuantActs 32-blocks -> [T, O]
-    """tinyBLAS_Q0_AVX and ggml_vec_dot_{q8_0,q5_0,q4_0,iq4_nl}_q8_0 (AVX2): 8 lanes, each the exact
-    sum of 4 neighbouring products of a block, fma(f32(d_w*d_a), f32(lane), acc) block after block,
-    then hsum_float_8. The IQ4_NL vec_dot takes blocks in pairs into two accumulators, summed before
-    the hsum, and an odd last block as a scalar fma(d, f32(isum), sum)."""
-    lanes = int_dot(w.values, a.q, 4)  # [T, O, nb, 8]
-    scale = w.d[None] * a.d[:, None]  # [T, O, nb]
-    nb = lanes.shape[2]
+    """tinyBLAS_Q0_AVX and ggml_vec_dot_{q8_0,q5_0,q4_0,iq4_nl}_q8_0 (AVX2), every row against every
+    activation row."""
+    return q0_accumulate(int_dot(w.values, a.q, 4), w.d[None] * a.d[:, None], accumulators)
+
+
+def q0_accumulate(lanes, scale, accumulators=1):  # lanes [..., nb, 8] int, scale [..., nb] f32 -> [...]
+    """8 lanes, each the exact sum of 4 neighbouring products of a block, fma(f32(d_w*d_a), f32(lane),
+    acc) block after block, then hsum_float_8. The IQ4_NL vec_dot takes blocks in pairs into two
+    accumulators, summed before the hsum, and an odd last block as a scalar fma(d, f32(isum), sum)."""
+    nb = lanes.shape[-2]
     paired = nb - nb % accumulators
-    acc = np.zeros((accumulators,) + lanes.shape[:2] + (8,), F32)
+    acc = np.zeros((accumulators,) + lanes.shape[:-2] + (8,), F32)
     for b in range(paired):
-        acc[b % accumulators] = fma32(scale[:, :, b, None], f32_of(lanes[:, :, b]), acc[b % accumulators])
+        acc[b % accumulators] = fma32(scale[..., b, None], f32_of(lanes[..., b, :]), acc[b % accumulators])
     out = hsum8(acc[0] + acc[1] if accumulators == 2 else acc[0])
     for b in range(paired, nb):
-        out = fma32(scale[:, :, b], f32_of(lanes[:, :, b].sum(-1)), out)
+        out = fma32(scale[..., b], f32_of(lanes[..., b, :].sum(-1)), out)
     return out
+
+
+def vec_dot_q8_0(k, q):  # QuantActs k, q of matching (broadcast) leading shapes, [..., nb, 32] -> [...]
+    """ggml_vec_dot_q8_0_q8_0 of one K row and one Q row: the q0_lanes arithmetic, pairwise."""
+    products = k.q * q.q
+    lanes = products.reshape(products.shape[:-1] + (8, 4)).sum(-1)
+    return q0_accumulate(lanes, k.d * q.d)
 
 
 def q0_repacked(w, a):  # QuantRows/QuantActs 32-blocks -> [T, O]
@@ -723,6 +738,49 @@ def attention_mul_mat(q, k, v, visible, scale, kv_type):  # [T, H, D], [S, Hkv, 
     return out
 
 
+def hadamard_sizes(head_dim):  # -> (K rotation size, V rotation size), or None: llama.cpp's attn_rot
+    """A quantized cache rotates when the head size is a multiple of 64: K (and q) by the largest
+    power-of-two Hadamard that divides it, V (and the attention output) by 64-element blocks."""
+    if head_dim % 64:
+        return None
+    n_k = 64
+    while head_dim % (2 * n_k) == 0:
+        n_k *= 2
+    return n_k, 64
+
+
+def fwht(x, n):  # x [..., D] f32, n a power of two dividing D -> [..., D]: each n-element block times H_n
+    """ggml_compute_forward_fwht (the CPU's llama_mul_mat_hadamard): the block times 1.0f/sqrtf(n)
+    first, then the butterflies (u + v, u - v) with the half-width growing from 1."""
+    y = np.asarray(x, F32).reshape(-1, n) * (F32(1) / np.sqrt(F32(n)))
+    half = 1
+    while half < n:
+        y = y.reshape(len(y), n // (2 * half), 2, half)
+        y = np.stack([y[:, :, 0] + y[:, :, 1], y[:, :, 0] - y[:, :, 1]], axis=2)
+        half *= 2
+    return y.reshape(np.shape(x))
+
+
+def attention_q8_0(q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    """A Q8_0 cache (flash attention on): q, k, v rotated (head sizes multiple of 64), K and V rows
+    stored through quantize_row_q8_0, the one-chunk kernel (tiled and KV-split kernels take only F16/F32
+    caches) with Q in Q8_0 and V dequantized exactly, the output rotated back."""
+    H, D = q.shape[1:]
+    if D % 32:
+        raise GgmlCpuError(f"a q8_0 KV cache needs a head size that is a multiple of 32, not {D}")
+    rotation = hadamard_sizes(D)
+    if rotation:
+        q, k, v = fwht(q, rotation[0]), fwht(k, rotation[0]), fwht(v, rotation[1])
+    heads = np.arange(H) // (H // k.shape[1])
+    k_rows = quantize_q8_0(k[:, heads].reshape(-1, D))
+    v_rows = quantize_q8_0(v[:, heads].reshape(-1, D))
+    # dequantize_row_q8_0: f16 scale times int8 is exact in float32
+    v_values = (v_rows.d[..., None] * v_rows.q.astype(F32)).reshape(len(v), H, D).astype(F32)
+    out = flash_chunk(q, (k_rows.d.reshape(len(k), H, -1), k_rows.q.reshape(len(k), H, -1, 32)), v_values,
+                      visible, scale, range(len(k)), "q8_0")
+    return fwht(out, rotation[1]) if rotation else out
+
+
 FA_TILE = 64  # GGML_FA_TILE_Q = GGML_FA_TILE_KV
 FA_SPLIT_MIN_CELLS = 512  # decode rows read cells split across threads from this n_kv on
 
@@ -740,16 +798,29 @@ def attention_flash(q, k, v, visible, scale, n_threads):  # [T, H, D], [S, Hkv, 
         return flash_tiled(q, k, v, visible, scale)
     if T == 1 and n_kv >= FA_SPLIT_MIN_CELLS:
         return flash_split(q, k, v, visible, scale, n_threads)
-    m, s_sum, acc = flash_chunk(q, k, v, visible, scale, range(n_kv))
+    return flash_chunk(q, k, v, visible, scale, range(n_kv), "f16")
+
+
+def flash_normalise(s_sum, acc):  # S [T, H], VKQ [T, H, D] -> [T, H, D]: VKQ * (S == 0 ? 0 : 1/S)
     return acc * np.where(s_sum == 0, F32(0), F32(1) / np.where(s_sum == 0, F32(1), s_sum))[..., None]
 
 
-def flash_chunk(q, k, v, visible, scale, cells):  # -> M [T, H], S [T, H], unnormalised VKQ [T, H, D]
-    """The one-chunk kernel: Q rounded to f16, cells visited in order skipping masked ones, the score
-    s = vec_dot_f16(k, q) * scale, an online softmax with glibc expf, and an f16 V accumulator scaled
-    (vec_scale_f16) and accumulated (vec_mad_f16, fused) with a rounding to f16 at every step."""
+def flash_chunk(q, k, v, visible, scale, cells, kv_type, partial=False):  # q [T, H, D] -> [T, H, D]
+    """The one-chunk kernel over v [n_kv, H, D] (partial: M [T, H], S [T, H] and the unnormalised
+    VKQ [T, H, D]). Cells are visited in order skipping masked ones; the score is the K row's
+    vec_dot with Q converted to K's vec_dot type, times scale; an online softmax with glibc expf.
+    F16 cache (k [n_kv, H, D]): Q rounded to f16, vec_dot_f16, an f16 V accumulator scaled
+    (vec_scale_f16) and accumulated (vec_mad_f16, fused) with a rounding to f16 at every step.
+    Q8_0 cache (k = (d [n_kv, H, nb], q [n_kv, H, nb, 32])): Q through quantize_row_q8_0,
+    vec_dot_q8_0_q8_0, an f32 accumulator (vec_scale_f32, vec_mad_f32 fused)."""
     T, H, D = q.shape
-    q16 = round_f16(q)
+    if kv_type == "f16":
+        q16 = round_f16(q)
+        rounding = round_f16
+    else:
+        q8 = quantize_q8_0(q.reshape(T * H, D))
+        q8 = QuantActs(q8.d.reshape(T, H, -1), q8.q.reshape(T, H, -1, 32))
+        rounding = np.asarray  # the f32 accumulator keeps every FMA's float32 result
     acc = np.zeros((T, H, v.shape[-1]), F32)
     m = np.full((T, H), -np.inf, F32)
     s_sum = np.zeros((T, H), F32)
@@ -757,17 +828,20 @@ def flash_chunk(q, k, v, visible, scale, cells):  # -> M [T, H], S [T, H], unnor
         live = np.repeat(visible[:, j, None], H, axis=1)
         if not live.any():
             continue
-        s = vec_dot_f16(k[j][None], q16) * F32(scale)
+        if kv_type == "f16":
+            s = vec_dot_f16(k[j][None], q16) * F32(scale)
+        else:
+            s = vec_dot_q8_0(QuantActs(k[0][j][None], k[1][j][None]), q8) * F32(scale)
         new_max = live & (s > m)
         grow = live & ~new_max
         with np.errstate(invalid="ignore"):
             ms = np.where(new_max, libm("expf", np.where(new_max, m - s, 0)), F32(1))
             vs = np.where(grow, libm("expf", np.where(grow, s - m, 0)), F32(1))
         m = np.where(new_max, s, m)
-        acc = np.where(new_max[..., None], round_f16(acc * ms[..., None]), acc)
-        acc = np.where(live[..., None], round_f16(fma32(v[j][None], vs[..., None], acc)), acc)
+        acc = np.where(new_max[..., None], rounding(acc * ms[..., None]), acc)
+        acc = np.where(live[..., None], rounding(fma32(v[j][None], vs[..., None], acc)), acc)
         s_sum = np.where(live, fma32(s_sum, ms, vs), s_sum)
-    return m, s_sum, acc
+    return (m, s_sum, acc) if partial else flash_normalise(s_sum, acc)
 
 
 def flash_split(q, k, v, visible, scale, n_threads):  # one query row over n_kv >= 512 cells -> [1, H, D]
@@ -779,7 +853,7 @@ def flash_split(q, k, v, visible, scale, n_threads):  # one query row over n_kv 
     s_all = np.zeros(q.shape[:2], F32)
     acc_all = np.zeros(q.shape[:2] + (v.shape[-1],), F32)
     for start in range(0, n_kv, size):
-        m, s_sum, acc = flash_chunk(q, k, v, visible, scale, range(start, min(start + size, n_kv)))
+        m, s_sum, acc = flash_chunk(q, k, v, visible, scale, range(start, min(start + size, n_kv)), "f16", True)
         use = s_sum != 0
         m_new = np.maximum(m_all, m)
         with np.errstate(invalid="ignore"):
@@ -825,7 +899,7 @@ def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 val
         s_sum = np.where(rows, (s_sum.astype(F64) + total).astype(F32), s_sum)
         for kk in range(FA_TILE):
             acc = np.where(rows[..., None], fma32(v[start + kk][None], p[:, :, kk, None], acc), acc)
-    return acc * np.where(s_sum == 0, F32(0), F32(1) / np.where(s_sum == 0, F32(1), s_sum))[..., None]
+    return flash_normalise(s_sum, acc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -833,9 +907,10 @@ def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 val
 
 class GgmlCpuBackend:
     """The backend interface of reference/backend.py plus the element-wise hooks, computing what
-    llama.cpp's CPU backend computes. kv_type: "f16" (llama.cpp's default) or "f32"; flash_attn as
-    the llama.cpp context had it (llama-cpp-python's default: off); n_threads matters only for the
-    KV-split flash-attention decode. Use a uniform cache and prompt chunks of at most UBATCH rows:
+    llama.cpp's CPU backend computes. kv_type: "f16" (llama.cpp's default), "f32" or "q8_0" (needs
+    flash attention, as in llama.cpp); flash_attn as the llama.cpp context had it (llama-cpp-python's
+    default: off); n_threads matters only for the KV-split flash-attention decode. Use a uniform cache
+    and prompt chunks of at most UBATCH rows:
 
         lm = TextModel(gguf.load(path, "text"), backend=GgmlCpuBackend())
         logits = lm.prefill(ids, lm.new_cache(n_ctx, "uniform"), chunk=UBATCH)
@@ -846,6 +921,9 @@ class GgmlCpuBackend:
     def __init__(self, kv_type="f16", flash_attn=False, n_threads=2, check_host=True):
         if kv_type not in KV_TYPES:
             raise GgmlCpuError(f"KV cache type {kv_type!r} is not emulated ({', '.join(KV_TYPES)})")
+        if kv_type == "q8_0" and not flash_attn:
+            raise GgmlCpuError("a q8_0 KV cache needs flash attention "
+                               "(llama.cpp refuses a quantized V cache without it)")
         for difference in host_differences() if check_host else ():
             warnings.warn(f"ggml-cpu numerics model {BUILD}; this machine's llama.cpp differs: {difference}",
                           stacklevel=2)
@@ -859,6 +937,8 @@ class GgmlCpuBackend:
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         # scale is used as a float32: llama.cpp's kq_scale is 1.0f/sqrtf(head_dim), computed in float32
         q, k, v = (np.asarray(a, F32) for a in (q, k, v))
+        if self.kv_type == "q8_0":
+            return attention_q8_0(q, k, v, visible, scale)
         if self.flash_attn:
             return attention_flash(q, k, v, visible, scale, self.n_threads)
         return attention_mul_mat(q, k, v, visible, scale, self.kv_type)

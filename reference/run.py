@@ -15,7 +15,7 @@ import numpy as np
 from . import gguf
 from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
 from .dflash import Drafter, Speculator, acceptance
-from .ggml_cpu import UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
+from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
 from .governor import CostGovernor, FloorBandit
 from .image import ImageError, load_rgb
 from .kv import CacheError
@@ -72,8 +72,13 @@ def build_parser():
                    help="numba: the accel/ kernels, multiplying straight from the quantized blocks (same logits); "
                         "cupy: CUDA kernels, the text forward resident on the GPU with a captured decode graph")
     p.add_argument("--numerics", choices=("exact", "ggml-cpu"), default="exact",
-                   help="ggml-cpu: round as llama.cpp's CPU backend does (F16 KV cache, flash attention off, "
-                        "a uniform cache, prompts in ubatches of at most 512 rows), for bit-identical logits")
+                   help="ggml-cpu: round as llama.cpp's CPU backend does (by default F16 KV cache, flash attention "
+                        "off; a uniform cache, prompts in ubatches of at most 512 rows), for bit-identical logits")
+    p.add_argument("--kv-type", choices=KV_TYPES,
+                   help="with --numerics ggml-cpu: llama.cpp's KV cache type (default f16; q8_0 turns flash "
+                        "attention on)")
+    p.add_argument("--flash-attn", choices=("on", "off"),
+                   help="with --numerics ggml-cpu: llama.cpp's flash attention (default off, on for --kv-type q8_0)")
     p.add_argument("--mmproj", help="vision projector GGUF (clip, projector muse-glimmer) for --image")
     p.add_argument("--image", action="append", default=[],
                    help="image file (repeatable); each <|patch|> in the prompt takes the next image, "
@@ -186,7 +191,10 @@ def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend; args get l
     for difference in host_differences():
         print(f"reference.run: warning: ggml-cpu models llama.cpp's x86-64 AVX512 build; here {difference}",
               file=sys.stderr)
-    return GgmlCpuBackend(check_host=False)
+    kv_type = args.kv_type or "f16"
+    # a quantized V cache needs flash attention: llama.cpp's "auto" turns it on, "off" refuses the context
+    flash_attn = args.flash_attn == "on" if args.flash_attn else kv_type == "q8_0"
+    return GgmlCpuBackend(kv_type, flash_attn, check_host=False)
 
 
 def accel_backend(args):  # --backend other than numpy -> backend from accel/ (imported only then)
@@ -211,6 +219,8 @@ def run(args):  # parsed args -> exit status
         backend = TensorParallelBackend(np.dtype(args.dtype), args.tp)
     if args.numerics == "ggml-cpu":
         backend = ggml_cpu_backend(args)
+    elif args.kv_type or args.flash_attn:
+        raise UsageError("--kv-type and --flash-attn choose llama.cpp's cache for --numerics ggml-cpu only")
     device_model = getattr(backend, "text_model", None)  # cupy: the whole forward on the GPU
     lm = device_model(model, np.dtype(args.dtype)) if device_model else TextModel(model, np.dtype(args.dtype), backend)
     drafter = Drafter(gguf.load(args.draft_model, "dflash"), lm) if args.draft_model else None

@@ -58,6 +58,15 @@ def test_logits_bit_identical(run):
     assert_identical(ref[len(ids):], got[len(ids):], f"{run['file']} decode")
 
 
+@pytest.mark.parametrize("run", MANIFEST["kv_q8_0"]["runs"], ids=lambda r: r["file"][len("logits/"):-len(".npy")])
+def test_q8_0_kv_logits_bit_identical(run):  # tiny-a (head_dim 32: Q8_0 rows, no Hadamard rotation)
+    ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)
+    ids, fed = MANIFEST["prompt"]["token_ids"], run["generated"]
+    got = ggml_logits(run["model"], ids, fed, run["kv_type"], run["flash_attn"])
+    assert_identical(ref[:len(ids)], got[:len(ids)], f"{run['file']} prefill")
+    assert_identical(ref[len(ids):], got[len(ids):], f"{run['file']} decode")
+
+
 SHARED = [  # (model, run directory, prompt id): goldens of golden/logits/llama-cpp, same engine and options
     *[(f"tiny-b-{t}", "kv-f32_fa-off", "len33")
       for t in ("f16", "bf16", "q8_0", "q4_k_m", "q6_k", "iq2_xxs", "iq4_xs")],
@@ -151,7 +160,7 @@ CONFIGS = ["kv-f16_fa-off", "kv-f32_fa-off", "kv-f16_fa-on"]
 
 
 def check_attention(t, prefix, config, head_dim, n_swa):  # layer 0, a sliding-window layer: prefill and decode
-    backend = GgmlCpuBackend(config[3:6], config.endswith("on"), check_host=False)
+    backend = GgmlCpuBackend(config[len("kv-"):config.index("_fa-")], config.endswith("on"), check_host=False)
     scale = kq_scale(head_dim)
     n = len(t[f"{prefix}prefill.q"])
     prefill = backend.attention(t[f"{prefix}prefill.q"], t[f"{prefix}prefill.k"], t[f"{prefix}prefill.v"],
@@ -192,6 +201,15 @@ def test_op_attention_head_sizes(head, config):  # 1/sqrtf(24) is not 1/sqrt(24)
     check_attention(t, f"{head}.", config, dims["head_dim"], dims["n_swa"])
 
 
+@pytest.mark.parametrize("head", ["hd64", "hd128"])
+def test_op_attention_q8_0_rotated(head):  # q, k, v and the output through Walsh-Hadamard transforms
+    entry = MANIFEST["kv_q8_0"]["ops"]
+    dims = entry["models"][head]
+    with np.load(os.path.join(HERE, entry["file"]), allow_pickle=False) as data:
+        t = {k: data[k] for k in data.files}
+    check_attention(t, f"{head}.", "kv-q8_0_fa-on", dims["head_dim"], dims["n_swa"])
+
+
 # ---------------------------------------------------------------------------------------------
 # The float tools the kernels are built from, against independent formulations
 
@@ -214,6 +232,17 @@ def test_fma32_rounds_once():  # against exact rational arithmetic, including do
         best = min(candidates, key=lambda f: (abs(Fraction(float(f)) - exact), int(np.float32(f).view(np.uint32)) & 1))
         assert r == best, (x, y, z)
     assert got[20] == np.float32(1 + 2.0 ** -23)  # float64 then float32 would give 1 + 2^-22
+
+
+@pytest.mark.parametrize("n", [64, 128])
+def test_fwht_is_the_normalised_sylvester_hadamard(n):  # against scipy's matrix product in float64
+    from scipy.linalg import hadamard
+    x = np.random.default_rng(n).standard_normal((3, 2 * n)).astype(np.float32)
+    want = (x.astype(np.float64).reshape(-1, n) @ hadamard(n).T / np.sqrt(n)).reshape(x.shape)
+    # the 1/sqrtf(n) scaling and each of the log2(n) butterfly levels round once to float32 (2^-24
+    # relative, 2^-23 to be safe) on values at most sqrt(n) * max|x|
+    tol = (np.log2(n) + 1) * np.sqrt(n) * 2.0 ** -23 * np.max(np.abs(x))
+    assert np.max(np.abs(ggml_cpu.fwht(x, n) - want)) < tol
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,15 +274,33 @@ def test_cli_logits_bit_identical(tmp_path):
     assert_identical(ref, np.load(out, allow_pickle=False), "reference.run --numerics ggml-cpu")
 
 
-@pytest.mark.parametrize("args", [("--numerics", "ggml"), ("--numerics", "ggml-cpu", "--dtype", "float64")])
+def test_cli_q8_0_kv_logits_bit_identical(tmp_path):  # --kv-type q8_0 turns flash attention on
+    run = next(r for r in MANIFEST["kv_q8_0"]["runs"] if r["type"] == "q8_0")
+    ids = MANIFEST["prompt"]["token_ids"]
+    out = tmp_path / "logits.npy"
+    done = run_cli("reference.run", "--model", os.path.join(GOLDEN, run["model"]), "--numerics", "ggml-cpu",
+                   "--kv-type", "q8_0", "--token-ids", ",".join(map(str, ids)), "--n-predict", "0",
+                   "--logits-out", str(out))
+    assert done.returncode == 0, done.stderr
+    ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)[:len(ids)]
+    assert_identical(ref, np.load(out, allow_pickle=False), "reference.run --numerics ggml-cpu --kv-type q8_0")
+
+
+@pytest.mark.parametrize("args", [("--numerics", "ggml"), ("--numerics", "ggml-cpu", "--dtype", "float64"),
+                                  ("--kv-type", "q8_0"), ("--flash-attn", "on"), ("--kv-type", "q4_0"),
+                                  ("--numerics", "ggml-cpu", "--kv-type", "q8_0", "--flash-attn", "off")])
 def test_cli_bad_numerics_is_one_line_exit_2(args):
     done = run_cli("reference.run", *args, "--token-ids", "1,2", "--n-predict", "0")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_unmodelled_requests_raise_typed_errors():
-    with pytest.raises(GgmlCpuError, match="q8_0"):
-        GgmlCpuBackend("q8_0", check_host=False)
+    with pytest.raises(GgmlCpuError, match="q4_0"):
+        GgmlCpuBackend("q4_0", True, check_host=False)
+    with pytest.raises(GgmlCpuError, match="flash attention"):  # llama.cpp refuses a quantized V cache without it
+        GgmlCpuBackend("q8_0", False, check_host=False)
+    with pytest.raises(GgmlCpuError, match="multiple of 32"):  # tiny-b's head_dim 16 holds no Q8_0 block
+        ggml_logits("models/tiny-b-f32.gguf", [1, 2], [], "q8_0", True)
 
     class Weights:  # a weight type the emulation has no kernel for
         def type_name(self, name):

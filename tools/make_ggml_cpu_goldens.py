@@ -2,6 +2,7 @@
 
     python -m tools.make_ggml_cpu_goldens --llama-bin LLAMA_CPP/build/bin \\
         --imatrix build/tiny/tiny-b.imatrix.gguf [--out golden/ggml_cpu]
+    python -m tools.make_ggml_cpu_goldens --only-q8-0-kv [--out golden/ggml_cpu]
 
 1. models/: the tiny-b types golden/models lacks, quantized from golden/models/tiny-b-f32.gguf with
    llama-quantize: Q4_0, Q5_K_M and IQ3_XXS (with the importance matrix).
@@ -18,6 +19,12 @@
    ops/geometry.npz: the same for head sizes the tiny models lack (synthetic f32 models from
    tools.make_synthetic, not kept): RoPE over 10 pairs (GCC leaves the last n mod 4 pairs
    uncontracted) and attention with head_dim 24 (kq_scale = 1.0f/sqrtf(24) in float32).
+4. The q8_0 KV cache (llama.cpp requires flash attention for a quantized V cache):
+   logits/tiny-a-<type>/kv-q8_0_fa-on.npy for tiny-a f32 and q8_0 (head_dim 32: blocks of 32, no
+   Hadamard rotation) on the same prompt rows and decodes as 2., and ops/q8_0_kv.npz: layer-0
+   attention of synthetic f32 models with head sizes 64 and 128, where llama.cpp rotates q, k, v and
+   the output by Walsh-Hadamard transforms (K by 64 or 128, V by 64-element blocks).
+   `--only-q8-0-kv` rewrites just these files and the manifest's "kv_q8_0" entry.
 manifest.json describes every file: model and sha256, engine and version, options, token ids,
 generated tokens, date. The size stays under the 4 MB the repository allows for this directory.
 """
@@ -48,6 +55,8 @@ SHARED_F32_KV = ("f16", "bf16", "q8_0", "q4_k_m", "q6_k", "iq2_xxs", "iq4_xs")
 N_PROMPT, N_DECODE, N_OPS_PROMPT = 18, 8, 10
 N_THREADS, N_CTX, N_UBATCH = 2, 1024, 512
 GEOMETRY_HEAD_DIMS = (20, 24)  # RoPE with 2 leftover pairs; a head size whose 1/sqrt is not exact
+Q8_0_KV_TYPES = ("f32", "q8_0")  # tiny-a types run with a q8_0 cache
+Q8_0_KV_HEAD_DIMS = (64, 128)  # rotated heads: K by H_64 / H_128, V by 64-blocks
 MATMUL_COLUMNS = 32  # columns of a matmul output kept in a fixture
 WIDE_COLUMNS = 64    # columns of swiglu / softcap tensors kept in a fixture
 
@@ -272,12 +281,47 @@ def write_ops(out, ids):  # -> manifest entries; ops/<type>.npz
     return files
 
 
+GEOMETRY_DIMS = dict(n_layer=2, n_embd=256, n_ff=256, n_head=4, n_head_kv=1, n_vocab=512, n_swa=8)
+
+
 def geometry_model(path, head_dim):  # -> TextDims of a synthetic f32 GGUF written to path
     from gguf import GGUFValueType
-    dims = TextDims(n_layer=2, n_embd=256, n_ff=256, n_head=4, n_head_kv=1, head_dim=head_dim, n_vocab=512, n_swa=8)
+    dims = TextDims(**GEOMETRY_DIMS, head_dim=head_dim)
     # the synthetic vocabulary has no merges; llama.cpp's BPE loader insists on the key
     write_text_gguf(path, dims, extra_keys={"tokenizer.ggml.merges": (["t 1"], GGUFValueType.ARRAY)})
     return dims
+
+
+def geometry_entry(dims):  # TextDims -> the manifest's description of a synthetic geometry model
+    made = ", ".join(f"{k}={v}" for k, v in {**GEOMETRY_DIMS, "head_dim": dims.head_dim}.items())
+    return {"head_dim": dims.head_dim, "rope_base": dims.rope_base, "n_swa": dims.n_swa,
+            "made": f"tools.make_synthetic TextDims({made}), seed 0"}
+
+
+def write_q8_0_kv(out, ids, ops_ids):  # -> the manifest's "kv_q8_0" entry; logits/tiny-a-*/, ops/q8_0_kv.npz
+    runs = []
+    for kind in Q8_0_KV_TYPES:
+        model = MODELS / f"tiny-a-{kind}.gguf"
+        logits, generated, _ = run_llama(model, ids, N_DECODE, "q8_0", True)
+        name = f"logits/tiny-a-{kind}/{config_name('q8_0', True)}.npy"
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        np.save(out / name, logits, allow_pickle=False)
+        runs.append({"type": kind, "model": relative(model, out.parent), "sha256": sha256(model),
+                     "kv_type": "q8_0", "flash_attn": True, "file": name, "generated": generated})
+        print(f"{name}: {logits.shape}, generated {generated}", flush=True)
+    arrays, models = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for head_dim in Q8_0_KV_HEAD_DIMS:
+            path = Path(tmp) / f"hd{head_dim}.gguf"
+            models[f"hd{head_dim}"] = geometry_entry(geometry_model(path, head_dim))
+            _, _, graphs = run_llama(path, ops_ids, 1, "q8_0", True, record=True)
+            found = attention_fixture(graphs, config_name("q8_0", True))
+            arrays.update({f"hd{head_dim}.{k}": v for k, v in found.items()})
+    (out / "ops").mkdir(exist_ok=True)
+    np.savez_compressed(out / "ops" / "q8_0_kv.npz", **arrays)  # keeps golden/ggml_cpu/ under 4 MB
+    print(f"ops/q8_0_kv.npz: {len(arrays)} tensors", flush=True)
+    return {"date": today(), "runs": runs, "ops": {"token_ids": ops_ids, "file": "ops/q8_0_kv.npz", "models": models,
+                                  "keys": sorted(arrays)}}
 
 
 def write_geometry_ops(out, ids):  # -> manifest entry; ops/geometry.npz
@@ -286,9 +330,7 @@ def write_geometry_ops(out, ids):  # -> manifest entry; ops/geometry.npz
         for head_dim in GEOMETRY_HEAD_DIMS:
             path = Path(tmp) / f"hd{head_dim}.gguf"
             dims = geometry_model(path, head_dim)
-            models[f"hd{head_dim}"] = {"head_dim": head_dim, "rope_base": dims.rope_base, "n_swa": dims.n_swa,
-                                       "made": f"tools.make_synthetic TextDims(n_layer=2, n_embd=256, n_ff=256, "
-                                               f"n_head=4, n_head_kv=1, head_dim={head_dim}, n_swa=8), seed 0"}
+            models[f"hd{head_dim}"] = geometry_entry(dims)
             for kv_type, flash_attn in RUNS:
                 _, _, graphs = run_llama(path, ids, 1, kv_type, flash_attn, record=True)
                 config = config_name(kv_type, flash_attn)
@@ -305,18 +347,30 @@ def write_geometry_ops(out, ids):  # -> manifest entry; ops/geometry.npz
     return {"type": "geometry", "file": "ops/geometry.npz", "models": models, "keys": sorted(arrays)}
 
 
+def today():  # -> "YYYY-MM-DD" (UTC), the manifest's date
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-bin", type=Path, required=True, help="directory with llama-quantize")
-    ap.add_argument("--imatrix", type=Path, required=True, help="tiny-b importance matrix (for IQ3_XXS)")
+    ap.add_argument("--llama-bin", type=Path, help="directory with llama-quantize")
+    ap.add_argument("--imatrix", type=Path, help="tiny-b importance matrix (for IQ3_XXS)")
     ap.add_argument("--out", type=Path, default=REPO / "golden" / "ggml_cpu")
+    ap.add_argument("--only-q8-0-kv", action="store_true", help="rewrite only the q8_0 KV cache goldens")
     args = ap.parse_args(argv)
 
     prompts = (REPO / "golden" / "prompts" / "text.jsonl").read_text(encoding="utf-8").splitlines()
     base = next(p["token_ids"] for p in map(json.loads, filter(None, prompts)) if p["id"] == "len33")
+    if args.only_q8_0_kv:
+        manifest = json.loads((args.out / "manifest.json").read_text(encoding="utf-8"))
+        manifest["kv_q8_0"] = write_q8_0_kv(args.out, base[:N_PROMPT], base[:N_OPS_PROMPT])
+        (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        return 0
+    if not (args.llama_bin and args.imatrix):
+        ap.error("--llama-bin and --imatrix are needed to rewrite the whole directory")
     (args.out / "models").mkdir(parents=True, exist_ok=True)
     quantized = quantize(args.llama_bin, args.imatrix, args.out / "models")
-    manifest = {**engine_info(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+    manifest = {**engine_info(), "date": today(),
                 "prompt": {"source": "golden/prompts/text.jsonl len33", "token_ids": base[:N_PROMPT]},
                 "logits": f"float32 [{N_PROMPT} prompt rows of one llama_decode + {N_DECODE} decode rows, n_vocab]",
                 "models": [{"file": relative(q["path"], args.out.parent), "sha256": sha256(q["path"]),
@@ -324,7 +378,8 @@ def main(argv=None):
                            for q in quantized.values()],
                 "runs": write_logits(args.out, base[:N_PROMPT]),
                 "ops": {"token_ids": base[:N_OPS_PROMPT], "files": write_ops(args.out, base[:N_OPS_PROMPT]),
-                        "geometry": write_geometry_ops(args.out, base[:N_OPS_PROMPT])}}
+                        "geometry": write_geometry_ops(args.out, base[:N_OPS_PROMPT])},
+                "kv_q8_0": write_q8_0_kv(args.out, base[:N_PROMPT], base[:N_OPS_PROMPT])}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return 0
 
