@@ -26,7 +26,11 @@ from .trace import Tracer, TraceError
 from .vision import DEFAULT_MAX_TOKENS, VisionModel, check_compatible
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden")
-DEFAULT_MODEL = os.path.join(GOLDEN, "models", "tiny-a-f32.gguf")
+DEFAULT_MODEL = os.path.join(GOLDEN, "models", "glimmer-default-f16.gguf")  # trained: tools/train_tiny.py
+DEFAULT_PROMPT = "initial value. If it"  # a held-out docstring line (golden/prompts/glimmer-default.jsonl)
+HINT = ("[more: --prompt TEXT | --chat --prompt TEXT | --draft-model golden/models/glimmer-default-dflash-f16.gguf"
+        " | --mmproj golden/models/glimmer-default-mmproj-f16.gguf --image IMG | --logits-out F.npy | --trace DIR"
+        " | --model GGUF | --json | --help]")
 DEFAULT_N_PREDICT = 16
 PROGRESS_BYTES = 1 << 30
 
@@ -102,7 +106,11 @@ def parse_token_ids(text, n_vocab):  # "1,2,3" -> [1, 2, 3], each in [0, n_vocab
     return ids
 
 
-def default_prompt(tok):  # the BOS token and a few ordinary tokens, so no tokenizer is needed
+def default_prompt(tok, embedded):  # -> prompt ids
+    """DEFAULT_PROMPT for the embedded model; for another model the BOS token and a few ordinary
+    tokens, so that any vocabulary works without a tokenizer."""
+    if embedded:
+        return Tokenizer(tok).tokenize(DEFAULT_PROMPT, add_special=True)
     first = [tok.bos] if tok.bos >= 0 else []
     return first + [i for i, t in enumerate(tok.token_types) if t == 1][:8]
 
@@ -137,7 +145,7 @@ def prompt_tokens(args, tok):  # -> ids from --token-ids, --prompt/--prompt-file
     if args.no_special and text is None:
         raise UsageError("--no-special only applies to --prompt or --prompt-file")
     if text is None:
-        return parse_token_ids(args.token_ids, tok.n_vocab) if args.token_ids else default_prompt(tok)
+        return parse_token_ids(args.token_ids, tok.n_vocab) if args.token_ids else default_prompt(tok, not args.model)
     tokenizer = Tokenizer(tok)
     if not args.chat:
         return tokenizer.tokenize(text, add_special=True, parse_special=not args.no_special)
@@ -288,6 +296,8 @@ def run(args):  # parsed args -> exit status
             spec = acceptance(steps)
             print(f"[speculative: {spec['accepted']} of {spec['drafted']} drafts accepted in {len(steps)} "
                   "verification steps]", file=sys.stderr)
+        if not args.model:
+            print(HINT, file=sys.stderr)
     return 0
 
 

@@ -286,7 +286,7 @@ def test_real_llama_cpp_dump_matches_the_reference(real_dump):
 def test_real_dump_end_to_end_through_the_command_line(real_dump, tmp_path):
     ids = ",".join(map(str, real_dump[0]))
     for dtype, trace in (("float32", tmp_path / "t32"), ("float64", tmp_path / "t64")):
-        r = run_cli("reference.run", "--token-ids", ids, "--n-predict", "1", "--kv", "uniform", "--dtype", dtype,
+        r = run_cli("reference.run", "--model", os.path.join(MODELS, "tiny-a-f32.gguf"), "--token-ids", ids, "--n-predict", "1", "--kv", "uniform", "--dtype", dtype,
                     "--trace", trace)
         assert r.returncode == 0, r.stderr
     r = run_cli("tools.bisect", tmp_path / "t32", REAL_DUMP, "--noise-floor", tmp_path / "t64",

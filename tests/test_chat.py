@@ -150,7 +150,7 @@ def test_bad_arguments_and_output_raise():
 
 def test_cli_chat_prompt_matches_llama_cpp_ids(capsys):
     def cli_ids(*args):
-        assert run_main([*args, "--date", DATE, "--tokenize-only"]) == 0
+        assert run_main(["--model", os.path.join(MODELS, "tiny-a-f32.gguf"), *args, "--date", DATE, "--tokenize-only"]) == 0
         return json.loads(capsys.readouterr().out)
     assert cli_ids("--chat", "--prompt", "Hello there!") == CONVERSATIONS["user-only"]["llama_cpp_ids"]
     assert (cli_ids("--chat", "--system", "You are terse.", "--prompt", "Hi")

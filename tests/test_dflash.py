@@ -540,7 +540,7 @@ def test_governor_in_the_decoding_loop(monkeypatch, lm, drafter, use_oracle):
 
 def run_cli(capsys, *args):  # -> (exit status, stdout, stderr)
     try:
-        status = run_main(list(args))
+        status = run_main(["--model", os.path.join(MODELS, "tiny-a-f32.gguf"), *args])  # the tiny drafter's target
     except SystemExit as e:
         status = e.code
     out = capsys.readouterr()

@@ -103,6 +103,8 @@ def f32_goldens():  # -> [(run dir, manifest)] of the engines that compute in f3
             m = json.load(f)
         opts = m.get("options", {})
         file = m["model"].get("file", f"{m['model'].get('checkpoint')}-f32.gguf")
+        if not os.path.isfile(os.path.join(MODELS, file)):  # glimmer-default: an f16 GGUF only
+            continue
         exact_kv = m["engine"] == "transformers" or (opts.get("kv_type") == "f32" and opts.get("flash_attn") == "off")
         if file.endswith("-f32.gguf") and exact_kv:
             runs.append((os.path.dirname(path), m, file))

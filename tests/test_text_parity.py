@@ -27,9 +27,13 @@ def golden_runs():  # -> [(run dir, manifest)] for every committed golden run
     return runs
 
 
-def model_file(manifest):  # the GGUF the run's engine read (transformers: the f32 conversion)
+def model_file(manifest):  # the GGUF the run's engine read (transformers: its checkpoint's widest conversion)
     m = manifest["model"]
-    return m["file"] if "file" in m else f"{m['checkpoint']}-f32.gguf"
+    if "file" in m:
+        return m["file"]
+    # glimmer-default has only an f16 GGUF; its checkpoint's matrices are f16 numbers, so it is exact
+    return next(name for name in (f"{m['checkpoint']}-{t}.gguf" for t in ("f32", "f16"))
+                if os.path.isfile(os.path.join(MODELS, name)))
 
 
 def gguf_type(manifest):  # "f32", "q4_k_m", ... from the file name (tiny-a-<type>.gguf)

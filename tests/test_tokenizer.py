@@ -147,7 +147,7 @@ def test_bad_input_raises_typed_errors():
 
 def cli(capsys, *args):  # -> (exit status, stdout, stderr) of reference.run, in this process
     try:
-        status = run_main(list(args))
+        status = run_main(["--model", os.path.join(MODELS, "tiny-a-f32.gguf"), *args])  # the goldens are tiny-a's
     except SystemExit as e:  # argparse's own errors
         status = e.code
     out = capsys.readouterr()
@@ -157,7 +157,7 @@ def cli(capsys, *args):  # -> (exit status, stdout, stderr) of reference.run, in
 def test_cli_prompt_tokens_match_llama_cpp(capsys):
     i = string_index("<|start|>user<|message|>Hi there")
     tiny = VOCABS["tiny-a"]["cases"]
-    r = run_cli("reference.run", "--prompt", STRINGS[i], "--tokenize-only")  # once through the real entry point
+    r = run_cli("reference.run", "--model", os.path.join(MODELS, "tiny-a-f32.gguf"), "--prompt", STRINGS[i], "--tokenize-only")  # once through the real entry point
     assert r.returncode == 0 and json.loads(r.stdout) == tiny["bos+special"][i], r.stderr
     status, out, _ = cli(capsys, "--prompt", STRINGS[i], "--no-special", "--tokenize-only")
     assert status == 0 and json.loads(out) == tiny["bos"][i]

@@ -299,7 +299,7 @@ def test_cli_image_prompt(tmp_path):
 
 def test_cli_image_max_tokens(tmp_path):
     png = write_png(tmp_path / "img.png", image("photo-640x480"))
-    r = run_cli("reference.run", "--mmproj", MMPROJ["f32"], "--image", png, "--image-max-tokens", "4",
+    r = run_cli("reference.run", "--model", TEXT_MODEL, "--mmproj", MMPROJ["f32"], "--image", png, "--image-max-tokens", "4",
                 "--n-predict", "0", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["image_tokens"] == [4]
@@ -388,7 +388,7 @@ def test_cli_bad_images_exit_2(tmp_path):
     files = bad_images(tmp_path)
     for what in ("text named .png", "truncated", "decompression bomb"):
         path = files[what]
-        r = run_cli("reference.run", "--mmproj", MMPROJ["f32"], "--image", str(path), "--n-predict", "0")
+        r = run_cli("reference.run", "--model", TEXT_MODEL, "--mmproj", MMPROJ["f32"], "--image", str(path), "--n-predict", "0")
         assert r.returncode == 2, what
         assert len(r.stderr.strip().splitlines()) == 1 and str(path) in r.stderr, (what, r.stderr)
 

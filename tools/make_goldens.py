@@ -22,11 +22,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 N_PREDICT = 32
+TRAINED_DEFAULT = "glimmer-default"
 
 
 def runs(models: Path, checkpoints: Path | None, prompts: Path, out: Path, engines: set[str]):
     manifest = json.loads((models / "manifest.json").read_text(encoding="utf-8"))
-    texts = [f["name"] for f in manifest["files"] if f["role"] == "text"]
+    # the trained default model's goldens come from `python -m tools.train_tiny --only goldens`
+    tiny = [f for f in manifest["files"] if f["role"] == "text" and f["checkpoint"] != TRAINED_DEFAULT]
+    texts = [f["name"] for f in tiny]
     if "llama-cpp" in engines:
         for name in texts:
             stem = name[: -len(".gguf")]
@@ -44,7 +47,7 @@ def runs(models: Path, checkpoints: Path | None, prompts: Path, out: Path, engin
     if "transformers" in engines:
         if checkpoints is None:
             raise SystemExit("--checkpoints (the HF dirs made by tools.make_tiny, e.g. build/tiny) is needed")
-        for ckpt in sorted({f["checkpoint"] for f in manifest["files"] if f["role"] == "text"}):
+        for ckpt in sorted({f["checkpoint"] for f in tiny}):
             yield ["--engine", "transformers", "--checkpoint", str(checkpoints / ckpt), "--n-predict", str(N_PREDICT),
                    "--prompts", str(prompts), "--out", str(out / "transformers" / ckpt)]
 
