@@ -27,6 +27,7 @@ from gguf import quants
 
 from reference import ops
 from reference.gguf import Weights
+from tools.make_synthetic import F16_SCALE_OFFSETS
 from tools.metrics import max_abs_diff, nmse
 
 # Gates per op, with why. One-ulp noise is <= 3.6e-15 (see above).
@@ -40,12 +41,9 @@ GATES = {
                           "(the numba backend takes these from ops.py: expect 0)"),
 }
 
-# Byte offsets of the f16 scales in each block type (ggml-common.h), to plant finite scales in
-# random blocks: any other bit pattern is a valid block.
-F16_FIELDS = {GT.Q4_0: (0,), GT.Q5_0: (0,), GT.Q8_0: (0,), GT.IQ4_NL: (0,), GT.Q2_K: (80, 82), GT.Q3_K: (108,),
-              GT.Q4_K: (0, 2), GT.Q5_K: (0, 2), GT.Q6_K: (208,), GT.IQ4_XS: (0,), GT.IQ3_XXS: (0,),
-              GT.IQ2_XXS: (0,)}
-LINEAR_TYPES = (GT.F32, GT.F16, GT.BF16) + tuple(F16_FIELDS)
+# The quantized types are those whose f16 scale offsets tools.make_synthetic knows: random blocks with
+# finite scales planted there are valid blocks.
+LINEAR_TYPES = (GT.F32, GT.F16, GT.BF16) + tuple(F16_SCALE_OFFSETS)
 
 
 @dataclass
@@ -62,7 +60,7 @@ def random_weights(qtype, n_out, n_in, rng):  # -> the stored tensor: floats, or
         return w if qtype == GT.F32 else quants.quantize(w, qtype)
     block, size = GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)
-    for o in F16_FIELDS[qtype]:  # scales around 1/(32 sqrt(n_in)): values of order 1/sqrt(n_in)
+    for o in F16_SCALE_OFFSETS[qtype]:  # scales around 1/(32 sqrt(n_in)): values of order 1/sqrt(n_in)
         scale = rng.uniform(0.5, 1.5, len(blocks)) / (32 * np.sqrt(n_in))
         blocks[:, o:o + 2] = scale.astype(np.float16).view(np.uint8).reshape(-1, 2)
     return blocks.reshape(n_out, -1)

@@ -26,7 +26,7 @@ from gguf import GGUFValueType, GGUFWriter
 
 from reference import gguf
 from reference.text import TextModel
-from tools.make_synthetic import (Q, RELEASE_30B, TensorSpec, _EditingWriter, random_spec, stream_gguf,
+from tools.make_synthetic import (Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
                                   text_keys, text_shapes)
 
 MID = replace(RELEASE_30B, n_layer=2)  # one sliding-window layer, one full layer
@@ -64,7 +64,7 @@ def make(args):  # -> exit status
     f16 = os.path.join(args.out, "mid-f16.gguf")
     if not os.path.exists(f16):
         # llama.cpp refuses a BPE vocabulary without merges; one harmless merge satisfies it
-        keys = _EditingWriter(text_keys(MID), (), {"tokenizer.ggml.merges": (["t 0"], GGUFValueType.ARRAY)})
+        keys = EditingKeys(text_keys(MID), (), {"tokenizer.ggml.merges": (["t 0"], GGUFValueType.ARRAY)})
         specs = [f16_spec(MID, name, shape, i) for i, (name, shape) in enumerate(text_shapes(MID))]
         stream_gguf(f16 + ".part", keys, specs, progress=True)
         os.replace(f16 + ".part", f16)

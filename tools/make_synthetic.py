@@ -108,8 +108,9 @@ def text_tensors(d, rng):  # TextDims -> {name: f32 array [out, in]}
 # Random valid quantized blocks
 
 # byte offsets of the f16 super-block scales in each block (ggml-common.h block layouts)
-F16_SCALE_OFFSETS = {Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ2_XXS: (0,),
-                     Q.IQ3_XXS: (0,), Q.IQ4_XS: (0,)}
+F16_SCALE_OFFSETS = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.IQ4_NL: (0,), Q.Q2_K: (80, 82), Q.Q3_K: (108,),
+                     Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_XS: (0,), Q.IQ3_XXS: (0,),
+                     Q.IQ2_XXS: (0,)}
 
 
 def block_scale_for_unit_std(qtype):  # -> f16 scale that gives random blocks of this type std 1
@@ -220,7 +221,7 @@ def text_keys(d):  # TextDims -> add_keys(writer) for the text role
     return add_keys
 
 
-class _EditingWriter:
+class EditingKeys:
     """Wraps add_keys so that the keys in `omit` are dropped and `replace[key] = (value,
     GGUFValueType)` is written in place of (or in addition to) the usual value: tests plant a
     missing key or a key of the wrong type with it."""
@@ -258,7 +259,7 @@ def write_text_gguf(path, dims=None, qtype="F32", seed=0, tensors=None, extra_ke
     d = dims or TextDims()
     tensors = text_tensors(d, np.random.default_rng(seed)) if tensors is None else tensors
     specs = [array_spec(name, x, Q[qtype]) for name, x in tensors.items()]
-    stream_gguf(path, ARCH, _EditingWriter(text_keys(d), omit_keys, extra_keys or {}), specs)
+    stream_gguf(path, ARCH, EditingKeys(text_keys(d), omit_keys, extra_keys or {}), specs)
     return d
 
 
