@@ -111,8 +111,8 @@ def tensor_types(path: Path) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------
 # tokenizer
 
-def build_tokenizer():
-    """Byte-level BPE trained on the corpus; special tokens get the last ids."""
+def build_tokenizer(corpus: Path = CORPUS):  # text file -> tokenizers.Tokenizer of VOCAB_SIZE ids
+    """Byte-level BPE trained on the corpus file's lines; special tokens get the last ids."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -125,7 +125,7 @@ def build_tokenizer():
         vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS), min_frequency=2, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[],
     )
-    tok.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(keepends=True), trainer=trainer)
+    tok.train_from_iterator(corpus.read_text(encoding="utf-8").splitlines(keepends=True), trainer=trainer)
     n_bpe = tok.get_vocab_size()
     if n_bpe != VOCAB_SIZE - len(SPECIAL_TOKENS):
         raise SystemExit(f"BPE training gave {n_bpe} tokens, wanted {VOCAB_SIZE - len(SPECIAL_TOKENS)}")
@@ -211,23 +211,23 @@ def text_checkpoint(name: str, spec: dict, ids: dict[str, int]):
     return model
 
 
-def drafter_checkpoint(ids: dict[str, int]):
+def drafter_checkpoint(ids: dict[str, int], spec: dict = DRAFTER):  # -> MuseGlimmerAssistantModel
+    """The DFlash drafter of spec (the DRAFTER keys; name and target are not read here)."""
     import torch
     from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
-    d = DRAFTER
     keep = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim", "rms_norm_eps", "sliding_window", "layer_types",
             "block_size", "target_layer_ids")
     cfg = MuseGlimmerAssistantConfig(
-        **{k: d[k] for k in keep}, max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": d["rope_theta"]},
+        **{k: spec[k] for k in keep}, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": spec["rope_theta"]},
         bos_token_id=ids[BOS], eos_token_id=ids[EOS], pad_token_id=ids["<|pad|>"],
         mask_token_id=ids["<|mask|>"],
     )
-    torch.manual_seed(d["seed"])
+    torch.manual_seed(spec["seed"])
     model = MuseGlimmerAssistantModel(cfg).to(torch.float32).eval()
-    init_weights(model, d["seed"], 1.0)
+    init_weights(model, spec["seed"], 1.0)
     return model
 
 

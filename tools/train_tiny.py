@@ -39,7 +39,6 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 
@@ -146,12 +145,11 @@ def read_split(work: Path, part: str) -> list[str]:  # "train" | "heldout" -> it
 
 
 def train_tokenizer(work: Path):  # -> tokenizers.Tokenizer
-    """make_tiny's tokenizer trained on the training docstrings (make_tiny reads its corpus from
-    make_tiny.CORPUS, one document after another)."""
+    """make_tiny's tokenizer trained on the training docstrings, written one document after another
+    to a text file (make_tiny trains on a file's lines)."""
     text = work / "corpus" / "train.txt"
     text.write_text("\n\n".join(read_split(work, "train")) + "\n", encoding="utf-8")
-    with mock.patch.object(make_tiny, "CORPUS", text):
-        return make_tiny.build_tokenizer()
+    return make_tiny.build_tokenizer(text)
 
 
 def token_stream(tok, docs: list[str]) -> np.ndarray:  # -> int64 [n]: BOS doc EOS BOS doc EOS ...
@@ -419,8 +417,7 @@ def train_drafter(work: Path) -> dict:  # writes work/<NAME>-dflash/ -> the dist
     eval_features = target_features(target, eval_seqs, layer_ids)
     log(f"  features {list(features.shape)}")
 
-    with mock.patch.object(make_tiny, "DRAFTER", DRAFTER):  # drafter_checkpoint reads its spec there
-        drafter = make_tiny.drafter_checkpoint(special)
+    drafter = make_tiny.drafter_checkpoint(special, DRAFTER)
     drafter.train()
     first = cfg["prefix"] - 1  # the last prompt token is the first anchor; its block is all greedy tokens
     untrained = draft_accuracy(drafter, target, eval_features, eval_seqs, first)
