@@ -32,11 +32,20 @@ class NumpyBackend:
     def rms_norm(self, x, eps):  # x [..., n] -> [..., n]
         return ops.rms_norm(x, eps)
 
+    def layer_norm(self, x, w, b, eps):  # x [..., n], w [n], b [n] -> [..., n]
+        return ops.layer_norm(x, w, b, eps)
+
     def rope_norm(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
         return ops.rope_norm(x, theta)
 
+    def rope_2d(self, x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]
+        return ops.rope_2d(x, theta_a, theta_b)
+
     def sigmoid(self, x):  # [...] -> [...]
         return ops.sigmoid(x)
+
+    def gelu_erf(self, x):  # [...] -> [...]
+        return ops.gelu_erf(x)
 
     def swiglu(self, gate, up):  # gate [T, F], up [T, F] -> [T, F]
         return ops.swiglu(gate, up)

@@ -143,13 +143,15 @@ class TextModel:
 
     def decode_greedy(self, next_logits, n_predict, cache, chunk=2048, progress=False):  # [V] -> generated ids
         """Greedy tokens after a prefill whose last logits are `next_logits`. Stops after an
-        end-of-generation token (kept in the output) or n_predict tokens, as llama.cpp does."""
+        end-of-generation token (kept in the output) or n_predict tokens, as llama.cpp does. The
+        last token is never fed (its logits would go unused): the cache ends holding the prompt
+        and every generated token but the last."""
         eog = self.tokenizer.eog_ids if self.tokenizer else frozenset()
         generated = []
         for _ in range(n_predict):
             token = int(np.argmax(next_logits))
             generated.append(token)
-            if token in eog or cache.n_past >= cache.n_ctx:
+            if len(generated) == n_predict or token in eog or cache.n_past >= cache.n_ctx:
                 break
             next_logits = self.prefill([token], cache, chunk, progress=progress)[-1]
         return generated

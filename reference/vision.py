@@ -162,9 +162,8 @@ class VisionModel:
         return ops.resize_bilinear_border(table, gh, gw).reshape(gh * gw, -1)
 
     def layer_norm(self, x, prefix):  # x [T, E] -> [T, E]
-        w = self.weights
-        return ops.layer_norm(x, w.get(prefix + ".weight", self.dtype), w.get(prefix + ".bias", self.dtype),
-                              self.cfg.layer_norm_eps)
+        weight, bias = (self.weights.get(prefix + part, self.dtype) for part in (".weight", ".bias"))
+        return self.backend.layer_norm(x, weight, bias, self.cfg.layer_norm_eps)
 
     def linear(self, x, name):  # x [T, in] -> [T, out]
         if self.numerics == "ggml-cpu" and self.weights.type_name(name) == "F16":
@@ -181,7 +180,7 @@ class VisionModel:
         trace(f"layer_inp_normed-{il}", h)
         q, k, v = (self.dense(h, b + f"attn_{n}").reshape(T, H, D) for n in "qkv")
         trace(f"Qcur-{il}", q), trace(f"Kcur-{il}", k), trace(f"Vcur-{il}", v)
-        q, k = ops.rope_2d(q, theta_w, theta_h), ops.rope_2d(k, theta_w, theta_h)
+        q, k = self.backend.rope_2d(q, theta_w, theta_h), self.backend.rope_2d(k, theta_w, theta_h)
         trace(f"Qcur_pos-{il}", q), trace(f"Kcur_pos-{il}", k)
         a = self.attend(q, k, v, spans).reshape(T, H * D)
         trace(f"kqv_out-{il}", a)
@@ -191,7 +190,7 @@ class VisionModel:
         trace(f"ffn_inp-{il}", x)
         h = self.layer_norm(x, b + "ln2")
         trace(f"ffn_inp_normed-{il}", h)
-        f = self.dense(ops.gelu_erf(self.dense(h, b + "ffn_up")), b + "ffn_down")
+        f = self.dense(self.backend.gelu_erf(self.dense(h, b + "ffn_up")), b + "ffn_down")
         trace(f"ffn_out-{il}", f)
         x = x + f
         trace(f"layer_out-{il}", x)
@@ -212,8 +211,8 @@ class VisionModel:
         return out
 
     def adapter(self, z):  # [N, E*4] -> [N, n_out]; GELU after fc1 and fc2, none after the projection
-        a = ops.gelu_erf(self.linear(z, "mm.0.weight"))
-        a = ops.gelu_erf(self.linear(a, "mm.1.weight"))
+        a = self.backend.gelu_erf(self.linear(z, "mm.0.weight"))
+        a = self.backend.gelu_erf(self.linear(a, "mm.1.weight"))
         return self.linear(a, "mm.2.weight")
 
 

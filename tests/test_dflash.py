@@ -295,9 +295,11 @@ def test_oracle_drafts_are_all_accepted(monkeypatch, lm, drafter, n_max):
     # every step but the last (cut by n_predict) emits n_max + 1 tokens
     assert [s.accepted for s in steps[:-1]] == [n_max] * (len(steps) - 1)
     assert len(steps) == -(-(n_predict - 1) // (n_max + 1))
-    # both caches hold exactly what plain decoding holds
-    n = sp.cache.n_past  # plain decoding has also fed the last token; speculation has not yet
-    assert n == plain_cache.n_past - 1 and np.array_equal(sp.draft_cache.positions(), np.arange(n))
+    # both caches hold exactly what plain decoding holds: the prompt and every generated token but
+    # the last, which neither run feeds
+    n = sp.cache.n_past
+    assert n == plain_cache.n_past == len(prompt) + n_predict - 1
+    assert np.array_equal(sp.draft_cache.positions(), np.arange(n))
     for mine, theirs in zip(sp.cache.layers, plain_cache.layers):
         (k, v), (k_ref, v_ref) = rows_by_position(mine, n), rows_by_position(theirs, n)
         assert nmse(k_ref.ravel(), k.ravel()) <= 1e-12 and nmse(v_ref.ravel(), v.ravel()) <= 1e-12

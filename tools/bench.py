@@ -122,7 +122,7 @@ def bench_scale(args):  # -> report dict of one full-size run, with this process
         t2 = time.perf_counter()
         report.update(model=args.model, prompt_len=args.prompt_len, generated=len(tokens),
                       s_per_prefill_token=(t1 - t0) / args.prompt_len,
-                      s_per_decoded_token=(t2 - t1) / max(len(tokens), 1))  # decode_greedy feeds every token
+                      s_per_decoded_token=(t2 - t1) / max(len(tokens) - 1, 1))  # the last token is not fed
     if args.mmproj:
         from reference.vision import VisionModel
         from tools.make_vision_goldens import synthetic_image
