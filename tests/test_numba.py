@@ -34,7 +34,8 @@ ALL_MODELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(MODELS, 
 ROLE = {"mmproj": "mmproj", "dflash": "dflash"}
 
 # The gate for whole-model logits, numba against numpy. Both multiply the same exact
-# weights with float64 sums; measured: bit-identical logits on all 16 tiny models (NMSE 0).
+# weights; numba sums in float32 within a super-block or tile: measured NMSE 1.6e-13 .. 7.9e-13 on
+# the 16 tiny models (max |diff| <= 3.4e-5), top-1 identical everywhere.
 WHOLE_MODEL_GATE = 1e-8
 
 
@@ -93,7 +94,7 @@ def test_vision_tower_matches_numpy_backend(name):
     rgb = (np.random.default_rng(4).random((56, 84, 3)) * 255).astype(np.uint8)
     ref = vision.VisionModel(model, np.float32, NumpyBackend(np.float32)).encode(rgb)
     ours = vision.VisionModel(model, np.float32, NumbaBackend(np.float32)).encode(rgb)
-    assert nmse(ref.ravel(), ours.ravel()) <= WHOLE_MODEL_GATE  # measured: bit-identical
+    assert nmse(ref.ravel(), ours.ravel()) <= WHOLE_MODEL_GATE  # measured: 7.0e-14 (f32), 6.8e-14 (f16)
 
 
 def f32_goldens():  # -> [(run dir, manifest)] of the engines that compute in f32 on f32 weights

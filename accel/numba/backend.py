@@ -2,11 +2,12 @@
 attention over cache rows, norms, RoPE, activations), computed by numba kernels straight from the
 memory-mapped quantized blocks.
 
-linear takes one of two routes, both exact float64 sums of the same float32 weights:
+linear multiplies the same exact float32 weights as the reference, with sums in the activations'
+dtype inside a super-block or tile and in float64 across them (quant.py says why), by one of two routes:
 - few rows of x (decode, a draft verification): every weight row is read once per row of x
   straight from its blocks (quant.matmul_rows), nothing is dequantized;
-- many rows (prefill): tiles of weights are decoded once into a small float64 buffer and
-  multiplied with every row of x (quant.matmul_tiles).
+- many rows (prefill): tiles of weights are decoded once into a small buffer and multiplied with
+  every row of x (quant.matmul_tiles).
 No BLAS call: one thread pool (numba's) does all the work, and sums do not depend on a BLAS build.
 A type without a kernel falls back to the numpy reference's product.
 """
@@ -38,13 +39,13 @@ class NumbaBackend:
             return self.fallback.linear(x, weights, name)
         n_out, n_in = weights.shape(name)
         blocks = quant.as_blocks(weights.raw(name), n_out)
-        x64 = np.ascontiguousarray(x, np.float64)
+        x = np.ascontiguousarray(x)
         out = np.empty((len(x), n_out), x.dtype)
         if len(x) <= FUSED_MAX_ROWS:
-            quant.matmul_rows(int(qtype), blocks, x64, block_sums16(x64), out, quant.TABLES)
+            quant.matmul_rows(int(qtype), blocks, x, block_sums16(x), out, quant.TABLES)
             return out
         for t0 in range(0, len(x), TOKEN_BLOCK):
-            quant.matmul_tiles(int(qtype), blocks, x64[t0:t0 + TOKEN_BLOCK], out[t0:t0 + TOKEN_BLOCK], quant.TABLES)
+            quant.matmul_tiles(int(qtype), blocks, x[t0:t0 + TOKEN_BLOCK], out[t0:t0 + TOKEN_BLOCK], quant.TABLES)
         return out
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
@@ -75,8 +76,8 @@ class NumbaBackend:
 
     # The exp/tanh/erf activations are the reference's own functions: numpy's vectorized exp and
     # tanh round differently from libm in the last bit, which moved whole-model logits by NMSE 1.7e-13
-    # when these ran as numba kernels; they cost nothing next to the products, and with them taken
-    # from ops.py the numba backend's logits are bit-identical to the numpy backend's.
+    # when these ran as numba kernels; they cost nothing next to the products, so the only
+    # difference left between the backends is the products' float32 summation order.
     sigmoid = staticmethod(ops.sigmoid)
     silu = staticmethod(ops.silu)
     swiglu = staticmethod(ops.swiglu)
@@ -84,10 +85,10 @@ class NumbaBackend:
     gelu_erf = staticmethod(ops.gelu_erf)
 
 
-def block_sums16(x):  # x [T, n] -> [T, n/16]: the sums the K-quant mins multiply
+def block_sums16(x):  # x [T, n] -> [T, n/16] float64: the sums the K-quant mins multiply
     if x.shape[1] % 16:
         return np.zeros((len(x), 1))
-    return x.reshape(len(x), -1, 16).sum(-1)
+    return x.reshape(len(x), -1, 16).sum(-1, dtype=np.float64)
 
 
 def rows_of(x):  # [..., n] -> C-contiguous [R, n]

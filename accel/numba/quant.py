@@ -1,15 +1,16 @@
 """Products with GGUF weights straight from their quantized blocks, in numba. No dequantized
-matrix ever exists, and every dot product accumulates in float64 and rounds once to the activation
-dtype, as reference/ops.py linear does, so the result is the reference's up to float64 summation
-order (bit-identical logits on every committed tiny model).
+matrix ever exists. The weights are gguf-py's float32 values exactly; the sums run in the
+activations' dtype within a 256-value super-block or a 1024-column tile and in float64 across
+them, so against reference/ops.py linear (float64 sums) only float32 summation order differs:
+NMSE <= 2.3e-14 per product in the op harness, 1.6e-13 .. 7.9e-13 on whole tiny models.
 
 Two routes:
 - matmul_rows (decode): each weight row is read once per row of x and multiplied block by block
-  in integer-factored form, sum_i w_i x_i = sum_blocks scale * sum_j q_j x_j (see the comment
-  above the row functions for why that is exact).
-- matmul_tiles (prefill): a tile of weights is decoded once into float64 by the decoders below,
-  which reproduce gguf-py's dequantization bit for bit (the same float32 operations in the same
-  order), and multiplied with every row of x by a 4x4 register-blocked kernel.
+  in factored form, sum_i w_i x_i = sum_blocks scale * sum_j q_j x_j (see the comment above the
+  row functions for why that multiplies the very same weights).
+- matmul_tiles (prefill): a tile of weights is decoded once by the decoders below, which reproduce
+  gguf-py's dequantization bit for bit (the same float32 operations in the same order), and
+  multiplied with every row of x by a 4x4 register-blocked kernel.
 
 Block layouts follow ggml-common.h / ggml-quants.c (dequantize_row_*) and gguf-py's quants.py; the
 IQ grids, sign table and non-linear 4-bit values are taken from gguf-py rather than copied.
@@ -45,7 +46,7 @@ def lookup_tables():  # -> Tables, every entry a float32/uint8 array
                   iq2xxs_grid=np.ascontiguousarray(quants.IQ2_XXS.grid.reshape(256, 8), np.float32),
                   iq3xxs_grid=np.ascontiguousarray(quants.IQ3_XXS.grid.reshape(256, 4), np.float32),
                   ksigns=ksigns,
-                  sign_rows=np.where((ksigns[:, None] >> np.arange(8)) & 1, -1.0, 1.0),  # [128, 8] of +-1
+                  sign_rows=np.where((ksigns[:, None] >> np.arange(8)) & 1, np.float32(-1), np.float32(1)),  # [128, 8] of +-1
                   kvalues=np.array(quants.IQ4_NL.kvalues, np.float32))
 
 
@@ -80,6 +81,47 @@ def k_scale_min(row, o, j):  # 12 packed bytes at row[o] -> 6-bit (scale, min) o
         return np.int64(row[o + j]) & 63, np.int64(row[o + 4 + j]) & 63
     high = np.int64(row[o + 4 + j])  # bytes 8..11 hold the low 4 bits; the top 2 bits sit in bytes 0..7
     return (high & 15) | ((np.int64(row[o + j - 4]) >> 2) & 48), (high >> 4) | ((np.int64(row[o + j]) >> 2) & 48)
+
+
+# Integer fields of a byte, taken in float32 arithmetic: a byte converted to float32 is exact, and
+# floor(byte / 2^k) is too, so every field comes out exact while LLVM keeps sixteen float32 lanes
+# per vector (numba widens integer arithmetic to 64 bits, eight lanes).
+
+@njit(cache=True)
+def nibbles(byte):  # float32 holding a byte -> (low nibble, high nibble)
+    high = np.floor(byte * np.float32(1 / 16))
+    return byte - np.float32(16) * high, high
+
+
+@njit(cache=True)
+def bit_pair(byte, first):  # float32 holding a byte -> its bits first and first + 1 as 0.0 / 1.0
+    v = np.floor(byte * np.float32(1 / (1 << first)))
+    v1 = np.floor(v * np.float32(0.5))
+    return v - np.float32(2) * v1, v1 - np.float32(2) * np.floor(v1 * np.float32(0.5))
+
+
+@njit(cache=True)
+def crumbs(byte):  # float32 holding a byte -> its four 2-bit fields, lowest first
+    a = np.floor(byte * np.float32(1 / 4))
+    b = np.floor(byte * np.float32(1 / 16))
+    c = np.floor(byte * np.float32(1 / 64))
+    return byte - np.float32(4) * a, a - np.float32(4) * b, b - np.float32(4) * c, c
+
+
+@njit(cache=True)
+def q6_k_values(blk, sb, h, l):  # Q6_K super-block sb -> values 128 h + l + (0, 32, 64, 96), q - 32
+    lo0, hi0 = nibbles(np.float32(blk[sb, 64 * h + l]))
+    lo1, hi1 = nibbles(np.float32(blk[sb, 64 * h + 32 + l]))
+    f0, f1, f2, f3 = crumbs(np.float32(blk[sb, 128 + 32 * h + l]))
+    k16, k32 = np.float32(16), np.float32(32)
+    return lo0 + k16 * f0 - k32, lo1 + k16 * f1 - k32, hi0 + k16 * f2 - k32, hi1 + k16 * f3 - k32
+
+
+@njit(cache=True)
+def q6_k_scales(blk, sb, h, part, tab):  # -> d * scale of values 128 h + 32 s + 16 part.., s = 0..3
+    d, sc = half_at(blk, sb, 208, tab.halves), 192 + 8 * h + part
+    return (d * np.float32(i8(blk[sb, sc])), d * np.float32(i8(blk[sb, sc + 2])),
+            d * np.float32(i8(blk[sb, sc + 4])), d * np.float32(i8(blk[sb, sc + 6])))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,36 +202,31 @@ def decode_q3_k(row, start, n, out, tab):  # 110 bytes: hmask[32], qs[64], scale
 @njit(cache=True)
 def decode_q45_k(qtype, row, start, n, out, tab):  # Q4_K 144 / Q5_K 176 bytes: d, dmin, scales[12], (qh[32]), qs[128]
     size, qs_at = (144, 16) if qtype == Q4_K else (176, 48)
-    sb, blk, w = start // 256, row.reshape(-1, size), out[:256].reshape(8, 32)
+    sb, blk = start // 256, row.reshape(-1, size)
     d, dmin = half_at(blk, sb, 0, tab.halves), half_at(blk, sb, 2, tab.halves)
-    for j in range(8):
-        sc, m = k_scale_min(blk[sb], 4, j)
-        dl, ml = d * np.float32(sc), dmin * np.float32(m)
-        shift = 4 * (j % 2)
+    for g in range(4):  # 32 bytes: the low nibbles are sub-block 2g, the high ones 2g + 1
+        sc0, m0 = k_scale_min(blk[sb], 4, 2 * g)
+        sc1, m1 = k_scale_min(blk[sb], 4, 2 * g + 1)
+        d0, ml0, d1, ml1 = d * np.float32(sc0), dmin * np.float32(m0), d * np.float32(sc1), dmin * np.float32(m1)
         for l in range(32):
-            q = (np.int64(blk[sb, qs_at + j // 2 * 32 + l]) >> shift) & 15
+            lo, hi = nibbles(np.float32(blk[sb, qs_at + 32 * g + l]))
             if qtype == Q5_K:
-                q |= ((np.int64(blk[sb, 16 + l]) >> j) & 1) << 4
-            w[j, l] = dl * np.float32(q) - ml
+                fifth_lo, fifth_hi = bit_pair(np.float32(blk[sb, 16 + l]), 2 * g)
+                lo, hi = lo + np.float32(16) * fifth_lo, hi + np.float32(16) * fifth_hi
+            out[64 * g + l] = d0 * lo - ml0
+            out[64 * g + 32 + l] = d1 * hi - ml1
 
 
 @njit(cache=True)
 def decode_q6_k(row, start, n, out, tab):  # 210 bytes: ql[128], qh[64], int8 scales[16], f16 d
-    sb, blk, w = start // 256, row.reshape(-1, 210), out[:256].reshape(2, 4, 2, 16)
-    sc = row.view(np.int8).reshape(-1, 210)
-    d = half_at(blk, sb, 208, tab.halves)
+    sb, blk = start // 256, row.reshape(-1, 210)
     for h in range(2):
         for part in range(2):
-            d0, d1 = d * np.float32(sc[sb, 192 + h * 8 + part]), d * np.float32(sc[sb, 194 + h * 8 + part])
-            d2, d3 = d * np.float32(sc[sb, 196 + h * 8 + part]), d * np.float32(sc[sb, 198 + h * 8 + part])
-            for l in range(16):
-                lo0 = np.int64(blk[sb, h * 64 + part * 16 + l])
-                lo1 = np.int64(blk[sb, h * 64 + 32 + part * 16 + l])
-                qh = np.int64(blk[sb, 128 + h * 32 + part * 16 + l])
-                w[h, 0, part, l] = d0 * np.float32(((lo0 & 15) | ((qh & 3) << 4)) - 32)
-                w[h, 1, part, l] = d1 * np.float32(((lo1 & 15) | ((qh & 12) << 2)) - 32)
-                w[h, 2, part, l] = d2 * np.float32(((lo0 >> 4) | (qh & 48)) - 32)
-                w[h, 3, part, l] = d3 * np.float32(((lo1 >> 4) | ((qh >> 2) & 48)) - 32)
+            d0, d1, d2, d3 = q6_k_scales(blk, sb, h, part, tab)
+            for l in range(16 * part, 16 * part + 16):
+                q0, q1, q2, q3 = q6_k_values(blk, sb, h, l)
+                out[128 * h + l], out[128 * h + 32 + l] = d0 * q0, d1 * q1
+                out[128 * h + 64 + l], out[128 * h + 96 + l] = d2 * q2, d3 * q3
 
 
 @njit(cache=True)
@@ -207,32 +244,27 @@ def decode_iq4_xs(row, start, n, out, tab):  # 136 bytes: f16 d, u16 scales_h, s
 
 @njit(cache=True)
 def decode_iq2_xxs(row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32 signs+scale)
-    o = start // 256 * 66
-    d = tab.halves[u16(row, o)]
-    for ib in range(8):
-        a = o + 2 + 8 * ib
-        aux = u32(row, a + 4)
-        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
-        for l in range(4):
-            grid = tab.iq2xxs_grid[np.int64(row[a + l])]
-            signs = tab.ksigns[(aux >> (7 * l)) & 127]
-            for j in range(8):
-                w = db * grid[j]
-                out[ib * 32 + l * 8 + j] = -w if (signs >> j) & 1 else w
+    decode_iq_xxs(row.reshape(-1, 66)[start // 256], tab.iq2xxs_grid, 8, 0.25, out, tab)
 
 
 @njit(cache=True)
 def decode_iq3_xxs(row, start, n, out, tab):  # 98 bytes: f16 d, grid bytes[64], 8 x u32 signs+scale
-    o = start // 256 * 98
-    d = tab.halves[u16(row, o)]
-    for ib in range(8):
-        aux = u32(row, o + 66 + 4 * ib)
-        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
+    decode_iq_xxs(row.reshape(-1, 98)[start // 256], tab.iq3xxs_grid, 4, 0.5, out, tab)
+
+
+@njit(cache=True)
+def decode_iq_xxs(blk, grid, width, unit, out, tab):  # one IQ2_XXS/IQ3_XXS super-block -> out[:256]
+    """Grid rows of `width` values (IQ2_XXS 8, IQ3_XXS 4), seven sign bits per 8 values (the eighth
+    keeps the parity even), a 4-bit scale per 32 values: w = d (1/2 + scale) unit grid sign."""
+    d = tab.halves[u16(blk, 0)]
+    for ib in range(8):  # IQ2_XXS interleaves grid bytes and u32s, IQ3_XXS keeps them apart
+        aux = u32(blk, 6 + 8 * ib) if width == 8 else u32(blk, 66 + 4 * ib)
+        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(unit)
         for l in range(4):
-            signs = tab.ksigns[(aux >> (7 * l)) & 127]
+            signs = tab.sign_rows[(aux >> (7 * l)) & 127]
             for j in range(8):
-                w = db * tab.iq3xxs_grid[np.int64(row[o + 2 + 8 * ib + 2 * l + j // 4]), j % 4]
-                out[ib * 32 + l * 8 + j] = -w if (signs >> j) & 1 else w
+                byte = 2 + 8 * ib + l if width == 8 else 2 + 8 * ib + 2 * l + j // 4
+                out[32 * ib + 8 * l + j] = db * grid[np.int64(blk[byte]), j % width] * signs[j]
 
 
 @njit(cache=True)
@@ -260,35 +292,37 @@ def decode_chunk(qtype, row, start, n, out, tab):  # the decoder of qtype
 
 
 # ---------------------------------------------------------------------------------------------
-# Dot products of one quantized row with float64 activations, factored per block:
+# Dot products of one quantized row with the activations x (float32 or float64), factored per block:
 #     sum_i w_i x_i = sum_blocks scale * sum_j q_j x_j   (- min * sum_j x_j for Q2_K, Q4_K, Q5_K)
-# This is exact, not an approximation: every dequantized weight is a product of an f16 scale, a
-# small integer scale and a small integer q with at most 23 significant bits (Q6_K: 11 x 8 x 6 bits,
-# 2047 * 128 * 32 < 2^23), so gguf-py's float32 weight holds the real product without rounding.
-# (The K-quants' `scale * q - min` is exact as well unless a block's d and dmin differ by more than
-# about 2^8; then gguf-py rounds that weight by half an ulp and this product does not, an NMSE of
-# ~1e-15. None of the Q2_K/Q4_K/Q5_K tensors of the committed models has such a block.)
-# The inner sums take integer q and float64 x, so the products are exact too; what is left is
-# float64 summation order, as for the reference's BLAS.
+# Every dequantized weight is a product of an f16 scale, a small integer scale and a small integer q
+# with at most 23 significant bits (Q6_K: 11 x 8 x 6 bits, 2047 * 128 * 32 < 2^23), so gguf-py's
+# float32 weight holds that product without rounding and the factored form multiplies the very same
+# weights. (The K-quants' `scale * q - min` rounds in gguf-py only where a block's d and dmin differ
+# by more than about 2^8: an NMSE of ~1e-15.)
+# Sums run in the activations' dtype inside a super-block (float32 lanes: twice as many per vector
+# as float64, and float32 x fits the L1 cache where float64 x does not) and in float64 across
+# super-blocks; against the reference's float64 sums that is an NMSE of about n_in * 2^-48 / 256
+# per product (measured 3e-14 at n_in 6656). The IQ2_XXS / IQ3_XXS rows decode a super-block into a
+# 256-value buffer first: their grid lookups do not vectorize in place.
 
-# reassoc lets LLVM split the float64 sums into vector lanes, contract fuses a*b+c into an FMA. Both
-# only move float64 roundings: every float32 operation in these functions is exact (see above).
+# reassoc lets LLVM split the sums into vector lanes, contract fuses a*b+c into an FMA. Both only
+# move roundings of the sums: every weight is formed exactly before it is multiplied.
 FAST = {"reassoc", "contract"}
 
 
 @njit(cache=True, fastmath=FAST)
-def dot(w, x):  # w [n] of any real type, x [n] float64 -> sum w * x
-    s = 0.0
+def dot(w, x):  # w [n] of any real type, x [n] -> sum w * x in x's dtype
+    s = x.dtype.type(0)
     for j in range(x.shape[0]):
-        s += np.float64(w[j]) * x[j]
+        s += w[j] * x[j]
     return s
 
 
 @njit(cache=True, fastmath=FAST)
 def dot_lut(qs, shift, lut, x):  # sum lut[(qs >> shift) & 15] * x: IQ4 non-linear values
-    s = 0.0
+    s = x.dtype.type(0)
     for j in range(x.shape[0]):
-        s += np.float64(lut[(np.int64(qs[j]) >> shift) & 15]) * x[j]
+        s += lut[(np.int64(qs[j]) >> shift) & 15] * x[j]
     return s
 
 
@@ -402,53 +436,73 @@ def row_q3_k(row, x, tab):  # 110 bytes: hmask[32], qs[64], scales[12], f16 d; q
     return acc
 
 
+@njit(cache=True)
+def k_scales(blk, sb, tab):  # Q4_K/Q5_K super-block sb -> (d * scale, dmin * min) of its 8 sub-blocks
+    d, dmin, b = half_at(blk, sb, 0, tab.halves), half_at(blk, sb, 2, tab.halves), blk[sb]
+    s0, m0 = k_scale_min(b, 4, 0)
+    s1, m1 = k_scale_min(b, 4, 1)
+    s2, m2 = k_scale_min(b, 4, 2)
+    s3, m3 = k_scale_min(b, 4, 3)
+    s4, m4 = k_scale_min(b, 4, 4)
+    s5, m5 = k_scale_min(b, 4, 5)
+    s6, m6 = k_scale_min(b, 4, 6)
+    s7, m7 = k_scale_min(b, 4, 7)
+    f = np.float32
+    return ((d * f(s0), d * f(s1), d * f(s2), d * f(s3), d * f(s4), d * f(s5), d * f(s6), d * f(s7)),
+            (dmin * f(m0), dmin * f(m1), dmin * f(m2), dmin * f(m3), dmin * f(m4), dmin * f(m5), dmin * f(m6),
+             dmin * f(m7)))
+
+
 @njit(cache=True, fastmath=FAST)
 def row_q45_k(qtype, row, x, xsum16, tab):  # Q4_K 144 / Q5_K 176 bytes: d, dmin, scales[12], (qh[32]), qs[128]
+    # byte l of 32-byte group g holds value l of sub-block 2g (low nibble) and of 2g + 1 (high)
     size, qs_at = (144, 16) if qtype == Q4_K else (176, 48)
     nsb = x.shape[0] // 256
-    blk, xs, sums = row.reshape(nsb, size), x.reshape(nsb, 4, 2, 32), xsum16.reshape(nsb, 8, 2)
+    blk, xs, sums = row.reshape(nsb, size), x.reshape(nsb, 8, 32), xsum16.reshape(nsb, 8, 2)
     acc = 0.0
     for sb in range(nsb):
-        d, dmin = half_at(blk, sb, 0, tab.halves), half_at(blk, sb, 2, tab.halves)
-        for g in range(4):  # 32 bytes: the low nibbles are sub-block 2g, the high ones 2g + 1
-            lo = hi = 0.0
-            if qtype == Q4_K:
-                for l in range(32):
-                    q = np.int64(blk[sb, 16 + g * 32 + l])
-                    lo += np.float64(q & 15) * xs[sb, g, 0, l]
-                    hi += np.float64(q >> 4) * xs[sb, g, 1, l]
-            else:
-                for l in range(32):
-                    q, qh = np.int64(blk[sb, 48 + g * 32 + l]), np.int64(blk[sb, 16 + l]) >> (2 * g)
-                    lo += np.float64((q & 15) | ((qh & 1) << 4)) * xs[sb, g, 0, l]
-                    hi += np.float64((q >> 4) | ((qh & 2) << 3)) * xs[sb, g, 1, l]
-            for j, a in ((2 * g, lo), (2 * g + 1, hi)):
-                sc, m = k_scale_min(blk[sb], 4, j)
-                x_sum = sums[sb, j, 0] + sums[sb, j, 1]
-                acc += np.float64(d * np.float32(sc)) * a - np.float64(dmin * np.float32(m)) * x_sum
+        dl, ml = k_scales(blk, sb, tab)
+        d0, d1, d2, d3, d4, d5, d6, d7 = dl
+        mins = 0.0
+        for j in range(8):
+            mins += np.float64(ml[j]) * (sums[sb, j, 0] + sums[sb, j, 1])
+        s = x.dtype.type(0)
+        for l in range(32):
+            lo0, hi0 = nibbles(np.float32(blk[sb, qs_at + l]))
+            lo1, hi1 = nibbles(np.float32(blk[sb, qs_at + 32 + l]))
+            lo2, hi2 = nibbles(np.float32(blk[sb, qs_at + 64 + l]))
+            lo3, hi3 = nibbles(np.float32(blk[sb, qs_at + 96 + l]))
+            if qtype == Q5_K:  # bit j of qh[l]: the fifth bit of value l of sub-block j
+                qh, k16 = np.float32(blk[sb, 16 + l]), np.float32(16)
+                b0, b1 = bit_pair(qh, 0)
+                b2, b3 = bit_pair(qh, 2)
+                b4, b5 = bit_pair(qh, 4)
+                b6, b7 = bit_pair(qh, 6)
+                lo0, hi0, lo1, hi1 = lo0 + k16 * b0, hi0 + k16 * b1, lo1 + k16 * b2, hi1 + k16 * b3
+                lo2, hi2, lo3, hi3 = lo2 + k16 * b4, hi2 + k16 * b5, lo3 + k16 * b6, hi3 + k16 * b7
+            s += (d0 * (lo0 * xs[sb, 0, l]) + d1 * (hi0 * xs[sb, 1, l]) + d2 * (lo1 * xs[sb, 2, l])
+                  + d3 * (hi1 * xs[sb, 3, l]) + d4 * (lo2 * xs[sb, 4, l]) + d5 * (hi2 * xs[sb, 5, l])
+                  + d6 * (lo3 * xs[sb, 6, l]) + d7 * (hi3 * xs[sb, 7, l]))
+        acc += np.float64(s) - mins
     return acc
 
 
 @njit(cache=True, fastmath=FAST)
 def row_q6_k(row, x, tab):  # 210 bytes: ql[128], qh[64], int8 scales[16], f16 d
     nsb = x.shape[0] // 256
-    blk, sc, xs = row.reshape(nsb, 210), row.view(np.int8).reshape(nsb, 210), x.reshape(nsb, 2, 4, 2, 16)
+    blk, xs = row.reshape(nsb, 210), x.reshape(nsb, 2, 4, 32)
     acc = 0.0
     for sb in range(nsb):
-        d = half_at(blk, sb, 208, tab.halves)
-        for h in range(2):  # 128 values from ql[64 h..], qh[32 h..]
-            for part in range(2):
-                a0 = a1 = a2 = a3 = 0.0
-                for l in range(16):
-                    lo0 = np.int64(blk[sb, h * 64 + part * 16 + l])
-                    lo1 = np.int64(blk[sb, h * 64 + 32 + part * 16 + l])
-                    qh = np.int64(blk[sb, 128 + h * 32 + part * 16 + l])
-                    a0 += np.float64(((lo0 & 15) | ((qh & 3) << 4)) - 32) * xs[sb, h, 0, part, l]
-                    a1 += np.float64(((lo1 & 15) | ((qh & 12) << 2)) - 32) * xs[sb, h, 1, part, l]
-                    a2 += np.float64(((lo0 >> 4) | (qh & 48)) - 32) * xs[sb, h, 2, part, l]
-                    a3 += np.float64(((lo1 >> 4) | ((qh >> 2) & 48)) - 32) * xs[sb, h, 3, part, l]
-                for s, a in ((0, a0), (1, a1), (2, a2), (3, a3)):
-                    acc += np.float64(d * np.float32(sc[sb, 192 + h * 8 + s * 2 + part])) * a
+        for h in range(2):  # 128 values from ql[64 h..], qh[32 h..]; the scale changes at l = 16
+            a0, a1, a2, a3 = q6_k_scales(blk, sb, h, 0, tab)
+            b0, b1, b2, b3 = q6_k_scales(blk, sb, h, 1, tab)
+            s = x.dtype.type(0)
+            for l in range(32):
+                q0, q1, q2, q3 = q6_k_values(blk, sb, h, l)
+                first = l < 16
+                s += ((a0 if first else b0) * (q0 * xs[sb, h, 0, l]) + (a1 if first else b1) * (q1 * xs[sb, h, 1, l])
+                      + (a2 if first else b2) * (q2 * xs[sb, h, 2, l]) + (a3 if first else b3) * (q3 * xs[sb, h, 3, l]))
+            acc += np.float64(s)
     return acc
 
 
@@ -467,51 +521,23 @@ def row_iq4_xs(row, x, tab):  # 136 bytes: f16 d, u16 scales_h, scales_l[4], qs[
     return acc
 
 
-@njit(cache=True, fastmath=FAST)
-def dot_signed(values, signs, x):  # sum values * signs * x: grid values, +-1 from tab.sign_rows
-    s = 0.0
-    for j in range(x.shape[0]):
-        s += np.float64(values[j]) * signs[j] * x[j]
-    return s
-
-
-@njit(cache=True, fastmath=FAST)
-def row_iq2_xxs(row, x, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
+@njit(cache=True)
+def row_iq_xxs(qtype, row, x, tab, buffer):  # IQ2_XXS 66 / IQ3_XXS 98 bytes, buffer [256] float32 -> w . x
+    size = 66 if qtype == IQ2_XXS else 98
     nsb = x.shape[0] // 256
-    blk, grid, signs = row.reshape(nsb, 66), tab.iq2xxs_grid, tab.sign_rows
+    blk, xs = row.reshape(nsb, size), x.reshape(nsb, 256)
     acc = 0.0
     for sb in range(nsb):
-        d = half_at(blk, sb, 0, tab.halves)
-        for ib in range(8):
-            aux = u32(blk[sb], 6 + 8 * ib)
-            s = 0.0
-            for l in range(4):
-                xo = sb * 256 + ib * 32 + l * 8
-                s += dot_signed(grid[blk[sb, 2 + 8 * ib + l]], signs[(aux >> (7 * l)) & 127], x[xo:xo + 8])
-            acc += np.float64(d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)) * s
-    return acc
-
-
-@njit(cache=True, fastmath=FAST)
-def row_iq3_xxs(row, x, tab):  # 98 bytes: f16 d, 64 grid bytes (4 values each), 8 x u32 signs + scale
-    nsb = x.shape[0] // 256
-    blk, grid, signs = row.reshape(nsb, 98), tab.iq3xxs_grid, tab.sign_rows
-    acc = 0.0
-    for sb in range(nsb):
-        d = half_at(blk, sb, 0, tab.halves)
-        for ib in range(8):
-            aux = u32(blk[sb], 66 + 4 * ib)
-            s = 0.0
-            for l in range(4):
-                xo, sg = sb * 256 + ib * 32 + l * 8, signs[(aux >> (7 * l)) & 127]
-                s += (dot_signed(grid[blk[sb, 2 + 8 * ib + 2 * l]], sg[:4], x[xo:xo + 4])
-                      + dot_signed(grid[blk[sb, 3 + 8 * ib + 2 * l]], sg[4:], x[xo + 4:xo + 8]))
-            acc += np.float64(d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)) * s
+        if qtype == IQ2_XXS:
+            decode_iq_xxs(blk[sb], tab.iq2xxs_grid, 8, 0.25, buffer, tab)
+        else:
+            decode_iq_xxs(blk[sb], tab.iq3xxs_grid, 4, 0.5, buffer, tab)
+        acc += np.float64(dot(buffer, xs[sb]))
     return acc
 
 
 @njit(cache=True)
-def row_dot(qtype, row, x, xsum16, tab):  # one weight row [row_bytes] . x [n_in] float64 -> float64
+def row_dot(qtype, row, x, xsum16, tab, buffer):  # one weight row [row_bytes] . x [n_in] -> float64
     if qtype == F32 or qtype == F16 or qtype == BF16:
         return row_float(qtype, row, x, tab)
     if qtype == Q8_0:
@@ -528,9 +554,7 @@ def row_dot(qtype, row, x, xsum16, tab):  # one weight row [row_bytes] . x [n_in
         return row_q6_k(row, x, tab)
     if qtype == IQ4_XS:
         return row_iq4_xs(row, x, tab)
-    if qtype == IQ3_XXS:
-        return row_iq3_xxs(row, x, tab)
-    return row_iq2_xxs(row, x, tab)
+    return row_iq_xxs(qtype, row, x, tab, buffer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -540,17 +564,18 @@ ROWS_PER_TASK = 16
 
 
 @njit(cache=True, parallel=True)
-def matmul_rows(qtype, blocks, x, xsum16, out, tab):  # blocks [n_out, row_bytes], x [T, n_in] f64 -> out [T, n_out]
+def matmul_rows(qtype, blocks, x, xsum16, out, tab):  # blocks [n_out, row_bytes], x [T, n_in] -> out [T, n_out]
     """Each row straight from its blocks, once per row of x: the decode path (T of 1 to a few),
     where reading the weights is all the work."""
     T, n_out = x.shape[0], blocks.shape[0]
     for task in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        buffer = np.empty(CHUNK, np.float32)
         for r in range(task * ROWS_PER_TASK, min(task * ROWS_PER_TASK + ROWS_PER_TASK, n_out)):
             for t in range(T):
-                out[t, r] = row_dot(qtype, blocks[r], x[t], xsum16[t], tab)
+                out[t, r] = row_dot(qtype, blocks[r], x[t], xsum16[t], tab, buffer)
 
 
-TILE_ROWS, TILE_COLS = 32, 1024  # a tile of decoded weights: 256 KB of float64, held in L2
+TILE_ROWS, TILE_COLS = 32, 1024  # a tile of decoded weights in x's dtype: 128 KB (float32), held in L2
 
 
 @njit(cache=True, fastmath=FAST)
@@ -558,8 +583,8 @@ def product_4x4(w, r, x, t, k0, n, acc):  # acc[r:r+4, t:t+4] += w[r:r+4, :n] . 
     # 16 sums side by side: each loaded weight and activation serves four products
     w0, w1, w2, w3 = w[r, :n], w[r + 1, :n], w[r + 2, :n], w[r + 3, :n]
     x0, x1, x2, x3 = x[t, k0:k0 + n], x[t + 1, k0:k0 + n], x[t + 2, k0:k0 + n], x[t + 3, k0:k0 + n]
-    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = 0.0
-    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = 0.0
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = x.dtype.type(0)
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = x.dtype.type(0)
     for k in range(n):
         b0, b1, b2, b3 = x0[k], x1[k], x2[k], x3[k]
         c = w0[k]
@@ -590,15 +615,16 @@ def tile_product(w, rows, x, k0, n, acc):  # acc[:rows, :T] += w[:rows, :n] . x[
 
 
 @njit(cache=True, parallel=True)
-def matmul_tiles(qtype, blocks, x, out, tab):  # blocks [n_out, row_bytes], x [T, n_in] f64 -> out [T, n_out]
+def matmul_tiles(qtype, blocks, x, out, tab):  # blocks [n_out, row_bytes], x [T, n_in] -> out [T, n_out]
     """Decode a tile of TILE_ROWS x TILE_COLS exact weights once and multiply it with all T rows of
-    x: the prefill path, where the products, not the weights, are the work."""
+    x: the prefill path, where the products, not the weights, are the work. Sums in x's dtype
+    within a tile, in float64 across tiles."""
     T, n_in = x.shape
     n_out = blocks.shape[0]
     for task in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
         r0 = task * TILE_ROWS
         rows = min(TILE_ROWS, n_out - r0)
-        w = np.empty((TILE_ROWS, TILE_COLS), np.float64)
+        w = np.empty((TILE_ROWS, TILE_COLS), x.dtype)
         acc = np.zeros((TILE_ROWS, T), np.float64)
         for k0 in range(0, n_in, TILE_COLS):
             n = min(TILE_COLS, n_in - k0)
@@ -612,8 +638,8 @@ def matmul_tiles(qtype, blocks, x, out, tab):  # blocks [n_out, row_bytes], x [T
 
 
 @njit(cache=True, parallel=True)
-def dequantize_rows(qtype, blocks, n_in, first, out, tab):  # rows first.. of blocks -> out [R, n_in] f64
-    """Exact float32 weights as float64 (what gguf-py's dequantize gives, widened)."""
+def dequantize_rows(qtype, blocks, n_in, first, out, tab):  # rows first.. of blocks -> out [R, n_in]
+    """Exact float32 weights (what gguf-py's dequantize gives; widened when out is float64)."""
     for i in prange(out.shape[0]):
         for start in range(0, n_in, CHUNK):
             decode_chunk(qtype, blocks[first + i], start, min(CHUNK, n_in - start), out[i, start:], tab)
