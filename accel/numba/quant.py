@@ -261,10 +261,16 @@ def decode_iq_xxs(blk, grid, width, unit, out, tab):  # one IQ2_XXS/IQ3_XXS supe
         aux = u32(blk, 6 + 8 * ib) if width == 8 else u32(blk, 66 + 4 * ib)
         db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(unit)
         for l in range(4):
-            signs = tab.sign_rows[(aux >> (7 * l)) & 127]
-            for j in range(8):
-                byte = 2 + 8 * ib + l if width == 8 else 2 + 8 * ib + 2 * l + j // 4
-                out[32 * ib + 8 * l + j] = db * grid[np.int64(blk[byte]), j % width] * signs[j]
+            signs, o = tab.sign_rows[(aux >> (7 * l)) & 127], 32 * ib + 8 * l
+            if width == 8:
+                row = grid[np.int64(blk[2 + 8 * ib + l])]
+                for j in range(8):
+                    out[o + j] = db * row[j] * signs[j]
+            else:
+                row0, row1 = grid[np.int64(blk[2 + 8 * ib + 2 * l])], grid[np.int64(blk[3 + 8 * ib + 2 * l])]
+                for j in range(4):
+                    out[o + j] = db * row0[j] * signs[j]
+                    out[o + 4 + j] = db * row1[j] * signs[4 + j]
 
 
 @njit(cache=True)
@@ -302,8 +308,7 @@ def decode_chunk(qtype, row, start, n, out, tab):  # the decoder of qtype
 # Sums run in the activations' dtype inside a super-block (float32 lanes: twice as many per vector
 # as float64, and float32 x fits the L1 cache where float64 x does not) and in float64 across
 # super-blocks; against the reference's float64 sums that is an NMSE of about n_in * 2^-48 / 256
-# per product (measured 3e-14 at n_in 6656). The IQ2_XXS / IQ3_XXS rows decode a super-block into a
-# 256-value buffer first: their grid lookups do not vectorize in place.
+# per product (measured 3e-14 at n_in 6656).
 
 # reassoc lets LLVM split the sums into vector lanes, contract fuses a*b+c into an FMA. Both only
 # move roundings of the sums: every weight is formed exactly before it is multiplied.
@@ -521,23 +526,51 @@ def row_iq4_xs(row, x, tab):  # 136 bytes: f16 d, u16 scales_h, scales_l[4], qs[
     return acc
 
 
-@njit(cache=True)
-def row_iq_xxs(qtype, row, x, tab, buffer):  # IQ2_XXS 66 / IQ3_XXS 98 bytes, buffer [256] float32 -> w . x
-    size = 66 if qtype == IQ2_XXS else 98
+@njit(cache=True, fastmath=FAST)
+def dot_signed(values, signs, x):  # sum values * signs * x: grid values, +-1 from tab.sign_rows
+    s = x.dtype.type(0)
+    for j in range(x.shape[0]):
+        s += values[j] * signs[j] * x[j]
+    return s
+
+
+@njit(cache=True, fastmath=FAST)
+def row_iq2_xxs(row, x, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
     nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, size), x.reshape(nsb, 256)
+    blk, grid, signs = row.reshape(nsb, 66), tab.iq2xxs_grid, tab.sign_rows
     acc = 0.0
     for sb in range(nsb):
-        if qtype == IQ2_XXS:
-            decode_iq_xxs(blk[sb], tab.iq2xxs_grid, 8, 0.25, buffer, tab)
-        else:
-            decode_iq_xxs(blk[sb], tab.iq3xxs_grid, 4, 0.5, buffer, tab)
-        acc += np.float64(dot(buffer, xs[sb]))
+        d = half_at(blk, sb, 0, tab.halves)
+        for ib in range(8):
+            aux = u32(blk[sb], 6 + 8 * ib)
+            s = x.dtype.type(0)
+            for l in range(4):
+                xo = sb * 256 + ib * 32 + l * 8
+                s += dot_signed(grid[blk[sb, 2 + 8 * ib + l]], signs[(aux >> (7 * l)) & 127], x[xo:xo + 8])
+            acc += np.float64(d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)) * s
+    return acc
+
+
+@njit(cache=True, fastmath=FAST)
+def row_iq3_xxs(row, x, tab):  # 98 bytes: f16 d, 64 grid bytes (4 values each), 8 x u32 signs + scale
+    nsb = x.shape[0] // 256
+    blk, grid, signs = row.reshape(nsb, 98), tab.iq3xxs_grid, tab.sign_rows
+    acc = 0.0
+    for sb in range(nsb):
+        d = half_at(blk, sb, 0, tab.halves)
+        for ib in range(8):
+            aux = u32(blk[sb], 66 + 4 * ib)
+            s = x.dtype.type(0)
+            for l in range(4):
+                xo, sg = sb * 256 + ib * 32 + l * 8, signs[(aux >> (7 * l)) & 127]
+                s += (dot_signed(grid[blk[sb, 2 + 8 * ib + 2 * l]], sg[:4], x[xo:xo + 4])
+                      + dot_signed(grid[blk[sb, 3 + 8 * ib + 2 * l]], sg[4:], x[xo + 4:xo + 8]))
+            acc += np.float64(d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)) * s
     return acc
 
 
 @njit(cache=True)
-def row_dot(qtype, row, x, xsum16, tab, buffer):  # one weight row [row_bytes] . x [n_in] -> float64
+def row_dot(qtype, row, x, xsum16, tab):  # one weight row [row_bytes] . x [n_in] -> float64
     if qtype == F32 or qtype == F16 or qtype == BF16:
         return row_float(qtype, row, x, tab)
     if qtype == Q8_0:
@@ -554,7 +587,9 @@ def row_dot(qtype, row, x, xsum16, tab, buffer):  # one weight row [row_bytes] .
         return row_q6_k(row, x, tab)
     if qtype == IQ4_XS:
         return row_iq4_xs(row, x, tab)
-    return row_iq_xxs(qtype, row, x, tab, buffer)
+    if qtype == IQ3_XXS:
+        return row_iq3_xxs(row, x, tab)
+    return row_iq2_xxs(row, x, tab)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -569,10 +604,9 @@ def matmul_rows(qtype, blocks, x, xsum16, out, tab):  # blocks [n_out, row_bytes
     where reading the weights is all the work."""
     T, n_out = x.shape[0], blocks.shape[0]
     for task in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        buffer = np.empty(CHUNK, np.float32)
         for r in range(task * ROWS_PER_TASK, min(task * ROWS_PER_TASK + ROWS_PER_TASK, n_out)):
             for t in range(T):
-                out[t, r] = row_dot(qtype, blocks[r], x[t], xsum16[t], tab, buffer)
+                out[t, r] = row_dot(qtype, blocks[r], x[t], xsum16[t], tab)
 
 
 TILE_ROWS, TILE_COLS = 32, 1024  # a tile of decoded weights in x's dtype: 128 KB (float32), held in L2
