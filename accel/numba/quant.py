@@ -33,21 +33,26 @@ IQ4_XS, IQ3_XXS, IQ2_XXS = int(GT.IQ4_XS), int(GT.IQ3_XXS), int(GT.IQ2_XXS)
 KERNEL_TYPES = frozenset(GT(t) for t in (F32, F16, BF16, Q4_0, Q5_0, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K,
                                          Q5_K, Q6_K, IQ4_XS, IQ3_XXS, IQ2_XXS))
 
-Tables = namedtuple("Tables", "halves bfloats iq2xxs_grid iq3xxs_grid ksigns sign_rows kvalues")
+Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xxs_signed")
 
 
-def lookup_tables():  # -> Tables, every entry a float32/uint8 array
+def lookup_tables():  # -> Tables, every entry a float32/int8/uint8 array
     every_u16 = np.arange(1 << 16, dtype=np.uint16)
     quants.IQ2_XXS.init_grid()
     quants.IQ3_XXS.init_grid()
     ksigns = np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8).copy()  # 7 sign bits -> 8 (even parity)
+    sign_rows = np.where((ksigns[:, None] >> np.arange(8)) & 1, np.float32(-1), np.float32(1))  # [128, 8] of +-1
+    nibble_signs = np.where((np.arange(16)[:, None] >> np.arange(4)) & 1, -1, 1)  # [16, 4] of +-1
+    iq2xxs_grid = np.ascontiguousarray(quants.IQ2_XXS.grid.reshape(256, 8), np.float32)
+    iq3xxs_grid = np.ascontiguousarray(quants.IQ3_XXS.grid.reshape(256, 4), np.float32)
     return Tables(halves=every_u16.view(np.float16).astype(np.float32),
                   bfloats=(every_u16.astype(np.uint32) << 16).view(np.float32),
-                  iq2xxs_grid=np.ascontiguousarray(quants.IQ2_XXS.grid.reshape(256, 8), np.float32),
-                  iq3xxs_grid=np.ascontiguousarray(quants.IQ3_XXS.grid.reshape(256, 4), np.float32),
-                  ksigns=ksigns,
-                  sign_rows=np.where((ksigns[:, None] >> np.arange(8)) & 1, np.float32(-1), np.float32(1)),  # [128, 8] of +-1
-                  kvalues=np.array(quants.IQ4_NL.kvalues, np.float32))
+                  ksigns=ksigns, kvalues=np.array(quants.IQ4_NL.kvalues, np.float32),
+                  # every grid row with every sign pattern, as int8 (grid values <= 62): one load
+                  # gives 8 (IQ2_XXS, row 128 grid + 7 sign bits) or 4 (IQ3_XXS, row 16 grid + 4 sign
+                  # bits) signed values, and the tables (256 KB, 16 KB) stay in L2
+                  iq2xxs_signed=(iq2xxs_grid[:, None] * sign_rows[None]).reshape(-1, 8).astype(np.int8),
+                  iq3xxs_signed=(iq3xxs_grid[:, None] * nibble_signs[None]).reshape(-1, 4).astype(np.int8))
 
 
 TABLES = lookup_tables()
@@ -243,34 +248,32 @@ def decode_iq4_xs(row, start, n, out, tab):  # 136 bytes: f16 d, u16 scales_h, s
 
 
 @njit(cache=True)
-def decode_iq2_xxs(row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32 signs+scale)
-    decode_iq_xxs(row.reshape(-1, 66)[start // 256], tab.iq2xxs_grid, 8, 0.25, out, tab)
+def decode_iq2_xxs(row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
+    blk, signed = row.reshape(-1, 66)[start // 256], tab.iq2xxs_signed
+    d = tab.halves[u16(blk, 0)]
+    for ib in range(8):
+        aux = u32(blk, 6 + 8 * ib)
+        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
+        for l in range(4):  # db * (grid * sign) is gguf-py's (db * grid) * sign: a sign flip rounds alike
+            values = signed[np.int64(blk[2 + 8 * ib + l]) * 128 + ((aux >> (7 * l)) & 127)]
+            for j in range(values.shape[0]):
+                out[32 * ib + 8 * l + j] = db * np.float32(values[j])
 
 
 @njit(cache=True)
 def decode_iq3_xxs(row, start, n, out, tab):  # 98 bytes: f16 d, grid bytes[64], 8 x u32 signs+scale
-    decode_iq_xxs(row.reshape(-1, 98)[start // 256], tab.iq3xxs_grid, 4, 0.5, out, tab)
-
-
-@njit(cache=True)
-def decode_iq_xxs(blk, grid, width, unit, out, tab):  # one IQ2_XXS/IQ3_XXS super-block -> out[:256]
-    """Grid rows of `width` values (IQ2_XXS 8, IQ3_XXS 4), seven sign bits per 8 values (the eighth
-    keeps the parity even), a 4-bit scale per 32 values: w = d (1/2 + scale) unit grid sign."""
+    blk, signed = row.reshape(-1, 98)[start // 256], tab.iq3xxs_signed
     d = tab.halves[u16(blk, 0)]
-    for ib in range(8):  # IQ2_XXS interleaves grid bytes and u32s, IQ3_XXS keeps them apart
-        aux = u32(blk, 6 + 8 * ib) if width == 8 else u32(blk, 66 + 4 * ib)
-        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(unit)
-        for l in range(4):
-            signs, o = tab.sign_rows[(aux >> (7 * l)) & 127], 32 * ib + 8 * l
-            if width == 8:
-                row = grid[np.int64(blk[2 + 8 * ib + l])]
-                for j in range(8):
-                    out[o + j] = db * row[j] * signs[j]
-            else:
-                row0, row1 = grid[np.int64(blk[2 + 8 * ib + 2 * l])], grid[np.int64(blk[3 + 8 * ib + 2 * l])]
-                for j in range(4):
-                    out[o + j] = db * row0[j] * signs[j]
-                    out[o + 4 + j] = db * row1[j] * signs[4 + j]
+    for ib in range(8):
+        aux = u32(blk, 66 + 4 * ib)
+        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
+        for l in range(4):  # two grid rows of 4 take the low and the high four of 8 sign bits
+            ks = np.int64(tab.ksigns[(aux >> (7 * l)) & 127])
+            lo = signed[np.int64(blk[2 + 8 * ib + 2 * l]) * 16 + (ks & 15)]
+            hi = signed[np.int64(blk[3 + 8 * ib + 2 * l]) * 16 + (ks >> 4)]
+            for j in range(lo.shape[0]):
+                out[32 * ib + 8 * l + j] = db * np.float32(lo[j])
+                out[32 * ib + 8 * l + 4 + j] = db * np.float32(hi[j])
 
 
 @njit(cache=True)
@@ -527,26 +530,25 @@ def row_iq4_xs(row, x, tab):  # 136 bytes: f16 d, u16 scales_h, scales_l[4], qs[
 
 
 @njit(cache=True, fastmath=FAST)
-def dot_signed(values, signs, x):  # sum values * signs * x: grid values, +-1 from tab.sign_rows
-    s = x.dtype.type(0)
-    for j in range(x.shape[0]):
-        s += values[j] * signs[j] * x[j]
-    return s
-
-
-@njit(cache=True, fastmath=FAST)
 def row_iq2_xxs(row, x, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
+    # the four 8-value groups of a 32-value block side by side in one loop: one sum per 32 values.
+    # The loop runs to g0.shape[0] (8) rather than a literal 8: LLVM unrolls a constant 8-step loop
+    # into scalar code before it can vectorize it (numba leaves the SLP vectorizer off).
     nsb = x.shape[0] // 256
-    blk, grid, signs = row.reshape(nsb, 66), tab.iq2xxs_grid, tab.sign_rows
+    blk, xs, signed = row.reshape(nsb, 66), x.reshape(nsb, 8, 4, 8), tab.iq2xxs_signed
     acc = 0.0
     for sb in range(nsb):
         d = half_at(blk, sb, 0, tab.halves)
         for ib in range(8):
             aux = u32(blk[sb], 6 + 8 * ib)
+            g0 = signed[np.int64(blk[sb, 2 + 8 * ib]) * 128 + (aux & 127)]
+            g1 = signed[np.int64(blk[sb, 3 + 8 * ib]) * 128 + ((aux >> 7) & 127)]
+            g2 = signed[np.int64(blk[sb, 4 + 8 * ib]) * 128 + ((aux >> 14) & 127)]
+            g3 = signed[np.int64(blk[sb, 5 + 8 * ib]) * 128 + ((aux >> 21) & 127)]
             s = x.dtype.type(0)
-            for l in range(4):
-                xo = sb * 256 + ib * 32 + l * 8
-                s += dot_signed(grid[blk[sb, 2 + 8 * ib + l]], signs[(aux >> (7 * l)) & 127], x[xo:xo + 8])
+            for j in range(g0.shape[0]):
+                s += (np.float32(g0[j]) * xs[sb, ib, 0, j] + np.float32(g1[j]) * xs[sb, ib, 1, j]
+                      + np.float32(g2[j]) * xs[sb, ib, 2, j] + np.float32(g3[j]) * xs[sb, ib, 3, j])
             acc += np.float64(d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)) * s
     return acc
 
@@ -554,17 +556,19 @@ def row_iq2_xxs(row, x, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 
 @njit(cache=True, fastmath=FAST)
 def row_iq3_xxs(row, x, tab):  # 98 bytes: f16 d, 64 grid bytes (4 values each), 8 x u32 signs + scale
     nsb = x.shape[0] // 256
-    blk, grid, signs = row.reshape(nsb, 98), tab.iq3xxs_grid, tab.sign_rows
+    blk, xs, signed = row.reshape(nsb, 98), x.reshape(nsb, 8, 8, 4), tab.iq3xxs_signed
     acc = 0.0
     for sb in range(nsb):
         d = half_at(blk, sb, 0, tab.halves)
         for ib in range(8):
             aux = u32(blk[sb], 66 + 4 * ib)
             s = x.dtype.type(0)
-            for l in range(4):
-                xo, sg = sb * 256 + ib * 32 + l * 8, signs[(aux >> (7 * l)) & 127]
-                s += (dot_signed(grid[blk[sb, 2 + 8 * ib + 2 * l]], sg[:4], x[xo:xo + 4])
-                      + dot_signed(grid[blk[sb, 3 + 8 * ib + 2 * l]], sg[4:], x[xo + 4:xo + 8]))
+            for l in range(4):  # 8 values: two grid rows, the low and high four of 8 sign bits
+                ks = np.int64(tab.ksigns[(aux >> (7 * l)) & 127])
+                lo = signed[np.int64(blk[sb, 2 + 8 * ib + 2 * l]) * 16 + (ks & 15)]
+                hi = signed[np.int64(blk[sb, 3 + 8 * ib + 2 * l]) * 16 + (ks >> 4)]
+                for j in range(lo.shape[0]):
+                    s += np.float32(lo[j]) * xs[sb, ib, 2 * l, j] + np.float32(hi[j]) * xs[sb, ib, 2 * l + 1, j]
             acc += np.float64(d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)) * s
     return acc
 
