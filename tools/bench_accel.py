@@ -8,6 +8,9 @@ and llama.cpp (llama-cpp-python) with the same number of threads, as ratios from
         mid-q4_k_m.gguf and mid-iq2_xxs.gguf (a uniform importance matrix stands in for calibration)
     python -m tools.bench_accel run build/bench/mid-q4_k_m.gguf [--threads 2 --prompt-len 64
         --n-decode 8 --engines numba,numpy,llama-cpp --json out.json]
+    python -m tools.bench_accel kernels build/bench/mid-q4_k_m.gguf [--rows 8192 --tokens 1,64]
+        one product per weight type of the file on its first rows: numba's kernel against the
+        reference's (gguf-py dequantization, then a float64 matmul), weight-products per second
 
 All engines compute the logits of every prompt position in prefill (llama.cpp with logits_all), as
 the reference does. The GGUFs are large (7.5 GB F16): keep them under build/, never commit them.
@@ -173,6 +176,61 @@ def run(args):  # -> report dict
     return report
 
 
+def slice_gguf(src, dst, n_rows):  # -> names of the largest matrix of each weight type, first n_rows rows copied to dst
+    largest = {}
+    for t in gguf.open_reader(src).tensors:
+        if len(t.shape) == 2 and t.name != "token_embd.weight":  # the embedding is looked up, not multiplied
+            if t.tensor_type not in largest or t.n_elements > largest[t.tensor_type].n_elements:
+                largest[t.tensor_type] = t
+    w = GGUFWriter(dst, "bench")
+    for t in largest.values():  # raw blocks [rows, row_bytes]: the shape follows from the row bytes
+        w.add_tensor(t.name, np.ascontiguousarray(np.asarray(t.data)[:n_rows]), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return [t.name for t in largest.values()]
+
+
+def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, nmse}
+    """numba's product against the reference's (gguf-py dequantization, float64 matmul) on the
+    same rows and activations in one process, the best of `repeat` rounds each. One engine's rounds
+    run together: OpenBLAS threads spin for a while after a call and would slow numba's next one."""
+    import tempfile
+
+    import numba
+    from accel.numba.backend import NumbaBackend
+    from reference import ops
+    from tools.metrics import nmse
+    numba.set_num_threads(args.threads)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "rows.gguf")
+        names = slice_gguf(args.model, path, args.rows)
+        weights = gguf.Weights(gguf.open_reader(path), path)
+        for name in names:
+            (n_out, n_in), type_name = weights.shape(name), weights.type_name(name)
+            for T in (int(t) for t in args.tokens.split(",")):
+                x = np.random.default_rng(0).standard_normal((T, n_in)).astype(np.float32)
+                engines = {"numba": lambda: NumbaBackend(np.float32).linear(x, weights, name),
+                           # rows() dequantizes every call, as the reference does for a matrix too big to cache
+                           "numpy": lambda: ops.linear(x, weights.rows(name, slice(None), np.float64))}
+                out, best = {}, {}
+                for key, fn in engines.items():
+                    out[key] = fn()  # warm-up: JIT or the numba cache
+                    best[key] = min(timed(fn)[1] for _ in range(args.repeat))
+                products = n_out * n_in * T / 1e9
+                row = {"type": type_name, "tensor": name, "rows": n_out, "n_in": n_in, "tokens": T,
+                       "numba_gw_s": products / best["numba"], "numpy_gw_s": products / best["numpy"],
+                       "ratio": best["numpy"] / best["numba"],
+                       "nmse": float(nmse(out["numpy"].ravel(), out["numba"].ravel()))}
+                print(f"{type_name:8s} {n_out}x{n_in} T={T:<3d}: numba {row['numba_gw_s']:6.2f}, numpy "
+                      f"{row['numpy_gw_s']:6.2f} G weight-products/s (x{row['ratio']:.1f}), NMSE {row['nmse']:.1e}",
+                      flush=True)
+                results.append(row)
+    return results
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tools.bench_accel", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -189,9 +247,22 @@ def main(argv=None):
     r.add_argument("--repeat", type=int, default=3, help="rounds per engine, the best counts (numpy: one)")
     r.add_argument("--engines", default="numba,numpy,llama-cpp")
     r.add_argument("--json")
+    k = sub.add_parser("kernels", help="numba's product against the reference's, per weight type of one GGUF")
+    k.add_argument("model")
+    k.add_argument("--rows", type=int, default=8192, help="first rows of each type's largest matrix")
+    k.add_argument("--tokens", default="1,64", help="rows of x: 1 takes the decode route, 64 the prefill route")
+    k.add_argument("--threads", type=int, default=2)
+    k.add_argument("--repeat", type=int, default=3)
+    k.add_argument("--json")
     args = p.parse_args(argv)
     if args.what == "make":
         return make(args)
+    if args.what == "kernels":
+        results = kernels(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     report = run(args)
     for pair, ratio in report["ratios"].items():
         print(f"{pair}: prefill x{ratio['prefill_tok_s']:.2f}, decode x{ratio['decode_tok_s']:.2f} (per CPU second: "
