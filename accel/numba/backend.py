@@ -19,8 +19,8 @@ from reference.backend import NumpyBackend
 from . import attention as attention_kernels
 from . import pointwise, quant
 
-FUSED_MAX_ROWS = 4   # rows of x up to which the row route is used: it beats the tiles up to 2 rows of x
-                     # (IQ2_XXS) to 6 (Q6_K), measured on 2048x4096 matrices
+FUSED_MAX_ROWS = 2   # rows of x up to which the row route is used: it beats the tiles up to 2 rows of x
+                     # (Q4_K, Q5_K, IQ2_XXS) or 3 (Q6_K), measured on 4096x6656 matrices
 TOKEN_BLOCK = 256    # rows of x per tiled product: their activations stay in cache across a tile
 
 
