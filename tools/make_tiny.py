@@ -188,7 +188,11 @@ def init_weights(model, seed: int, lm_head_gain: float) -> None:
             p.copy_(value.to(p.dtype))
 
 
-def text_checkpoint(name: str, spec: dict, ids: dict[str, int]):
+def text_checkpoint(spec: dict, ids: dict[str, int], vision: dict = VISION,
+                    projector_hidden: int = PROJECTOR_HIDDEN, lm_head_gain: float | None = None):
+    """MuseGlimmerForConditionalGeneration of spec (the TEXT_MODELS keys) with a random vision tower
+    and projector, in eval mode. lm_head_gain None aims the final logits at a spread of LOGIT_STD
+    (the output multiplier scales them after lm_head); train_tiny starts training from 1.0."""
     import torch
     from transformers import MuseGlimmerConfig, MuseGlimmerForConditionalGeneration
 
@@ -199,15 +203,17 @@ def text_checkpoint(name: str, spec: dict, ids: dict[str, int]):
         rope_parameters={"rope_type": "default", "rope_theta": spec["rope_theta"]},
     )
     cfg = MuseGlimmerConfig(
-        text_config=text, vision_config=dict(VISION),
+        text_config=text, vision_config=dict(vision),
         image_token_id=ids["<|patch|>"], video_token_id=ids["<|video|>"],
-        out_hidden_size=VISION["hidden_size"] * VISION["merge_size"] ** 2,
-        projector_hidden_size=PROJECTOR_HIDDEN, tie_word_embeddings=False,
+        out_hidden_size=vision["hidden_size"] * vision["merge_size"] ** 2,
+        projector_hidden_size=projector_hidden, tie_word_embeddings=False,
         bos_token_id=ids[BOS], eos_token_id=ids[EOS],
     )
     torch.manual_seed(spec["seed"])
     model = MuseGlimmerForConditionalGeneration(cfg).to(torch.float32).eval()
-    init_weights(model, spec["seed"], LOGIT_STD / spec["output_multiplier"])
+    if lm_head_gain is None:
+        lm_head_gain = LOGIT_STD / spec["output_multiplier"]
+    init_weights(model, spec["seed"], lm_head_gain)
     return model
 
 
@@ -371,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, spec in TEXT_MODELS.items():
         hf_dir = work / name
         log(f"building {name} (transformers)")
-        model = text_checkpoint(name, spec, ids)
+        model = text_checkpoint(spec, ids)
         log(f"  {name}: {peakedness(model, VOCAB_SIZE, spec['seed'])}")
         if hf_dir.exists():
             shutil.rmtree(hf_dir)

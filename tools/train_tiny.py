@@ -44,8 +44,8 @@ import numpy as np
 
 from tools import make_tiny
 from tools.golden import sha256
-from tools.make_tiny import (BOS, EOS, Runner, init_weights, save_tokenizer, special_ids, tensor_types,
-                             versions, write_preprocessor_config)
+from tools.make_tiny import (BOS, EOS, Runner, save_tokenizer, special_ids, tensor_types, versions,
+                             write_preprocessor_config)
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "glimmer-default"
@@ -167,28 +167,6 @@ def load_tokenizer(work: Path):  # -> the trained tokenizers.Tokenizer saved wit
 # ---------------------------------------------------------------------------------------------
 # the target
 
-def checkpoint(ids: dict[str, int]):  # special token ids -> MuseGlimmerForConditionalGeneration
-    """The default model's MuseGlimmerForConditionalGeneration, initialised for training
-    (make_tiny.init_weights at unit head gain: N(0, 1/fan_in) matrices)."""
-    import torch
-    from transformers import MuseGlimmerConfig, MuseGlimmerForConditionalGeneration
-
-    text = {k: v for k, v in TEXT.items() if k not in ("seed", "rope_theta")}
-    text.update(vocab_size=make_tiny.VOCAB_SIZE, max_position_embeddings=4096, tie_word_embeddings=False,
-                bos_token_id=ids[BOS], eos_token_id=ids[EOS], pad_token_id=None,
-                rope_parameters={"rope_type": "default", "rope_theta": TEXT["rope_theta"]})
-    cfg = MuseGlimmerConfig(
-        text_config=text, vision_config=VISION, image_token_id=ids["<|patch|>"],
-        video_token_id=ids["<|video|>"], out_hidden_size=VISION["hidden_size"] * VISION["merge_size"] ** 2,
-        projector_hidden_size=PROJECTOR_HIDDEN, tie_word_embeddings=False,
-        bos_token_id=ids[BOS], eos_token_id=ids[EOS],
-    )
-    torch.manual_seed(TEXT["seed"])
-    model = MuseGlimmerForConditionalGeneration(cfg).to(torch.float32)
-    init_weights(model, TEXT["seed"], 1.0)
-    return model
-
-
 def lr_at(step: int, cfg: dict) -> float:  # linear warm-up, then cosine down to final_lr * lr
     if step < cfg["warmup"]:
         return cfg["lr"] * (step + 1) / cfg["warmup"]
@@ -257,7 +235,8 @@ def train_target(work: Path, llama_dir: Path) -> dict:  # writes work/<NAME>/ ->
     train = token_stream(tok, read_split(work, "train"))
     heldout = token_stream(tok, read_split(work, "heldout"))
     log(f"  tokens: train {len(train)}, held out {len(heldout)}")
-    model = checkpoint(ids)
+    # make_tiny's init at unit head gain (N(0, 1/fan_in) matrices): training sets the logit spread
+    model = make_tiny.text_checkpoint(TEXT, ids, VISION, PROJECTOR_HIDDEN, lm_head_gain=1.0)
     model.train()
     cfg = TRAIN
     untrained, n_eval = held_out_loss(model, heldout, cfg["seq"])
