@@ -51,11 +51,12 @@ def test_dequantization_is_bit_exact_with_gguf_py(name):
         if len(weights.shape(tensor)) != 2 or t.tensor_type not in quant.KERNEL_TYPES:
             continue
         n_out, n_in = weights.shape(tensor)
-        ours = np.empty((n_out, n_in))
-        quant.dequantize_rows(int(t.tensor_type), quant.as_blocks(weights.raw(tensor), n_out), n_in, 0, ours,
-                              quant.TABLES)
         expected = weights.get(tensor, np.float32)
-        assert np.array_equal(ours.astype(np.float32).view(np.uint32), expected.view(np.uint32)), tensor
+        for dtype in (np.float32, np.float64):  # the tiles of float32 runs, and of float64 runs
+            ours = np.empty((n_out, n_in), dtype)
+            quant.dequantize_rows(int(t.tensor_type), quant.as_blocks(weights.raw(tensor), n_out), n_in, 0, ours,
+                                  quant.TABLES)
+            assert np.array_equal(ours.astype(np.float32).view(np.uint32), expected.view(np.uint32)), tensor
         checked += 1
     assert checked
 
@@ -140,6 +141,29 @@ def test_type_without_kernel_falls_back_to_the_reference(tmp_path):
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
     assert GT.Q5_1 not in quant.KERNEL_TYPES
     assert np.array_equal(NumbaBackend(np.float32).linear(x, weights, "w"), ops.linear(x, weights.get("w", np.float64)))
+
+
+@pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan, 3e38])
+def test_activations_the_kernels_do_not_take_get_the_reference_product(special):
+    # an inf meeting a zero weight gives NaN in the factored K-quant form, and 3e38 times an unscaled
+    # integer weight overflows in float32 where the reference's product does not: both take the
+    # reference's product, whose inf and NaN are numpy's
+    types = (GT.Q4_K, GT.Q6_K, GT.Q8_0, GT.IQ2_XXS)
+    weights = harness.TensorFile([(t.name, t, 8, 512) for t in types], np.random.default_rng(5)).weights
+    for T in (1, 5):  # the row route and the tiles
+        x = np.random.default_rng(6).standard_normal((T, 512)).astype(np.float32)
+        x[0, 7] = special
+        for t in types:
+            with np.errstate(over="ignore"):  # the reference's float64 sum of 3e38 rounds to inf in float32
+                ours = NumbaBackend(np.float32).linear(x, weights, t.name)
+                ref = ops.linear(x, weights.get(t.name, np.float64))
+            assert np.array_equal(ours, ref, equal_nan=True), t.name
+
+
+def test_float16_activations_get_the_reference_product():
+    weights = harness.TensorFile([("Q4_K", GT.Q4_K, 8, 512)], np.random.default_rng(5)).weights
+    x = np.random.default_rng(6).standard_normal((1, 512)).astype(np.float16)
+    assert np.array_equal(NumbaBackend(np.float32).linear(x, weights, "Q4_K"), ops.linear(x, weights.get("Q4_K", np.float64)))
 
 
 def test_make_backend():

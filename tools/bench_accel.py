@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 
@@ -196,8 +197,6 @@ def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, n
     """numba's product against the reference's (gguf-py dequantization, float64 matmul) on the
     same rows and activations in one process, the best of `repeat` rounds each. One engine's rounds
     run together: OpenBLAS threads spin for a while after a call and would slow numba's next one."""
-    import tempfile
-
     import numba
     from accel.numba.backend import NumbaBackend
     from reference import ops

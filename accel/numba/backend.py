@@ -2,8 +2,9 @@
 attention over cache rows, norms, RoPE, activations), computed by numba kernels straight from the
 memory-mapped quantized blocks.
 
-linear multiplies the same exact float32 weights as the reference, with sums in the activations'
-dtype inside a super-block or tile and in float64 across them (quant.py says why), by one of two routes:
+linear multiplies the same exact float32 weights as the reference, with sums in float32 inside a
+super-block or tile and in float64 across them (quant.py says which types and why), by one of two
+routes:
 - few rows of x (decode, a draft verification): every weight row is read once per row of x
   straight from its blocks (quant.matmul_rows), nothing is dequantized;
 - many rows (prefill): tiles of weights are decoded once into a small buffer and multiplied with
@@ -19,6 +20,7 @@ from reference.backend import NumpyBackend
 from . import attention as attention_kernels
 from . import pointwise, quant
 
+LARGEST_KERNEL_INPUT = 1e30  # the kernels multiply x by unscaled integer weights (up to 127) in float32
 FUSED_MAX_ROWS = 2   # rows of x up to which the row route is used: it beats the tiles up to 2 rows of x
                      # (Q4_K, Q5_K, IQ2_XXS) or 3 (Q6_K), measured on 4096x6656 matrices
 TOKEN_BLOCK = 256    # rows of x per tiled product: their activations stay in cache across a tile
@@ -35,7 +37,7 @@ class NumbaBackend:
 
     def linear(self, x, weights, name):  # x [T, in], GGUF tensor name [out, in] -> [T, out]
         qtype = weights.tensors[name].tensor_type
-        if qtype not in quant.KERNEL_TYPES:
+        if qtype not in quant.KERNEL_TYPES or not kernel_input(x):
             return self.fallback.linear(x, weights, name)
         n_out, n_in = weights.shape(name)
         blocks = quant.as_blocks(weights.raw(name), n_out)
@@ -83,6 +85,14 @@ class NumbaBackend:
     swiglu = staticmethod(ops.swiglu)
     softcap = staticmethod(ops.softcap)
     gelu_erf = staticmethod(ops.gelu_erf)
+
+
+def kernel_input(x):  # x [T, in] -> whether the kernels give what the reference gives on it
+    """float32/float64 activations below 1e30 in magnitude. Larger ones could overflow an unscaled
+    product that the reference never forms, and an inf meets a zero weight (NaN) in the factored
+    K-quant form where the reference's inf passes through; no real model makes either, and the
+    reference's product gives numpy's inf and NaN exactly."""
+    return x.dtype in (np.float32, np.float64) and bool(np.all(np.abs(x) < LARGEST_KERNEL_INPUT))
 
 
 def block_sums16(x):  # x [T, n] -> [T, n/16] float64: the sums the K-quant mins multiply

@@ -1,8 +1,12 @@
 """Products with GGUF weights straight from their quantized blocks, in numba. No dequantized
-matrix ever exists. The weights are gguf-py's float32 values exactly; the sums run in the
-activations' dtype within a 256-value super-block or a 1024-column tile and in float64 across
-them, so against reference/ops.py linear (float64 sums) only float32 summation order differs:
-NMSE <= 2.3e-14 per product in the op harness, 1.6e-13 .. 7.9e-13 on whole tiny models.
+matrix ever exists. The weights are gguf-py's float32 values exactly; with float32 activations the
+sums run in float32 within a 256-value super-block (the rows of Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_XXS,
+IQ2_XXS; 32 values for Q8_0) or a 1024-column tile (every type) and in float64 across them; the
+other row kernels (F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K) sum in float64, and float64
+activations sum in float64 everywhere. Against reference/ops.py linear (float64 sums) only the
+summation differs: NMSE <= 2.6e-14 per product in the op harness on random inputs (more where a
+row's sum cancels: the error is relative to sum |w x|), 1.6e-13 .. 7.9e-13 on whole tiny models.
+The float32 lanes follow the CPU's vector width, so the last bits may differ between machines.
 
 Two routes:
 - matmul_rows (decode): each weight row is read once per row of x and multiplied block by block
@@ -42,15 +46,15 @@ def lookup_tables():  # -> Tables, every entry a float32/int8/uint8 array
     quants.IQ3_XXS.init_grid()
     ksigns = np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8).copy()  # 7 sign bits -> 8 (even parity)
     sign_rows = np.where((ksigns[:, None] >> np.arange(8)) & 1, np.float32(-1), np.float32(1))  # [128, 8] of +-1
-    nibble_signs = np.where((np.arange(16)[:, None] >> np.arange(4)) & 1, -1, 1)  # [16, 4] of +-1
+    nibble_signs = np.where((np.arange(16)[:, None] >> np.arange(4)) & 1, np.float32(-1), np.float32(1))  # [16, 4]
     iq2xxs_grid = np.ascontiguousarray(quants.IQ2_XXS.grid.reshape(256, 8), np.float32)
     iq3xxs_grid = np.ascontiguousarray(quants.IQ3_XXS.grid.reshape(256, 4), np.float32)
     return Tables(halves=every_u16.view(np.float16).astype(np.float32),
                   bfloats=(every_u16.astype(np.uint32) << 16).view(np.float32),
                   ksigns=ksigns, kvalues=np.array(quants.IQ4_NL.kvalues, np.float32),
                   # every grid row with every sign pattern, as int8 (grid values <= 62): one load
-                  # gives 8 (IQ2_XXS, row 128 grid + 7 sign bits) or 4 (IQ3_XXS, row 16 grid + 4 sign
-                  # bits) signed values, and the tables (256 KB, 16 KB) stay in L2
+                  # gives 8 signed values (IQ2_XXS: row 128 * grid byte + 7 sign bits) or 4 (IQ3_XXS:
+                  # row 16 * grid byte + 4 sign bits), and the tables (256 KB, 16 KB) stay in L2
                   iq2xxs_signed=(iq2xxs_grid[:, None] * sign_rows[None]).reshape(-1, 8).astype(np.int8),
                   iq3xxs_signed=(iq3xxs_grid[:, None] * nibble_signs[None]).reshape(-1, 4).astype(np.int8))
 
@@ -130,9 +134,9 @@ def q6_k_scales(blk, sb, h, part, tab):  # -> d * scale of values 128 h + 32 s +
 
 
 # ---------------------------------------------------------------------------------------------
-# Decoders: values [start, start + n) of one row -> out[:n] (float64 holding gguf-py's float32
-# values). start is a multiple of CHUNK, n a multiple of the block size and at most CHUNK. No
-# fastmath here: a contracted `dl * q - ml` would round once where gguf-py rounds twice.
+# Decoders: values [start, start + n) of one row -> out[:n] (gguf-py's float32 values, widened if
+# out is float64). start is a multiple of CHUNK, n a multiple of the block size and at most CHUNK.
+# No fastmath here: a contracted `dl * q - ml` would round once where gguf-py rounds twice.
 
 @njit(cache=True)
 def decode_float(qtype, row, start, n, out, tab):  # F32, F16, BF16
@@ -208,11 +212,9 @@ def decode_q3_k(row, start, n, out, tab):  # 110 bytes: hmask[32], qs[64], scale
 def decode_q45_k(qtype, row, start, n, out, tab):  # Q4_K 144 / Q5_K 176 bytes: d, dmin, scales[12], (qh[32]), qs[128]
     size, qs_at = (144, 16) if qtype == Q4_K else (176, 48)
     sb, blk = start // 256, row.reshape(-1, size)
-    d, dmin = half_at(blk, sb, 0, tab.halves), half_at(blk, sb, 2, tab.halves)
+    dl, ml = k_scales(blk, sb, tab)
     for g in range(4):  # 32 bytes: the low nibbles are sub-block 2g, the high ones 2g + 1
-        sc0, m0 = k_scale_min(blk[sb], 4, 2 * g)
-        sc1, m1 = k_scale_min(blk[sb], 4, 2 * g + 1)
-        d0, ml0, d1, ml1 = d * np.float32(sc0), dmin * np.float32(m0), d * np.float32(sc1), dmin * np.float32(m1)
+        d0, ml0, d1, ml1 = dl[2 * g], ml[2 * g], dl[2 * g + 1], ml[2 * g + 1]
         for l in range(32):
             lo, hi = nibbles(np.float32(blk[sb, qs_at + 32 * g + l]))
             if qtype == Q5_K:
@@ -310,11 +312,12 @@ def decode_chunk(qtype, row, start, n, out, tab):  # the decoder of qtype
 # by more than about 2^8: an NMSE of ~1e-15.)
 # Sums run in the activations' dtype inside a super-block (float32 lanes: twice as many per vector
 # as float64, and float32 x fits the L1 cache where float64 x does not) and in float64 across
-# super-blocks; against the reference's float64 sums that is an NMSE of about n_in * 2^-48 / 256
-# per product (measured 3e-14 at n_in 6656).
+# super-blocks. A product q x rounds once in float32, then the sums round: against
+# the reference's float64 sums of exact products, a relative error of about 2^-24 sqrt(256) of
+# sum |w x| per super-block (measured NMSE 3e-14 at n_in 6656 on random x).
 
 # reassoc lets LLVM split the sums into vector lanes, contract fuses a*b+c into an FMA. Both only
-# move roundings of the sums: every weight is formed exactly before it is multiplied.
+# move roundings of products and sums; the weights' own factors are exact.
 FAST = {"reassoc", "contract"}
 
 
@@ -567,7 +570,7 @@ def row_iq3_xxs(row, x, tab):  # 98 bytes: f16 d, 64 grid bytes (4 values each),
                 ks = np.int64(tab.ksigns[(aux >> (7 * l)) & 127])
                 lo = signed[np.int64(blk[sb, 2 + 8 * ib + 2 * l]) * 16 + (ks & 15)]
                 hi = signed[np.int64(blk[sb, 3 + 8 * ib + 2 * l]) * 16 + (ks >> 4)]
-                for j in range(lo.shape[0]):
+                for j in range(lo.shape[0]):  # a runtime length (4), as in row_iq2_xxs
                     s += np.float32(lo[j]) * xs[sb, ib, 2 * l, j] + np.float32(hi[j]) * xs[sb, ib, 2 * l + 1, j]
             acc += np.float64(d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)) * s
     return acc
