@@ -19,6 +19,8 @@ from conftest import GOLDEN, run_cli
 from reference import ggml_cpu, gguf, ops
 from reference.ggml_cpu import UBATCH, GgmlCpuBackend, GgmlCpuError
 from reference.text import TextModel
+from tools.golden import sha256
+from tools.make_ggml_cpu_goldens import synthetic_gguf
 from tools.metrics import max_abs_diff, nmse, top1_agreement
 
 HERE = os.path.join(GOLDEN, "ggml_cpu")
@@ -31,8 +33,8 @@ def model(rel):  # path under golden/ -> GGUFModel (loaded once per test run)
     return gguf.load(os.path.join(GOLDEN, rel), "text")
 
 
-def ggml_logits(rel, ids, fed, kv_type, flash_attn):  # -> [len(ids) + len(fed), V]: one prefill, then decodes
-    lm = TextModel(model(rel), backend=GgmlCpuBackend(kv_type, flash_attn, check_host=False))
+def ggml_logits(text_model, ids, fed, kv_type, flash_attn):  # GGUFModel -> [len(ids) + len(fed), V]: prefill, decodes
+    lm = TextModel(text_model, backend=GgmlCpuBackend(kv_type, flash_attn, check_host=False))
     cache = lm.new_cache(len(ids) + len(fed), "uniform")
     rows = [lm.prefill(ids, cache, UBATCH)] + [lm.prefill([t], cache, UBATCH) for t in fed]
     return np.concatenate(rows)
@@ -46,25 +48,36 @@ def assert_identical(ref, got, what):  # bit-identical logits, with the figures 
                          f"{float(np.mean(top1_agreement(ref, got))):.3f} (expected bit-identical)")
 
 
+def check_run(run, text_model):  # a manifest run: its prompt rows and decode rows against the ggml-cpu mode
+    ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)
+    ids, fed = MANIFEST["prompt"]["token_ids"], run["generated"]
+    got = ggml_logits(text_model, ids, fed, run["kv_type"], run["flash_attn"])
+    assert_identical(ref[:len(ids)], got[:len(ids)], f"{run['file']} prefill")
+    assert_identical(ref[len(ids):], got[len(ids):], f"{run['file']} decode")
+
+
 # ---------------------------------------------------------------------------------------------
 # Logits: every type, F16 and F32 KV, flash attention off and on, prefill and decode
 
 @pytest.mark.parametrize("run", MANIFEST["runs"], ids=lambda r: r["file"][len("logits/"):-len(".npy")])
 def test_logits_bit_identical(run):
-    ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)
-    ids, fed = MANIFEST["prompt"]["token_ids"], run["generated"]
-    got = ggml_logits(run["model"], ids, fed, run["kv_type"], run["flash_attn"])
-    assert_identical(ref[:len(ids)], got[:len(ids)], f"{run['file']} prefill")
-    assert_identical(ref[len(ids):], got[len(ids):], f"{run['file']} decode")
+    check_run(run, model(run["model"]))
 
 
 @pytest.mark.parametrize("run", MANIFEST["kv_q8_0"]["runs"], ids=lambda r: r["file"][len("logits/"):-len(".npy")])
 def test_q8_0_kv_logits_bit_identical(run):  # tiny-a (head_dim 32: Q8_0 rows, no Hadamard rotation)
-    ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)
-    ids, fed = MANIFEST["prompt"]["token_ids"], run["generated"]
-    got = ggml_logits(run["model"], ids, fed, run["kv_type"], run["flash_attn"])
-    assert_identical(ref[:len(ids)], got[:len(ids)], f"{run['file']} prefill")
-    assert_identical(ref[len(ids):], got[len(ids):], f"{run['file']} decode")
+    check_run(run, model(run["model"]))
+
+
+@pytest.mark.parametrize("run", MANIFEST["kv_q8_0"]["rotated_runs"], ids=lambda r: r["type"])
+def test_q8_0_kv_rotated_logits_bit_identical(run, tmp_path):  # head sizes 64, 128: q, k, v and output rotated
+    """The synthetic models are not committed: rebuilt from the manifest's fields and seed, they must be
+    the very file llama.cpp ran before their logits mean anything."""
+    path = tmp_path / f"{run['type']}.gguf"
+    synthetic_gguf(path, run["fields"], run["seed"])
+    assert sha256(path) == run["sha256"], \
+        f"{run['type']}: the rebuilt GGUF is not the one llama.cpp ran (tools.make_synthetic or gguf-py changed)"
+    check_run(run, gguf.load(str(path), "text"))
 
 
 SHARED = [  # (model, run directory, prompt id): goldens of golden/logits/llama-cpp, same engine and options
@@ -84,7 +97,8 @@ def test_shared_llama_cpp_goldens(name, run, prompt):
     options = manifest["options"]
     assert (options["n_ubatch"], options["n_threads"], options["backend"]) == (512, 2, "cpu")
     ref = np.load(os.path.join(folder, entry["file"]), allow_pickle=False)
-    got = ggml_logits(f"models/{name}.gguf", entry["token_ids"], [], options["kv_type"], options["flash_attn"] == "on")
+    got = ggml_logits(model(f"models/{name}.gguf"), entry["token_ids"], [], options["kv_type"],
+                      options["flash_attn"] == "on")
     assert_identical(ref, got, f"{name}/{run}/{prompt}")
 
 
@@ -93,7 +107,8 @@ def test_f32_kv_decode_steps():  # greedy decode of the shared F32-KV f32 golden
     entries = json.loads(Path(folder, "manifest.json").read_text(encoding="utf-8"))["entries"]
     entry = next(e for e in entries if e["id"] == "len7")
     ref = np.load(os.path.join(folder, entry["greedy"]["decode_logits"]), allow_pickle=False)[:8]
-    got = ggml_logits("models/tiny-b-f32.gguf", entry["token_ids"], entry["greedy"]["tokens"][:8], "f32", False)
+    fed = entry["greedy"]["tokens"][:8]
+    got = ggml_logits(model("models/tiny-b-f32.gguf"), entry["token_ids"], fed, "f32", False)
     assert_identical(ref, got[len(entry["token_ids"]):], "tiny-b-f32 F32 KV decode")
 
 
@@ -300,7 +315,7 @@ def test_unmodelled_requests_raise_typed_errors():
     with pytest.raises(GgmlCpuError, match="flash attention"):  # llama.cpp refuses a quantized V cache without it
         GgmlCpuBackend("q8_0", False, check_host=False)
     with pytest.raises(GgmlCpuError, match="multiple of 32"):  # tiny-b's head_dim 16 holds no Q8_0 block
-        ggml_logits("models/tiny-b-f32.gguf", [1, 2], [], "q8_0", True)
+        ggml_logits(model("models/tiny-b-f32.gguf"), [1, 2], [], "q8_0", True)
 
     class Weights:  # a weight type the emulation has no kernel for
         def type_name(self, name):

@@ -24,9 +24,12 @@
    Hadamard rotation) on the same prompt rows and decodes as 2., and ops/q8_0_kv.npz: layer-0
    attention of synthetic f32 models with head sizes 64 and 128, where llama.cpp rotates q, k, v and
    the output by Walsh-Hadamard transforms (K by 64 or 128, V by 64-element blocks).
+   logits/synthetic-hd<64|128>/kv-q8_0_fa-on.npy: the same prompt rows and decodes as 2. on those
+   two synthetic models, end to end through the rotation. The models are not kept: the manifest
+   gives their TextDims fields, seed and sha256, and `synthetic_gguf` rebuilds them byte for byte.
    `--only-q8-0-kv` rewrites just these files and the manifest's "kv_q8_0" entry.
 manifest.json describes every file: model and sha256, engine and version, options, token ids,
-generated tokens, date. The size stays under the 4 MB the repository allows for this directory.
+generated tokens, date.
 """
 from __future__ import annotations
 
@@ -282,24 +285,45 @@ def write_ops(out, ids):  # -> manifest entries; ops/<type>.npz
 
 
 GEOMETRY_DIMS = dict(n_layer=2, n_embd=256, n_ff=256, n_head=4, n_head_kv=1, n_vocab=512, n_swa=8)
+GEOMETRY_SEED = 0
+
+
+def synthetic_gguf(path, fields, seed):  # {TextDims field: value}, seed -> TextDims of the f32 GGUF written to path
+    """The synthetic models llama.cpp runs here; tests rebuild them from the manifest's fields and seed
+    (the writer is deterministic: same fields and seed, same bytes)."""
+    from gguf import GGUFValueType
+    # the synthetic vocabulary has no merges; llama.cpp's BPE loader insists on the key
+    return write_text_gguf(path, TextDims(**fields), seed=seed,
+                           extra_keys={"tokenizer.ggml.merges": (["t 1"], GGUFValueType.ARRAY)})
+
+
+def geometry_fields(head_dim):  # -> {TextDims field: value} of the synthetic model with that head size
+    return {**GEOMETRY_DIMS, "head_dim": head_dim}
 
 
 def geometry_model(path, head_dim):  # -> TextDims of a synthetic f32 GGUF written to path
-    from gguf import GGUFValueType
-    dims = TextDims(**GEOMETRY_DIMS, head_dim=head_dim)
-    # the synthetic vocabulary has no merges; llama.cpp's BPE loader insists on the key
-    write_text_gguf(path, dims, extra_keys={"tokenizer.ggml.merges": (["t 1"], GGUFValueType.ARRAY)})
-    return dims
+    return synthetic_gguf(path, geometry_fields(head_dim), GEOMETRY_SEED)
 
 
 def geometry_entry(dims):  # TextDims -> the manifest's description of a synthetic geometry model
-    made = ", ".join(f"{k}={v}" for k, v in {**GEOMETRY_DIMS, "head_dim": dims.head_dim}.items())
+    made = ", ".join(f"{k}={v}" for k, v in geometry_fields(dims.head_dim).items())
     return {"head_dim": dims.head_dim, "rope_base": dims.rope_base, "n_swa": dims.n_swa,
-            "made": f"tools.make_synthetic TextDims({made}), seed 0"}
+            "made": f"tools.make_synthetic TextDims({made}), seed {GEOMETRY_SEED}"}
 
 
-def write_q8_0_kv(out, ids, ops_ids):  # -> the manifest's "kv_q8_0" entry; logits/tiny-a-*/, ops/q8_0_kv.npz
-    runs = []
+def write_rotated_logits(out, ids, path, head_dim):  # -> manifest run; logits/synthetic-hd<D>/kv-q8_0_fa-on.npy
+    logits, generated, _ = run_llama(path, ids, N_DECODE, "q8_0", True)
+    name = f"logits/synthetic-hd{head_dim}/{config_name('q8_0', True)}.npy"
+    (out / name).parent.mkdir(parents=True, exist_ok=True)
+    np.save(out / name, logits, allow_pickle=False)
+    print(f"{name}: {logits.shape}, generated {generated}", flush=True)
+    return {"type": f"synthetic-hd{head_dim}", "head_dim": head_dim, "fields": geometry_fields(head_dim),
+            "seed": GEOMETRY_SEED, "made": "tools.make_ggml_cpu_goldens.synthetic_gguf(fields, seed) (f32)",
+            "sha256": sha256(path), "kv_type": "q8_0", "flash_attn": True, "file": name, "generated": generated}
+
+
+def write_q8_0_kv(out, ids, ops_ids):  # -> manifest "kv_q8_0"; logits/{tiny-a,synthetic}-*/, ops/q8_0_kv.npz
+    runs, rotated_runs = [], []
     for kind in Q8_0_KV_TYPES:
         model = MODELS / f"tiny-a-{kind}.gguf"
         logits, generated, _ = run_llama(model, ids, N_DECODE, "q8_0", True)
@@ -314,14 +338,15 @@ def write_q8_0_kv(out, ids, ops_ids):  # -> the manifest's "kv_q8_0" entry; logi
         for head_dim in Q8_0_KV_HEAD_DIMS:
             path = Path(tmp) / f"hd{head_dim}.gguf"
             models[f"hd{head_dim}"] = geometry_entry(geometry_model(path, head_dim))
+            rotated_runs.append(write_rotated_logits(out, ids, path, head_dim))
             _, _, graphs = run_llama(path, ops_ids, 1, "q8_0", True, record=True)
             found = attention_fixture(graphs, config_name("q8_0", True))
             arrays.update({f"hd{head_dim}.{k}": v for k, v in found.items()})
     (out / "ops").mkdir(exist_ok=True)
-    np.savez_compressed(out / "ops" / "q8_0_kv.npz", **arrays)  # keeps golden/ggml_cpu/ under 4 MB
+    np.savez_compressed(out / "ops" / "q8_0_kv.npz", **arrays)  # keeps golden/ggml_cpu/ small
     print(f"ops/q8_0_kv.npz: {len(arrays)} tensors", flush=True)
-    return {"date": today(), "runs": runs, "ops": {"token_ids": ops_ids, "file": "ops/q8_0_kv.npz", "models": models,
-                                  "keys": sorted(arrays)}}
+    return {"date": today(), "runs": runs, "rotated_runs": rotated_runs,
+            "ops": {"token_ids": ops_ids, "file": "ops/q8_0_kv.npz", "models": models, "keys": sorted(arrays)}}
 
 
 def write_geometry_ops(out, ids):  # -> manifest entry; ops/geometry.npz
