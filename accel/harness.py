@@ -42,8 +42,8 @@ GATES = {
     "rms_norm": (1e-13, "float32 squares summed in float64 (order differs), mean rounded once"),
     "layer_norm": (1e-13, "float64 mean and variance (order differs), rounded once"),
     "rope": (1e-13, "numpy's cos/sin on both sides, the same float32 operations: expect 0"),
-    "activation": (1e-12, "libm exp/tanh/erf against numpy's vectorized ones: <= 2 ulp per value "
-                          "(the numba backend takes these from ops.py: expect 0)"),
+    "activation": (1e-12, "libm exp/tanh/erf against numpy's vectorized ones: <= 2 ulp per value, "
+                          "measured <= 2.6e-15"),
 }
 
 # The quantized types are those whose f16 scale offsets tools.make_synthetic knows: random blocks with

@@ -14,7 +14,6 @@ A type without a kernel falls back to the numpy reference's product.
 """
 import numpy as np
 
-from reference import ops
 from reference.backend import NumpyBackend
 
 from . import attention as attention_kernels
@@ -76,15 +75,22 @@ class NumbaBackend:
     def rope_2d(self, x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]
         return rotate(x, [(theta_a, 0, 1), (theta_b, x.shape[-1] // 2, 1)])
 
-    # The exp/tanh/erf activations are the reference's own functions: numpy's vectorized exp and
-    # tanh round differently from libm in the last bit, which moved whole-model logits by NMSE 1.7e-13
-    # when these ran as numba kernels; they cost nothing next to the products, so the only
-    # difference left between the backends is the products' float32 summation order.
-    sigmoid = staticmethod(ops.sigmoid)
-    silu = staticmethod(ops.silu)
-    swiglu = staticmethod(ops.swiglu)
-    softcap = staticmethod(ops.softcap)
-    gelu_erf = staticmethod(ops.gelu_erf)
+    def sigmoid(self, x):  # [...] -> [...]
+        return elementwise(pointwise.sigmoid_flat, x, x.dtype.type(1))
+
+    def silu(self, x):  # [...] -> [...]
+        return elementwise(pointwise.silu_flat, x, np.ones(1, x.dtype), x.dtype.type(1))
+
+    def swiglu(self, gate, up):  # gate [T, F], up [T, F] -> [T, F]
+        return elementwise(pointwise.silu_flat, gate, flat(up.astype(gate.dtype, copy=False)), gate.dtype.type(1))
+
+    def softcap(self, z, cap):  # z [...] -> [...]
+        if cap == 0:
+            return z
+        return elementwise(pointwise.softcap_flat, z, z.dtype.type(1.0 / cap), z.dtype.type(cap))
+
+    def gelu_erf(self, x):  # [...] -> [...]
+        return elementwise(pointwise.gelu_erf_flat, x, x.dtype.type(0.5))
 
 
 def kernel_input(x):  # x [T, in] -> whether the kernels give what the reference gives on it
@@ -103,6 +109,16 @@ def block_sums16(x):  # x [T, n] -> [T, n/16] float64: the sums the K-quant mins
 
 def rows_of(x):  # [..., n] -> C-contiguous [R, n]
     return np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+
+
+def flat(x):  # [...] -> C-contiguous [n]
+    return np.ascontiguousarray(x).reshape(-1)
+
+
+def elementwise(kernel, x, *scalars):  # apply a *_flat kernel: [...] -> [...]
+    out = np.empty(x.shape, x.dtype)
+    kernel(flat(x), *scalars, out.reshape(-1))
+    return out
 
 
 def rotate(x, parts):  # x [T, H, D], [(theta [T, P], first, stride)] -> [T, H, D]

@@ -1,11 +1,18 @@
-"""Norms and RoPE in numba, one pass over the data each, with reference/ops.py's roundings: the
-same operations in the activation dtype (float32, or float64 for the noise floor), sums of squares
-and means in float64 and rounded once to the dtype. Scalars come in already cast to the dtype
-(`one`, `eps`) so each kernel is compiled once per dtype and computes in it. The cos/sin of the
-RoPE angles are taken by numpy before the kernel: the very values ops.rope_norm uses.
+"""Norms, RoPE and activations in numba, one pass over the data each, with reference/ops.py's
+roundings: the same operations in the activation dtype (float32, or float64 for the noise floor),
+sums of squares and means in float64 and rounded once to the dtype. Scalars come in already cast
+to the dtype (`one`, `eps`, ...) so each kernel is compiled once per dtype and computes in it.
+
+The cos/sin of the RoPE angles are taken by numpy before the kernel: the very values ops.rope_norm
+uses. exp, tanh and erf come from libm, which may differ from numpy's vectorized versions in the
+last bit (whole tiny models: NMSE ~1e-13, next to the products' float32 sums).
 """
+import math
+
 import numpy as np
 from numba import njit, prange
+
+SQRT2 = math.sqrt(2.0)
 
 
 @njit(cache=True, parallel=True)
@@ -53,3 +60,29 @@ def rope_pairs(x, cos, sin, first, stride, out):  # x/out [T, H, D], cos/sin [T,
             e, o = x[t, h, a], x[t, h, a + stride]
             out[t, h, a] = e * cos[t, i] - o * sin[t, i]
             out[t, h, a + stride] = e * sin[t, i] + o * cos[t, i]
+
+
+@njit(cache=True, parallel=True)
+def sigmoid_flat(x, one, out):  # x [n] -> out [n]
+    for i in prange(x.shape[0]):
+        out[i] = one / (one + np.exp(-x[i]))
+
+
+@njit(cache=True, parallel=True)
+def silu_flat(x, up, one, out):  # x [n], up [n] or [1] of one -> out [n]: silu(x) * up (SwiGLU; SiLU with up = [1])
+    scale_by_up = up.shape[0] == x.shape[0]
+    for i in prange(x.shape[0]):
+        out[i] = x[i] / (one + np.exp(-x[i])) * (up[i] if scale_by_up else up[0])
+
+
+@njit(cache=True, parallel=True)
+def softcap_flat(z, inv_cap, cap, out):  # z [n] -> out [n]: tanh(z / cap) * cap, dividing by the rounded reciprocal
+    for i in prange(z.shape[0]):
+        out[i] = np.tanh(z[i] * inv_cap) * cap
+
+
+@njit(cache=True, parallel=True)
+def gelu_erf_flat(x, half, out):  # x [n] -> out [n]
+    # ops.gelu_erf: 0.5 * x in the dtype, erf(x / sqrt 2) and the product in float64, one rounding
+    for i in prange(x.shape[0]):
+        out[i] = np.float64(half * x[i]) * (1.0 + math.erf(np.float64(x[i]) / SQRT2))
