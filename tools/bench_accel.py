@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 from gguf import GGUFValueType, GGUFWriter
 
-from reference import gguf
+from reference import gguf, ops
 from reference.text import TextModel
 from tools.make_synthetic import (Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
                                   text_keys, text_shapes)
@@ -199,7 +199,6 @@ def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, n
     run together: OpenBLAS threads spin for a while after a call and would slow numba's next one."""
     import numba
     from accel.numba.backend import NumbaBackend
-    from reference import ops
     from tools.metrics import nmse
     numba.set_num_threads(args.threads)
     results = []
@@ -230,6 +229,15 @@ def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, n
     return results
 
 
+def print_ratios(report):  # the ratios and logit agreements of a run report, one line each
+    for pair, ratio in report["ratios"].items():
+        print(f"{pair}: prefill x{ratio['prefill_tok_s']:.2f}, decode x{ratio['decode_tok_s']:.2f} (per CPU second: "
+              f"prefill x{ratio['prefill_per_cpu_s']:.2f}, decode x{ratio['decode_per_cpu_s']:.2f})")
+    for name, a in report["logits_vs_numba"].items():
+        print(f"logits {name} vs numba: NMSE {a['nmse']:.3g}, max |diff| {a['max_abs_diff']:.3g}, "
+              f"top-1 {a['top1']:.3f}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tools.bench_accel", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -257,18 +265,10 @@ def main(argv=None):
     if args.what == "make":
         return make(args)
     if args.what == "kernels":
-        results = kernels(args)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-        return 0
-    report = run(args)
-    for pair, ratio in report["ratios"].items():
-        print(f"{pair}: prefill x{ratio['prefill_tok_s']:.2f}, decode x{ratio['decode_tok_s']:.2f} (per CPU second: "
-              f"prefill x{ratio['prefill_per_cpu_s']:.2f}, decode x{ratio['decode_per_cpu_s']:.2f})")
-    for name, a in report["logits_vs_numba"].items():
-        print(f"logits {name} vs numba: NMSE {a['nmse']:.3g}, max |diff| {a['max_abs_diff']:.3g}, "
-              f"top-1 {a['top1']:.3f}")
+        report = kernels(args)
+    else:
+        report = run(args)
+        print_ratios(report)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

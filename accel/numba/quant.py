@@ -250,12 +250,17 @@ def decode_iq4_xs(row, start, n, out, tab):  # 136 bytes: f16 d, u16 scales_h, s
 
 
 @njit(cache=True)
+def xxs_scale(d, aux, unit):  # f16 d, u32 with the 4-bit scale on top -> d (1/2 + scale) unit, as gguf-py rounds it
+    return d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(unit)
+
+
+@njit(cache=True)
 def decode_iq2_xxs(row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
     blk, signed = row.reshape(-1, 66)[start // 256], tab.iq2xxs_signed
     d = tab.halves[u16(blk, 0)]
     for ib in range(8):
         aux = u32(blk, 6 + 8 * ib)
-        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
+        db = xxs_scale(d, aux, 0.25)
         for l in range(4):  # db * (grid * sign) is gguf-py's (db * grid) * sign: a sign flip rounds alike
             values = signed[np.int64(blk[2 + 8 * ib + l]) * 128 + ((aux >> (7 * l)) & 127)]
             for j in range(values.shape[0]):
@@ -268,7 +273,7 @@ def decode_iq3_xxs(row, start, n, out, tab):  # 98 bytes: f16 d, grid bytes[64],
     d = tab.halves[u16(blk, 0)]
     for ib in range(8):
         aux = u32(blk, 66 + 4 * ib)
-        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
+        db = xxs_scale(d, aux, 0.5)
         for l in range(4):  # two grid rows of 4 take the low and the high four of 8 sign bits
             ks = np.int64(tab.ksigns[(aux >> (7 * l)) & 127])
             lo = signed[np.int64(blk[2 + 8 * ib + 2 * l]) * 16 + (ks & 15)]
@@ -552,7 +557,7 @@ def row_iq2_xxs(row, x, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 
             for j in range(g0.shape[0]):
                 s += (np.float32(g0[j]) * xs[sb, ib, 0, j] + np.float32(g1[j]) * xs[sb, ib, 1, j]
                       + np.float32(g2[j]) * xs[sb, ib, 2, j] + np.float32(g3[j]) * xs[sb, ib, 3, j])
-            acc += np.float64(d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)) * s
+            acc += np.float64(xxs_scale(d, aux, 0.25)) * s
     return acc
 
 
@@ -572,7 +577,7 @@ def row_iq3_xxs(row, x, tab):  # 98 bytes: f16 d, 64 grid bytes (4 values each),
                 hi = signed[np.int64(blk[sb, 3 + 8 * ib + 2 * l]) * 16 + (ks >> 4)]
                 for j in range(lo.shape[0]):  # a runtime length (4), as in row_iq2_xxs
                     s += np.float32(lo[j]) * xs[sb, ib, 2 * l, j] + np.float32(hi[j]) * xs[sb, ib, 2 * l + 1, j]
-            acc += np.float64(d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)) * s
+            acc += np.float64(xxs_scale(d, aux, 0.5)) * s
     return acc
 
 
