@@ -30,7 +30,7 @@ from gguf import GGMLQuantizationType as GT, GGML_QUANT_SIZES, GGUFReader, GGUFW
 from gguf import quants
 
 from reference import ops
-from reference.gguf import Weights
+from reference.gguf import Weights, write_out
 from tools.make_synthetic import F16_SCALE_OFFSETS
 from tools.metrics import max_abs_diff, nmse
 
@@ -82,10 +82,7 @@ class TensorFile:
         for name, qtype, n_out, n_in in specs:
             data = random_weights(qtype, n_out, n_in, rng)
             w.add_tensor(name, data, raw_dtype=qtype)  # raw blocks: the shape follows from the row bytes
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        write_out(w)
         self.weights = Weights(GGUFReader(path, "r"), path)
 
 

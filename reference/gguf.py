@@ -51,6 +51,13 @@ def _check_header(path, file_size):  # refuse absurd counts before GGUFReader wa
                               f"cannot fit in {file_size} bytes")
 
 
+def write_out(writer):  # a GGUFWriter with its keys and tensors added -> the file written and closed
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def open_reader(path):  # path -> GGUFReader, memory-mapped, every tensor inside the file
     path = os.fspath(path)
     if not os.path.isfile(path):

@@ -415,10 +415,7 @@ def backend(emulated):  # CupyBackend on the emulated runtime
 def one_tensor_gguf(path, name, values):  # -> Weights of a GGUF holding one tensor (its numpy dtype's type)
     w = GGUFWriter(path, "test")
     w.add_tensor(name, values)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    gguf.write_out(w)
     return Weights(GGUFReader(path, "r"), path)
 
 

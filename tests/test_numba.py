@@ -133,10 +133,7 @@ def test_type_without_kernel_falls_back_to_the_reference(tmp_path):
     w = GGUFWriter(path, "test")
     w.add_tensor("w", quants.quantize(np.random.default_rng(2).standard_normal((8, 64)).astype(np.float32), GT.Q5_1),
                  raw_dtype=GT.Q5_1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    gguf.write_out(w)
     weights = Weights(GGUFReader(path, "r"), path)
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
     assert GT.Q5_1 not in quant.KERNEL_TYPES
@@ -191,3 +188,33 @@ def test_cli_bad_backend_use_is_one_line_exit_2(args):
     r = run_cli("reference.run", "--model", os.path.join(MODELS, "tiny-a-f32.gguf"), "--token-ids", "1,2", *args)
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("high_bits", [0, 2])
+def test_floor_loops_compute_the_sums_the_ceiling_bound_assumes(high_bits):
+    # tools/kernel_floor.py bounds decode speed by these loops: they must do the whole work they
+    # stand for (every field extracted, converted and multiplied), or the bound is too high.
+    # Fields 0..63 times N(0, 1), float32 sums of 4 x 416 terms against float64: a relative error of
+    # about 2^-24 sqrt(1664) per row, NMSE ~1e-12 at most; 1e-10 leaves room and still fails on any
+    # wrong field (which moves whole products, NMSE > 1e-4).
+    from tools import kernel_floor
+    rng = np.random.default_rng(high_bits)
+    low = rng.integers(0, 256, (64, 832), dtype=np.uint8)
+    high = rng.integers(0, 256, (64, 416), dtype=np.uint8)
+    x = rng.standard_normal(1664).astype(np.float32)
+    out = np.empty(64, np.float32)
+    kernel_floor.floor_loop(high_bits)(low, high, x, out)
+    values = kernel_floor.unpacked_values(low, high, high_bits)
+    assert values.max() == (15 if high_bits == 0 else 63)
+    assert nmse(values @ x.astype(np.float64), out) <= 1e-10
+
+
+def test_ceiling_bound_sums_each_types_time_at_its_floor():
+    from tools import kernel_floor
+    from tools.bench_accel import weights_per_type
+    # 2e9 4-bit weights at 2 G/s and 1e9 6-bit at 1 G/s: 2 s; IQ2_XXS has no floor and counts as free
+    assert kernel_floor.model_bound({"Q4_K": 2 * 10**9, "Q6_K": 10**9, "IQ2_XXS": 5 * 10**9}, {0: 2.0, 2: 1.0}) == 2.0
+    path = os.path.join(MODELS, "tiny-a-q4_k_m.gguf")
+    matrices = [t for t in GGUFReader(path).tensors if len(t.shape) == 2]
+    embedding = [t.n_elements for t in matrices if t.name == "token_embd.weight"]
+    assert sum(weights_per_type(path).values()) == sum(t.n_elements for t in matrices) - sum(embedding) > 0

@@ -11,6 +11,9 @@ and llama.cpp (llama-cpp-python) with the same number of threads, as ratios from
     python -m tools.bench_accel kernels build/bench/mid-q4_k_m.gguf [--rows 8192 --tokens 1,64]
         one product per weight type of the file on its first rows: numba's kernel against the
         reference's (gguf-py dequantization, then a float64 matmul), weight-products per second
+    python -m tools.bench_accel ceiling build/bench/mid-q4_k_m.gguf [--threads 2]
+        the floor loops of tools/kernel_floor.py on streamed bytes, the decode tokens/s that bounds
+        any numba kernel to on this model, and llama.cpp's and numba's decode tokens/s beside it
 
 All engines compute the logits of every prompt position in prefill (llama.cpp with logits_all), as
 the reference does. The GGUFs are large (7.5 GB F16): keep them under build/, never commit them.
@@ -57,10 +60,7 @@ def write_uniform_imatrix(path, dims):  # an importance matrix of ones for every
         if len(shape) == 2 and name != "token_embd.weight":
             w.add_tensor(name + ".in_sum2", np.ones(shape[1], np.float32))
             w.add_tensor(name + ".counts", np.ones(1, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    gguf.write_out(w)
 
 
 def make(args):  # -> exit status
@@ -186,10 +186,7 @@ def slice_gguf(src, dst, n_rows):  # -> names of the largest matrix of each weig
     w = GGUFWriter(dst, "bench")
     for t in largest.values():  # raw blocks [rows, row_bytes]: the shape follows from the row bytes
         w.add_tensor(t.name, np.ascontiguousarray(np.asarray(t.data)[:n_rows]), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    gguf.write_out(w)
     return [t.name for t in largest.values()]
 
 
@@ -229,6 +226,58 @@ def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, n
     return results
 
 
+def weights_per_type(path):  # -> {type name: weights of the multiplied matrices}, token_embd is looked up
+    counts = {}
+    for t in gguf.open_reader(path).tensors:
+        if len(t.shape) == 2 and t.name != "token_embd.weight":
+            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + int(t.n_elements)
+    return counts
+
+
+def ceiling(args):  # -> report dict
+    """Decode tokens/s at most, if every kernel ran at its floor loop's speed, against llama.cpp's
+    and numba's measured decode in the same process."""
+    import numba
+    from tools import kernel_floor
+    numba.set_num_threads(args.threads)
+    counts = weights_per_type(args.model)
+    rng = np.random.default_rng(0)
+    low = rng.integers(0, 256, (args.rows, args.n_in // 2), dtype=np.uint8)  # 40 MB in all: streamed, as in decode
+    high = rng.integers(0, 256, (args.rows, args.n_in // 4), dtype=np.uint8)
+    x = rng.standard_normal(args.n_in).astype(np.float32)
+    out = np.empty(args.rows, np.float32)
+    loops = {b: kernel_floor.floor_loop(b) for b in {kernel_floor.FLOOR_BITS[t] for t in counts if t in kernel_floor.FLOOR_BITS}}
+    for loop in loops.values():
+        loop(low, high, x, out)  # compile
+    best = {b: np.inf for b in loops}
+
+    def time_floors():  # rounds of every loop in turn: the machine's quiet moments count for all of them
+        for _ in range(args.repeat_floor):
+            for b, loop in loops.items():
+                best[b] = min(best[b], timed(loop, low, high, x, out)[1])
+    time_floors()
+    ids = [int(i) for i in rng.integers(0, MID.n_vocab - 3, args.prompt_len)]
+    decode = {name: bench_engine(make_engine, ids, args.n_decode, args.repeat)[1]["decode_tok_s"]
+              for name, make_engine in (("llama-cpp", lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len)),
+                                        ("numba", lambda: reference_engine(args.model, "numba")))}
+    time_floors()  # before and after the engines, the best of both: the bound only gets looser
+    floors = {b: args.rows * args.n_in / t / 1e9 for b, t in best.items()}  # G weight-products/s
+    for b, rate in sorted(floors.items()):
+        print(f"floor loop, {4 + b}-bit fields: {rate:6.2f} G weight-products/s")
+    bound_s = kernel_floor.model_bound(counts, floors)
+    llama = decode["llama-cpp"]
+    report = {"model": os.path.basename(args.model), "threads": args.threads,
+              "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]), "weights_per_type": counts,
+              "floor_gw_s": {f"{4 + b}-bit": v for b, v in floors.items()}, "decode_tok_s": decode,
+              "bound_tok_s": 1 / bound_s, "bound_over_llama_cpp": 1 / bound_s / llama,
+              "numba_over_llama_cpp": decode["numba"] / llama}
+    free = sorted(t for t in counts if t not in kernel_floor.FLOOR_BITS)
+    print(f"decode at most {report['bound_tok_s']:.2f} tok/s (types without a floor counted free: {free or 'none'}), "
+          f"x{report['bound_over_llama_cpp']:.2f} of llama.cpp's {llama:.2f}; numba {decode['numba']:.2f} tok/s, "
+          f"x{report['numba_over_llama_cpp']:.2f}")
+    return report
+
+
 def print_ratios(report):  # the ratios and logit agreements of a run report, one line each
     for pair, ratio in report["ratios"].items():
         print(f"{pair}: prefill x{ratio['prefill_tok_s']:.2f}, decode x{ratio['decode_tok_s']:.2f} (per CPU second: "
@@ -261,11 +310,23 @@ def main(argv=None):
     k.add_argument("--threads", type=int, default=2)
     k.add_argument("--repeat", type=int, default=3)
     k.add_argument("--json")
+    c = sub.add_parser("ceiling", help="decode tokens/s no numba kernel exceeds here (floor loops), beside llama.cpp")
+    c.add_argument("model")
+    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--rows", type=int, default=8192, help="rows of the floor loops' packed bytes")
+    c.add_argument("--n-in", type=int, default=MID.n_embd)
+    c.add_argument("--repeat-floor", type=int, default=10, help="rounds per floor loop, the best counts")
+    c.add_argument("--prompt-len", type=int, default=64)
+    c.add_argument("--n-decode", type=int, default=8)
+    c.add_argument("--repeat", type=int, default=3)
+    c.add_argument("--json")
     args = p.parse_args(argv)
     if args.what == "make":
         return make(args)
     if args.what == "kernels":
         report = kernels(args)
+    elif args.what == "ceiling":
+        report = ceiling(args)
     else:
         report = run(args)
         print_ratios(report)

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 import numpy as np
 from gguf import GGUFWriter
 
+from reference.gguf import write_out
 from reference.tokenizer import (BYTE, CHAR_OF_BYTE, CONTROL, GPT2, GPT4O, LLAMA3, NORMAL, PRE_TOKENIZERS, UNKNOWN,
                                  UNUSED, USER_DEFINED, byte_encode, read_vocab)
 from tools.golden import LLAMA_CPP_COMMIT, sha256
@@ -154,10 +155,7 @@ def write_vocab_gguf(path, tokens, types, merges, pre, bos, eos):  # a vocabular
     w.add_uint32("tokenizer.ggml.bos_token_id", bos)
     w.add_uint32("tokenizer.ggml.eos_token_id", eos)
     w.add_bool("tokenizer.ggml.add_bos_token", True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_out(w)
 
 
 def with_pre(v, pre, tmp):  # TokenizerConfig -> path of a GGUF of it with another tokenizer.ggml.pre

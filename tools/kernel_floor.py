@@ -1,0 +1,66 @@
+"""Floor loops: the least work a decode product with float32 activations must do per weight, as
+numba compiles it. Each weight's b-bit field is taken out of its packed bytes, converted to float32
+and multiply-added into one running sum; there are no scales, no offsets and no super-block
+structure, so a real kernel of a b-bit type does all of this and more. Their speed on packed bytes
+streamed from memory (the decode case) bounds what any numba kernel of that width can reach here;
+`python -m tools.bench_accel ceiling` turns the bounds into tokens/s of a whole model.
+
+A field is (low >> low_shift) & 15, with (high >> high_shift) & (2^high_bits - 1) above it: 4-bit
+values (Q4_K, IQ4_XS, ...) have high_bits 0, 6-bit ones (Q6_K) 2, as in ggml's block layouts. The
+fields are taken in int8 arithmetic by an LLVM intrinsic: numba widens integer operations to 64
+bits, which would leave 8 lanes per vector instead of 16 and make the floor too slow to be one.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+I8 = ir.IntType(8)
+FAST = {"reassoc", "contract"}  # as accel/numba/quant.py: vector lanes for the sum, FMAs
+
+
+@intrinsic
+def unpack_field(typingctx, low, low_shift, high, high_shift, high_bits):  # -> float32 of the field
+    def codegen(context, builder, signature, args):
+        lo, lo_shift, hi, hi_shift, hi_bits = args
+        mask = builder.sub(builder.shl(ir.Constant(I8, 1), builder.trunc(hi_bits, I8)), ir.Constant(I8, 1))
+        low_bits = builder.and_(builder.lshr(lo, builder.trunc(lo_shift, I8)), ir.Constant(I8, 15))
+        high_field = builder.and_(builder.lshr(hi, builder.trunc(hi_shift, I8)), mask)
+        field = builder.or_(low_bits, builder.shl(high_field, ir.Constant(I8, 4)))
+        return builder.uitofp(field, ir.FloatType())
+    return types.float32(types.uint8, types.int64, types.uint8, types.int64, types.int64), codegen
+
+
+def floor_loop(high_bits):  # -> njit(low [R, n/2], high [R, n/4], x [n], out [R]), high_bits a constant
+    """Four values per step: both nibbles of low[i] and low[n/4 + i], four 2-bit fields of high[i].
+    high_bits is frozen into the loop, so with 0 LLVM drops the high plane entirely."""
+    @njit(parallel=True, fastmath=FAST)
+    def loop(low, high, x, out):
+        m = x.shape[0] // 4
+        for r in prange(low.shape[0]):
+            lo, hi = low[r], high[r]
+            s = np.float32(0)
+            for i in range(m):
+                s += (unpack_field(lo[i], 0, hi[i], 0, high_bits) * x[i]
+                      + unpack_field(lo[m + i], 0, hi[i], 2, high_bits) * x[m + i]
+                      + unpack_field(lo[i], 4, hi[i], 4, high_bits) * x[2 * m + i]
+                      + unpack_field(lo[m + i], 4, hi[i], 6, high_bits) * x[3 * m + i])
+            out[r] = s
+    return loop
+
+
+def unpacked_values(low, high, high_bits):  # -> float64 [R, n]: the fields floor_loop multiplies, in x's order
+    m = low.shape[1] // 2  # n/4
+    mask = (1 << high_bits) - 1
+    fields = [(low[:, :m] & 15) | (((high >> 0) & mask) << 4), (low[:, m:] & 15) | (((high >> 2) & mask) << 4),
+              (low[:, :m] >> 4) | (((high >> 4) & mask) << 4), (low[:, m:] >> 4) | (((high >> 6) & mask) << 4)]
+    return np.concatenate(fields, axis=1).astype(np.float64)
+
+
+# type -> high_bits of its values. 5-bit types take the 4-bit floor, a looser (faster) bound; every
+# other type has no floor and counts as free in the bound.
+FLOOR_BITS = {"Q4_0": 0, "Q4_1": 0, "Q4_K": 0, "IQ4_NL": 0, "IQ4_XS": 0, "Q5_0": 0, "Q5_1": 0, "Q5_K": 0, "Q6_K": 2}
+
+
+def model_bound(weights_per_type, floor_gw_s):  # -> seconds per decoded token at least; floor_gw_s: high_bits -> G/s
+    return sum(n / (floor_gw_s[FLOOR_BITS[t]] * 1e9) for t, n in weights_per_type.items() if t in FLOOR_BITS)
