@@ -5,6 +5,7 @@ import os
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
+import importlib
 import json
 import subprocess
 import sys
@@ -15,6 +16,15 @@ pytest_plugins = ["tools.pytest_parity", "pytester"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "golden")
 MODELS = os.path.join(GOLDEN, "models")
+
+
+# .ci/run sets REFERENCE_CI: there the extras it installs and the machine's C++ compiler are part of
+# what is tested, so a missing one fails the run instead of quietly skipping a whole test module.
+IN_CI = bool(os.environ.get("REFERENCE_CI"))
+
+
+def require(module):  # -> the imported module; a skip where it is not installed, a failure under .ci/run
+    return importlib.import_module(module) if IN_CI else pytest.importorskip(module)
 
 
 def model_manifest():  # -> list of manifest entries for the committed tiny models

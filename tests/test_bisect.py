@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import MODELS, ROOT, run_cli
+from conftest import MODELS, ROOT, require, run_cli
 
 from reference.trace import Tracer
 from tools import bisect as bisect_tool
@@ -116,7 +116,7 @@ def test_cli_names_the_first_divergence(tmp_path, capsys):
 
 
 def test_plot(tmp_path):
-    pytest.importorskip("matplotlib")  # an extra: [parity]
+    require("matplotlib")  # an extra: [test] and [parity]
     a = save_trace(toy_trace(), tmp_path / "a")
     b = save_trace(toy_trace(inject="Qcur-1"), tmp_path / "b")
     assert bisect_tool.main([a, b, "--plot", str(tmp_path / "p.png")]) == 1

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, MODELS, ROOT, run_cli
+from conftest import GOLDEN, MODELS, ROOT, require, run_cli
 
 from tools import golden
 
@@ -70,7 +70,7 @@ def test_in_process_corpus(in_process, capsys):
 
 
 def test_local_ray_cluster_gives_identical_goldens(in_process, tmp_path, capsys):
-    pytest.importorskip("ray")  # setup.cfg extra [test]
+    require("ray")  # setup.cfg extra [test]
     prompts, reference_out = in_process
     out = tmp_path / "ray"
     assert golden.main(corpus_args(prompts, out, "--task-size", "2", "--ray", "--workers", "2")) == 0

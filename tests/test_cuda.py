@@ -2,8 +2,9 @@
 in accel/cupy.
 
 Without a GPU (CI, developers' machines):
-- every .cu compiles with nvcc for sm_80 and sm_90, so syntax and type errors are caught; the
-  sources as the runtime inlines them compile with NVRTC where libnvrtc is installed;
+- where nvcc is installed, every .cu compiles with it for sm_80 and sm_90, so syntax and type
+  errors are caught; the sources as the runtime inlines them compile with NVRTC where libnvrtc is
+  installed;
 - the kernels themselves run on the CPU: the same .cu files compiled as C++ together with a small
   emulation of CUDA's execution model (EMULATOR below: each thread a coroutine, __syncthreads and
   warp shuffles as barriers, guard zones around every array), behind a runtime with CupyRuntime's
@@ -40,7 +41,7 @@ from reference.gguf import Weights
 from reference.text import TextModel
 from reference.trace import Tracer
 from tools.metrics import nmse
-from conftest import GOLDEN, MODELS, run_cli
+from conftest import GOLDEN, IN_CI, MODELS, run_cli
 
 NVCC = shutil.which("nvcc")
 CXX = shutil.which("g++")
@@ -400,8 +401,8 @@ class RecordedGraph:
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):  # -> EmulatedRuntime
-    if CXX is None:
-        pytest.skip("g++ not found: the CPU emulation of the kernels needs a C++ compiler")
+    if CXX is None:  # CI's machine has one: there a missing compiler must not pass as ~95 skips
+        (pytest.fail if IN_CI else pytest.skip)("g++ not found: the CPU emulation of the kernels needs a C++ compiler")
     if platform.system() != "Linux":
         pytest.skip("the CPU emulation of the kernels uses Linux's ucontext")
     return EmulatedRuntime(*build_emulator(str(tmp_path_factory.mktemp("emulated"))))
@@ -462,7 +463,7 @@ F32_CASES = [c for c in harness.all_cases() if c.dtype == "float32"]
 @pytest.mark.parametrize("case", F32_CASES, ids=lambda c: f"{c.op} {c.name}")
 def test_op_harness_case(backend, case):
     """accel/harness.py's cases and gates (its docstring gives them; the products' float32 sums of
-    8 terms sit near NMSE 4e-15, under its 1e-12). CupyBackend has no float64 kernels."""
+    8 terms sit near NMSE 4e-15, under its 1e-11). CupyBackend has no float64 kernels."""
     err, diff, gate, problem = harness.check(case, backend)
     assert not problem, f"{problem} (max |diff| {diff:.3g})"
 
@@ -501,7 +502,7 @@ def test_float64_is_refused(emulated):
 @pytest.mark.parametrize("name", ["tiny-b-f32", "tiny-b-iq2_xxs"])
 def test_whole_model_matches_numpy(backend, name):
     """Prefill (one chunk and chunks of 3), decode steps and ring vs uniform, each under
-    cuda_harness.MODEL_GATE (the issue's 1e-8); measured on this emulation: NMSE 1e-13."""
+    cuda_harness.MODEL_GATE (1e-11, its reason there); measured on this emulation: NMSE 1e-13."""
     records = cuda_harness.check_model(backend, os.path.join(MODELS, name + ".gguf"), cuda_harness.PROMPT[:8],
                                        n_decode=2, chunk=3)
     for r in records:

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, MODELS, run_cli
+from conftest import GOLDEN, MODELS, require, run_cli
 
 from tools import diff, metrics
 
@@ -96,7 +96,7 @@ def test_cli_pass_fail_and_outputs(tmp_path, capsys):
 
 
 def test_plot(tmp_path):
-    pytest.importorskip("matplotlib")  # an extra: [parity]
+    require("matplotlib")  # an extra: [test] and [parity]
     ref, ref64, test = logits_pair()
     np.save(tmp_path / "ref.npy", ref)
     np.save(tmp_path / "test.npy", test)
@@ -210,7 +210,7 @@ def test_cli_typical_error_on_real_logits(real_pair, tmp_path):
 
 
 def test_corpus_report_worst_prompts_first(tmp_path):
-    pytest.importorskip("matplotlib")  # an extra: [parity]
+    require("matplotlib")  # an extra: [test] and [parity]
     ref, _, test = logits_pair(real=False)
     rng = np.random.default_rng(1)
     for side in ("ref", "test"):

@@ -12,7 +12,7 @@ from tools.metrics import nmse
 from conftest import MODELS
 
 # The reference accumulates every product in float64 and rounds once (ops.linear, ops.attention),
-# so chunking and cache layout change nothing but the order of f64 sums: 1e-12 is the gate,
+# so chunking and cache layout change nothing but the order of f64 sums: 1e-12 is the required gate,
 # and in practice the logits are bit-identical.
 CHUNK_NMSE = 1e-12
 

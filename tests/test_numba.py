@@ -14,29 +14,33 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("numba")
+from conftest import GOLDEN, MODELS, require, run_cli
+
+require("numba")  # the [accel] extra
 
 from gguf import GGMLQuantizationType as GT, GGUFReader, GGUFWriter  # noqa: E402
 from gguf import quants  # noqa: E402
 
 from accel import BackendError, harness, make_backend  # noqa: E402
 from accel.numba import NumbaBackend, quant  # noqa: E402
-from reference import gguf, ops  # noqa: E402
+from reference import gguf, ops, vision  # noqa: E402
 from reference.backend import NumpyBackend  # noqa: E402
 from reference.gguf import Weights  # noqa: E402
 from reference.text import TextModel  # noqa: E402
 from tools.metrics import nmse  # noqa: E402
-from conftest import GOLDEN, MODELS, run_cli  # noqa: E402
 
 TEXT_MODELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(MODELS, "tiny-*.gguf"))
                      if "mmproj" not in p and "dflash" not in p)
 ALL_MODELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(MODELS, "tiny-*.gguf")))
 ROLE = {"mmproj": "mmproj", "dflash": "dflash"}
 
-# The gate for whole-model logits, numba against numpy. Both multiply the same exact
-# weights; numba sums in float32 within a super-block or tile and takes exp/tanh/erf from libm:
-# measured NMSE 1.8e-13 .. 8.6e-13 on the 16 tiny models (max |diff| <= 3.6e-5), top-1 identical.
-WHOLE_MODEL_GATE = 1e-8
+# The gate for whole-model logits, numba against numpy. Both multiply the same exact weights; numba
+# sums in float32 within a super-block or tile and takes exp/tanh/erf from libm: measured NMSE
+# 1.8e-13 .. 8.6e-13 on the 16 tiny models (max |diff| <= 3.6e-5), top-1 identical. The float32
+# lanes follow the CPU's vector width, so another machine's sums differ in their last bits: 1e-11
+# leaves 12x over the worst. A real bug is larger: the model's eps in place of the post-norm's
+# moves tiny-a's logits by 7e-9.
+WHOLE_MODEL_GATE = 1e-11
 
 
 def role_of(name):
@@ -90,7 +94,6 @@ def test_whole_model_matches_numpy_backend(name):
 
 @pytest.mark.parametrize("name", [n for n in ALL_MODELS if "mmproj" in n])
 def test_vision_tower_matches_numpy_backend(name):
-    vision = pytest.importorskip("reference.vision")
     model = gguf.load(os.path.join(MODELS, name), "mmproj")
     rgb = (np.random.default_rng(4).random((56, 84, 3)) * 255).astype(np.uint8)
     ref = vision.VisionModel(model, np.float32, NumpyBackend(np.float32)).encode(rgb)

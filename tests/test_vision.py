@@ -132,9 +132,9 @@ def test_grid_examples_from_the_spec():
 # - exact vs llama.cpp, flash off: llama.cpp's conv_2d builds its im2col in F16, so it sees pixels
 #   and kernel rounded to f16. That alone is the residual (ggml-cpu numerics, which rounds the same
 #   way, lands at 2e-13) and is largest for 1-token images [3.0e-7; 3e-8 .. 1e-7 otherwise]. The
-#   issue's 1e-7 holds for the ggml-cpu mode only; exact gets 3x its worst: 1e-6.
+#   required 1e-7 holds for the ggml-cpu mode only; exact gets 3x its worst: 1e-6.
 # - flash on: K and V (and Q below 64 patches, with an f16 accumulator) in f16: [8.2e-7 exact,
-#   4.3e-7 ggml-cpu]; the gate, 1e-6.
+#   4.3e-7 ggml-cpu]; the required gate, 1e-6.
 # - the f16 mmproj: activations are rounded to f16 before every F16 matmul; one flipped f16
 #   rounding then grows through the random tiny tower [9.8e-7 exact, 4.6e-7 ggml-cpu]: 3e-6.
 GATES = {("f32-fa-off", "exact"): 1e-6, ("f32-fa-off", "ggml-cpu"): 1e-12,
