@@ -568,7 +568,9 @@ def test_cli_auto_floor(capsys):
     status, out, _ = run_cli(capsys, "--n-predict", "12", "--json", "--draft-model", DRAFTER_FILE,
                              "--spec-p-min", "auto")
     steps = json.loads(out)["speculative"]["steps"]
-    assert status == 0 and {st["p_min"] for st in steps if st["drafted"]} <= set(FLOORS)
+    # the governor first tries every floor once, in order (later choices follow the step times);
+    # the drafter drafts at least one token at each floor on this prompt
+    assert status == 0 and [st["p_min"] for st in steps if st["drafted"]][:len(FLOORS)] == list(FLOORS)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -301,12 +301,17 @@ def test_cli_q8_0_kv_logits_bit_identical(tmp_path):  # --kv-type q8_0 turns fla
     assert_identical(ref, np.load(out, allow_pickle=False), "reference.run --numerics ggml-cpu --kv-type q8_0")
 
 
-@pytest.mark.parametrize("args", [("--numerics", "ggml"), ("--numerics", "ggml-cpu", "--dtype", "float64"),
-                                  ("--kv-type", "q8_0"), ("--flash-attn", "on"), ("--kv-type", "q4_0"),
-                                  ("--numerics", "ggml-cpu", "--kv-type", "q8_0", "--flash-attn", "off")])
-def test_cli_bad_numerics_is_one_line_exit_2(args):
+@pytest.mark.parametrize("args, message", [
+    (("--numerics", "ggml"), "invalid choice: 'ggml'"),
+    (("--numerics", "ggml-cpu", "--dtype", "float64"), "computes in float32"),
+    (("--kv-type", "q8_0"), "for --numerics ggml-cpu only"),
+    (("--flash-attn", "on"), "for --numerics ggml-cpu only"),
+    (("--kv-type", "q4_0"), "invalid choice: 'q4_0'"),
+    (("--numerics", "ggml-cpu", "--kv-type", "q8_0", "--flash-attn", "off"), "needs flash attention")])
+def test_cli_bad_numerics_is_one_line_exit_2(args, message):
     done = run_cli("reference.run", *args, "--token-ids", "1,2", "--n-predict", "0")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert message in done.stderr
 
 
 def test_unmodelled_requests_raise_typed_errors():

@@ -186,11 +186,12 @@ def test_cli_backend_numba_gives_the_numpy_logits_and_tokens(tmp_path):
     assert out["numpy"][1] == out["numba"][1]
 
 
-@pytest.mark.parametrize("args", [["--backend", "numba", "--tp", "2"], ["--backend", "cupy-or-else"]])
-def test_cli_bad_backend_use_is_one_line_exit_2(args):
+@pytest.mark.parametrize("args, message", [(["--backend", "numba", "--tp", "2"], "--tp simulates tensor parallelism"),
+                                           (["--backend", "cupy-or-else"], "invalid choice: 'cupy-or-else'")])
+def test_cli_bad_backend_use_is_one_line_exit_2(args, message):
     r = run_cli("reference.run", "--model", os.path.join(MODELS, "tiny-a-f32.gguf"), "--token-ids", "1,2", *args)
     assert r.returncode == 2
-    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr and message in r.stderr
 
 
 @pytest.mark.parametrize("high_bits", [0, 2])

@@ -424,7 +424,7 @@ def test_text_model_as_mmproj_and_back():
 
 
 def test_resize_refuses_absurd_targets():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="target"):
         resize_lanczos(np.zeros((2, 2, 3), np.uint8), 0, 28)
 
 
