@@ -301,3 +301,10 @@ def test_plugin_update_goldens_from_the_reference(pytester, monkeypatch):
     assert manifest["entries"][0]["greedy"]["n_predict"] == 32  # the old manifest's greedy length
     new = np.load(target / "len7.npy")
     assert not np.array_equal(new, old) and golden.metrics.nmse(old.ravel(), new.ravel()) <= EXACT_NMSE
+
+
+@pytest.mark.parametrize("args, message", [([], "usage:"), (["--help"], "usage:"),
+                                           (["golden"], "is not a llama.cpp source tree")])
+def test_hf_to_gguf_bad_llama_dir_is_one_line_exit_2(args, message):
+    done = run_cli("tools.hf_to_gguf", *args)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and message in done.stderr, done.stderr

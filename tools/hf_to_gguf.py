@@ -17,10 +17,16 @@ PINNED_PRE = "llama4"
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 1:
-        sys.exit("usage: python -m tools.hf_to_gguf LLAMA_CPP_DIR [converter args ...]")
+    usage = "usage: python -m tools.hf_to_gguf LLAMA_CPP_DIR [converter args ...]"
+    if len(argv) < 1 or argv[0] in ("-h", "--help"):
+        print(usage, file=sys.stderr)
+        sys.exit(2)
     llama_dir = Path(argv[0]).resolve()
     script = llama_dir / "convert_hf_to_gguf.py"
+    if not script.is_file() or not (llama_dir / "conversion").is_dir():
+        print(f"tools.hf_to_gguf: {llama_dir} is not a llama.cpp source tree (no convert_hf_to_gguf.py and "
+              "conversion/ there)", file=sys.stderr)
+        sys.exit(2)
     # the converter's vendored gguf-py knows the muse-glimmer and dflash architectures
     sys.path[:0] = [str(llama_dir / "gguf-py"), str(llama_dir)]
     from conversion.base import TextModel  # the converter's own class
