@@ -4,7 +4,6 @@ ARCHITECTURE.md; flags are extended, never renamed).
 With no arguments it runs the embedded default model from golden/ on a default prompt and prints
 a greedy continuation with timings.
 """
-import argparse
 import json
 import os
 import sys
@@ -14,6 +13,7 @@ import numpy as np
 
 from . import gguf
 from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
+from .cli import OneLineParser, UsageError
 from .dflash import Drafter, Speculator, acceptance
 from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
 from .governor import CostGovernor, FloorBandit
@@ -33,16 +33,6 @@ HINT = ("[more: --prompt TEXT | --chat --prompt TEXT | --draft-model golden/mode
         " | --model GGUF | --json | --help]")
 DEFAULT_N_PREDICT = 16
 PROGRESS_BYTES = 1 << 30
-
-
-class UsageError(Exception):
-    pass
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):  # argparse prints usage + message; the contract is one line, exit 2
-        print(f"reference.run: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def build_parser():

@@ -1,0 +1,44 @@
+"""What every command line of the project shares: bad input is one line on stderr and exit status 2
+(never a traceback, a usage block, a hang or a giant allocation), and numbers are range-checked as
+they are parsed, before anything is allocated from them."""
+import argparse
+import sys
+
+
+class UsageError(Exception):
+    """Bad command-line input found after parsing; main() prints it as one line and exits 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints usage + message; the contract is one line, exit 2
+        print(f"{self.prog.removeprefix('python -m ')}: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def int_in(low, high):  # -> an argparse type: an int with low <= n <= high
+    def parse(text):
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"{n} is out of range [{low}, {high}]")
+        return n
+    return parse
+
+
+def float_in(low, high):  # -> an argparse type: a finite float with low <= x <= high
+    def parse(text):
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not low <= x <= high:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"{text} is out of range [{low}, {high}]")
+        return x
+    return parse
+
+
+def fail(prog, message):  # one line on stderr -> exit status 2
+    print(f"{prog}: {message}", file=sys.stderr)
+    return 2
