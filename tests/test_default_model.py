@@ -9,7 +9,6 @@ tests/test_text_parity.py.
 """
 import glob
 import json
-import math
 import os
 import re
 
@@ -88,18 +87,20 @@ def test_llama_cpp_continuations_are_words_of_the_corpus(lm):
 
 
 def test_heldout_loss_is_the_one_transformers_measured(lm):
-    """The reference's cross-entropy on the committed held-out sample equals transformers' (the f16
-    GGUF holds the checkpoint's weights exactly; both compute in f32): measured |diff| 5e-8 nats.
-    The tolerance, 1e-4 nats, is f32 rounding of the logits (NMSE ~1e-13 on this model)."""
+    """The reference's cross-entropy on the committed held-out sample (2 windows, 256 predicted
+    tokens) equals transformers' 2.7473 nats: the f16 GGUF holds the checkpoint's weights exactly
+    and both compute in f32, so only f32 noise separates them. Measured |diff| 5.0e-8 nats.
+    The tolerance, 1e-6 nats: the stored loss is a float32 number (half its spacing: 1.2e-7); the
+    per-token f32 noise, measured against the reference's float64 run, is 6.4e-7 RMS, so the mean of
+    256 tokens carries sigma 4e-8 per engine, 5.7e-8 for two; 1e-6 is the stored rounding plus 15
+    sigma, room for transformers' own f32 sum of the 256 terms. A 0.01 % logit-scale error moves the
+    loss by 1.5e-5."""
     sample = np.array(EVAL["heldout_sample"]["token_ids"])
     losses = []
     for window in sample:
         logits = lm.prefill(window[:-1], lm.new_cache(len(window)))
         losses.append(-np.take_along_axis(log_softmax(logits), window[1:, None], -1).mean())
-    assert abs(np.mean(losses) - EVAL["heldout_sample"]["loss"]) <= 1e-4
-    target = EVAL["target"]  # held-out 2.70 nats, untrained 6.57
-    assert target["heldout_loss"] < target["untrained_loss"] - 2.0
-    assert math.isclose(target["ln_vocab"], math.log(lm.cfg.n_vocab))
+    assert abs(np.mean(losses) - EVAL["heldout_sample"]["loss"]) <= 1e-6
 
 
 def test_drafter_acceptance_equals_llama_server(lm):

@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf import quants
+from gguf import GGML_QUANT_SIZES, quants
 
 from reference import gguf
 from tools import make_synthetic as ms
@@ -28,8 +28,16 @@ def test_random_blocks_dequantize_with_the_intended_std(qtype):
     rows = ms.random_rows(qtype, 64, 1024, 0.03, rng, unit)
     w = quants.dequantize(rows, qtype)
     assert w.shape == (64, 1024) and np.all(np.isfinite(w))
-    # the scale was calibrated on other random blocks: the spread matches within sampling noise
-    assert 0.02 < np.std(w) < 0.04
+    # The scale was calibrated on 64 other random blocks (block_scale_for_unit_std), and this sample
+    # has n blocks. The blocks' mean squares vary with relative spread r (their random sub-scales and
+    # grids; measured 0.16 for Q8_0 to 0.33), so std(w) / 0.03 has a sampling sigma of
+    # 0.5 r sqrt(1/64 + 1/n): 1.0 % (Q8_0, 2048 blocks of 32) to 2.3 % (256 blocks of 256); 40
+    # reseeded calibrations and samples spread 1.0 % to 2.3 % as well. The f16 scale adds at most
+    # 0.05 %. Gate: 4 sigma (measured at most 1.4 sigma, IQ4_XS -3.2 %).
+    block = GGML_QUANT_SIZES[qtype][0]
+    mean_square = (w.reshape(-1, block).astype(np.float64) ** 2).mean(-1)
+    sigma = 0.5 * mean_square.std() / mean_square.mean() * np.sqrt(1 / 64 + 1 / len(mean_square))
+    assert abs(np.std(w) / 0.03 - 1) <= 4 * sigma
 
 
 def test_every_role_loads(tmp_path):
