@@ -7,6 +7,7 @@ BLAS threads nor batch shapes change a bit), so goldens from any worker layout m
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -126,6 +127,84 @@ def test_another_runs_directory_is_refused(in_process, tmp_path):
     prompts, out = in_process
     r = run_cli("tools.golden", *corpus_args(prompts, out, "--task-size", "2", "--dtype", "float64"))
     assert r.returncode == 2 and "another run" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+DAMAGED_PARTS = {  # how a part file can be damaged -> its new text, from the good part
+    "not_json": lambda part: "{",
+    "list": lambda part: "[]",
+    "entries_int": lambda part: json.dumps({**part, "entries": 5}),
+    "entry_without_file": lambda part: json.dumps({**part, "entries": [{"id": "c00"}]}),
+    "entry_outside": lambda part: json.dumps({**part, "entries": [{**part["entries"][0], "file": "../c00.npy"}]}),
+    "no_header": lambda part: json.dumps({k: v for k, v in part.items() if k != "header"}),
+    "options_list": lambda part: json.dumps({**part, "header": {**part["header"], "options": []}}),
+    "no_prompt_ids": lambda part: json.dumps({**part, "prompt_ids": []}),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_PARTS))
+def test_damaged_part_file_is_run_again(tmp_path, capsys, damage):
+    """A part file that is not what a task writes proves nothing: its task counts as not done, the
+    next run does it again and rewrites the part (module doc of tools/corpus.py)."""
+    prompts = write_corpus(tmp_path / "p.jsonl", n=3)
+    out = tmp_path / "out"
+    assert golden.main(corpus_args(prompts, out)) == 0
+    part_file = out / "tasks" / "task-00000.json"
+    good = json.loads(part_file.read_text())
+    part_file.write_text(DAMAGED_PARTS[damage](good))
+    capsys.readouterr()
+    assert golden.main(corpus_args(prompts, out)) == 0
+    assert "1 done, 0 failed, 2 skipped" in capsys.readouterr().out
+    assert json.loads(part_file.read_text())["entries"] == good["entries"]
+    assert [e["id"] for e in entries(out)] == ["c00", "c01", "c02"]
+
+
+def test_tools_corpus_is_not_a_command():
+    r = run_cli("tools.corpus", "--bogus")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "tools.corpus: not a command: run python -m tools.golden ... --corpus (see its --help)"], r.stderr
+
+
+@pytest.mark.parametrize("case", ["out_is_file", "tasks_is_file", "truncated", "truncated_ray", "truncated_llama_cpp",
+                                  "ray_refused", "ray_address_form"])
+def test_bad_corpus_input_exits_2_with_one_line(tmp_path, case):
+    """Refused before the progress bar opens, a model loads or Ray starts: one line on stderr."""
+    prompts = write_corpus(tmp_path / "p.jsonl", n=2)
+    out = tmp_path / "out"
+    truncated = tmp_path / "truncated.gguf"
+    with open(TINY_A, "rb") as f:
+        truncated.write_bytes(f.read()[:5000])
+    args = corpus_args(prompts, out)
+    problem = "truncated.gguf: corrupt GGUF"
+    with socket.socket() as closed:  # bound, never listening: a connection to it is refused
+        closed.bind(("127.0.0.1", 0))
+        if case == "out_is_file":
+            out.write_text("x")
+            problem = "out/tasks: cannot create the output directory (Not a directory)"
+        elif case == "tasks_is_file":
+            out.mkdir()
+            (out / "tasks").write_text("x")
+            problem = "out/tasks: cannot create the output directory (File exists)"
+        elif case == "truncated":
+            args[args.index(TINY_A)] = str(truncated)
+        elif case == "truncated_ray":
+            args[args.index(TINY_A)] = str(truncated)
+            args.append("--ray")
+        elif case == "truncated_llama_cpp":
+            args[args.index(TINY_A)] = str(truncated)
+            args[args.index("reference")] = "llama-cpp"
+        elif case == "ray_refused":
+            address = "127.0.0.1:%d" % closed.getsockname()[1]
+            args += ["--ray-address", address]
+            problem = f"--ray-address {address}: no Ray cluster reachable there"
+        else:
+            args += ["--ray-address", "head"]
+            problem = "--ray-address 'head': expected auto, HOST:PORT or ray://HOST:PORT"
+        start = time.monotonic()
+        r = run_cli("tools.golden", *args)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert err[0].startswith("tools.golden: ") and problem in err[0], err[0]
+    assert time.monotonic() - start < 30  # no retrying an unreachable cluster
 
 
 @pytest.mark.parametrize("model, gate", [

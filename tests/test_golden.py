@@ -172,24 +172,131 @@ def test_teacher_forced_score_of_llama_cpp_greedy_output(tmp_path):
     assert scored["score"]["sum_logprob"] == pytest.approx(float(llama_logprob.sum()), abs=64 * F32_LOGIT_ERROR)
 
 
-@pytest.mark.parametrize("case", ["not_json", "two_sources", "bad_id", "duplicate", "images", "bad_ids", "model",
-                                  "range"])
-def test_bad_input_exits_2_with_one_line(tmp_path, case):
+BAD_PROMPTS = {  # case -> (prompt file, what the error says)
+    "not_json": ("{id: 1}", "1: not a JSON object"),
+    "not_object": ("[1, 2]", "1: need an id and exactly one of token_ids or text"),
+    "two_sources": ('{"id": "a", "token_ids": [1], "text": "x"}', "1: need an id and exactly one"),
+    "bad_id": ('{"id": "../a", "token_ids": [1]}', "1: prompt id '../a' is not a plain file name"),
+    "null_id": ('{"id": null, "token_ids": [1]}', "1: id must be a string or an integer, got null"),
+    "duplicate": ('{"id": "a", "token_ids": [1]}\n{"id": "a", "token_ids": [2]}', "2: prompt id 'a' appears twice"),
+    "images": ('{"id": "a", "token_ids": [1], "images": ["x.png"]}', "1: image prompts are not supported"),
+    "bad_ids": ('{"id": "a", "token_ids": [1, "two"]}', "1: token_ids must be a list of integers"),
+    "bool_ids": ('{"id": "a", "token_ids": [true, false]}', "1: token_ids must be a list of integers"),
+    "float_ids": ('{"id": "a", "token_ids": [1.5]}', "1: token_ids must be a list of integers"),
+    "empty_ids": ('{"id": "a", "token_ids": []}', "1: token_ids is empty"),
+    "bool_continuation": ('{"id": "a", "token_ids": [1], "continuation_ids": [true]}',
+                          "1: continuation_ids must be a list of integers"),
+    "text_int": ('{"id": "a", "text": 5}', "1: text must be a string, got 5"),
+    "continuation_int": ('{"id": "a", "token_ids": [1, 2], "continuation": 5}', "1: continuation must be a string"),
+    "surrogate": ('{"id": "a", "text": "hello \\ud800"}', "1: text is not valid Unicode"),
+    "no_prompts": ("\n", "no prompts"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PROMPTS))
+def test_bad_prompt_file_exits_2_with_one_line(tmp_path, case):
     prompts = tmp_path / "p.jsonl"
-    lines = {"not_json": "{id: 1}", "two_sources": '{"id": "a", "token_ids": [1], "text": "x"}',
-             "bad_id": '{"id": "../a", "token_ids": [1]}',
-             "duplicate": '{"id": "a", "token_ids": [1]}\n{"id": "a", "token_ids": [2]}',
-             "images": '{"id": "a", "token_ids": [1], "images": ["x.png"]}',
-             "bad_ids": '{"id": "a", "token_ids": [1, "two"]}', "model": '{"id": "a", "token_ids": [1]}',
-             "range": '{"id": "a", "token_ids": [497, 512]}'}
-    prompts.write_text(lines[case] + "\n")
+    text, problem = BAD_PROMPTS[case]
+    prompts.write_text(text + "\n")
+    r = run_cli("tools.golden", "--engine", "reference", "--model", TINY_A, "--prompts", prompts,
+                "--out", tmp_path / "out")
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert err[0].startswith(f"tools.golden: {prompts}") and problem in err[0], err[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["model", "range", "negative"])
+def test_bad_model_or_token_exits_2_with_one_line(tmp_path, case):
+    prompts = tmp_path / "p.jsonl"
+    ids = {"range": [497, 512], "negative": [497, -1]}.get(case, [1])
+    prompts.write_text(json.dumps({"id": "a", "token_ids": ids}) + "\n")
     model = tmp_path / "missing.gguf" if case == "model" else TINY_A
     r = run_cli("tools.golden", "--engine", "reference", "--model", model, "--prompts", prompts,
                 "--out", tmp_path / "out")
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr
-    expected = {"model": str(model), "range": "prompt a: token id 512 is out of range"}.get(case, str(prompts))
+    expected = {"model": f"{model}: no such file", "range": "prompt a: token id 512 is out of range",
+                "negative": "prompt a: token id -1 is out of range"}[case]
     assert expected in err[0]
+
+
+BAD_OPTIONS = [  # (arguments, what the error says); {io} is --prompts P --out DIR
+    ("", "the following arguments are required: --engine, --prompts, --out"),
+    ("--engine bogus {io}", "argument --engine: invalid choice: 'bogus'"),
+    ("--engine reference {io}", "--engine reference needs --model"),
+    ("--engine transformers {io}", "--engine transformers needs --checkpoint"),
+    ("{reference} {io} --corpus --task-size 0", "argument --task-size: 0 is out of range"),
+    ("{reference} {io} --workers -1", "argument --workers: -1 is out of range"),
+    ("{reference} {io} --n-predict -5", "argument --n-predict: -5 is out of range"),
+    ("{reference} {io} --n-predict 1000000000000", "argument --n-predict: 1000000000000 is out of range"),
+    ("{reference} {io} --n-predict x", "argument --n-predict: expected an integer, got 'x'"),
+    ("{reference} {io} --n-predict 5000", "--n-predict 5000 exceeds the training context of tiny-a-f32.gguf (4096"),
+    ("{reference} {io} --prefill-chunk 0", "argument --prefill-chunk: 0 is out of range"),
+    ("{reference} {io} --prefill-chunk -3", "argument --prefill-chunk: -3 is out of range"),
+    ("{reference} {io} --dtype float16", "argument --dtype: invalid choice"),
+    ("{reference} --prompts {missing} --out {out}", "missing: No such file or directory"),
+    ("{reference} --prompts {prompts} --out {file}", "file: cannot create the output directory (File exists)"),
+    ("{reference} --prompts {prompts} --out {file}/sub", "cannot create the output directory (Not a directory)"),
+    ("{reference} --bogus {io}", "unrecognized arguments: --bogus"),
+    # llama-cpp: all refused before llama.cpp loads anything
+    ("{llama_cpp} {io} --n-ctx 2000000000", "argument --n-ctx: 2000000000 is out of range [1, 1048576]"),
+    ("{llama_cpp} {io} --n-ctx -1", "argument --n-ctx: -1 is out of range"),
+    ("{llama_cpp} {io} --n-ctx 8192", "--n-ctx 8192 exceeds the training context of tiny-a-f32.gguf (4096"),
+    ("{llama_cpp} {io} --n-ubatch 0", "argument --n-ubatch: 0 is out of range"),
+    ("{llama_cpp} {io} --threads -4", "argument --threads: -4 is out of range [0, 512]"),
+    ("--engine llama-cpp --model {truncated} {io}", "truncated.gguf: corrupt GGUF"),
+    ("--engine llama-cpp --model {mmproj} {io}", "expected a muse-glimmer text model, found a muse-glimmer mmproj"),
+    ("--engine llama-cpp --model {missing} {io}", "missing: no such file"),
+    # transformers: refused before torch is imported
+    ("--engine transformers --checkpoint {missing} {io}", "not a Hugging Face checkpoint directory (no config.json)"),
+    ("--engine transformers --checkpoint {file} {io}", "not a Hugging Face checkpoint directory (no config.json)"),
+    ("--engine llama-server --n-predict 2 --server-url notaurl {io}", "--server-url: expected http://HOST:PORT"),
+    ("--engine llama-server --n-predict 2 --server-url http://h:99999 {io}",
+     "--server-url: 'http://h:99999' has a bad port"),
+    ("--engine llama-server {io}", "--engine llama-server needs --n-predict N > 0"),
+]
+
+
+@pytest.mark.parametrize("args, problem", BAD_OPTIONS, ids=[a or "no-arguments" for a, _ in BAD_OPTIONS])
+def test_bad_options_exit_2_with_one_line(tmp_path, args, problem):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "token_ids": [497, 1, 2]}\n')
+    (tmp_path / "file").write_text("x")
+    with open(TINY_A, "rb") as f:  # the header and metadata whole, the last tensor cut short
+        data = f.read()
+    (tmp_path / "truncated.gguf").write_bytes(data[:-1000])
+    paths = {"prompts": prompts, "out": tmp_path / "out", "file": tmp_path / "file",
+             "missing": tmp_path / "missing", "truncated": tmp_path / "truncated.gguf",
+             "mmproj": os.path.join(MODELS, "tiny-a-mmproj-f32.gguf")}
+    engines = {"reference": f"--engine reference --model {TINY_A}", "llama_cpp": f"--engine llama-cpp --model {TINY_A}",
+               "io": f"--prompts {prompts} --out {tmp_path / 'out'}"}
+    r = run_cli("tools.golden", *args.format(**engines, **paths).split())
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert err[0].startswith("tools.golden: ") and problem in err[0], err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_prompts_checked_before_any_golden(tmp_path):
+    """A bad prompt after good ones is refused before the progress bar starts and before any file is
+    written: one line, no partial output."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "token_ids": [497, 1]}\n{"id": "b", "text": "the sun", '
+                       '"continuation_ids": [600]}\n')
+    r = run_cli("tools.golden", "--engine", "reference", "--model", TINY_A, "--prompts", prompts,
+                "--out", tmp_path / "out")
+    assert r.returncode == 2 and r.stderr.strip() == \
+        "tools.golden: prompt b: token id 600 is out of range for a vocabulary of 512", r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_prompt_ids_may_be_integers(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": 7, "token_ids": [497, 1], "note": "extra fields are kept out of the way"}\n')
+    assert golden.main(["--engine", "reference", "--model", TINY_A, "--prompts", str(prompts),
+                        "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["entries"][0]["file"] == "7.npy"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,32 +8,43 @@ A worker loads the model once and runs task after task; a task writes its golden
 DIR/tasks/<task>.json (its prompt ids, the run it belongs to, its manifest entries), every file to a
 temporary name first and renamed when complete. A task whose part file exists, for the same run and
 the same prompts, is skipped: an interrupted run resumes where it stopped and a re-run is
-idempotent. Temporaries a killed run left behind are deleted at start. At the end DIR/manifest.json
-gets the entries of every finished task in prompt order, as tools.golden writes it, so tools.diff
-reads a corpus directory like any golden directory.
+idempotent. A part file that is not one this module wrote (not JSON, or a field missing or of the
+wrong type: damaged by hand or on disk) proves nothing, so its task counts as not done and is run
+again, which rewrites it. Temporaries a killed run left behind are deleted at start. At the end
+DIR/manifest.json gets the entries of every finished task in prompt order, as tools.golden writes
+it, so tools.diff reads a corpus directory like any golden directory.
 
 Workers: in-process by default (one). --ray starts a local Ray cluster with --workers actor
 processes (default one per CPU); --ray-address joins an existing one (then the package must be
 importable and the model, prompts and DIR readable at the same paths on every node: a shared
-filesystem). Each actor holds one model. A task that raises is reported failed with its reason and
-leaves no part file, so the next run retries it; the summary lists done, failed and skipped tasks,
-and the exit status is 1 when any failed.
+filesystem; an address where nothing accepts a TCP connection is refused at once, where ray.init
+would retry it for minutes). Each actor holds one model. The model is checked before Ray starts or
+the progress bar opens, so a bad one is one line and exit status 2. A task that raises is reported
+failed with its reason and leaves no part file, so the next run retries it; the summary lists done,
+failed and skipped tasks, and the exit status is 1 when any failed.
+
+This module is no command of its own: `python -m tools.corpus` says so and exits 2.
 """
 from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
 import time
 import traceback
 from pathlib import Path
 
-from .golden import ENGINES, REPO, GoldenError, golden_entry, run_header, save_json
+from reference.cli import fail
+
+from .golden import ENGINES, REPO, GoldenError, golden_entry, make_dir, preflight, run_header, save_json
 
 TASKS = "tasks"
 # the options that decide an engine's goldens: a corpus directory holds one run of them
 RUN_KEYS = {"reference": ("model", "dtype", "kv", "prefill_chunk"),
             "llama-cpp": ("model", "kv_type", "flash_attn", "n_ubatch"),
             "llama-server": ("server_url", "n_probs"), "transformers": ("checkpoint",)}
+RAY_CONNECT_TIMEOUT = 10  # seconds for a cluster's port to accept a connection (a LAN answers in ms)
 
 
 def split_tasks(prompts: list[dict], size: int) -> list[dict]:  # -> [{"name", "prompts"}]
@@ -51,21 +62,34 @@ def part_path(out: Path, task: dict) -> Path:
     return out / TASKS / f"{task['name']}.json"
 
 
-def read_part(out: Path, task: dict) -> dict | None:
+def is_part(part) -> bool:  # -> whether `part` has every field, of its type, that Worker.run writes
+    if not isinstance(part, dict):
+        return False
+    header, ids, entries = part.get("header"), part.get("prompt_ids"), part.get("entries")
+    return (isinstance(part.get("run"), dict) and isinstance(header, dict)
+            and isinstance(header.get("options"), dict) and isinstance(header.get("date"), str)
+            and isinstance(ids, list) and bool(ids) and all(isinstance(i, str) for i in ids)
+            and isinstance(entries, list) and len(entries) == len(ids)
+            and all(isinstance(e, dict) and isinstance(e.get("file"), str) and Path(e["file"]).name == e["file"]
+                    and not e["file"].startswith(".") for e in entries))
+
+
+def read_part(out: Path, task: dict) -> dict | None:  # -> the task's part, None if missing or damaged
     try:
-        return json.loads(part_path(out, task).read_text(encoding="utf-8"))
+        part = json.loads(part_path(out, task).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return part if is_part(part) else None  # damaged: the task is run again (module doc)
 
 
 def task_done(out: Path, task: dict, key: dict) -> bool:
     part = read_part(out, task)
     if part is None:
         return False
-    if part.get("run") != key:
-        raise GoldenError(f"{out}: holds goldens of another run ({part.get('run')}); choose a new --out")
+    if part["run"] != key:
+        raise GoldenError(f"{out}: holds goldens of another run ({part['run']}); choose a new --out")
     ids = [str(p["id"]) for p in task["prompts"]]
-    return part.get("prompt_ids") == ids and all((out / e["file"]).exists() for e in part["entries"])
+    return part["prompt_ids"] == ids and all((out / e["file"]).exists() for e in part["entries"])
 
 
 def sweep_temporaries(out: Path) -> int:  # -> how many a killed run left behind
@@ -104,13 +128,16 @@ def failed_tasks(todo: list[dict], what: str, error: BaseException) -> list[dict
     return [{"task": t["name"], "status": "failed", "reason": reason} for t in todo]
 
 
-def run_in_process(args, todo: list[dict], progress) -> list[dict]:
+def load_worker(args, todo: list[dict]) -> tuple[Worker | None, list[dict]]:  # -> (worker, failed results)
     try:
-        worker = Worker(args)
+        return Worker(args), []
     except GoldenError:
         raise  # bad input, such as a model file that is not a GGUF: one line and exit status 2
     except Exception as e:
-        return failed_tasks(todo, "engine load failed", e)
+        return None, failed_tasks(todo, "engine load failed", e)
+
+
+def run_in_process(worker: Worker, todo: list[dict], progress) -> list[dict]:
     results = []
     for task in todo:
         results.append(worker.run(task))
@@ -118,20 +145,43 @@ def run_in_process(args, todo: list[dict], progress) -> list[dict]:
     return results
 
 
-def run_ray(args, todo: list[dict], progress, timing: dict) -> list[dict]:
-    """One actor per worker process, each with its own model; a task goes to whichever actor is free.
-    timing["start"] gets the seconds until every actor holds its model."""
+def check_ray_address(address: str) -> None:
+    """ray.init retries an address where no Ray listens for minutes, deaf to SIGTERM: see first that
+    its port accepts a TCP connection. "auto" and "local" name no port: Ray finds the cluster this
+    node joined, or starts one, or says at once that there is none."""
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise GoldenError(f"--ray-address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT).close()
+    except OSError as e:  # refused, unknown host, timed out
+        raise GoldenError(f"--ray-address {address}: no Ray cluster reachable there ({e.strerror or e})") from None
+
+
+def start_ray(args):  # -> the ray module, joined to --ray-address or to a local cluster it started
+    if args.ray_address:
+        check_ray_address(args.ray_address)
     try:
         import ray
     except ImportError:
         raise GoldenError("--ray needs the ray package (pip install -e \".[corpus]\")") from None
+    try:
+        if args.ray_address:
+            ray.init(address=args.ray_address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=args.workers or os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    except ConnectionError as e:  # "auto" on a node that joined no cluster
+        option = f"--ray-address {args.ray_address}" if args.ray_address else "--ray"
+        raise GoldenError(f"{option}: {str(e).splitlines()[0]}") from None
+    return ray
 
-    start = time.perf_counter()
-    if args.ray_address:
-        ray.init(address=args.ray_address, log_to_driver=False)
-    else:
-        ray.init(num_cpus=args.workers or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+
+def run_ray(ray, args, todo: list[dict], progress, timing: dict, start: float) -> list[dict]:
+    """One actor per worker process, each with its own model; a task goes to whichever actor is free.
+    timing["start"] gets the seconds from `start` until every actor holds its model."""
     try:
         n_workers = min(args.workers or int(ray.cluster_resources().get("CPU", 1)), len(todo))
         remote_worker = ray.remote(num_cpus=1)(Worker)
@@ -200,21 +250,28 @@ def run_corpus(args, prompts: list[dict]) -> int:  # -> exit status: 0 all tasks
     from tqdm import tqdm
 
     out = args.out
-    (out / TASKS).mkdir(parents=True, exist_ok=True)
+    make_dir(out / TASKS)
     swept = sweep_temporaries(out)
     tasks = split_tasks(prompts, args.task_size)
     key = run_key(args)
     todo = [t for t in tasks if not task_done(out, t, key)]
     skipped = len(tasks) - len(todo)
-    where = f"ray {args.ray_address}" if args.ray_address else "local ray" if args.ray else "in-process"
+    use_ray = args.ray or bool(args.ray_address)
+    where = f"ray {args.ray_address}" if args.ray_address else "local ray" if use_ray else "in-process"
     start, timing = time.perf_counter(), {}
+    # the model is checked (in-process: loaded) and Ray joined before the progress bar opens, so that
+    # bad input is one line on stderr
+    worker, ray, results = None, None, []
+    if todo and use_ray:
+        preflight(args)
+        ray = start_ray(args)
+    elif todo:
+        worker, results = load_worker(args, todo)
     with tqdm(total=len(tasks), initial=skipped, desc=f"{args.engine} {out.name} ({where})", unit="task") as progress:
-        if not todo:
-            results = []
-        elif args.ray or args.ray_address:
-            results = run_ray(args, todo, progress, timing)
-        else:
-            results = run_in_process(args, todo, progress)
+        if ray:
+            results = run_ray(ray, args, todo, progress, timing, start)
+        elif worker:
+            results = run_in_process(worker, todo, progress)
     seconds = time.perf_counter() - start
     done = [r for r in results if r["status"] == "done"]
     failed = [r for r in results if r["status"] == "failed"]
@@ -225,3 +282,7 @@ def run_corpus(args, prompts: list[dict]) -> int:  # -> exit status: 0 all tasks
     lines.append(f"  {out / 'manifest.json'}: {n_entries} of {len(prompts)} prompts")
     print("\n".join(lines))
     return 1 if failed else 0
+
+
+if __name__ == "__main__":  # a library of tools.golden, not a command of its own
+    sys.exit(fail("tools.corpus", "not a command: run python -m tools.golden ... --corpus (see its --help)"))

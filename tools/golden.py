@@ -39,18 +39,22 @@ function (args) -> Engine.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import hashlib
 import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from reference.cli import OneLineParser, int_in
 
 from . import metrics
 
@@ -63,6 +67,12 @@ TOPK_FORMAT = ("<id>.topk.npz: prompt_ids int32 [n_prompt]; tokens int32 [n_gen]
                "that chose it, i.e. at position n_prompt - 1 + positions[r] of prompt_ids + tokens. "
                "llama-server reports no probabilities for a token after which the text ends in an "
                "incomplete UTF-8 character: such tokens have no row")
+# What --n-ctx, --n-predict, --n-ubatch and --prefill-chunk can be bounded by before a model is read:
+# 2^20 tokens (llama.cpp's logits buffer alone is n_ctx x n_vocab floats, 2 GiB at 2^20 x 512, the
+# tiny models' vocabulary). Once the GGUF is read, its training context bounds them further.
+MAX_TOKENS = 1 << 20
+MAX_THREADS = 512    # llama.cpp's GGML_MAX_N_THREADS
+MAX_WORKERS = 1024   # Ray actors, each a process holding a model: a cluster of 1024 model slots
 
 
 class GoldenError(Exception):
@@ -81,6 +91,8 @@ class Engine:
     greedy: Callable[[list[int], int], tuple[list[int], np.ndarray]] | None = None
     topk: Callable[[list[int], int], dict] | None = None          # ids, n -> the arrays of TOPK_FORMAT
     n_vocab: int | None = None                                    # to refuse token ids out of range
+    n_ctx: int | None = None      # positions one sequence may take (prompt, continuation, generated)
+    max_batch: int | None = None  # tokens one forward may take
     extra: dict = field(default_factory=dict)
 
 
@@ -116,18 +128,58 @@ def today() -> str:
 # ---------------------------------------------------------------------------------------------
 # this reference
 
-def reference_engine(args) -> Engine:
+def load_text_gguf(args):  # -> --model as a validated reference.gguf text model
+    """Also checks the lengths asked for against the model's training context: past it a golden means
+    nothing, and llama.cpp allocates its KV cache and logits for all of --n-ctx."""
     from reference import gguf
-    from reference.text import TextModel
-    from reference.tokenizer import Tokenizer
 
-    path = Path(args.model)
     try:
-        model = gguf.load(str(path), "text")
+        model = gguf.load(args.model, "text")
     except gguf.GGUFError as e:
         raise GoldenError(str(e)) from None
+    n_train = model.config.n_ctx_train
+    if args.n_predict > n_train:
+        raise GoldenError(f"--n-predict {args.n_predict} exceeds the training context of "
+                          f"{Path(args.model).name} ({n_train} tokens)")
+    if args.engine == "llama-cpp" and args.n_ctx > n_train:
+        raise GoldenError(f"--n-ctx {args.n_ctx} exceeds the training context of {Path(args.model).name} "
+                          f"({n_train} tokens)")
+    return model
+
+
+def check_checkpoint(checkpoint: str) -> Path:  # -> the directory, once it looks like an HF checkpoint
+    ckpt = Path(checkpoint)
+    if not (ckpt / "config.json").is_file():
+        raise GoldenError(f"{ckpt}: not a Hugging Face checkpoint directory (no config.json)")
+    return ckpt
+
+
+def preflight(args) -> None:
+    """The checks of an engine's input files and lengths that load no engine: run before Ray workers
+    load it, a bad model is one line here instead of a failed task per worker."""
+    if args.engine in ("reference", "llama-cpp"):
+        load_text_gguf(args)
+    elif args.engine == "transformers":
+        check_checkpoint(args.checkpoint)
+
+
+def reference_engine(args) -> Engine:
+    from reference.text import TextModel
+    from reference.tokenizer import Tokenizer, TokenizerError
+
+    path = Path(args.model)
+    model = load_text_gguf(args)
     lm = TextModel(model, np.dtype(args.dtype))
-    tokenizer = Tokenizer(model.tokenizer)
+    try:
+        tokenizer = Tokenizer(model.tokenizer)
+    except TokenizerError as e:
+        raise GoldenError(f"{path}: {e}") from None
+
+    def tokenize(text: str, first: bool) -> list[int]:
+        try:
+            return tokenizer.tokenize(text, add_special=first, parse_special=True)
+        except TokenizerError as e:  # such as a vocabulary that asks for BOS but has none
+            raise GoldenError(f"{path}: {e}") from None
 
     def new_cache(n: int):
         return lm.new_cache(n, args.kv, args.prefill_chunk)
@@ -156,8 +208,7 @@ def reference_engine(args) -> Engine:
         model={"file": path.name, "sha256": sha256(path)},
         options={"dtype": args.dtype, "kv": args.kv, "prefill_chunk": args.prefill_chunk, "backend": "numpy",
                  "numerics": "exact", "tokenize": "reference.tokenizer, BOS and special tokens parsed"},
-        tokenize=lambda text, first: tokenizer.tokenize(text, add_special=first, parse_special=True),
-        prefill=prefill, greedy=greedy, n_vocab=model.config.n_vocab,
+        tokenize=tokenize, prefill=prefill, greedy=greedy, n_vocab=model.config.n_vocab,
         extra={"self_made": True,
                "independent": "no: made by this project's reference; an oracle for engines, never a "
                               "golden that tests the reference itself"},
@@ -168,18 +219,28 @@ def reference_engine(args) -> Engine:
 # llama.cpp
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type ids
+_LLAMA_LOG_SINK = None  # the ctypes callback that drops llama.cpp's log: it must outlive every call
+
+
+def silence_llama_cpp(llama_cpp) -> None:
+    """llama.cpp logs warnings and errors to stderr even with verbose=False; a golden run reports its
+    own errors, each one line, so its log goes nowhere."""
+    global _LLAMA_LOG_SINK
+    if _LLAMA_LOG_SINK is None:
+        _LLAMA_LOG_SINK = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+        llama_cpp.llama_log_set(_LLAMA_LOG_SINK, ctypes.c_void_p(0))
 
 
 def llama_cpp_engine(args) -> Engine:
-    import llama_cpp
-
     path = Path(args.model)
+    load_text_gguf(args)  # llama.cpp answers a truncated file or a projector with a ValueError and log lines
+
+    import llama_cpp
+    silence_llama_cpp(llama_cpp)
     threads = args.threads or os.cpu_count() or 1
     n_ubatch = args.n_ubatch
 
-    def make(n_tokens: int):
-        if n_tokens > n_ubatch:
-            raise GoldenError(f"prompt of {n_tokens} tokens does not fit one ubatch of {n_ubatch}")
+    def make():
         return llama_cpp.Llama(
             model_path=str(path), n_ctx=args.n_ctx, n_batch=n_ubatch, n_ubatch=n_ubatch,
             logits_all=True, type_k=KV_TYPES[args.kv_type], type_v=KV_TYPES[args.kv_type],
@@ -191,14 +252,14 @@ def llama_cpp_engine(args) -> Engine:
         return np.array(llm.scores[start:stop], dtype=np.float32, copy=True)
 
     def prefill(ids: list[int]) -> np.ndarray:
-        llm = make(len(ids))
-        llm.eval(ids)  # one llama_decode: n_batch = n_ubatch >= len(ids)
+        llm = make()
+        llm.eval(ids)  # one llama_decode: n_batch = n_ubatch >= len(ids) (Engine.max_batch)
         out = scores(llm, 0, len(ids))
         llm.close()
         return out
 
     def greedy(ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
-        llm = make(len(ids))
+        llm = make()
         llm.eval(ids)
         last = scores(llm, len(ids) - 1, len(ids))[0]
         gen, steps = [], []
@@ -212,7 +273,10 @@ def llama_cpp_engine(args) -> Engine:
         llm.close()
         return gen, np.array(steps, dtype=np.float32).reshape(len(steps), -1)
 
-    vocab_llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    try:
+        vocab_llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    except ValueError as e:  # a GGUF the reference reads but this llama.cpp does not
+        raise GoldenError(f"{path}: llama.cpp cannot load it ({e})") from None
     vocab = vocab_llm._model.vocab
     eog_ids = [i for i in range(vocab_llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
 
@@ -228,7 +292,7 @@ def llama_cpp_engine(args) -> Engine:
                  "system_info": llama_cpp.llama_print_system_info().decode().strip(),
                  "tokenize": "add_bos=True, special=True (text prompts only)"},
         tokenize=tokenize, prefill=prefill, greedy=greedy, n_vocab=vocab_llm.n_vocab(),
-        extra={"eog_ids": eog_ids},
+        n_ctx=args.n_ctx, max_batch=n_ubatch, extra={"eog_ids": eog_ids},
     )
 
 
@@ -363,11 +427,12 @@ def llama_server_engine(args) -> Engine:
 # transformers
 
 def transformers_engine(args) -> Engine:
+    ckpt = check_checkpoint(args.checkpoint)  # from_pretrained answers a wrong path with a 40-line OSError
+
     import torch
     import transformers
     from transformers import AutoTokenizer, MuseGlimmerForConditionalGeneration
 
-    ckpt = Path(args.checkpoint)
     threads = args.threads or 1  # one thread: torch's reductions then do not depend on the machine
     torch.set_num_threads(threads)
     model = MuseGlimmerForConditionalGeneration.from_pretrained(
@@ -423,7 +488,23 @@ ENGINE_NEEDS = {"reference": "model", "llama-cpp": "model", "transformers": "che
 # ---------------------------------------------------------------------------------------------
 # prompts and goldens
 
+def is_token_list(value) -> bool:  # JSON true/false are Python ints: refuse them by name
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def text_problem(value) -> str | None:  # -> what makes a prompt's text unusable, None when nothing does
+    if not isinstance(value, str):
+        return f"must be a string, got {json.dumps(value)[:40]}"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # JSON "\ud800" decodes to a lone surrogate: no tokenizer takes it
+        return f"is not valid Unicode (a lone surrogate at character {e.start})"
+    return None
+
+
 def read_prompts(path: Path) -> list[dict]:
+    """-> the prompts of a JSON-lines file, every field the engines read checked for its type (other
+    fields are kept as they are); a bad line raises GoldenError naming the file and line."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -442,6 +523,8 @@ def read_prompts(path: Path) -> list[dict]:
             raise GoldenError(f"{path}:{n}: give continuation_ids or continuation, not both")
         if "images" in p:
             raise GoldenError(f"{path}:{n}: image prompts are not supported by these text engines")
+        if isinstance(p["id"], bool) or not isinstance(p["id"], (str, int)):  # the id names files
+            raise GoldenError(f"{path}:{n}: id must be a string or an integer, got {json.dumps(p['id'])[:40]}")
         pid = str(p["id"])
         if not pid or Path(pid).name != pid or pid.startswith("."):
             raise GoldenError(f"{path}:{n}: prompt id {pid!r} is not a plain file name")
@@ -449,8 +532,14 @@ def read_prompts(path: Path) -> list[dict]:
             raise GoldenError(f"{path}:{n}: prompt id {pid!r} appears twice")
         seen.add(pid)
         for key in ("token_ids", "continuation_ids"):
-            if key in p and not (isinstance(p[key], list) and all(isinstance(t, int) for t in p[key])):
+            if key in p and not is_token_list(p[key]):
                 raise GoldenError(f"{path}:{n}: {key} must be a list of integers")
+        if p.get("token_ids") == []:
+            raise GoldenError(f"{path}:{n}: token_ids is empty")
+        for key in ("text", "continuation"):
+            problem = text_problem(p[key]) if key in p else None
+            if problem:
+                raise GoldenError(f"{path}:{n}: {key} {problem}")
         prompts.append(p)
     if not prompts:
         raise GoldenError(f"{path}: no prompts")
@@ -474,26 +563,40 @@ def check_ids(engine: Engine, pid: str, ids: list[int]) -> None:
         raise GoldenError(f"prompt {pid}: token id {bad[0]} is out of range for a vocabulary of {engine.n_vocab}")
 
 
-def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int) -> dict:
-    """Runs one prompt and writes its files into `out` -> its manifest entry."""
+def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], list[int]]:
+    """-> a prompt's ids and continuation ids (text tokenized), checked against what the engine can
+    run: its vocabulary, its context and batch, whether it scores continuations."""
     pid = str(p["id"])
-    ids = [int(t) for t in p["token_ids"]] if "token_ids" in p else engine.tokenize(p["text"], True)
+    ids = list(p["token_ids"]) if "token_ids" in p else engine.tokenize(p["text"], True)
     if "continuation_ids" in p:
-        continuation = [int(t) for t in p["continuation_ids"]]
+        continuation = list(p["continuation_ids"])
     else:
         continuation = engine.tokenize(p["continuation"], False) if "continuation" in p else []
     check_ids(engine, pid, ids + continuation)
+    if not ids:  # an empty text without BOS: no position to take logits (or score a continuation) from
+        raise GoldenError(f"prompt {pid}: the prompt has no tokens")
+    if continuation and engine.prefill is None:
+        raise GoldenError(f"prompt {pid}: {engine.name} only reports generated tokens, it cannot score a continuation")
+    n = len(ids) + len(continuation)
+    if engine.n_ctx is not None and n + max(n_predict - 1, 0) > engine.n_ctx:  # the last token is never fed
+        raise GoldenError(f"prompt {pid}: {n} tokens and {n_predict} generated do not fit --n-ctx {engine.n_ctx}")
+    if engine.max_batch is not None and n > engine.max_batch:
+        raise GoldenError(f"prompt {pid}: {n} tokens do not fit one ubatch of {engine.max_batch}")
+    return ids, continuation
+
+
+def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int,
+                 tokens: tuple[list[int], list[int]] | None = None) -> dict:
+    """Runs one prompt and writes its files into `out` -> its manifest entry. `tokens`: what
+    prompt_tokens gave for it, when the caller checked every prompt first."""
+    pid = str(p["id"])
+    ids, continuation = tokens or prompt_tokens(engine, p, n_predict)
     entry = {"id": pid, "token_ids": ids + continuation}
     if "text" in p:
         entry["text"] = p["text"]
     if continuation:
-        if not ids:
-            raise GoldenError(f"prompt {pid}: a continuation needs at least one prompt token before it")
         entry.update(n_prompt=len(ids), continuation_ids=continuation)
     if engine.prefill is None:
-        if continuation:
-            raise GoldenError(f"prompt {pid}: {engine.name} only reports generated tokens, "
-                              "it cannot score a continuation")
         top = engine.topk(ids, n_predict)
         save_atomic(out / f"{pid}.topk.npz", lambda f: np.savez(f, **top))
         entry.update(file=f"{pid}.topk.npz", kind="topk", n_probs=int(top["top_ids"].shape[1]),
@@ -527,9 +630,30 @@ def run_header(engine: Engine, prompts_file: Path) -> dict:  # -> the manifest f
     }
 
 
+def server_url(text: str) -> str:  # an argparse type: an http(s) URL with a host
+    url = urllib.parse.urlsplit(text)
+    try:
+        url.port  # raises ValueError for a port that is not a number in 0..65535
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} has a bad port") from None
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
+    return text
+
+
+def make_dir(path: Path) -> None:  # creates an output directory, or says in one line why it cannot
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file in the way, a missing or read-only parent
+        raise GoldenError(f"{path}: cannot create the output directory ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise GoldenError(f"{path}: the output directory is not writable")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m tools.golden", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    tokens = int_in(1, MAX_TOKENS)
+    ap = OneLineParser(prog="python -m tools.golden", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", required=True, choices=sorted(ENGINES))
     ap.add_argument("--model", help="GGUF file (reference, llama-cpp; llama-server: the served file, for its sha256)")
     ap.add_argument("--checkpoint", help="HF checkpoint directory (transformers)")
@@ -537,24 +661,27 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="llama-cpp KV cache type")
     ap.add_argument("--flash-attn", choices=["on", "off"], default="off", help="llama-cpp")
-    ap.add_argument("--n-predict", type=int, default=0, help="greedy continuation length (0: none)")
-    ap.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp n_batch = n_ubatch")
-    ap.add_argument("--n-ctx", type=int, default=1024)
-    ap.add_argument("--threads", type=int, default=0,
+    ap.add_argument("--n-predict", type=int_in(0, MAX_TOKENS), default=0,
+                    help="greedy continuation length (0: none; at most the model's training context)")
+    ap.add_argument("--n-ubatch", type=tokens, default=512, help="llama.cpp n_batch = n_ubatch")
+    ap.add_argument("--n-ctx", type=tokens, default=1024, help="llama-cpp (at most the model's training context)")
+    ap.add_argument("--threads", type=int_in(0, MAX_THREADS), default=0,
                     help="0: all cores for llama-cpp (results do not depend on it), 1 for transformers")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                     help="reference (float64: the noise floor for tools.diff --noise-floor)")
     ap.add_argument("--kv", choices=["uniform", "ring"], default="uniform", help="reference KV cache")
-    ap.add_argument("--prefill-chunk", type=int, default=2048, help="reference")
-    ap.add_argument("--server-url", default="http://127.0.0.1:8080", help="llama-server")
-    ap.add_argument("--n-probs", type=int, default=10, help="llama-server: top-k per generated token")
+    ap.add_argument("--prefill-chunk", type=tokens, default=2048, help="reference")
+    ap.add_argument("--server-url", type=server_url, default="http://127.0.0.1:8080", help="llama-server")
+    ap.add_argument("--n-probs", type=tokens, default=10, help="llama-server: top-k per generated token")
     ap.add_argument("--server-launch", help="llama-server: its command line, recorded in the manifest")
     corpus = ap.add_argument_group("corpus mode (tools/corpus.py)")
     corpus.add_argument("--corpus", action="store_true", help="tasks that resume; implied by --ray")
-    corpus.add_argument("--task-size", type=int, default=1, help="prompts per task")
+    # any size is safe: a task holds at most every prompt
+    corpus.add_argument("--task-size", type=int_in(1, 1 << 30), default=1, help="prompts per task")
     corpus.add_argument("--ray", action="store_true", help="fan tasks out over a local Ray cluster")
     corpus.add_argument("--ray-address", help="connect to this Ray cluster (e.g. ray://head:10001 or auto)")
-    corpus.add_argument("--workers", type=int, default=0, help="Ray workers, one model each (0: one per CPU)")
+    corpus.add_argument("--workers", type=int_in(0, MAX_WORKERS), default=0,
+                        help="Ray workers, one model each (0: one per CPU)")
     return ap
 
 
@@ -564,8 +691,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     need = ENGINE_NEEDS.get(args.engine)
     if need and not getattr(args, need):
         ap.error(f"--engine {args.engine} needs --{need}")
-    if args.task_size < 1 or args.n_probs < 1 or args.workers < 0:
-        ap.error("--task-size and --n-probs must be at least 1, --workers at least 0")
+    if args.engine == "llama-server" and args.n_predict == 0:
+        ap.error("--engine llama-server needs --n-predict N > 0 (it scores generated tokens)")
     args.corpus = args.corpus or args.ray or bool(args.ray_address)
     return args
 
@@ -574,11 +701,11 @@ def run_prompts(args: argparse.Namespace, prompts: list[dict]) -> int:  # one pr
     from tqdm import tqdm
 
     engine = ENGINES[args.engine](args)
-    for p in prompts:  # before the progress bar, so that bad input gets one clean line
-        check_ids(engine, str(p["id"]), p.get("token_ids", []) + p.get("continuation_ids", []))
-    args.out.mkdir(parents=True, exist_ok=True)
-    entries = [golden_entry(engine, p, args.out, args.n_predict)
-               for p in tqdm(prompts, desc=f"{engine.name} {args.out.name}", unit="prompt")]
+    # every prompt tokenized and checked before the progress bar, so that bad input gets one clean line
+    tokens = [prompt_tokens(engine, p, args.n_predict) for p in prompts]
+    make_dir(args.out)
+    entries = [golden_entry(engine, p, args.out, args.n_predict, t)
+               for p, t in zip(tqdm(prompts, desc=f"{engine.name} {args.out.name}", unit="prompt"), tokens)]
     save_json(args.out / "manifest.json", {**run_header(engine, args.prompts), "entries": entries})
     return 0
 
@@ -593,6 +720,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_prompts(args, prompts)
     except GoldenError as e:
         print(f"tools.golden: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a golden that cannot be written (disk full, permissions changed mid-run)
+        print(f"tools.golden: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return 2
 
 
