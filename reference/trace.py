@@ -4,6 +4,7 @@ Names follow llama.cpp's graph-callback names (`attn_norm-3`, `l_out-3`, `result
 lines up one to one with a `llama-eval-callback` dump.
 """
 import json
+import math
 import os
 import re
 
@@ -15,6 +16,31 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 class TraceError(Exception):
     pass
+
+
+def check_npy_header(f, size):  # .npy stream at its start, its length in bytes -> None, or ValueError
+    """np.load allocates the whole array its header describes before reading the data: a corrupt
+    header claiming 7e10 rows is a MemoryError of terabytes. The data cannot be larger than the
+    file, so a claim beyond it is refused before anything is allocated. Shared by every .npy
+    reader of the project's tools (traces here, logits and top-k goldens in tools.diff)."""
+    version = np.lib.format.read_magic(f)
+    # format 3.0 differs from 2.0 only in the text encoding of field names, not in the layout
+    read_header = np.lib.format.read_array_header_1_0 if version[0] == 1 else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(f)
+    if dtype.hasobject:
+        return  # np.load(allow_pickle=False) refuses it with its own message before reading any data
+    data = size - f.tell()
+    claimed = math.prod(shape) * dtype.itemsize
+    if min(shape, default=0) < 0 or claimed > data:
+        raise ValueError(f"header claims shape {list(shape)} of {dtype} ({claimed} bytes), "
+                         f"the file holds {data} bytes of data")
+
+
+def load_npy(path):  # .npy file -> array; OSError, or ValueError for anything but a plain array that fits the file
+    with open(path, "rb") as f:
+        check_npy_header(f, os.fstat(f.fileno()).st_size)
+        f.seek(0)
+        return np.load(f, allow_pickle=False)
 
 
 class Tracer:
@@ -71,13 +97,23 @@ def load_trace(directory):  # directory -> {name: f32 array}, in recorded order
             index = json.load(f)
     except (OSError, ValueError) as e:
         raise TraceError(f"{path}: cannot read trace index ({e})") from None
+    if not isinstance(index, list):
+        raise TraceError(f"{path}: a trace index is a JSON list of trace points, not {type(index).__name__}")
     points = {}
     for entry in index:
         name = entry.get("name") if isinstance(entry, dict) else None
         if not isinstance(name, str) or not _SAFE_NAME.match(name):
             raise TraceError(f"{path}: bad trace point name {name!r}")
         try:
-            points[name] = np.load(os.path.join(directory, name + ".npy"), allow_pickle=False)
+            a = load_npy(os.path.join(directory, name + ".npy"))
         except (OSError, ValueError) as e:
             raise TraceError(f"{directory}/{name}.npy: {e}") from None
+        # Tracer records every point's shape and writes float32: a file replaced or cut since then
+        # would otherwise be compared as if it were the traced tensor
+        if entry.get("shape") != list(a.shape):
+            raise TraceError(f"{directory}/{name}.npy: holds shape {list(a.shape)}, {INDEX} records "
+                             f"{entry.get('shape')!r}")
+        if a.dtype.kind != "f":
+            raise TraceError(f"{directory}/{name}.npy: dtype {a.dtype} is not a float tensor")
+        points[name] = a
     return points

@@ -11,11 +11,13 @@ tests/fixtures/tiny-a-f32.eval-callback.txt is a real dump: llama-eval-callback 
 build behind the goldens on golden/models/tiny-a-f32.gguf, 5 tokens, F32 KV cache (command in
 tests/fixtures/README.md).
 """
+import json
 import os
 
 import numpy as np
 import pytest
 from conftest import MODELS, ROOT, require, run_cli
+from test_diff import assert_bad_input, npy_claiming
 
 from reference.trace import Tracer
 from tools import bisect as bisect_tool
@@ -38,9 +40,9 @@ def rms(x):  # [..., n] -> [..., n]
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6)
 
 
-def toy_trace(inject=None, dtype=np.float32):  # -> {name: tensor} in forward order
+def toy_trace(inject=None, dtype=np.float32, prompt=2):  # -> {name: tensor} in forward order
     """A small pre-norm transformer-like forward; `inject` adds an error at one point, which then
-    flows into every later point as a real bug would."""
+    flows into every later point as a real bug would. `prompt` seeds the input rows."""
     rng = np.random.default_rng(0)
     shapes = {"q": (E, H * D), "o": (H * D, E), "up": (E, 3 * E), "down": (3 * E, E), "out": (E, 40)}
     w = {k: rng.normal(size=shape).astype(dtype) / np.sqrt(shape[0]) for k, shape in shapes.items()}
@@ -52,7 +54,7 @@ def toy_trace(inject=None, dtype=np.float32):  # -> {name: tensor} in forward or
         trace[name] = x.astype(dtype)
         return trace[name]
 
-    x = record("embd_norm", rms(np.random.default_rng(2).normal(size=(T, E)).astype(dtype)))
+    x = record("embd_norm", rms(np.random.default_rng(prompt).normal(size=(T, E)).astype(dtype)))
     for il in range(N_LAYER):
         h = record(f"attn_norm-{il}", rms(x))
         q = record(f"Qcur-{il}", (h @ w["q"]).reshape(T, H, D))
@@ -132,6 +134,107 @@ def test_bad_input(tmp_path, capsys):
         assert len(err) == 1 and str(source) in err[0]
     r = run_cli("tools.bisect", a, tmp_path / "junk.txt")
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("case, message", [
+    ("index_number", "index.json: a trace index is a JSON list of trace points, not int"),
+    ("index_null", "index.json: a trace index is a JSON list of trace points, not NoneType"),
+    ("no_shape", "attn_norm-0.npy: holds shape [5, 16], index.json records None"),
+    ("other_shape", "attn_norm-0.npy: holds shape [5, 16], index.json records [5, 8]"),
+    ("huge_header", "attn_norm-0.npy: header claims shape [70000000000, 16]"),
+    ("integers", "attn_norm-0.npy: dtype int64 is not a float tensor"),
+])
+def test_bad_trace_exits_2_with_one_line(tmp_path, case, message):
+    a = save_trace(toy_trace(), tmp_path / "a")
+    b = save_trace(toy_trace(), tmp_path / "b")
+    index_file, point = tmp_path / "b" / "index.json", tmp_path / "b" / "attn_norm-0.npy"
+    index = json.loads(index_file.read_text())
+    if case == "index_number":
+        index_file.write_text("5")
+    elif case == "index_null":
+        index_file.write_text("null")
+    elif case in ("no_shape", "other_shape"):
+        entry = next(e for e in index if e["name"] == "attn_norm-0")
+        if case == "no_shape":
+            del entry["shape"]
+        else:
+            entry["shape"] = [T, E // 2]
+        index_file.write_text(json.dumps(index))
+    elif case == "huge_header":  # 4 TiB claimed: refused from the header, nothing allocated
+        point.write_bytes(npy_claiming((70_000_000_000, E)))
+    else:
+        np.save(point, np.zeros((T, E), np.int64))
+    assert_bad_input(run_cli("tools.bisect", a, b), "tools.bisect: ", message)
+
+
+@pytest.mark.parametrize("replacement", ["row_length", "scalar", "no_tokens"])
+def test_a_point_of_another_shape_is_a_divergence(tmp_path, replacement):
+    """Both sides record attn_out-1, but B's cannot be the same tensor: a difference of structure,
+    reported as the first divergence (module doc), never skipped as if nothing were there."""
+    name = "attn_out-1"
+    buggy = toy_trace()
+    buggy[name] = {"row_length": np.ones((T, 2 * H * D)), "scalar": np.array(0.5),
+                   "no_tokens": np.ones((0, H * D))}[replacement].astype(np.float32)
+    result = bisect_tool.bisect(toy_trace(), buggy)
+    first = result["first"]
+    assert (first["name"], first["diverged"], first["shape_ok"], first["nmse"]) == (name, True, False, None)
+    assert first["note"] == f"shapes differ: [{T}, {H * D}] vs {list(buggy[name].shape)}"
+    # the same through the command line, from a trace whose index.json records that shape
+    r = run_cli("tools.bisect", save_trace(toy_trace(), tmp_path / "a"), save_trace(buggy, tmp_path / "b"))
+    assert r.returncode == 1, r.stderr
+    assert f"first divergence: {name} (layer 1, op attn_out) shapes differ" in r.stdout
+
+
+def test_noise_floor_of_another_run_is_refused(tmp_path):
+    """Thresholds from the float64 run of another prompt would be ~1e2 and hide every bug."""
+    clean = toy_trace()
+    with pytest.raises(bisect_tool.BadInput, match="median NMSE against A is .* not the float64 run of A"):
+        bisect_tool.noise_thresholds(clean, toy_trace(dtype=np.float64, prompt=5))
+    wider = toy_trace(dtype=np.float64)
+    wider["ffn_out-2"] = np.concatenate([wider["ffn_out-2"]] * 2, axis=-1)
+    with pytest.raises(bisect_tool.BadInput, match=r"point ffn_out-2 shapes differ: \[5, 32\] vs \[5, 16\]"):
+        bisect_tool.noise_thresholds(clean, wider)
+    a = save_trace(clean, tmp_path / "a")
+    other = save_trace(toy_trace(dtype=np.float64, prompt=5), tmp_path / "other")
+    r = run_cli("tools.bisect", a, a, "--noise-floor", other)
+    assert_bad_input(r, f"tools.bisect: {other}: median NMSE", "not the float64 run of A")
+
+
+def test_dump_with_a_sum_that_is_not_a_number_exits_2(tmp_path):
+    lines = open(FIXTURE).read().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("sum = "))
+    lines[at] = "    sum = xyz"
+    dump = tmp_path / "dump.txt"
+    dump.write_text("\n".join(lines) + "\n")
+    with pytest.raises(dump_parse.DumpError, match=f"dump.txt:{at + 1}: sum 'xyz' is not a number"):
+        dump_parse.load_dump(str(dump))
+    assert_bad_input(run_cli("tools.bisect", dump, dump), f"tools.bisect: {dump}:{at + 1}: sum 'xyz' is not a number")
+
+
+@pytest.mark.parametrize("option, target, message", [
+    ("--table", "missing/t.txt", "no such directory"),
+    ("--json", "missing/r.json", "no such directory"),
+    ("--plot", "missing/p.png", "no such directory"),
+    ("--json", ".", "is a directory"),
+], ids=["table-no-dir", "json-no-dir", "plot-no-dir", "json-is-dir"])
+def test_unwritable_output_exits_2_before_the_work(tmp_path, option, target, message):
+    a = save_trace(toy_trace(), tmp_path / "a")
+    r = run_cli("tools.bisect", a, a, option, tmp_path / target)
+    assert_bad_input(r, f"tools.bisect: {option} {tmp_path / target}", message)
+    assert r.stdout == ""  # refused before anything was compared
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "the following arguments are required: a, b"),
+    (["--threshold", "x"], "--threshold: expected a number, got 'x'"),
+    (["--threshold", "-1"], "--threshold: -1 is out of range"),
+    (["--threshold", "nan"], "--threshold: nan is out of range"),
+    (["--threshold", "1", "--noise-floor", "a64"], "--noise-floor: not allowed with argument --threshold"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+], ids=["no-args", "threshold-text", "threshold-negative", "threshold-nan", "two-rules", "unknown"])
+def test_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
+    a = save_trace(toy_trace(), tmp_path / "a")
+    assert_bad_input(run_cli("tools.bisect", *([a, a] if args else []), *args), "tools.bisect: ", message)
 
 
 def test_parse_fixture_dump():

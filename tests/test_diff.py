@@ -1,7 +1,9 @@
 """tools.metrics and tools.diff: the metrics, the near-tie rule, the gate and the exit statuses, on
 synthetic logits and on real ones (the reference against llama.cpp's committed F16-KV golden)."""
+import io
 import json
 import os
+import zipfile
 
 import numpy as np
 import pytest
@@ -24,6 +26,18 @@ def logits_pair(real=True):  # -> ref [6, 40], ref64, test with a near-tie flip 
     if real:
         test[REAL_POS, 5] = 12.0
     return ref, ref64, test
+
+
+def npy_claiming(shape):  # -> bytes of a .npy whose header claims `shape` of float32 over 64 bytes of data
+    f = io.BytesIO()
+    np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return f.getvalue() + bytes(64)
+
+
+def assert_bad_input(r, *expected):  # CompletedProcess -> None: exit 2 and one stderr line naming the problem
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert all(text in lines[0] for text in expected), lines[0]
 
 
 def test_metrics_by_hand():
@@ -68,7 +82,7 @@ def test_gate_limits():
     assert diff.check_gate(report, diff.parse_gate("nmse=1e-6,top1=0.8")) == []
     failures = diff.check_gate(report, diff.parse_gate("nmse=1e-20, top1=1"))
     assert [f.split()[0] for f in failures] == ["nmse", "top1"]
-    for bad in ("nmse", "speed=1", "kl=abc"):
+    for bad in ("nmse", "speed=1", "kl=abc", "kl=nan"):
         with pytest.raises(diff.BadInput):
             diff.parse_gate(bad)
 
@@ -125,7 +139,7 @@ def test_directories_pair_by_prompt_id(tmp_path):
         diff.pair_files(str(tmp_path / "ref"), str(tmp_path / "test"))
 
 
-@pytest.mark.parametrize("case", ["missing", "shape", "nan", "pickle", "not_npy"])
+@pytest.mark.parametrize("case", ["missing", "shape", "nan", "pickle", "not_npy", "huge_header"])
 def test_bad_input_exits_2_with_one_line(tmp_path, case):
     ref = np.zeros((3, 10), np.float32)
     np.save(tmp_path / "ref.npy", ref)
@@ -138,12 +152,14 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case):
         np.save(bad, np.array([{"logits": 1}], dtype=object), allow_pickle=True)
     elif case == "not_npy":
         bad.write_text("0.1 0.2 0.3\n")
+    elif case == "huge_header":  # 130 TiB claimed: refused from the header, nothing allocated
+        bad.write_bytes(npy_claiming((70_000_000_000, 512)))
     r = run_cli("tools.diff", tmp_path / "ref.npy", bad)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in r.stderr
     expected = {"missing": "no such file", "shape": "does not match", "nan": "NaN", "pickle": "pickled",
-                "not_npy": "not a .npy"}[case]
+                "not_npy": "not a .npy", "huge_header": "header claims shape [70000000000, 512]"}[case]
     assert expected in lines[0]
 
 
@@ -233,7 +249,7 @@ def test_corpus_report_worst_prompts_first(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("case", ["keys", "pickle", "positions", "zip"])
+@pytest.mark.parametrize("case", ["keys", "pickle", "positions", "zip", "huge_header", "k_over_vocab"])
 def test_bad_topk_golden_exits_2(tmp_path, case):
     good = {"prompt_ids": np.arange(3), "tokens": np.array([5, 6]), "positions": np.array([0, 1]),
             "top_ids": np.array([[5, 1], [6, 2]]), "top_logprobs": np.array([[-0.1, -2.0], [-0.2, -3.0]])}
@@ -244,9 +260,67 @@ def test_bad_topk_golden_exits_2(tmp_path, case):
         np.savez(bad, **{**good, "tokens": np.array([{"x": 1}], dtype=object)})
     elif case == "positions":
         np.savez(bad, **{**good, "positions": np.array([1, 1])})
+    elif case == "huge_header":  # a member claiming 70e9 x 512 floats: refused before np.load allocates them
+        with zipfile.ZipFile(bad, "w") as z:
+            for key, value in good.items():
+                member = io.BytesIO()
+                np.save(member, value)
+                z.writestr(f"{key}.npy", npy_claiming((70_000_000_000, 512)) if key == "top_logprobs"
+                           else member.getvalue())
+    elif case == "k_over_vocab":  # 10 tokens per row from a vocabulary of 8
+        np.savez(bad, **{**good, "top_ids": np.tile([5, 1, 0, 2, 3, 4, 6, 7, 7, 7], (2, 1)),
+                         "top_logprobs": np.tile(-np.arange(1.0, 11.0), (2, 1))})
     else:
         bad.write_bytes(b"PK\x03\x04 not a zip")
     np.save(tmp_path / "full.npy", np.zeros((4, 8), np.float32))
     r = run_cli("tools.diff", bad, tmp_path / "full.npy")
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in r.stderr
+    expected = {"huge_header": "header claims shape [70000000000, 512]",
+                "k_over_vocab": "10 tokens per row, more than the vocabulary of 8"}.get(case, str(bad))
+    assert_bad_input(r, expected)
+    if case != "k_over_vocab":  # a problem of one file names it; that one is of the pair
+        assert str(bad) in r.stderr
+
+
+def test_topk_golden_agreement_by_hand():
+    # prompt of 3 tokens: generated tokens 0 and 1 are chosen at rows 2 and 3 of the full logits
+    full = np.full((4, 8), -5.0, np.float32)
+    full[2, [5, 1]] = [3.0, 2.0]
+    full[3, [6, 3]] = [3.0, 2.0]
+    golden = diff.TopK(prompt_ids=np.arange(3), tokens=np.array([5, 6]), positions=np.array([0, 1]),
+                       ids=np.array([[5, 1], [6, 2]]), logprobs=np.array([[-0.1, -2.0], [-0.2, -3.0]]))
+    report = diff.diff_topk(golden, full)
+    assert report["per_position"]["topk_agree"] == [1.0, 0.5]  # {5, 1} = {5, 1}; {6, 3} vs {6, 2}
+    assert report["per_position"]["top1_agree"] == [True, True]
+
+
+@pytest.mark.parametrize("option, target, message", [
+    ("--json", "missing/r.json", "no such directory"),
+    ("--json", ".", "is a directory"),
+    ("--plot", "missing/r.png", "no such directory"),
+    ("--plot", "r.xyz", "matplotlib cannot write .xyz"),
+], ids=["json-no-dir", "json-is-dir", "plot-no-dir", "plot-extension"])
+def test_unwritable_output_exits_2_before_the_work(tmp_path, option, target, message):
+    if target.endswith(".xyz"):
+        require("matplotlib")  # the formats it writes; without it --plot is refused as missing matplotlib
+    np.save(tmp_path / "ref.npy", np.zeros((3, 10), np.float32))
+    r = run_cli("tools.diff", tmp_path / "ref.npy", tmp_path / "ref.npy", option, tmp_path / target)
+    assert_bad_input(r, f"tools.diff: {option} {tmp_path / target}", message)
+    assert r.stdout == ""  # refused before anything was compared
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "the following arguments are required: ref, test"),
+    (["--topk", "0"], "--topk: 0 is out of range [1, 100]"),
+    (["--topk", "101"], "--topk: 101 is out of range [1, 100]"),
+    (["--topk", "x"], "--topk: expected an integer, got 'x'"),
+    (["--worst", "0"], "--worst: 0 is out of range"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--near-tie-margin", "1", "--typical-error"], "--typical-error: not allowed with argument --near-tie-margin"),
+    (["--near-tie-margin", "-1"], "--near-tie-margin: -1 is out of range"),
+    (["--near-tie-margin", "nan"], "--near-tie-margin: nan is out of range"),
+], ids=["no-args", "topk-0", "topk-101", "topk-text", "worst-0", "unknown", "two-margins", "margin-negative",
+        "margin-nan"])
+def test_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
+    np.save(tmp_path / "ref.npy", np.zeros((3, 10), np.float32))
+    files = [tmp_path / "ref.npy"] * 2 if args else []
+    assert_bad_input(run_cli("tools.diff", *files, *args), "tools.diff: ", message)

@@ -21,14 +21,19 @@ for activations of unit size). The sums guard the entries not printed: they disa
 difference exceeds the worst-case rounding of a float32 running sum, (n-1) * 2^-24 * sum|x|, plus
 the most an error within the threshold can move a sum, sqrt(n * threshold) * ||a||.
 When the two sides hold different numbers of tokens (llama.cpp keeps only the output rows after the
-last layer's attention), the last rows of both are compared.
+last layer's attention), the last rows of both are compared. Any other difference of shape (another
+row length, no tokens on one side) is a difference of structure and counts as a divergence, as a
+point recorded on the wrong layers does.
 
 Threshold (a point diverges when its NMSE is above it, or its sums disagree):
   --noise-floor A64   per point, 64 * NMSE(A64, A) (and never below 64 * 2^-48, one float32
                       rounding), where A64 is the float64 trace of the run that made A. 64 = 8^2:
                       the tolerated RMS error is 8 times the float32 noise of A: 2 because B carries
                       its own independent rounding, 4 more for engines that sum float32 blockwise or
-                      sequentially where NumPy sums pairwise;
+                      sequentially where NumPy sums pairwise. A64 is refused when a point's shape
+                      differs from A's, or when the median NMSE(A64, A) over the points is above
+                      1e-2 (float32 rounding stays decades below it: that is a run of another
+                      prompt or model);
   --threshold T       T for every point;
   neither             1e-9, for two runs of this reference (backends, chunking, ring vs uniform
                       cache): float32 math that differs only in summation order sits far below it,
@@ -41,27 +46,27 @@ Exit status: 0 no point above threshold, 1 a divergence was found (printed as
 """
 import argparse
 import json
+import math
 import os
 import re
 import sys
 
 import numpy as np
 
+from reference.cli import OneLineParser, fail, float_in
 from reference.trace import INDEX, TraceError, load_trace
 
 from . import metrics
+from .diff import BadInput, check_output, pyplot, save_figure, write_text
 from .dump_parse import DumpError, PartialTensor, load_dump, token_axis
 
 EXACT_THRESHOLD = 1e-9
 NOISE_FACTOR = 8  # tolerated RMS error over the float32 noise of A; squared for NMSE (module doc)
 F32_ROUNDING_NMSE = 2.0 ** -48  # (2^-24)^2: one float32 rounding of every element
+NOISE_FLOOR_LIMIT = 1e-2  # median NMSE(A64, A) above it: A64 is not the float64 run of A (module doc)
 PRINT_SLACK = 0.5e-4  # a dumped value is printed with %12.4f
 SUM_PRINT_SLACK = 0.5e-6  # the sum with %f
 LAYER_NAME = re.compile(r"^(?P<op>.+?)-(?P<layer>\d+)(?P<view>( \(\w+\))*)$")  # "Qcur-0 (view) (permuted)"
-
-
-class BadInput(Exception):
-    pass
 
 
 def load_source(path, n_tokens=None):  # trace dir or dump file -> ({name: array | PartialTensor}, [notes])
@@ -129,21 +134,25 @@ def sums_agree(a, b, start_a, start_b, threshold):  # -> True/False, or None whe
     return bool(abs(totals[0] - totals[1]) <= tolerance)
 
 
-def compare_point(a, b, threshold=0.0):  # a (reference), b: array | PartialTensor -> {nmse, n, size, sum_ok, note}
+def compare_point(a, b, threshold=0.0):  # a (reference), b: array | PartialTensor -> dict
+    """{nmse, n, size, sum_ok, shape_ok, note}. shape_ok is False when the two cannot be the same
+    tensor: another row length, or tokens on one side only (a different number of tokens is fine:
+    the last rows are compared)."""
     full_a, full_b = isinstance(a, np.ndarray), isinstance(b, np.ndarray)
     row_len = row_length(a if full_a or not full_b else b)
     rows_a, rows_b = n_rows(a, row_len), n_rows(b, row_len)
-    if rows_a is None or rows_b is None:
+    if rows_a is None or rows_b is None or (rows_a == 0) != (rows_b == 0):
         note = f"shapes differ: {describe(a)} vs {describe(b)}"
-        return {"nmse": None, "n": 0, "size": 0, "sum_ok": None, "note": note}
+        return {"nmse": None, "n": 0, "size": 0, "sum_ok": None, "shape_ok": False, "note": note}
     rows = min(rows_a, rows_b)
     count, start_a, start_b = rows * row_len, (rows_a - rows) * row_len, (rows_b - rows) * row_len
     note = f"last {rows} of {rows_a} vs {rows_b} tokens" if rows_a != rows_b else ""
     if count == 0:
-        return {"nmse": None, "n": 0, "size": 0, "sum_ok": None, "note": note or "empty"}
+        return {"nmse": None, "n": 0, "size": 0, "sum_ok": None, "shape_ok": True, "note": note or "empty"}
     if full_a and full_b:
         va, vb = a.reshape(-1)[start_a:], b.reshape(-1)[start_b:]
-        return {"nmse": float(metrics.nmse(va, vb)), "n": count, "size": count, "sum_ok": None, "note": note}
+        return {"nmse": float(metrics.nmse(va, vb)), "n": count, "size": count, "sum_ok": None, "shape_ok": True,
+                "note": note}
     if full_a:
         index, vb = printed(b, start_b, count)
         va = a.reshape(-1)[start_a + index]
@@ -159,16 +168,24 @@ def compare_point(a, b, threshold=0.0):  # a (reference), b: array | PartialTens
     va, vb = va.astype(np.float64), vb.astype(np.float64)
     vb = shrink_toward(va, vb, PRINT_SLACK * ((not full_a) + (not full_b)))
     return {"nmse": float(metrics.nmse(va, vb)) if index.size else None, "n": int(index.size), "size": count,
-            "sum_ok": sums_agree(a, b, start_a, start_b, threshold), "note": note}
+            "sum_ok": sums_agree(a, b, start_a, start_b, threshold), "shape_ok": True, "note": note}
 
 
-def noise_thresholds(trace_a, trace_a64):  # {name: f32 tensor}, {name: f64 tensor} -> {name: threshold}
-    thresholds = {}
+def noise_thresholds(trace_a, trace_a64, source="noise floor"):  # {name: f32}, {name: f64} -> {name: threshold}
+    """Raises BadInput when trace_a64 cannot be the float64 run of A (module doc): thresholds taken
+    from another prompt's run would be ~1e2 and hide every divergence."""
+    floors = {}
     for name in (n for n in trace_a if n in trace_a64):
-        floor = compare_point(trace_a64[name], trace_a[name])["nmse"]
-        if floor is not None:
-            thresholds[name] = NOISE_FACTOR ** 2 * max(floor, F32_ROUNDING_NMSE)
-    return thresholds
+        c = compare_point(trace_a64[name], trace_a[name])
+        if not c["shape_ok"]:
+            raise BadInput(f"{source}: point {name} {c['note']} (noise floor vs A): not the float64 run of A")
+        if c["nmse"] is not None:
+            floors[name] = c["nmse"]
+    median = float(np.median(list(floors.values()))) if floors else 0.0
+    if not median <= NOISE_FLOOR_LIMIT:  # "not <=": a NaN floor is refused too
+        raise BadInput(f"{source}: median NMSE against A is {median:.3g} over {len(floors)} points, above "
+                       f"{NOISE_FLOOR_LIMIT:g}: not the float64 run of A (another prompt or model?)")
+    return {name: NOISE_FACTOR ** 2 * max(floor, F32_ROUNDING_NMSE) for name, floor in floors.items()}
 
 
 def merged_order(names_a, names_b):  # -> all names: A's order, each B-only name after the one it follows in B
@@ -198,7 +215,7 @@ def one_sided_point(name, side, other_ops):  # point only one side has -> struct
         return None
     other = "B" if side == "A" else "A"
     return {"name": name, "layer": layer, "op": op, "threshold": float("nan"), "diverged": True, "nmse": None,
-            "n": 0, "size": 0, "sum_ok": None, "only_in": side,
+            "n": 0, "size": 0, "sum_ok": None, "shape_ok": True, "only_in": side,
             "note": f"only in {side}: {other} records {op} on other layers, not on layer {layer}"}
 
 
@@ -218,8 +235,8 @@ def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD):  # {name: tensor} x2, f
                 raise BadInput(f"no noise floor for trace point {name}")
             layer, op = layer_and_op(name)
             c = compare_point(trace_a[name], trace_b[name], limit)
-            # written as "not <=" so that a NaN counts as diverged
-            diverged = (c["nmse"] is not None and not c["nmse"] <= limit) or c["sum_ok"] is False
+            # written as "not <=" so that a NaN counts as diverged; a shape that cannot be A's is structure
+            diverged = not c["shape_ok"] or (c["nmse"] is not None and not c["nmse"] <= limit) or c["sum_ok"] is False
             point = {"name": name, "layer": layer, "op": op, "threshold": limit, "diverged": diverged,
                      "only_in": None, **c}
         points.append(point)
@@ -234,7 +251,7 @@ def first_line(result):  # -> the one-line verdict
     if f is None:
         return f"no divergence above threshold ({sum(p['nmse'] is not None for p in result['points'])} points compared)"
     where = f"layer {'-' if f['layer'] is None else f['layer']}, op {f['op']}"
-    if f["only_in"]:
+    if f["only_in"] or not f["shape_ok"]:
         return f"first divergence: {f['name']} ({where}) {f['note']}"
     nmse = "n/a" if f["nmse"] is None else f"{f['nmse']:.3e}"
     why = " (sum check failed)" if f["sum_ok"] is False else ""
@@ -256,6 +273,8 @@ def layer_grid(result):  # -> (row labels, op columns, {(row, op): point})
 def cell_text(p):  # point -> "1.2e-07*"
     if p is not None and p["only_in"]:
         return f"{p['only_in']} only"
+    if p is not None and not p["shape_ok"]:
+        return "shape"
     if p is None or p["nmse"] is None:
         return "."
     return f"{p['nmse']:.1e}" + ("!" if p["sum_ok"] is False else "*" if p["diverged"] else "")
@@ -266,7 +285,8 @@ def format_table(result, rule):  # -> the layers x ops grid and the per-point li
     width = {op: max(len(op), 9) for op in ops}
     lines = ["NMSE = sum((a-b)^2) / sum(a^2), float64, A as reference (llama.cpp test-backend-ops)",
              f"threshold: {rule}",
-             "* above threshold, ! sums disagree, A/B only: recorded by one side only (structure), . not compared", "",
+             "* above threshold, ! sums disagree, A/B only: recorded by one side only (structure), "
+             "shape: shapes differ (structure), . not compared", "",
              "layer " + " ".join(f"{op:>{width[op]}}" for op in ops)]
     for row in rows:
         lines.append(f"{row:>5} " + " ".join(f"{cell_text(cells.get((row, op))):>{width[op]}}" for op in ops))
@@ -293,16 +313,13 @@ def format_summary(result, rule, notes):  # -> what goes to stdout
         above = next((p["op"] for p in points if p["diverged"]), "-")
         if worst is not None:
             lines.append(f"{row:>5} {worst['nmse']:>10.2e}  {worst['op']:<16} {above}")
+        elif above != "-":  # only structural differences on this row
+            lines.append(f"{row:>5} {'n/a':>10}  {'-':<16} {above}")
     return "\n".join(lines + [first_line(result)])
 
 
 def plot_result(result, path):  # -> PNG: heatmap layers x ops and the NMSE curve in forward order
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise BadInput(f"{path}: --plot needs matplotlib (pip install matplotlib)") from None
+    plt = pyplot(path)
     rows, ops, cells = layer_grid(result)
     points = result["points"]
     # a log scale cannot show an exact 0: draw it a decade under the smallest error or threshold
@@ -336,8 +353,7 @@ def plot_result(result, path):  # -> PNG: heatmap layers x ops and the NMSE curv
     curve.grid(True, alpha=0.3)
     heat.set_title(first_line(result), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def tokens_of(trace):  # {name: tensor} -> prompt length from the first full tensor, or None
@@ -345,13 +361,16 @@ def tokens_of(trace):  # {name: tensor} -> prompt length from the first full ten
 
 
 def run_bisect(args):  # parsed CLI args -> exit status
+    for option, path in (("--table", args.table), ("--json", args.json), ("--plot", args.plot)):
+        if path:
+            check_output(path, option)
     trace_a, notes = load_source(args.a)
     trace_b, notes_b = load_source(args.b, tokens_of(trace_a))
     if tokens_of(trace_a) is None and tokens_of(trace_b) is not None:
         # A is a dump: read it again, now knowing the prompt length that tells a warm-up pass apart
         trace_a, notes = load_source(args.a, tokens_of(trace_b))
     if args.noise_floor:
-        threshold = noise_thresholds(trace_a, load_source(args.noise_floor)[0])
+        threshold = noise_thresholds(trace_a, load_source(args.noise_floor)[0], args.noise_floor)
         rule = f"per point 64 x NMSE({args.noise_floor}, A), at least 64 x 2^-48"
     elif args.threshold is not None:
         threshold, rule = args.threshold, f"{args.threshold:g} (--threshold)"
@@ -362,23 +381,23 @@ def run_bisect(args):  # parsed CLI args -> exit status
         raise BadInput(f"{args.b}: no trace point in common with {args.a}")
     print(format_summary(result, rule, notes + notes_b))
     if args.table:
-        with open(args.table, "w") as f:
-            f.write(format_table(result, rule) + "\n")
+        write_text(args.table, "--table", format_table(result, rule) + "\n")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"threshold_rule": rule, **result}, f, indent=1)
+        write_text(args.json, "--json", json.dumps({"threshold_rule": rule, **result}, indent=1))
     if args.plot:
         plot_result(result, args.plot)
     return 1 if result["first"] else 0
 
 
 def main(argv=None):  # -> exit status
-    p = argparse.ArgumentParser(prog="python -m tools.bisect", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m tools.bisect", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("a", help="reference side: trace directory or llama.cpp dump")
     p.add_argument("b", help="side under test: trace directory or llama.cpp dump")
     limit = p.add_mutually_exclusive_group()
-    limit.add_argument("--threshold", type=float, help="NMSE above which a point diverges")
+    # an NMSE is never negative: any limit >= 0 is a rule (0: bit-identical; inf: only NaN and structure)
+    limit.add_argument("--threshold", type=float_in(0.0, math.inf),
+                       help="NMSE above which a point diverges")
     limit.add_argument("--noise-floor", help="float64 trace of the run that made A: per-point thresholds")
     p.add_argument("--table", help="write the layers x ops NMSE table and the per-point list")
     p.add_argument("--plot", help="write a PNG heatmap (layers x ops) and the NMSE curve")
@@ -387,8 +406,7 @@ def main(argv=None):  # -> exit status
     try:
         return run_bisect(args)
     except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail("tools.bisect", e)
 
 
 if __name__ == "__main__":

@@ -58,12 +58,16 @@ Exit status: 0 pass, 1 gate failed (every real divergence fails; near-ties alone
 """
 import argparse
 import json
+import math
 import os
 import sys
 import zipfile
 from dataclasses import dataclass
 
 import numpy as np
+
+from reference.cli import OneLineParser, fail, float_in, int_in
+from reference.trace import check_npy_header, load_npy
 
 from . import metrics
 
@@ -74,6 +78,9 @@ NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
 TOPK_SUFFIX = ".topk.npz"
 MANIFEST = "manifest.json"
+# --topk: metrics.topk_agreement compares k x k token ids per position ([n_pos, k, k] booleans), so
+# k = 100 already costs 10 KB per position; the agreement is read at small k (default 5)
+MAX_TOPK = 100
 NMSE_DEFINITION = "NMSE = sum((ref-test)^2) / sum(ref^2), float64 (llama.cpp test-backend-ops)"
 
 # gate key -> (summary field, "max" = the field must not exceed the limit | "min" = must reach it)
@@ -126,7 +133,9 @@ def read_magic(path, magic, what):  # -> None, raises BadInput unless the file s
 def load_logits(path):  # .npy file -> [n_pos, n_vocab]
     read_magic(path, NPY_MAGIC, ".npy")
     try:
-        a = np.load(path, allow_pickle=False)
+        a = load_npy(path)  # refuses a header that claims more data than the file holds
+    except OSError as e:
+        raise BadInput(f"{path}: {e.strerror or e}") from None
     except ValueError as e:
         # numpy refuses object arrays here, which is how a pickle inside a .npy shows up
         problem = "holds pickled objects (refused)" if "allow_pickle" in str(e) else f"corrupt .npy ({e})"
@@ -140,12 +149,19 @@ def load_logits(path):  # .npy file -> [n_pos, n_vocab]
 def load_topk(path):  # .topk.npz file -> TopK
     read_magic(path, ZIP_MAGIC, ".topk.npz")
     try:
+        with zipfile.ZipFile(path) as archive:
+            # each member's header against the member's size, before np.load allocates what it claims
+            for info in archive.infolist():
+                if info.filename.endswith(".npy"):
+                    with archive.open(info) as member:
+                        check_npy_header(member, info.file_size)
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in ("prompt_ids", "tokens", "positions", "top_ids", "top_logprobs")}
     except KeyError as e:
         raise BadInput(f"{path}: no array {e} (a top-k golden holds prompt_ids, tokens, positions, top_ids, "
                        "top_logprobs)") from None
-    except (ValueError, OSError, zipfile.BadZipFile) as e:
+    # NotImplementedError: a compression method zipfile cannot read
+    except (ValueError, OSError, zipfile.BadZipFile, NotImplementedError) as e:
         raise BadInput(f"{path}: corrupt .npz ({e})") from None
     ids, lp = arrays["top_ids"], arrays["top_logprobs"]
     positions = arrays["positions"]
@@ -316,9 +332,12 @@ def diff_topk(ref, test, near_tie_margin=None):  # one side TopK, the other [n_p
     check_logits(full, "reference" if not ref_is_top else "test")
     at, rows, ids, lp_top = aligned_rows(full, top)
     k = ids.shape[1]
+    if k > full.shape[1]:
+        raise BadInput(f"the top-k golden lists {k} tokens per row, more than the vocabulary of {full.shape[1]}")
     lp_all = metrics.log_softmax(rows)
     lp_full = np.take_along_axis(lp_all, ids, axis=-1)
     lp_ref, lp_test = (lp_top, lp_full) if ref_is_top else (lp_full, lp_top)
+    row_offset = np.arange(len(ids))[:, None] * full.shape[1]  # token ids of row r -> r * n_vocab + id
     full_top1, full_topk = np.argmax(rows, axis=-1), np.argpartition(rows, -k, axis=-1)[:, -k:]
     if ref_is_top:
         ref_margin, p_ref, p_test = lp_top[:, 0] - lp_top[:, 1], np.exp(lp_top[:, 0]), np.exp(lp_full[:, 0])
@@ -331,7 +350,8 @@ def diff_topk(ref, test, near_tie_margin=None):  # one side TopK, the other [n_p
         "nmse": metrics.nmse(lp_ref, lp_test), "max_abs": metrics.max_abs_diff(lp_ref, lp_test),
         "cosine": metrics.cosine(lp_ref, lp_test), "kl": bucket_kl(lp_ref, lp_test),
         "top1_agree": full_top1 == ids[:, 0],
-        "topk_agree": (full_topk[:, :, None] == ids[:, None, :]).any(-1).sum(-1) / k,
+        # membership row by row without a [n, k, k] comparison: the golden's k is only bounded by its file
+        "topk_agree": np.isin(full_topk + row_offset, ids + row_offset).sum(-1) / k,
         "ref_margin": ref_margin, "delta_p": p_test - p_ref,
         "ref_top1": ids[:, 0] if ref_is_top else full_top1, "test_top1": full_top1 if ref_is_top else ids[:, 0],
         "position": at,
@@ -355,6 +375,8 @@ def parse_gate(text):  # "nmse=1e-4,top1=0.999" -> {"nmse": 1e-4, "top1": 0.999}
             gate[key.strip()] = float(value)
         except ValueError:
             raise BadInput(f"--gate: {key.strip()} needs a number, got {value!r}") from None
+        if math.isnan(gate[key.strip()]):  # every comparison with NaN is false: the limit would never fail
+            raise BadInput(f"--gate: {key.strip()} needs a number, got {value!r}")
     return gate
 
 
@@ -436,13 +458,50 @@ def flip_markers(ax, r, y, start, label):  # near-tie and real flips of one prom
         ax.scatter(start + np.array(at, int), y[at], s=60, zorder=3, **style, label=f"{kind} flip" if label else None)
 
 
-def plot_report(runs, path):  # [(id, report, failures)] -> PNG: NMSE and KL per position (+ KL per prompt)
+def pyplot(path):  # -> matplotlib.pyplot on the file-only Agg backend; BadInput when matplotlib is missing
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise BadInput(f"{path}: --plot needs matplotlib (pip install matplotlib)") from None
+    return plt
+
+
+def check_output(path, option):  # -> None; BadInput unless `path` can be written (checked before the work)
+    if os.path.isdir(path):
+        raise BadInput(f"{option} {path}: is a directory")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise BadInput(f"{option} {path}: no such directory {parent}")
+    if option == "--plot":
+        pyplot(path)
+        from matplotlib.backend_bases import FigureCanvasBase
+        formats = FigureCanvasBase.get_supported_filetypes()
+        extension = os.path.splitext(path)[1].lstrip(".").lower()
+        if extension and extension not in formats:  # no extension: matplotlib writes PNG
+            raise BadInput(f"--plot {path}: matplotlib cannot write .{extension} (formats: {', '.join(formats)})")
+
+
+def write_text(path, option, text):  # -> None; a path that cannot be written is BadInput
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise BadInput(f"{option} {path}: {e.strerror or e}") from None
+
+
+def save_figure(plt, fig, path):  # -> None; a path that cannot be written is BadInput
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise BadInput(f"--plot {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+
+
+def plot_report(runs, path):  # [(id, report, failures)] -> PNG: NMSE and KL per position (+ KL per prompt)
+    plt = pyplot(path)
     corpus = len(runs) > 1
     fig, axes = plt.subplots(3 if corpus else 2, 1, figsize=(11, 9 if corpus else 6))
     start = 0
@@ -480,8 +539,7 @@ def plot_report(runs, path):  # [(id, report, failures)] -> PNG: NMSE and KL per
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def margin_rule(args):  # parsed CLI args -> the near-tie rule in force, as text
@@ -515,6 +573,9 @@ def prompt_margin(args, noise, key, ref):  # -> near-tie margin M for one prompt
 
 def run_diff(args):  # parsed CLI args -> exit status
     gate, rule = parse_gate(args.gate or ""), margin_rule(args)
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            check_output(path, option)
     noise = logit_files(args.noise_floor)[0] if args.noise_floor else None
     pairs, notes = pair_files(args.ref, args.test)
     runs = []
@@ -529,39 +590,41 @@ def run_diff(args):  # parsed CLI args -> exit status
     print(format_report(runs, gate, rule, notes=notes, n_prompts_shown=args.worst))
     failed = any(fails for _, _, fails in runs)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"nmse_definition": NMSE_DEFINITION, "near_tie_rule": rule, "gate": gate, "notes": notes,
-                       "status": "fail" if failed else "pass", "overall": corpus_summary(runs),
-                       "prompts": [{"prompt_id": key, "failures": fails, **r} for key, r, fails in runs]}, f)
+        write_text(args.json, "--json", json.dumps({
+            "nmse_definition": NMSE_DEFINITION, "near_tie_rule": rule, "gate": gate, "notes": notes,
+            "status": "fail" if failed else "pass", "overall": corpus_summary(runs),
+            "prompts": [{"prompt_id": key, "failures": fails, **r} for key, r, fails in runs]}))
     if args.plot:
         plot_report(runs, args.plot)
     return 1 if failed else 0
 
 
 def main(argv=None):  # -> exit status
-    p = argparse.ArgumentParser(prog="python -m tools.diff", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m tools.diff", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ref", help="reference logits .npy, top-k golden .topk.npz, or a golden/corpus directory")
     p.add_argument("test", help="test logits or directory, paired with REF by prompt id")
     p.add_argument("--gate", help=f"limits, e.g. nmse=1e-4,top1=0.999 (keys: {', '.join(GATE_KEYS)})")
     margin = p.add_mutually_exclusive_group()
-    margin.add_argument("--near-tie-margin", type=float, help="near-tie threshold M in logits")
+    # M is compared with a top1-top2 logit gap, which is never negative: any M >= 0 is a rule
+    # (0: every flip is real; inf: every flip a near-tie)
+    margin.add_argument("--near-tie-margin", type=float_in(0.0, math.inf),
+                        help="near-tie threshold M in logits")
     margin.add_argument("--noise-floor", help="float64 logits of the run that made REF (file or directory)")
     margin.add_argument("--typical-error", action="store_true",
                         help="M from the test's typical error (a lower-precision test engine)")
-    p.add_argument("--topk", type=int, default=5,
-                   help="k of the top-k agreement (default 5; a top-k golden sets its own)")
-    p.add_argument("--worst", type=int, default=20, help="prompts listed in the report, worst first (default 20)")
+    p.add_argument("--topk", type=int_in(1, MAX_TOPK), default=5,
+                   help=f"k of the top-k agreement, at most {MAX_TOPK} (default 5; a top-k golden sets its own)")
+    # --worst only cuts the list of prompts printed: any positive count is cheap
+    p.add_argument("--worst", type=int_in(1, sys.maxsize), default=20,
+                   help="prompts listed in the report, worst first (default 20)")
     p.add_argument("--json", help="write the full report as JSON")
     p.add_argument("--plot", help="write a PNG of NMSE and KL per position (and mean KL per prompt)")
     args = p.parse_args(argv)
-    if args.topk < 1 or args.worst < 1:
-        p.error("--topk and --worst must be at least 1")
     try:
         return run_diff(args)
     except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail("tools.diff", e)
 
 
 if __name__ == "__main__":

@@ -101,7 +101,11 @@ def read_values(ne, body, where):  # ggml ne, [(line number, text)] -> (index [k
             elif depth == 2:
                 i1 = ne[1] - N_SHOWN
         elif SUM.match(s) and total is None:
-            total = float(SUM.match(s)["sum"])
+            text = SUM.match(s)["sum"]
+            try:
+                total = float(text)
+            except ValueError:
+                raise DumpError(f"{where}:{lineno}: sum {text!r} is not a number") from None
     return np.array(index, np.int64), np.array(values, np.float64), total
 
 
