@@ -23,7 +23,9 @@ import time
 import numpy as np
 
 from reference import gguf, ops
+from reference.cli import OneLineParser, fail, int_in
 from reference.text import TextModel
+from tools.bench import json_out
 from tools.metrics import max_abs_diff, nmse
 
 from .cupy import launch
@@ -43,6 +45,12 @@ H200_BYTES_PER_S = 4.8e12
 MODEL_GATE = 1e-11
 # products at real widths: 8-term float32 group sums measure ~4e-15 on the emulation; 250x that
 PRODUCT_GATE = 1e-12
+# Prefill logits [prompt_len, n_vocab] float32 come back to the host: 6.6 GB at 8192 positions of the
+# release's vocabulary of 202048.
+MAX_PROMPT = 8192
+# A decode step reads every weight once; 4096 steps is far past any benchmark's need, and the cache
+# grows by a position a step.
+MAX_DECODE = 4096
 
 
 def record(check, ref, got, limit, **extra):  # -> {check, nmse, max_abs_diff, limit, passed, ...}
@@ -187,24 +195,41 @@ def report(records):  # print one line per record and the closing counts -> exit
     return 1 if failed else 0
 
 
+def model_names(text):  # argparse type: "tiny-a-f32,tiny-b-q8_0" -> paths of those GGUFs in golden/models
+    paths = [os.path.join(MODELS, name + ".gguf") for name in text.split(",")]
+    for name, path in zip(text.split(","), paths):
+        if not os.path.isfile(path):
+            raise argparse.ArgumentTypeError(f"no model {name!r} in golden/models (e.g. {PARITY_MODELS[0]})")
+    return paths
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m accel.cuda_harness", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m accel.cuda_harness", description=__doc__.splitlines()[0])
     p.add_argument("what", choices=("parity", "products", "graph", "bench"))
     p.add_argument("model", nargs="?", help="the text GGUF (bench, products; parity instead of the tiny models)")
-    p.add_argument("--models", default=",".join(PARITY_MODELS), help="parity/graph: tiny model names in golden/models")
-    p.add_argument("--prompt-len", type=int, help="default: 512 (bench), 20 (parity)")
-    p.add_argument("--n-decode", type=int, help="default: 32 (bench), 4 (parity)")
-    p.add_argument("--json", help="write the records (or the benchmark report) here")
+    p.add_argument("--models", type=model_names, default=",".join(PARITY_MODELS),
+                   help="parity/graph: tiny model names in golden/models")
+    p.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), help="default: 512 (bench), 20 (parity)")
+    p.add_argument("--n-decode", type=int_in(1, MAX_DECODE), help="default: 32 (bench), 4 (parity)")
+    p.add_argument("--json", type=json_out, help="write the records (or the benchmark report) here")
     args = p.parse_args(argv)
+    if args.what in ("bench", "products") and not args.model:
+        p.error(f"{args.what} needs a model")
     from . import BackendError, make_backend
     try:
         backend = make_backend("cupy", np.float32)
     except BackendError as e:
-        print(f"accel.cuda_harness: {e}", file=sys.stderr)
-        return 2
-    paths = [args.model] if args.model else [os.path.join(MODELS, name + ".gguf") for name in args.models.split(",")]
-    if args.what in ("bench", "products") and not args.model:
-        p.error(f"{args.what} needs a model")
+        return fail("accel.cuda_harness", e)
+    try:
+        return run(args, backend)
+    except gguf.GGUFError as e:
+        return fail("accel.cuda_harness", e)
+    except OSError as e:
+        return fail("accel.cuda_harness", f"{e.filename or ''}: {e.strerror or e}")
+
+
+def run(args, backend):  # -> exit status
+    paths = [args.model] if args.model else args.models
     if args.what == "bench":
         result = bench(backend, args.model, args.prompt_len or 512, args.n_decode or 32)
         print(json.dumps({k: v for k, v in result.items() if k != "products"}, indent=1))

@@ -30,6 +30,7 @@ from gguf import GGMLQuantizationType as GT, GGML_QUANT_SIZES, GGUFReader, GGUFW
 from gguf import quants
 
 from reference import ops
+from reference.cli import OneLineParser, fail, int_in
 from reference.gguf import Weights, write_out
 from tools.make_synthetic import F16_SCALE_OFFSETS
 from tools.metrics import max_abs_diff, nmse
@@ -202,19 +203,27 @@ def check(case, backend):  # -> (nmse, max |diff|, gate, problem or "")
     return err, diff, gate, "" if err <= gate else f"NMSE {err:.3g} > {gate:g}"
 
 
+def op_names(text):  # argparse type: "linear,rope" -> {"linear", "rope"}; an unknown name would run nothing
+    names = text.split(",")
+    for name in names:
+        if name not in GATES:
+            raise argparse.ArgumentTypeError(f"unknown op {name!r} in {text!r} (known: {', '.join(GATES)})")
+    return set(names)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m accel.harness", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m accel.harness", description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="numba")
-    p.add_argument("--ops", help="comma-separated ops to run (default: all): " + ",".join(GATES))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ops", type=op_names, default=set(GATES),
+                   help="comma-separated ops to run (default: all): " + ",".join(GATES))
+    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="numpy seeds are non-negative")
     args = p.parse_args(argv)
     from accel import BackendError, make_backend
     try:
         backend = make_backend(args.backend, np.float32)
     except BackendError as e:
-        print(f"accel.harness: {e}", file=sys.stderr)
-        return 2
-    wanted = set(args.ops.split(",")) if args.ops else set(GATES)
+        return fail("accel.harness", e)
+    wanted = args.ops
     dtypes = getattr(backend, "dtypes", ("float32", "float64"))  # cupy computes in float32 only
     failed = skipped = 0
     print(f"{'op':10s} {'case':52s} {'dtype':7s} {'NMSE':>10s} {'gate':>7s} {'max|diff|':>10s}  result")

@@ -4,7 +4,9 @@
   llama.cpp and transformers give a template: `strftime_now` (pinned by `date` for reproducible
   prompts, since the default system block carries today's date), `raise_exception`, a `tojson` that
   writes `json.dumps` (no HTML escaping, keys in order), `tools`, and the reasoning strength, which
-  llama.cpp binds to both `reasoning_effort` and `reasoning_strength`.
+  llama.cpp binds to both `reasoning_effort` and `reasoning_strength`. The template is untrusted
+  input, so the sandbox also bounds its work (`BoundedSandbox`): a template that would loop for
+  hours or build gigabytes is a ChatError instead.
 - `prompt_ids` tokenizes a rendered prompt as llama.cpp does: special-token text is parsed, and the
   BOS the template wrote is not doubled.
 - `expand_images`: the template writes one `<|patch|>` per image; the model reads
@@ -13,12 +15,17 @@
   and ATEM tool calls, following llama.cpp's muse-glimmer PEG parser; arguments come back typed by
   the tool's JSON schema (raw text for string parameters, JSON values otherwise).
 """
+import functools
 import json
+import re
+from collections.abc import Iterator, Mapping, MappingView
 from datetime import date as Date, datetime
 
 import jinja2
 import jinja2.ext
+from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 GENERATION_PROMPT = "<|start|>assistant"
 IMAGE_PLACEHOLDER, IMAGE_START, IMAGE_END = "<|patch|>", "<|image_start|>", "<|image_end|>"
@@ -46,9 +53,206 @@ def parse_date(text):  # "YYYY-MM-DD" -> date
         raise ChatError(f"date must be YYYY-MM-DD, got {text!r}") from None
 
 
-def template_environment(now):  # datetime that strftime_now formats -> sandboxed environment
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
+# The bounds of one rendering. The release template renders each golden conversation in at most
+# 69 steps and 11 k characters (as BoundedSandbox counts them), and a 131072-token context holds
+# about 0.5 M characters: a template that needs more is runaway, not a prompt.
+MAX_STEPS = 1 << 20      # loop iterations, calls and filters, about a second of them; plus (items in
+                         # the input)^2, since a template may compare every message with every other
+                         # (the release one does, to name a tool message that has no name)
+MAX_CHARS = 1 << 26      # characters printed, plus what operators, calls and filters build
+MAX_INT_BITS = 1 << 16   # big-integer arithmetic grows faster than the digits
+GROWING = frozenset(["center", "ljust", "rjust", "zfill", "expandtabs", "indent", "wordwrap", "join", "replace",
+                     "batch", "slice", "tojson", "format", "format_map"])  # can build far more than they read
+WIDTH_ARGS = frozenset(["center", "ljust", "rjust", "zfill", "expandtabs", "indent", "replace", "batch", "slice",
+                        "tojson"])  # ... and of these an integer argument is a width or a count
+CONSUMING = frozenset(["join", "batch", "slice"])  # read an iterator whole: as a list it can be measured first
+FORMAT_WIDTH = re.compile(r"(?:[%:][-+ #0<>=^_,]*|\.)(\d+)")  # widths and precisions of % and {} formats
+
+
+class BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox with a budget for one rendering (a GGUF's template is untrusted input):
+    every loop iteration, call and filter is a step, and what is printed or built counts against
+    MAX_CHARS. An operation whose result can be far larger than what it reads (* and %, padding,
+    joining, replacing, indenting, formatting, powers) is refused before it runs; the others are
+    counted after. Whatever is printed, compared or filtered is measured first: a few lists that
+    share items can stand for more text than any machine holds."""
+
+    intercepted_binops = frozenset(["+", "*", "**", "%"])
+
+    def __init__(self, max_steps, filters, **options):
+        super().__init__(**options)
+        self.filters = {name: self.bounded_filter(name, f) for name, f in {**self.filters, **filters}.items()}
+        self.filters.update(loop_steps=loop_steps, printed=printed, compared=compared)
+        self.tests = {name: self.bounded_test(name, t) for name, t in self.tests.items()}
+        self.steps, self.max_steps, self.chars = 0, max_steps, 0
+        self.measured = {}  # id -> (value, characters, depth); the value is kept so that its id stays its own
+
+    def compile_bounded(self, source):  # template text -> Template whose loops, printing and comparing are counted
+        tree = self.parse(source)
+        for loop in list(tree.find_all(nodes.For)):
+            loop.iter = through("loop_steps", loop.iter)
+        for node in list(tree.find_all((nodes.Output, nodes.Concat))):  # literal text, {{ }} and ~ operands
+            node.nodes = [through("printed", n) for n in node.nodes]
+        for node in list(tree.find_all(nodes.Compare)):
+            node.expr = through("compared", node.expr)
+            for operand in node.ops:
+                operand.expr = through("compared", operand.expr)
+        for pair in list(tree.find_all(nodes.Pair)):  # a dict key is hashed
+            if not isinstance(pair.key, nodes.Const):
+                pair.key = through("compared", pair.key)
+        return self.from_string(tree)
+
+    def step(self):
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise ChatError(f"chat template: over {self.max_steps} steps (loop iterations and calls); "
+                            "does it loop without end?")
+
+    def check_room(self, n, what):  # raise before an operation that would print or build n characters too many
+        if self.chars + n > MAX_CHARS:
+            raise ChatError(f"chat template: {what} would take it over {MAX_CHARS} characters printed and built")
+
+    def count(self, n, what):  # n more characters printed or built
+        self.check_room(n, what)
+        self.chars += n
+
+    def built(self, value, what):  # -> value, counted as what an operation allocated for it
+        """A string's characters, an integer's digits, a container's own items (not its items'
+        contents: it shares those with whatever held them already)."""
+        if isinstance(value, (str, list, tuple, dict, set, frozenset)):
+            self.count(len(value), what)
+        elif isinstance(value, int):
+            self.count(self.measure(value)[0], what)
+        return value
+
+    def check_readable(self, value, what):  # raise for a value too big to read whole (print, compare, filter)
+        if self.measure(value)[0] > MAX_CHARS:
+            raise ChatError(f"chat template: {what} a value of over {MAX_CHARS} characters")
+
+    def measure(self, value):  # -> (characters of value as text, nesting depth), about
+        """Containers count each item every time it appears (a list holding a list twice prints it
+        twice); each object is measured once, so that measuring takes no longer than building."""
+        if isinstance(value, str):
+            return len(value), 0
+        if isinstance(value, int):
+            return value.bit_length() // 3 + 1, 0
+        if isinstance(value, float):
+            return len(repr(value)), 0
+        if isinstance(value, Namespace):  # prints its attributes; a copy, since `set ns.x` changes them
+            value = dict(object.__getattribute__(value, "_Namespace__attrs"))
+        if isinstance(value, Mapping):
+            items = [*value.keys(), *value.values()]
+        elif isinstance(value, (list, tuple, set, frozenset, MappingView)):
+            items = value
+        else:
+            return 1, 0
+        known = self.measured.get(id(value))
+        if known is None:
+            self.measured[id(value)] = (value, 1, 0)  # a container holding itself counts once
+            size, depth = len(items) + 2, 0
+            for item in items:
+                n, d = self.measure(item)
+                size, depth = size + n, max(depth, d + 1)
+                if size > MAX_CHARS:
+                    break
+            known = self.measured[id(value)] = (value, size, depth)
+        return known[1], known[2]
+
+    def check_growth(self, name, value, args):  # raise before a GROWING filter or str method builds too much
+        """Bound: every character or item of `value` is written once, with the longest other
+        argument and the widest width once per level of nesting added (a format's widths are in
+        its format string)."""
+        if name not in GROWING:
+            return
+        widths = [a for a in args if isinstance(a, int)] if name in WIDTH_ARGS else []
+        if name in ("format", "format_map") and isinstance(value, str):
+            widths = [int(w) for w in FORMAT_WIDTH.findall(value)]
+            if "*" in value:  # "%*d": the width is an argument
+                widths += [a for a in args if isinstance(a, int)]
+        longest = max((self.measure(a)[0] for a in args), default=0)
+        size, depth = self.measure(value)
+        self.check_room(size * (1 + longest + max(widths, default=0) * (depth + 1)), name)
+
+    def check_bits(self, bits):
+        if bits > MAX_INT_BITS:
+            raise ChatError(f"chat template: an integer of over {MAX_INT_BITS} bits")
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*" and isinstance(left, int) and isinstance(right, int):
+            self.check_bits(left.bit_length() + right.bit_length())
+        elif operator == "*" and (isinstance(left, int) or isinstance(right, int)):
+            count, repeated = (left, right) if isinstance(left, int) else (right, left)
+            self.check_room(self.measure(repeated)[0] * max(count, 0), "operator *")
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+            self.check_bits(left.bit_length() * right if abs(left) > 1 else 1)
+        elif operator == "%" and isinstance(left, str):
+            self.check_growth("format", left, [right])
+        return self.built(super().call_binop(context, operator, left, right), f"operator {operator}")
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's names: no clash with keywords)
+        __self.step()
+        method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
+        if isinstance(getattr(method, "__self__", None), str):
+            args = [listed(method.__name__, a) for a in args]
+            __self.check_growth(method.__name__, method.__self__, [*args, *kwargs.values()])
+        return __self.built(super().call(__context, __obj, *args, **kwargs), "a call")
+
+    def bounded_filter(self, name, f):  # filter -> the same filter, one step, checked before and counted after
+        skip = 1 if getattr(f, "jinja_pass_arg", None) else 0  # the context or environment jinja passes first
+
+        @functools.wraps(f)  # keeps jinja_pass_arg
+        def bounded(*args, **kwargs):
+            self.step()
+            args = [listed(name, a) for a in args]
+            self.check_readable(args[skip], f"filter {name} on")
+            self.check_growth(name, args[skip], [*args[skip + 1:], *kwargs.values()])
+            return self.built(f(*args, **kwargs), f"filter {name}")
+        return bounded
+
+    def bounded_test(self, name, test):  # test -> the same test, its operands measured first (eq, in: compared)
+        skip = 1 if getattr(test, "jinja_pass_arg", None) else 0
+
+        @functools.wraps(test)
+        def bounded(*args, **kwargs):
+            for value in [*args[skip:], *kwargs.values()]:
+                self.check_readable(value, f"test {name} on")
+            return test(*args, **kwargs)
+        return bounded
+
+
+def through(name, node):  # jinja expression node -> the same, passed through the filter `name`
+    return nodes.Filter(node, name, [], [], None, None, lineno=node.lineno)
+
+
+def listed(name, value):  # -> value, an iterator that a CONSUMING operation reads made a list
+    return list(value) if name in CONSUMING and isinstance(value, Iterator) else value
+
+
+# The filters compile_bounded inserts. They take the context, which also keeps jinja from running
+# them once at compile time as it does filters of constants.
+
+@jinja2.pass_context
+def loop_steps(context, items):  # what every for loop iterates: its items, one step each
+    for item in items:
+        context.environment.step()
+        yield item
+
+
+@jinja2.pass_context
+def printed(context, value):  # every printed value and ~ operand: its text counted
+    context.environment.count(context.environment.measure(value)[0], "printing")
+    return value
+
+
+@jinja2.pass_context
+def compared(context, value):  # every operand of ==, <, in ... and every dict key: read whole
+    context.environment.check_readable(value, "comparing")
+    return value
+
+
+def template_environment(now, max_steps=MAX_STEPS):  # datetime that strftime_now formats -> sandboxed environment
+    env = BoundedSandbox(max_steps, {"tojson": tojson}, trim_blocks=True, lstrip_blocks=True,
+                         extensions=[jinja2.ext.loopcontrols])
     env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: now.strftime(fmt))
     return env
 
@@ -62,15 +266,27 @@ def render_chat(template, messages, tools=None, bos_token="", eos_token="", add_
         date if isinstance(date, Date) else parse_date(date), datetime.min.time())
     if reasoning_strength is not None:
         variables.update(reasoning_effort=reasoning_strength, reasoning_strength=reasoning_strength)
+    inputs = dict(messages=messages, tools=tools, bos_token=bos_token, eos_token=eos_token,
+                  add_generation_prompt=add_generation_prompt, **variables)
     try:
-        compiled = template_environment(now).from_string(template)
-        return compiled.render(messages=messages, tools=tools, bos_token=bos_token, eos_token=eos_token,
-                               add_generation_prompt=add_generation_prompt, **variables)
+        compiled = template_environment(now, MAX_STEPS + count_items(inputs) ** 2).compile_bounded(template)
+        return compiled.render(**inputs)
     except ChatError:
         raise
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
+    # what a template's own code can raise: jinja's errors (undefined names, the sandbox's refusals),
+    # Python's on its operations (1/0, recursion without end, a bad index or argument)
+    except (jinja2.TemplateError, ArithmeticError, RecursionError, LookupError, TypeError, ValueError,
+            AttributeError) as e:
         first_line = str(e).splitlines()[0] if str(e) else ""
         raise ChatError(f"chat template failed: {type(e).__name__}: {first_line}") from None
+
+
+def count_items(value):  # -> list items and mapping entries in value, at every level (JSON-like input)
+    if isinstance(value, Mapping):
+        return len(value) + sum(count_items(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return len(value) + sum(count_items(v) for v in value)
+    return 0
 
 
 def special_text(tok, i):  # TokenizerConfig, id (-1 when absent) -> the token's text or ""

@@ -8,6 +8,7 @@ Tensors stay quantized in the memory map; `Weights.get` dequantizes one on deman
 gguf.quants (bit-exact with ggml) and keeps a bounded LRU of dequantized tensors, so a 30B file
 never needs to be dequantized whole.
 """
+import math
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -60,6 +61,10 @@ def write_out(writer):  # a GGUFWriter with its keys and tensors added -> the fi
 
 def open_reader(path):  # path -> GGUFReader, memory-mapped, every tensor inside the file
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise GGUFError(path, "is a directory, not a GGUF file")
+    if os.path.exists(path) and not os.path.isfile(path):  # a device, a pipe: nothing to map
+        raise GGUFError(path, "is not a regular file")
     if not os.path.isfile(path):
         raise GGUFError(path, "no such file")
     file_size = os.path.getsize(path)
@@ -99,12 +104,14 @@ class Metadata:
             raise GGUFError(self.path, f"key {key} should be a string")
         return f.contents()
 
-    def int(self, key, default=None, required=False, per_layer=None):
+    def int(self, key, default=None, required=False, per_layer=None):  # per_layer: n_layer, if an array may hold the value
         f = self._field(key, required)
         if f is None:
             return default
         if f.types[0] == GGUFValueType.ARRAY and per_layer is not None:
             values = f.contents()
+            if len(values) != per_layer:  # llama.cpp would give the layers past its end 0
+                raise GGUFError(self.path, f"key {key}: {len(values)} per-layer values for {per_layer} layers")
             if f.types[-1] not in _INT_TYPES or len(set(values)) != 1:
                 raise GGUFError(self.path, f"key {key}: per-layer values {values[:8]} are not supported "
                                            "(this model has one value for every layer)")
@@ -201,10 +208,14 @@ def read_tokenizer(meta):  # Metadata -> TokenizerConfig (ids are -1 where the k
             raise GGUFError(meta.path, f"tokenizer.ggml.{name}_token_id {i} is outside the vocabulary ({n_vocab})")
         return i
 
+    token_types = meta.array("tokenizer.ggml.token_type", default=[1] * n_vocab)
+    if len(token_types) != n_vocab:  # one type per token: the tokenizer looks them up by id
+        raise GGUFError(meta.path, f"tokenizer.ggml.token_type has {len(token_types)} entries "
+                                   f"for {n_vocab} tokens")
     return TokenizerConfig(
         model=meta.str("tokenizer.ggml.model", default="gpt2"),
         pre=meta.str("tokenizer.ggml.pre", default="default"),
-        tokens=tokens, token_types=meta.array("tokenizer.ggml.token_type", default=[1] * n_vocab),
+        tokens=tokens, token_types=token_types,
         merges=meta.array("tokenizer.ggml.merges", default=[]),
         bos=token_id("bos"), eos=token_id("eos"), eot=token_id("eot"), eom=token_id("eom"),
         pad=token_id("padding"), mask=token_id("mask"),
@@ -244,15 +255,15 @@ def read_text_config(meta):  # Metadata -> TextConfig
     a = lambda k: f"muse-glimmer.{k}"  # noqa: E731
     n_layer = meta.int(a("block_count"), required=True)
     n_embd = meta.int(a("embedding_length"), required=True)
-    n_head = meta.int(a("attention.head_count"), required=True, per_layer=True)
-    n_head_kv = meta.int(a("attention.head_count_kv"), default=n_head, per_layer=True)
+    n_head = meta.int(a("attention.head_count"), required=True, per_layer=n_layer)
+    n_head_kv = meta.int(a("attention.head_count_kv"), default=n_head, per_layer=n_layer)
     head_dim = meta.int(a("attention.key_length"), default=n_embd // max(n_head, 1))
     rope_base = meta.float(a("rope.freq_base"), default=10000.0)
     cfg = TextConfig(
         n_vocab=len(meta.array("tokenizer.ggml.tokens", default=[])),
         n_ctx_train=meta.int(a("context_length"), required=True),
         n_embd=n_embd, n_layer=n_layer,
-        n_ff=meta.int(a("feed_forward_length"), required=True, per_layer=True),
+        n_ff=meta.int(a("feed_forward_length"), required=True, per_layer=n_layer),
         n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
         head_dim_v=meta.int(a("attention.value_length"), default=n_embd // max(n_head, 1)),
         n_rot=meta.int(a("rope.dimension_count"), default=head_dim),
@@ -284,6 +295,17 @@ def _validate_text(path, c):
                               "(llama.cpp aborts on such a model)")
     if c.n_swa <= 0:
         raise GGUFError(path, f"sliding_window must be positive, not {c.n_swa}")
+    for key, value in (("attention.layer_norm_rms_epsilon", c.rms_eps), ("rope.freq_base", c.rope_base),
+                       ("rope.freq_base_swa", c.rope_base_swa), ("logit_scale", c.logit_scale)):
+        _check_positive(path, f"muse-glimmer.{key}", value)
+    if not (math.isfinite(c.softcap) and c.softcap >= 0):
+        raise GGUFError(path, f"muse-glimmer.final_logit_softcapping must be finite and not negative "
+                              f"(0 turns it off), not {c.softcap}")
+
+
+def _check_positive(path, key, value):  # an epsilon, a RoPE base, a scale: 0, < 0, inf or nan make nan or nonsense
+    if not (math.isfinite(value) and value > 0):
+        raise GGUFError(path, f"{key} must be positive and finite, not {value}")
 
 
 @dataclass(frozen=True)
@@ -330,6 +352,12 @@ def read_vision_config(meta):  # Metadata -> VisionConfig
     if not (0 < cfg.n_layer <= 512 and cfg.n_head > 0 and cfg.n_embd % cfg.n_head == 0 and cfg.patch_size > 0):
         raise GGUFError(meta.path, f"implausible vision sizes: layers={cfg.n_layer} width={cfg.n_embd} "
                                    f"heads={cfg.n_head} patch={cfg.patch_size}")
+    _check_positive(meta.path, v("attention.layer_norm_epsilon"), cfg.layer_norm_eps)
+    for key, values in (("image_mean", cfg.image_mean), ("image_std", cfg.image_std)):
+        if len(values) != 3 or not all(math.isfinite(x) for x in values):
+            raise GGUFError(meta.path, f"{v(key)} must be 3 finite numbers (R, G, B), not {list(values)}")
+    for x in cfg.image_std:  # pixels are divided by it
+        _check_positive(meta.path, v("image_std"), x)
     return cfg
 
 
@@ -355,16 +383,16 @@ def read_draft_config(meta):  # Metadata -> DraftConfig
     a = lambda k: f"dflash.{k}"  # noqa: E731
     n_layer = meta.int(a("block_count"), required=True)
     n_embd = meta.int(a("embedding_length"), required=True)
-    n_head = meta.int(a("attention.head_count"), required=True, per_layer=True)
+    n_head = meta.int(a("attention.head_count"), required=True, per_layer=n_layer)
     n_swa = meta.int(a("attention.sliding_window"), default=0)
     target_layers = meta.array(a("target_layers"))
     if not target_layers:
         raise GGUFError(meta.path, "missing required key dflash.target_layers")
     cfg = DraftConfig(
         n_embd=n_embd, n_layer=n_layer,
-        n_ff=meta.int(a("feed_forward_length"), required=True, per_layer=True),
+        n_ff=meta.int(a("feed_forward_length"), required=True, per_layer=n_layer),
         n_head=n_head,
-        n_head_kv=meta.int(a("attention.head_count_kv"), default=n_head, per_layer=True),
+        n_head_kv=meta.int(a("attention.head_count_kv"), default=n_head, per_layer=n_layer),
         head_dim=meta.int(a("attention.key_length"), default=n_embd // max(n_head, 1)),
         rope_base=meta.float(a("rope.freq_base"), default=10000.0),
         rms_eps=meta.float(a("attention.layer_norm_rms_epsilon"), required=True),
@@ -376,8 +404,10 @@ def read_draft_config(meta):  # Metadata -> DraftConfig
         mask_token=meta.int("tokenizer.ggml.mask_token_id", default=-1),
         n_ctx_train=meta.int(a("context_length"), default=0),
     )
-    if not (0 < cfg.n_layer <= 512 and cfg.n_head > 0 and cfg.n_head % cfg.n_head_kv == 0):
+    if not (0 < cfg.n_layer <= 512 and cfg.n_head > 0 and cfg.n_head_kv > 0 and cfg.n_head % cfg.n_head_kv == 0):
         raise GGUFError(meta.path, f"implausible drafter sizes: layers={cfg.n_layer} heads={cfg.n_head}/{cfg.n_head_kv}")
+    _check_positive(meta.path, a("attention.layer_norm_rms_epsilon"), cfg.rms_eps)
+    _check_positive(meta.path, a("rope.freq_base"), cfg.rope_base)
     return cfg
 
 

@@ -44,7 +44,10 @@ def load_rgb(path, alpha="drop"):  # path -> uint8 [H, W, 3]
                     raise ImageError(path, f"{w}x{h} pixels is more than the {MAX_PIXELS} allowed "
                                            "(decompression bomb?)")
                 img.load()
-                return to_rgb(img, alpha)
+                try:
+                    return to_rgb(img, alpha)
+                except ValueError as e:  # a file whose pixels have no RGB form here (mode F)
+                    raise ImageError(path, f"cannot convert to RGB ({e})") from None
     except ImageError:
         raise
     except FileNotFoundError:
@@ -57,7 +60,9 @@ def load_rgb(path, alpha="drop"):  # path -> uint8 [H, W, 3]
         raise ImageError(path, f"cannot decode ({type(e).__name__}: {e})") from None
 
 
-def to_rgb(img, alpha="drop"):  # PIL image -> uint8 [H, W, 3]
+def to_rgb(img, alpha="drop"):  # PIL image -> uint8 [H, W, 3]; ValueError for a mode it cannot take
+    if alpha not in ("drop", "white"):
+        raise ValueError("alpha must be 'drop' (llama.cpp) or 'white' (transformers)")
     mode = img.mode
     if mode in ("I;16", "I;16B", "I;16L", "I"):
         # 16-bit gray (Pillow's "I" for PNG): stb keeps the high byte; Pillow's own
@@ -65,7 +70,8 @@ def to_rgb(img, alpha="drop"):  # PIL image -> uint8 [H, W, 3]
         gray = (np.asarray(img).astype(np.int64) >> 8).clip(0, 255).astype(np.uint8)
         return np.repeat(gray[..., None], 3, axis=2)
     if mode == "F":
-        raise ValueError("floating-point images are not supported")
+        # stb_image, which llama.cpp decodes with, reads 8- and 16-bit samples only
+        raise ValueError("floating-point pixels (mode F) are not supported")
     has_alpha = "A" in img.getbands() or img.info.get("transparency") is not None
     if has_alpha and alpha == "white":
         # the same Pillow calls as transformers' convert_to_rgb, so the pixels are its pixels

@@ -6,6 +6,7 @@ a greedy continuation with timings.
 """
 import json
 import os
+import resource
 import sys
 import time
 
@@ -18,7 +19,7 @@ from .dflash import Drafter, Speculator, acceptance
 from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
 from .governor import CostGovernor, FloorBandit
 from .image import ImageError, load_rgb
-from .kv import CacheError
+from .kv import CacheError, pad256
 from .text import TextModel
 from .tokenizer import Tokenizer, TokenizerError, detokenize
 from .tp import TensorParallelBackend, TPError, check_tp
@@ -49,7 +50,7 @@ def build_parser():
     p.add_argument("--no-special", action="store_true", help="tokenize special-token text in the prompt as plain text")
     p.add_argument("--tokenize-only", action="store_true", help="print the JSON list of prompt token ids and exit")
     p.add_argument("--n-predict", type=int, default=DEFAULT_N_PREDICT, help="greedy tokens to generate")
-    p.add_argument("--logits-out", help="write float32 [n_prompt_tokens, n_vocab] logits of one prefill")
+    p.add_argument("--logits-out", help="write float32 [n_prompt_tokens, n_vocab] logits of one prefill (a .npy path)")
     p.add_argument("--trace", help="write one .npy per named trace point and index.json into this directory")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--kv", choices=("ring", "uniform"), default="ring")
@@ -79,17 +80,21 @@ def build_parser():
                         "with none they go right after BOS")
     p.add_argument("--image-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help="merged-token cap per image (llama.cpp's --image-max-tokens)")
-    p.add_argument("--embeddings-out", help="write float32 [n_image_tokens, n_embd]: the raw image projections")
+    p.add_argument("--embeddings-out",
+                   help="write float32 [n_image_tokens, n_embd]: the raw image projections (a .npy path)")
     return p
 
 
 def parse_token_ids(text, n_vocab):  # "1,2,3" -> [1, 2, 3], each in [0, n_vocab)
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
+        raise UsageError("--token-ids is empty")
+    if not all(items):  # "1,,2" or "1,2,": a token left out?
+        raise UsageError(f"--token-ids has an empty item: {text!r}")
     try:
-        ids = [int(t) for t in text.split(",") if t.strip() != ""]
+        ids = [int(t) for t in items]
     except ValueError:
         raise UsageError(f"--token-ids must be comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise UsageError("--token-ids is empty")
     bad = [i for i in ids if not 0 <= i < n_vocab]
     if bad:
         raise UsageError(f"token id {bad[0]} is out of range for a vocabulary of {n_vocab}")
@@ -135,7 +140,9 @@ def prompt_tokens(args, tok):  # -> ids from --token-ids, --prompt/--prompt-file
     if args.no_special and text is None:
         raise UsageError("--no-special only applies to --prompt or --prompt-file")
     if text is None:
-        return parse_token_ids(args.token_ids, tok.n_vocab) if args.token_ids else default_prompt(tok, not args.model)
+        if args.token_ids is not None:
+            return parse_token_ids(args.token_ids, tok.n_vocab)
+        return default_prompt(tok, not args.model)
     tokenizer = Tokenizer(tok)
     if not args.chat:
         return tokenizer.tokenize(text, add_special=True, parse_special=not args.no_special)
@@ -143,6 +150,40 @@ def prompt_tokens(args, tok):  # -> ids from --token-ids, --prompt/--prompt-file
     images = [{"type": "image"}] * len(args.image or [])  # before the text, where llama-mtmd-cli puts its markers
     user = {"role": "user", "content": images + [{"type": "text", "text": text}] if images else text}
     return prompt_ids(tokenizer, chat_prompt(tok, system + [user], date=args.date))
+
+
+def check_output_paths(args):  # --logits-out and --embeddings-out, refused before the run rather than after it
+    """np.save appends .npy to a name without it, so such a file would not be where it was asked
+    for: the name must end in .npy."""
+    for flag, path in (("--logits-out", args.logits_out), ("--embeddings-out", args.embeddings_out)):
+        if path is None:
+            continue
+        if os.path.isdir(path):
+            raise UsageError(f"{flag} {path} is a directory; it takes a .npy file name")
+        if not path.endswith(".npy"):
+            raise UsageError(f"{flag} must name a .npy file, got {path!r}")
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder):
+            raise UsageError(f"{flag} {path}: no such directory {folder}")
+
+
+def kv_cache_bytes(cfg, n_ctx, kind, chunk, dtype):  # -> bytes the KV cache of TextModel.new_cache takes
+    ring_rows = min(pad256(cfg.n_swa + chunk + 1), pad256(n_ctx))  # as kv.KVCache sizes its ring
+    rows = sum(ring_rows if kind == "ring" and swa else n_ctx for swa in cfg.swa_layers)
+    return rows * (2 * cfg.n_head_kv * cfg.head_dim * np.dtype(dtype).itemsize + 8)  # K and V rows, a position
+
+
+def memory_bytes():  # -> what this process may allocate: the machine's memory, or less under `ulimit -v`
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return physical if limit == resource.RLIM_INFINITY else min(physical, limit)
+
+
+def check_context(cfg, args, n_ctx):  # refuse a context whose KV cache could never be allocated here
+    need, have = kv_cache_bytes(cfg, n_ctx, args.kv, args.prefill_chunk, args.dtype), memory_bytes()
+    if need > have:
+        raise UsageError(f"a context of {n_ctx} tokens (--ctx, or the prompt + --n-predict) needs a "
+                         f"{need / 2**30:.3g} GiB KV cache, more than the {have / 2**30:.3g} GiB of memory here")
 
 
 def image_embeddings(args, lm):  # -> [[n_i, n_embd] per --image]
@@ -206,6 +247,7 @@ def accel_backend(args):  # --backend other than numpy -> backend from accel/ (i
 
 
 def run(args):  # parsed args -> exit status
+    check_output_paths(args)
     timings = {}
     t0 = time.perf_counter()
     model = gguf.load(args.model or DEFAULT_MODEL, "text")
@@ -243,6 +285,7 @@ def run(args):  # parsed args -> exit status
         np.save(args.embeddings_out, np.concatenate(images).astype(np.float32))
     rows = image_prompt_rows(lm, prompt, images) if images else None
     n_ctx = args.ctx or (len(prompt) if rows is None else len(rows)) + args.n_predict
+    check_context(model.config, args, n_ctx)
     cache = lm.new_cache(n_ctx, args.kv, args.prefill_chunk)
     if args.spec_draft_n_max < 0:
         raise UsageError("--spec-draft-n-max must not be negative")

@@ -9,11 +9,12 @@ import os
 
 import pytest
 
-from reference import gguf
+from reference import chat, gguf
 from reference.chat import ChatError, chat_prompt, expand_images, parse_output, prompt_ids, render_chat
 from reference.run import main as run_main
 from reference.tokenizer import Tokenizer
-from conftest import GOLDEN, MODELS
+from conftest import GOLDEN, MODELS, run_cli
+from test_gguf import STR, cli_error, planted
 
 with open(os.path.join(GOLDEN, "tokenizer", "chat.json"), encoding="utf-8") as f:
     CHAT = json.load(f)
@@ -130,11 +131,56 @@ def test_date_defaults_to_today():
     ("{% for %}", [], "TemplateSyntaxError"),
     ("{{ ''.__class__.__mro__ }}", [], "SecurityError|UndefinedError"),
     ("{{ raise_exception('no tools here') }}", [], "no tools here"),
+    # errors of the template's own code
+    ("{{ 1/0 }}", [], "ZeroDivisionError"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", [], "RecursionError"),
 ])
 def test_bad_templates_raise_one_line(template, messages, match):
     with pytest.raises(ChatError, match=match) as e:
         render_chat(template, messages)
     assert "\n" not in str(e.value)
+
+
+NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
+TWICE = "{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(64) %}{% set ns.x = [ns.x, ns.x] %}" \
+        "{% set ns.y = [ns.y, ns.y] %}{% endfor %}"  # lists that print 2^64 times [1]
+
+
+@pytest.mark.parametrize("template, match", [
+    (NESTED_LOOPS, r"over \d+ steps"),
+    (NESTED_LOOPS.replace("x", ""), r"over \d+ steps"),  # printing nothing
+    ('{{ "x" * 300000000 }}', r"operator \* would take it over \d+ characters"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "printing"),
+    ('{{ "x"|center(10000000000) }}', "center would take it over"),
+    ('{{ "x".zfill(10000000000) }}', "zfill would take it over"),
+    ('{{ "%0300000000d" % 1 }}', "format would take it over"),
+    ('{{ "{:0300000000}".format(1) }}', "format would take it over"),
+    ('{{ (range(1000)|list)|join("x" * 1000000) }}', "join would take it over"),
+    ("{{ 2 ** 100000000 }}", r"integer of over \d+ bits"),
+    (TWICE + "{{ ns.x }}", "printing would take it over"),
+    (TWICE + "{{ ns.x|tojson }}", "filter tojson on a value of over"),
+    (TWICE + "{{ ns.x == ns.y }}", "comparing a value of over"),
+])
+def test_runaway_templates_are_stopped(template, match):
+    # each would run for hours or allocate gigabytes; refused within a second or two
+    with pytest.raises(ChatError, match=match) as e:
+        render_chat(template, [])
+    assert "\n" not in str(e.value)
+
+
+def test_step_budget_grows_with_the_conversation(monkeypatch):
+    # the release template compares each tool message without a name with every message: a long
+    # agent conversation needs steps quadratic in its length, and gets them
+    messages = [{"role": "user", "content": "Go."}]
+    for i in range(30):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "special_function", "arguments": {"arg1": i}}}
+        messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"c{i}", "content": str(i)}]
+    rendered = chat_prompt(TOK, messages, tools=SPECIAL_FUNCTION, date=DATE)
+    monkeypatch.setattr(chat, "MAX_STEPS", 100)  # the rendering takes 5003 steps: the quadratic term pays
+    assert chat_prompt(TOK, messages, tools=SPECIAL_FUNCTION, date=DATE) == rendered
+    with pytest.raises(ChatError, match=r"over 2\d{5} steps"):  # 100 + (about 460 items in the input)^2
+        render_chat(NESTED_LOOPS, messages)
 
 
 def test_bad_arguments_and_output_raise():
@@ -155,6 +201,18 @@ def test_cli_chat_prompt_matches_llama_cpp_ids(capsys):
     assert cli_ids("--chat", "--prompt", "Hello there!") == CONVERSATIONS["user-only"]["llama_cpp_ids"]
     assert (cli_ids("--chat", "--system", "You are terse.", "--prompt", "Hi")
             == CONVERSATIONS["system"]["llama_cpp_ids"])
+
+
+@pytest.mark.parametrize("template, message", [
+    (NESTED_LOOPS, "steps"),
+    ('{{ "x" * 300000000 }}', "characters"),
+    ("{{ 1/0 }}", "ZeroDivisionError"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+])
+def test_cli_runaway_template_is_one_line_exit_2(tmp_path, template, message):
+    path = planted(tmp_path, "template", extra_keys={"tokenizer.chat_template": (template, STR)})
+    line = cli_error(run_cli("reference.run", "--model", path, "--chat", "--prompt", "hi", "--tokenize-only"))
+    assert line.startswith("reference.run: chat template") and message in line
 
 
 def test_cli_chat_bad_input_is_one_line_exit_2(capsys):

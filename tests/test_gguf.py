@@ -2,6 +2,8 @@
 bad input as one line naming the file (GGUFError from the API, exit 2 from the CLI)."""
 import json
 import os
+import re
+import shutil
 import struct
 
 import numpy as np
@@ -9,7 +11,9 @@ import pytest
 from gguf import GGUFValueType
 
 from reference import gguf
-from tools.make_synthetic import TextDims, text_tensors, write_text_gguf
+from tools.make_synthetic import (Q, DraftDims, EditingKeys, TextDims, VisionDims, draft_keys, draft_shapes,
+                                  random_spec, stream_gguf, text_tensors, vision_keys, vision_shapes,
+                                  write_text_gguf)
 from conftest import MODELS, model_manifest, run_cli
 
 
@@ -86,7 +90,8 @@ def test_defaults_softcap_and_freq_base_swa(synthetic_gguf, tmp_path):
 # Bad input: one line naming the file, GGUFError / exit 2, nothing allocated from a corrupt header
 
 def corrupt_copies(src, tmp_path):  # -> {case: path}
-    data = open(src, "rb").read()
+    with open(src, "rb") as f:
+        data = f.read()
     cases = {
         "missing": str(tmp_path / "does-not-exist.gguf"),
         "truncated": data[: len(data) // 2],
@@ -209,3 +214,168 @@ def test_matrices_larger_than_the_cache_stream_in_row_blocks(monkeypatch):
     cached = TextModel(big).prefill(ids, TextModel(big).new_cache(40))
     assert np.array_equal(streamed, cached)
     assert small.weights._cached_bytes <= 2_000_000
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad metadata: every check of the three roles' keys, from the API and from the CLI
+
+def cli_error(r):  # CompletedProcess of reference.run -> its one stderr line (exit 2, no traceback)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    # --numerics ggml-cpu warns first on a host unlike llama.cpp's build; those lines are not the error
+    lines = [x for x in r.stderr.strip().splitlines() if not x.startswith("reference.run: warning:")]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+A = "muse-glimmer."
+U32, I32, F32, STR, BOOL, ARR = (GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.FLOAT32,
+                                 GGUFValueType.STRING, GGUFValueType.BOOL, GGUFValueType.ARRAY)
+
+
+def case_id(extra, omit):  # "block_count='five'", "no tokenizer.ggml.tokens"
+    edits = [f"{k.removeprefix(A)}={v!r}" for k, (v, _) in extra.items()] + [f"no {k}" for k in omit]
+    return ",".join(edits)
+
+
+TEXT_CASES = [
+    # a key of the wrong type
+    ({"tokenizer.ggml.model": (3, U32)}, (), "key tokenizer.ggml.model should be a string"),
+    ({A + "block_count": ("five", STR)}, (), "key muse-glimmer.block_count should be an integer"),
+    ({A + "context_length": (4096.0, F32)}, (), "key muse-glimmer.context_length should be an integer"),
+    ({A + "block_count": (True, BOOL)}, (), "key muse-glimmer.block_count should be an integer"),
+    ({A + "block_count": ([5], ARR)}, (), "key muse-glimmer.block_count should be an integer"),
+    ({"tokenizer.ggml.merges": ("a b", STR)}, (), "key tokenizer.ggml.merges should be an array"),
+    # per-layer arrays: only one value for every layer, and only integers
+    ({A + "attention.head_count": ([4, 4, 8, 4, 4], ARR)}, (),
+     r"attention.head_count: per-layer values \[4, 4, 8, 4, 4\] are not supported"),
+    ({A + "feed_forward_length": ([512.0] * 5, ARR)}, (), "feed_forward_length: per-layer values"),
+    ({A + "attention.sliding_window_pattern": ([1.0] * 5, ARR)}, (),
+     "sliding_window_pattern should be an array of bool or int"),
+    ({A + "attention.sliding_window_pattern": (["yes"] * 5, ARR)}, (),
+     "sliding_window_pattern should be an array of bool or int"),
+    # the tokenizer
+    ({}, ("tokenizer.ggml.tokens",), "missing required key tokenizer.ggml.tokens"),
+    ({"tokenizer.ggml.bos_token_id": (512, U32)}, (),
+     r"tokenizer.ggml.bos_token_id 512 is outside the vocabulary \(512\)"),
+    # sizes no model has
+    ({A + "block_count": (0, U32)}, (), "implausible sizes: n_layer=0 "),
+    ({A + "block_count": (600, U32)}, (), "implausible sizes: n_layer=600 "),
+    ({A + "attention.head_count": (0, U32)}, (), "implausible sizes: .* n_head=0 "),
+    ({A + "attention.head_count_kv": (0, U32)}, (), "implausible sizes: .* n_head_kv=0 "),
+    ({A + "feed_forward_length": (0, U32)}, (), "implausible sizes: .* n_ff=0"),
+    ({A + "attention.head_count_kv": (3, U32)}, (), "head_count 4 is not a multiple of head_count_kv 3"),
+    # head geometry llama.cpp's muse-glimmer graph does not build
+    ({A + "attention.value_length": (32, U32)}, (), "unsupported head geometry: key_length=64 value_length=32 "),
+    ({A + "rope.dimension_count": (32, U32)}, (), "unsupported head geometry: .* rope.dimension_count=32"),
+    ({A + "attention.key_length": (63, U32), A + "attention.value_length": (63, U32)}, (),
+     "unsupported head geometry: key_length=63 value_length=63 rope.dimension_count=63"),
+    # the sliding window
+    ({A + "attention.sliding_window": (0, U32)}, (), "sliding_window must be positive, not 0"),
+    ({A + "attention.sliding_window": (-4, I32)}, (), "sliding_window must be positive, not -4"),
+]
+
+
+@pytest.mark.parametrize("extra, omit, message", TEXT_CASES, ids=[case_id(e, o) for e, o, _ in TEXT_CASES])
+def test_bad_text_metadata_api_and_cli(tmp_path, extra, omit, message):
+    path = planted(tmp_path, "bad_meta", extra_keys=extra, omit_keys=omit)
+    with pytest.raises(gguf.GGUFError, match=message) as e:
+        gguf.load(path, "text")
+    assert e.value.path == path and "\n" not in str(e.value)
+    line = cli_error(run_cli("reference.run", "--model", path, "--n-predict", "0"))
+    assert path in line and re.search(message, line)
+
+
+def test_empty_vocabulary(tmp_path):
+    # load() reads the tokenizer first and refuses the missing list there (above); read_text_config
+    # guards callers that read the config on its own, as tools do
+    path = planted(tmp_path, "novocab", omit_keys=("tokenizer.ggml.tokens",))
+    meta = gguf.Metadata(gguf.open_reader(path), path)
+    with pytest.raises(gguf.GGUFError, match=r"the vocabulary \(tokenizer.ggml.tokens\) is empty"):
+        gguf.read_text_config(meta)
+
+
+def test_per_layer_array_shorter_than_the_layers(tmp_path):
+    # llama.cpp copies the array into its per-layer table and leaves the layers past its end at 0 heads
+    path = planted(tmp_path, "short", extra_keys={A + "attention.head_count": ([4, 4], ARR)})
+    with pytest.raises(gguf.GGUFError, match="attention.head_count.*per-layer"):
+        gguf.load(path, "text")
+
+
+def planted_role(tmp_path, role, extra_keys=None, omit_keys=()):  # a synthetic mmproj or drafter with keys edited
+    keys, shapes, arch = {"mmproj": (vision_keys, vision_shapes, "clip"),
+                          "dflash": (draft_keys, draft_shapes, "dflash")}[role]
+    dims = VisionDims() if role == "mmproj" else DraftDims()
+    specs = [random_spec(name, shape, Q.F32, i) for i, (name, shape) in enumerate(shapes(dims))]
+    path = str(tmp_path / f"{role}.gguf")
+    stream_gguf(path, arch, EditingKeys(keys(dims), omit_keys, extra_keys or {}), specs)
+    return path
+
+
+def role_cli(role, path):  # the CLI run that loads `path` in `role` (any image name: the mmproj is read first)
+    flags = ["--mmproj", path, "--image", "unread.png"] if role == "mmproj" else ["--draft-model", path]
+    return run_cli("reference.run", *flags, "--n-predict", "0")
+
+
+ROLE_CASES = [
+    ("mmproj", {"clip.projector_type": ("gemma3", STR)}, (), "clip.projector_type is 'gemma3', not 'muse-glimmer'"),
+    ("mmproj", {}, ("clip.projector_type",), "missing required key clip.projector_type"),
+    ("mmproj", {"clip.has_vision_encoder": (False, BOOL)}, (), r"mmproj has no vision encoder"),
+    ("mmproj", {}, ("clip.has_vision_encoder",), r"mmproj has no vision encoder"),
+    ("mmproj", {"clip.vision.attention.head_count": (3, U32)}, (), "implausible vision sizes: .* width=64 heads=3 "),
+    ("mmproj", {"clip.vision.attention.head_count": (0, U32)}, (), "implausible vision sizes: .* heads=0 "),
+    ("mmproj", {"clip.vision.block_count": (0, U32)}, (), "implausible vision sizes: layers=0 "),
+    ("mmproj", {"clip.vision.patch_size": (0, U32)}, (), "implausible vision sizes: .* patch=0"),
+    ("dflash", {}, ("dflash.target_layers",), "missing required key dflash.target_layers"),
+    ("dflash", {"dflash.block_count": (0, U32)}, (), "implausible drafter sizes: layers=0 "),
+    ("dflash", {"dflash.attention.head_count": (0, U32)}, (), "implausible drafter sizes: .* heads=0/2"),
+    ("dflash", {"dflash.attention.head_count_kv": (3, U32)}, (), "implausible drafter sizes: .* heads=4/3"),
+    ("dflash", {"dflash.attention.head_count_kv": (0, U32)}, (), "implausible drafter sizes: .* heads=4/0"),
+]
+
+
+def role_case_id(case):  # a case -> "dflash:dflash.block_count=0"
+    role, extra, omit, _ = case
+    return f"{role}:{case_id(extra, omit)}"
+
+
+@pytest.mark.parametrize("role, extra, omit, message", ROLE_CASES, ids=[role_case_id(c) for c in ROLE_CASES])
+def test_bad_mmproj_and_drafter_metadata_api_and_cli(tmp_path, role, extra, omit, message):
+    path = planted_role(tmp_path, role, extra, omit)
+    with pytest.raises(gguf.GGUFError, match=message) as e:
+        gguf.load(path, role)
+    assert e.value.path == path and "\n" not in str(e.value)
+    line = cli_error(role_cli(role, path))
+    assert path in line and re.search(message, line)
+
+
+# ---------------------------------------------------------------------------------------------
+# A path that is not a readable file
+
+def test_directory_instead_of_a_file(tmp_path):
+    with pytest.raises(gguf.GGUFError, match="is a directory"):
+        gguf.load(tmp_path, "text")
+    line = cli_error(run_cli("reference.run", "--model", str(tmp_path)))
+    assert str(tmp_path) in line and "is a directory" in line
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads a file whatever its mode")
+def test_file_without_read_permission(tmp_path, synthetic_gguf):
+    path = tmp_path / "locked.gguf"
+    shutil.copyfile(synthetic_gguf, path)
+    path.chmod(0)
+    with pytest.raises(gguf.GGUFError, match=r"cannot read \(Permission denied\)"):
+        gguf.load(path, "text")
+    line = cli_error(run_cli("reference.run", "--model", str(path)))
+    assert str(path) in line and "Permission denied" in line
+
+
+def test_read_error_while_mapping(monkeypatch, synthetic_gguf):
+    # the same refusal as a file without read permission, where the test runs as root: the header
+    # was read, then mapping the file fails
+    def refuse(path, mode):
+        raise PermissionError(13, "Permission denied", path)
+    monkeypatch.setattr(gguf, "GGUFReader", refuse)
+    with pytest.raises(gguf.GGUFError, match=r"cannot read \(Permission denied\)") as e:
+        gguf.load(synthetic_gguf, "text")
+    assert e.value.path == synthetic_gguf

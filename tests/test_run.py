@@ -1,6 +1,7 @@
 """`python -m reference.run`: the command-line contract of ARCHITECTURE.md for text."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from reference.text import TextModel
 from reference.trace import load_trace
 from tools.metrics import nmse
 from conftest import GOLDEN, MODELS, run_cli
+from test_gguf import A, ARR, F32, cli_error, planted, planted_role, role_cli
 
 MODEL = os.path.join(MODELS, "tiny-a-f32.gguf")
 IDS = [497, 85, 318, 217, 394, 109, 23]  # golden/prompts/text.jsonl "len7"
@@ -64,8 +66,77 @@ def test_float64_is_the_noise_floor():
     (["--token-ids", "1,2", "--ctx", "1"], "context full"),
     (["--token-ids", "1,2", "--dtype", "float16"], "invalid choice"),
     (["--token-ids", "1,2", "--prefill-chunk", "0"], "must not be negative"),
+    (["--token-ids", "1,,2"], "--token-ids has an empty item: '1,,2'"),
+    (["--token-ids", "1,2,"], "--token-ids has an empty item"),
+    (["--token-ids", ""], "--token-ids is empty"),  # not the default prompt
+    # a context no machine holds is refused before its KV cache is allocated (about 1 PiB, 95 TiB)
+    (["--token-ids", "1", "--n-predict", "1000000000000"], "a context of 1000000000001 tokens"),
+    (["--token-ids", "1", "--ctx", "100000000000"], "a context of 100000000000 tokens"),
 ])
 def test_bad_arguments_one_line_exit_2(args, message):
     r = run_cli("reference.run", "--model", MODEL, *args)
     assert r.returncode == 2 and message in r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("flag", ["--logits-out", "--embeddings-out"])
+@pytest.mark.parametrize("name, message", [
+    ("", "is a directory"),
+    ("logits", "must name a .npy file"),  # np.save would write logits.npy instead
+    ("missing/logits.npy", "no such directory"),
+])
+def test_bad_output_path_is_refused_before_the_run(tmp_path, flag, name, message):
+    path = tmp_path / name if name else tmp_path
+    line = cli_error(run_cli("reference.run", "--model", MODEL, "--token-ids", "1", "--n-predict", "0",
+                             flag, str(path)))
+    assert flag in line and message in line
+    assert os.listdir(tmp_path) == [] and not os.path.exists(f"{path}.npy")  # nothing written anywhere
+
+
+@pytest.mark.parametrize("kind, message", [("directory", "is a directory"), ("device", "is not a regular file")])
+def test_model_that_is_not_a_file(tmp_path, kind, message):
+    if kind == "device" and not os.path.exists(os.devnull):
+        pytest.skip("no null device")
+    path = str(tmp_path) if kind == "directory" else os.devnull
+    with pytest.raises(gguf.GGUFError, match=message):
+        gguf.load(path, "text")
+    line = cli_error(run_cli("reference.run", "--model", path, "--token-ids", "1"))
+    assert path in line and message in line
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("tokenizer.ggml.token_type", ([1, 1, 1], ARR), "tokenizer.ggml.token_type has 3 entries for 512 tokens"),
+    (A + "attention.layer_norm_rms_epsilon", (-1.0, F32), "rms_epsilon must be positive and finite, not -1.0"),
+    (A + "attention.layer_norm_rms_epsilon", (0.0, F32), "rms_epsilon must be positive and finite, not 0.0"),
+    (A + "attention.layer_norm_rms_epsilon", (NAN, F32), "rms_epsilon must be positive and finite, not nan"),
+    (A + "rope.freq_base", (0.0, F32), "rope.freq_base must be positive and finite, not 0.0"),
+    (A + "rope.freq_base_swa", (INF, F32), "rope.freq_base_swa must be positive and finite, not inf"),
+    (A + "logit_scale", (-0.5, F32), "logit_scale must be positive and finite, not -0.5"),
+    (A + "final_logit_softcapping", (-20.0, F32), "final_logit_softcapping must be finite and not negative"),
+    (A + "final_logit_softcapping", (NAN, F32), "final_logit_softcapping must be finite and not negative"),
+])
+def test_text_metadata_that_would_give_nan_or_crash(tmp_path, key, value, message):
+    path = planted(tmp_path, "bad", extra_keys={key: value})
+    with pytest.raises(gguf.GGUFError, match=message):
+        gguf.load(path, "text")
+    line = cli_error(run_cli("reference.run", "--model", path, "--token-ids", "1", "--n-predict", "1"))
+    assert path in line and message in line
+
+
+@pytest.mark.parametrize("role, key, value, message", [
+    ("mmproj", "clip.vision.image_std", ([0.0, 0.0, 0.0], ARR), "image_std must be positive and finite, not 0.0"),
+    ("mmproj", "clip.vision.image_std", ([0.5, NAN, 0.5], ARR), "image_std must be 3 finite numbers"),
+    ("mmproj", "clip.vision.image_mean", ([0.5], ARR), r"image_mean must be 3 finite numbers \(R, G, B\), not \[0.5\]"),
+    ("mmproj", "clip.vision.attention.layer_norm_epsilon", (-1.0, F32), "layer_norm_epsilon must be positive"),
+    ("dflash", "dflash.attention.layer_norm_rms_epsilon", (0.0, F32), "layer_norm_rms_epsilon must be positive"),
+    ("dflash", "dflash.rope.freq_base", (NAN, F32), "rope.freq_base must be positive and finite, not nan"),
+])
+def test_projector_and_drafter_metadata_that_would_give_nan(tmp_path, role, key, value, message):
+    path = planted_role(tmp_path, role, {key: value})
+    with pytest.raises(gguf.GGUFError, match=message):
+        gguf.load(path, role)
+    line = cli_error(role_cli(role, path))
+    assert path in line and re.search(message, line)

@@ -18,14 +18,40 @@ this process, a progress bar per layer.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
 import numpy as np
 from tqdm import tqdm
 
+from accel import BackendError
 from reference import gguf
+from reference.cli import OneLineParser, UsageError, fail, int_in
 from reference.text import TextModel
+
+# Bounds of the size arguments, checked as they are parsed, before anything is allocated from them.
+# Prefill returns logits [prompt_len, n_vocab] float32: 4096 positions are 3.3 GB at the release's
+# vocabulary of 202048, a fair share of a 24 GiB machine beside the mapped weights.
+MAX_PROMPT = 4096
+# Every decode step is one pass over all the weights (minutes a step at full size in numpy), and the
+# cache grows by a position a step: 4096 steps is already a run of days there.
+MAX_DECODE = 4096
+# The tower sees at most reference.vision.DEFAULT_MAX_TOKENS (4096) tokens, so a larger image is only
+# scaled down first; the synthetic 4096 x 4096 image and its resize take about 1.4 GB.
+MAX_IMAGE_SIDE = 4096
+# The release tower has 50 layers (tools.make_synthetic.RELEASE_MMPROJ); a bench tower is never deeper.
+MAX_VISION_LAYERS = 50
+MAX_REPEAT = 100  # the best of more rounds than this measures the machine's noise, not the engine
+
+
+def json_out(text):  # argparse type: a file path whose folder exists, checked before hours of benchmark
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a directory")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{folder}: no such directory")
+    return text
 
 
 def best_of(repeat, fn):  # -> the fastest wall time of `repeat` calls (the least disturbed run)
@@ -37,8 +63,8 @@ def best_of(repeat, fn):  # -> the fastest wall time of `repeat` calls (the leas
     return min(times)
 
 
-def reference_runs(model_path, ids, n_decode, dtype=np.float32):  # -> (prefill fn, decode fn)
-    lm = TextModel(gguf.load(model_path, "text"), dtype)
+def reference_runs(model, ids, n_decode, dtype=np.float32):  # GGUFModel -> (prefill fn, decode fn)
+    lm = TextModel(model, dtype)
     n_ctx = len(ids) + n_decode
 
     def prefill():
@@ -53,11 +79,17 @@ def reference_runs(model_path, ids, n_decode, dtype=np.float32):  # -> (prefill 
 
 
 def transformers_runs(checkpoint, ids, n_decode):  # -> (prefill fn, decode fn)
-    import torch
-    from transformers import AutoModelForImageTextToText
+    try:
+        import torch
+        from transformers import AutoModelForImageTextToText
+    except ImportError as e:
+        raise UsageError(f"text needs torch and transformers, the parity extra ({e})") from None
     torch.set_grad_enabled(False)
-    model = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32,
-                                                        attn_implementation="eager").eval()
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32,
+                                                            attn_implementation="eager").eval()
+    except (OSError, ValueError) as e:  # transformers' messages run over several lines: the first says it
+        raise UsageError(f"{checkpoint}: cannot load the checkpoint ({str(e).strip().splitlines()[0]})") from None
     input_ids = torch.tensor([ids])
 
     def prefill():
@@ -73,12 +105,13 @@ def transformers_runs(checkpoint, ids, n_decode):  # -> (prefill fn, decode fn)
 
 
 def bench_text(args):  # -> report dict
-    ids = list(np.random.default_rng(0).integers(0, 400, args.prompt_len))
-    engines = {"reference": lambda: reference_runs(args.model, ids, args.n_decode),
-               "transformers-eager": lambda: transformers_runs(args.checkpoint, ids, args.n_decode)}
+    model = gguf.load(args.model, "text")  # a bad GGUF is refused before either engine is built
+    ids = list(np.random.default_rng(0).integers(0, min(400, model.config.n_vocab), args.prompt_len))
+    # both engines are built before any timing: a checkpoint that will not load is refused at once
+    engines = {"reference": reference_runs(model, ids, args.n_decode),
+               "transformers-eager": transformers_runs(args.checkpoint, ids, args.n_decode)}
     report = {"prompt_len": args.prompt_len, "n_decode": args.n_decode, "repeat": args.repeat, "engines": {}}
-    for name, make in tqdm(engines.items(), desc="engines"):
-        prefill, decode = make()
+    for name, (prefill, decode) in tqdm(engines.items(), desc="engines"):
         prefill()  # warm-up: caches, lazy imports, allocator
         t_prefill = best_of(args.repeat, prefill)
         t_decode = best_of(args.repeat, decode) - t_prefill
@@ -109,10 +142,17 @@ def bench_vision(args):  # -> report dict
 
 def bench_scale(args):  # -> report dict of one full-size run, with this process's peak RSS
     import resource
+    from accel import make_backend
+    from reference.vision import VisionModel
+    from tools.make_vision_goldens import synthetic_image
     report = {"backend": args.backend}
+    # both GGUFs and the backend are checked before the text run, which takes hours at full size
+    lm = vision = None
     if args.model:
-        from accel import make_backend
         lm = TextModel(gguf.load(args.model, "text"), np.float32, make_backend(args.backend, np.float32))
+    if args.mmproj:
+        vision = VisionModel(gguf.load(args.mmproj, "mmproj"))
+    if lm is not None:
         ids = list(np.random.default_rng(0).integers(0, lm.cfg.n_vocab, args.prompt_len))
         cache = lm.new_cache(args.prompt_len + args.n_predict, "ring")
         t0 = time.perf_counter()
@@ -123,10 +163,7 @@ def bench_scale(args):  # -> report dict of one full-size run, with this process
         report.update(model=args.model, prompt_len=args.prompt_len, generated=len(tokens),
                       s_per_prefill_token=(t1 - t0) / args.prompt_len,
                       s_per_decoded_token=(t2 - t1) / max(len(tokens) - 1, 1))  # the last token is not fed
-    if args.mmproj:
-        from reference.vision import VisionModel
-        from tools.make_vision_goldens import synthetic_image
-        vision = VisionModel(gguf.load(args.mmproj, "mmproj"))
+    if vision is not None:
         t0 = time.perf_counter()
         out = vision.encode(synthetic_image(args.image_size, args.image_size, 0, "smooth"), progress=True)
         report.update(mmproj=args.mmproj, image_size=args.image_size, image_tokens=len(out),
@@ -150,38 +187,50 @@ def print_vision(report):
           f"(x{report['ratio_global_over_window_local']:.1f})")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.splitlines()[0])
+def build_parser():  # subparsers are made with the parent's class: their errors are one line too
+    p = OneLineParser(prog="python -m tools.bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     t = sub.add_parser("text", help="text model prefill and decode, reference vs transformers eager")
     t.add_argument("--model", required=True)
     t.add_argument("--checkpoint", required=True)
-    t.add_argument("--prompt-len", type=int, default=100)
-    t.add_argument("--n-decode", type=int, default=32)
-    t.add_argument("--repeat", type=int, default=3)
-    t.add_argument("--json")
+    t.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=100)
+    t.add_argument("--n-decode", type=int_in(1, MAX_DECODE), default=32)
+    t.add_argument("--repeat", type=int_in(1, MAX_REPEAT), default=3)
+    t.add_argument("--json", type=json_out)
     v = sub.add_parser("vision", help="vision tower cost per window, window-local vs all-global layers")
-    v.add_argument("--layers", type=int, default=4)
-    v.add_argument("--repeat", type=int, default=2)
-    v.add_argument("--json")
+    v.add_argument("--layers", type=int_in(1, MAX_VISION_LAYERS), default=4)
+    v.add_argument("--repeat", type=int_in(1, MAX_REPEAT), default=2)
+    v.add_argument("--json", type=json_out)
     sc = sub.add_parser("scale", help="one full-size run: text prefill + decode, or one image through the tower")
     sc.add_argument("--model")
     sc.add_argument("--mmproj")
     sc.add_argument("--backend", default="numpy", choices=("numpy", "numba"))
-    sc.add_argument("--prompt-len", type=int, default=64)
-    sc.add_argument("--n-predict", type=int, default=8)
-    sc.add_argument("--image-size", type=int, default=1024)
-    sc.add_argument("--json")
+    sc.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=64)
+    sc.add_argument("--n-predict", type=int_in(1, MAX_DECODE), default=8)
+    sc.add_argument("--image-size", type=int_in(1, MAX_IMAGE_SIDE), default=1024)
+    sc.add_argument("--json", type=json_out)
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.what == "scale" and not (args.model or args.mmproj):
         p.error("scale needs --model or --mmproj")
+    if args.what == "text" and not os.path.isdir(args.checkpoint):  # found now, not after the reference's runs
+        p.error(f"--checkpoint {args.checkpoint}: no such directory")
     bench, show = {"text": (bench_text, print_text), "vision": (bench_vision, print_vision),
                    "scale": (bench_scale, lambda r: print(json.dumps(r, indent=1)))}[args.what]
-    report = bench(args)
-    show(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    try:
+        report = bench(args)
+        show(report)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+    except (gguf.GGUFError, BackendError, UsageError) as e:
+        return fail("tools.bench", e)
+    except OSError as e:
+        return fail("tools.bench", f"{e.filename or ''}: {e.strerror or e}")
     return 0
 
 

@@ -31,20 +31,39 @@ from dataclasses import replace
 import numpy as np
 from gguf import GGUFValueType, GGUFWriter
 
+from accel import BackendError
 from reference import gguf, ops
+from reference.cli import OneLineParser, UsageError, fail, int_in
 from reference.text import TextModel
-from tools.make_synthetic import (Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
+from tools.bench import MAX_REPEAT, json_out
+from tools.make_synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
                                   text_keys, text_shapes)
 
 MID = replace(RELEASE_30B, n_layer=2)  # one sliding-window layer, one full layer
 QUANTS = (("q4_k_m", "Q4_K_M"), ("iq2_xxs", "IQ2_XXS"))
+ENGINES = ("numba", "numpy", "llama-cpp")
+
+# Bounds of the size arguments, checked as they are parsed.
+# numba's pool has one thread per core (NUMBA_NUM_THREADS) and set_num_threads refuses more.
+MAX_THREADS = os.cpu_count() or 1
+# Every engine's prompt logits [prompt_len, n_vocab] float32 are kept for the agreement check:
+# 2048 x 202048 x 4 B = 1.65 GB each at the mid model's vocabulary, three engines beside 7.5 GB of weights.
+MAX_PROMPT = 2048
+# kernels: x is [T, n_in] and the output [T, rows]; 4096 tokens of 8192 rows is 134 MB of output.
+MAX_TOKENS = 4096
+# kernels copies at most a matrix's own rows (the release's tallest has 202048): a larger count takes it whole.
+MAX_KERNEL_ROWS = 1 << 20
+# ceiling: the floor loops' packed bytes are rows x n_in x 3/4, 1.6 GB at 65536 rows of the widest n_in;
+# n_in up to 32768 is wider than any matrix input of the release (n_ff 19968).
+MAX_CEILING_ROWS = 1 << 16
+MAX_N_IN = 1 << 15
 
 
 # ---------------------------------------------------------------------------------------------
 # Making the models
 
 def f16_spec(dims, name, shape, seed):  # make_synthetic's random rows of a tensor, matrices stored as F16
-    spec = random_spec(dims, name, shape, Q.F32, seed)
+    spec = random_spec(name, shape, Q.F32, seed, dims.qk_scale)
     if len(shape) == 1:
         return spec
     return TensorSpec(name, shape, Q.F16, lambda start, stop: spec.rows(start, stop).astype(np.float16))
@@ -64,13 +83,16 @@ def write_uniform_imatrix(path, dims):  # an importance matrix of ones for every
 
 
 def make(args):  # -> exit status
+    quantize = os.path.join(args.llama_bin, "llama-quantize")
+    if not (os.path.isfile(quantize) and os.access(quantize, os.X_OK)):  # before writing 7.5 GB of F16
+        raise UsageError(f"--llama-bin {args.llama_bin}: no executable llama-quantize there")
     os.makedirs(args.out, exist_ok=True)
     f16 = os.path.join(args.out, "mid-f16.gguf")
     if not os.path.exists(f16):
         # llama.cpp refuses a BPE vocabulary without merges; one harmless merge satisfies it
         keys = EditingKeys(text_keys(MID), (), {"tokenizer.ggml.merges": (["t 0"], GGUFValueType.ARRAY)})
         specs = [f16_spec(MID, name, shape, i) for i, (name, shape) in enumerate(text_shapes(MID))]
-        stream_gguf(f16 + ".part", keys, specs, progress=True)
+        stream_gguf(f16 + ".part", ARCH, keys, specs, progress=True)
         os.replace(f16 + ".part", f16)
     imatrix = os.path.join(args.out, "mid.imatrix.gguf")
     write_uniform_imatrix(imatrix, MID)
@@ -78,8 +100,10 @@ def make(args):  # -> exit status
     for suffix, qtype in QUANTS:
         dst = os.path.join(args.out, f"mid-{suffix}.gguf")
         if not os.path.exists(dst):
-            subprocess.run([os.path.join(args.llama_bin, "llama-quantize"), "--imatrix", imatrix, f16,
-                            dst + ".part", qtype, str(args.threads)], check=True, env=env)
+            status = subprocess.run([quantize, "--imatrix", imatrix, f16, dst + ".part", qtype, str(args.threads)],
+                                    env=env).returncode
+            if status:  # llama-quantize has printed why
+                raise UsageError(f"llama-quantize exited with status {status} making {dst}")
             os.replace(dst + ".part", dst)
     return 0
 
@@ -102,7 +126,10 @@ def reference_engine(path, backend):  # -> (prefill(ids) -> logits, decode(id) -
 
 
 def llama_cpp_engine(path, threads, n_batch):  # -> (prefill, decode) as reference_engine
-    import llama_cpp
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise UsageError(f"the llama-cpp engine needs llama-cpp-python, the parity extra ({e})") from None
     llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=n_batch + 64,
                           n_batch=n_batch, n_ubatch=n_batch, logits_all=True, verbose=False)
 
@@ -146,10 +173,29 @@ def agreement(ref, x):  # -> {nmse, max_abs_diff, top1} over all positions
             "top1": float(np.mean(ref.argmax(-1) == x.argmax(-1)))}
 
 
+def set_threads(n):  # numba's thread count, or UsageError where numba is missing
+    try:
+        import numba
+    except ImportError as e:
+        raise UsageError(f"needs numba, the accel extra ({e})") from None
+    try:
+        numba.set_num_threads(n)
+    except ValueError as e:  # NUMBA_NUM_THREADS set below the core count
+        raise UsageError(f"--threads {n}: {e}") from None
+
+
+def text_vocab(path):  # -> n_vocab of a text GGUF; GGUFError for anything else, before any engine starts
+    return gguf.load(path, "text").config.n_vocab
+
+
+def prompt_ids(n_vocab, n, rng):  # -> n random ids of the vocabulary
+    # the last three ids of make_synthetic's vocabulary are BOS, EOS and EOT: the prompt is ordinary tokens
+    return [int(i) for i in rng.integers(0, max(n_vocab - 3, 1), n)]
+
+
 def run(args):  # -> report dict
-    import numba
-    numba.set_num_threads(args.threads)
-    ids = [int(i) for i in np.random.default_rng(0).integers(0, MID.n_vocab - 3, args.prompt_len)]
+    set_threads(args.threads)
+    ids = prompt_ids(text_vocab(args.model), args.prompt_len, np.random.default_rng(0))
     makers = {"numba": lambda: reference_engine(args.model, "numba"),
               "numpy": lambda: reference_engine(args.model, "numpy"),
               "llama-cpp": lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len)}
@@ -157,7 +203,7 @@ def run(args):  # -> report dict
               "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]),
               "engines": {}, "logits_vs_numba": {}}
     logits = {}
-    for name in args.engines.split(","):
+    for name in args.engines:
         n_decode, repeat = (args.n_decode_numpy, 1) if name == "numpy" else (args.n_decode, args.repeat)
         logits[name], report["engines"][name] = bench_engine(makers[name], ids, n_decode, repeat)
         report["engines"][name].update(n_decode=n_decode, repeat=repeat)
@@ -194,10 +240,9 @@ def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, n
     """numba's product against the reference's (gguf-py dequantization, float64 matmul) on the
     same rows and activations in one process, the best of `repeat` rounds each. One engine's rounds
     run together: OpenBLAS threads spin for a while after a call and would slow numba's next one."""
-    import numba
+    set_threads(args.threads)
     from accel.numba.backend import NumbaBackend
     from tools.metrics import nmse
-    numba.set_num_threads(args.threads)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rows.gguf")
@@ -205,7 +250,7 @@ def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, n
         weights = gguf.Weights(gguf.open_reader(path), path)
         for name in names:
             (n_out, n_in), type_name = weights.shape(name), weights.type_name(name)
-            for T in (int(t) for t in args.tokens.split(",")):
+            for T in args.tokens:
                 x = np.random.default_rng(0).standard_normal((T, n_in)).astype(np.float32)
                 engines = {"numba": lambda: NumbaBackend(np.float32).linear(x, weights, name),
                            # rows() dequantizes every call, as the reference does for a matrix too big to cache
@@ -237,9 +282,9 @@ def weights_per_type(path):  # -> {type name: weights of the multiplied matrices
 def ceiling(args):  # -> report dict
     """Decode tokens/s at most, if every kernel ran at its floor loop's speed, against llama.cpp's
     and numba's measured decode in the same process."""
-    import numba
+    set_threads(args.threads)
     from tools import kernel_floor
-    numba.set_num_threads(args.threads)
+    n_vocab = text_vocab(args.model)
     counts = weights_per_type(args.model)
     rng = np.random.default_rng(0)
     low = rng.integers(0, 256, (args.rows, args.n_in // 2), dtype=np.uint8)  # 40 MB in all: streamed, as in decode
@@ -256,7 +301,7 @@ def ceiling(args):  # -> report dict
             for b, loop in loops.items():
                 best[b] = min(best[b], timed(loop, low, high, x, out)[1])
     time_floors()
-    ids = [int(i) for i in rng.integers(0, MID.n_vocab - 3, args.prompt_len)]
+    ids = prompt_ids(n_vocab, args.prompt_len, rng)
     decode = {name: bench_engine(make_engine, ids, args.n_decode, args.repeat)[1]["decode_tok_s"]
               for name, make_engine in (("llama-cpp", lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len)),
                                         ("numba", lambda: reference_engine(args.model, "numba")))}
@@ -287,52 +332,94 @@ def print_ratios(report):  # the ratios and logit agreements of a run report, on
               f"top-1 {a['top1']:.3f}")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tools.bench_accel", description=__doc__.splitlines()[0])
+def engine_list(text):  # argparse type: "numba,numpy" -> ["numba", "numpy"], each a known engine, once
+    names = text.split(",")
+    for name in names:
+        if name not in ENGINES:
+            raise argparse.ArgumentTypeError(f"unknown engine {name!r} in {text!r} (known: {', '.join(ENGINES)})")
+    if len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"an engine named twice in {text!r}")
+    return names
+
+
+def token_counts(text):  # argparse type: "1,64" -> [1, 64]
+    return [int_in(1, MAX_TOKENS)(t) for t in text.split(",")]
+
+
+def build_parser():  # subparsers are made with the parent's class: their errors are one line too
+    threads = int_in(1, MAX_THREADS)
+    repeat = int_in(1, MAX_REPEAT)
+    p = OneLineParser(prog="python -m tools.bench_accel", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     m = sub.add_parser("make", help="write the mid-size F16 GGUF and its Q4_K_M and IQ2_XXS quantizations")
     m.add_argument("--llama-bin", required=True, help="directory with llama-quantize and its libraries")
     m.add_argument("--out", default=os.path.join("build", "bench"))
-    m.add_argument("--threads", type=int, default=2)
+    m.add_argument("--threads", type=threads, default=2)
     r = sub.add_parser("run", help="prefill and decode tokens/s of numba, numpy and llama.cpp on one GGUF")
     r.add_argument("model")
-    r.add_argument("--threads", type=int, default=2, help="numba and llama.cpp threads (BLAS: OPENBLAS_NUM_THREADS)")
-    r.add_argument("--prompt-len", type=int, default=64)
-    r.add_argument("--n-decode", type=int, default=8)
-    r.add_argument("--n-decode-numpy", type=int, default=2, help="the numpy reference takes ~30 s a token here")
-    r.add_argument("--repeat", type=int, default=3, help="rounds per engine, the best counts (numpy: one)")
-    r.add_argument("--engines", default="numba,numpy,llama-cpp")
-    r.add_argument("--json")
+    r.add_argument("--threads", type=threads, default=2,
+                   help="numba and llama.cpp threads (BLAS: OPENBLAS_NUM_THREADS)")
+    r.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=64)
+    r.add_argument("--n-decode", type=int_in(1, MAX_PROMPT), default=8, help="at most --prompt-len")
+    r.add_argument("--n-decode-numpy", type=int_in(1, MAX_PROMPT), default=2,
+                   help="the numpy reference takes ~30 s a token here")
+    r.add_argument("--repeat", type=repeat, default=3, help="rounds per engine, the best counts (numpy: one)")
+    r.add_argument("--engines", type=engine_list, default=list(ENGINES))
+    r.add_argument("--json", type=json_out)
     k = sub.add_parser("kernels", help="numba's product against the reference's, per weight type of one GGUF")
     k.add_argument("model")
-    k.add_argument("--rows", type=int, default=8192, help="first rows of each type's largest matrix")
-    k.add_argument("--tokens", default="1,64", help="rows of x: 1 takes the decode route, 64 the prefill route")
-    k.add_argument("--threads", type=int, default=2)
-    k.add_argument("--repeat", type=int, default=3)
-    k.add_argument("--json")
+    k.add_argument("--rows", type=int_in(1, MAX_KERNEL_ROWS), default=8192,
+                   help="first rows of each type's largest matrix")
+    k.add_argument("--tokens", type=token_counts, default=[1, 64],
+                   help="rows of x: 1 takes the decode route, 64 the prefill route")
+    k.add_argument("--threads", type=threads, default=2)
+    k.add_argument("--repeat", type=repeat, default=3)
+    k.add_argument("--json", type=json_out)
     c = sub.add_parser("ceiling", help="decode tokens/s no numba kernel exceeds here (floor loops), beside llama.cpp")
     c.add_argument("model")
-    c.add_argument("--threads", type=int, default=2)
-    c.add_argument("--rows", type=int, default=8192, help="rows of the floor loops' packed bytes")
-    c.add_argument("--n-in", type=int, default=MID.n_embd)
-    c.add_argument("--repeat-floor", type=int, default=10, help="rounds per floor loop, the best counts")
-    c.add_argument("--prompt-len", type=int, default=64)
-    c.add_argument("--n-decode", type=int, default=8)
-    c.add_argument("--repeat", type=int, default=3)
-    c.add_argument("--json")
-    args = p.parse_args(argv)
-    if args.what == "make":
-        return make(args)
-    if args.what == "kernels":
-        report = kernels(args)
-    elif args.what == "ceiling":
-        report = ceiling(args)
-    else:
-        report = run(args)
-        print_ratios(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    c.add_argument("--threads", type=threads, default=2)
+    c.add_argument("--rows", type=int_in(1, MAX_CEILING_ROWS), default=8192,
+                   help="rows of the floor loops' packed bytes")
+    c.add_argument("--n-in", type=int_in(4, MAX_N_IN), default=MID.n_embd, help="a multiple of 4")
+    c.add_argument("--repeat-floor", type=int_in(1, 1000), default=10, help="rounds per floor loop, the best counts")
+    c.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=64)
+    c.add_argument("--n-decode", type=int_in(1, MAX_PROMPT), default=8, help="at most --prompt-len")
+    c.add_argument("--repeat", type=repeat, default=3)
+    c.add_argument("--json", type=json_out)
+    return p
+
+
+def check_args(args):  # what the argument types cannot see alone -> UsageError
+    if args.what in ("run", "ceiling"):  # the decode steps feed the prompt's tokens, one each
+        engines = args.engines if args.what == "run" else ("llama-cpp", "numba")
+        n_decode = max(args.n_decode_numpy if name == "numpy" else args.n_decode for name in engines)
+        if n_decode > args.prompt_len:
+            raise UsageError(f"{n_decode} decode steps need a prompt of at least as many tokens "
+                             f"(--prompt-len {args.prompt_len})")
+    if args.what == "ceiling" and args.n_in % 4:  # a floor loop takes four values a step
+        raise UsageError(f"--n-in {args.n_in} is not a multiple of 4")
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        check_args(args)
+        if args.what == "make":
+            return make(args)
+        if args.what == "kernels":
+            report = kernels(args)
+        elif args.what == "ceiling":
+            report = ceiling(args)
+        else:
+            report = run(args)
+            print_ratios(report)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+    except (gguf.GGUFError, BackendError, UsageError) as e:
+        return fail("tools.bench_accel", e)
+    except OSError as e:
+        return fail("tools.bench_accel", f"{e.filename or ''}: {e.strerror or e}")
     return 0
 
 

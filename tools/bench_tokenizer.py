@@ -9,13 +9,14 @@ MB/s of both and the ratio, line by line and the whole text in one call, and how
 two encode alike (tokenizers runs the tokenizer.json regex, not llama.cpp's adaptation, and
 parses USER_DEFINED and end-of-generation names as llama.cpp does not, so a few may differ).
 """
-import argparse
 import os
 import sys
 import time
 from pathlib import Path
 
-from reference.tokenizer import Tokenizer, read_vocab
+from reference.cli import OneLineParser, fail, int_in
+from reference.gguf import GGUFError
+from reference.tokenizer import Tokenizer, TokenizerError, pre_tokenizer, read_vocab
 from tools.make_tokenizer_goldens import STRESS_STRINGS, bpe_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,13 +39,18 @@ def best_seconds(encode, repeat):  # fn() -> the fastest of `repeat` timed calls
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tools.bench_tokenizer", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m tools.bench_tokenizer", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(DEFAULT_VOCAB),
                    help="any GGUF with a vocabulary (default: the stress vocabulary)")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int_in(1, 100), default=3,
+                   help="timed passes, the best counts (more measures the machine's noise)")
     a = p.parse_args(argv)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    vocab = read_vocab(a.model)
+    try:
+        vocab = read_vocab(a.model)
+        pre_tokenizer(vocab)  # a tokenizer the reference does not implement is refused before either side runs
+    except (GGUFError, TokenizerError) as e:
+        return fail("tools.bench_tokenizer", e)
     text = bench_text()
     lines = text.splitlines(keepends=True)
     rust = bpe_tokenizer(vocab, vocab.pre)

@@ -35,6 +35,7 @@ import sys
 
 import numpy as np
 
+from reference.cli import OneLineParser, fail
 from reference.trace import Tracer
 
 from .golden import sha256, today
@@ -256,8 +257,8 @@ def hf_trace(checkpoint, token_ids, out, ops=None):  # -> {name: f32 array}, als
 
 
 def main(argv=None):  # -> exit status
-    p = argparse.ArgumentParser(prog="python -m tools.hf_trace", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m tools.hf_trace", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="transformers Muse-Glimmer checkpoint directory")
     p.add_argument("--token-ids", required=True, help="comma-separated prompt token ids")
     p.add_argument("--out", required=True, help="trace directory to write")
@@ -266,8 +267,7 @@ def main(argv=None):  # -> exit status
     try:
         points = hf_trace(args.checkpoint, parse_token_ids(args.token_ids), args.out, ops_without(args.without))
     except HFTraceError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail("tools.hf_trace", e)
     print(f"{len(points)} trace points written to {args.out}")
     return 0
 

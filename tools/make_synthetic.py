@@ -13,12 +13,15 @@ valid quantized blocks directly (random quant bits, f16 scales set so each weigh
 standard deviation of about 1/sqrt(n_in), which keeps activations of order one through the layers).
 """
 import argparse
+import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
 from gguf import GGUFWriter, GGMLQuantizationType, GGML_QUANT_SIZES
 from gguf import quants
 from tqdm import tqdm
+
+from reference.cli import OneLineParser, UsageError, fail, int_in
 
 ARCH = "muse-glimmer"
 Q = GGMLQuantizationType
@@ -386,27 +389,93 @@ def write_draft_gguf(path, dims=None, qtype="F32", seed=0, progress=False):  # -
     return str(path)
 
 
+FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
+
+
+def type_problem(shapes, qtype, from_floats):  # -> why `qtype` cannot store these tensors, or ""
+    """from_floats: the small text model quantizes f32 arrays with gguf-py; every other writer
+    makes random blocks, which needs the block's f16 scale offsets (F16_SCALE_OFFSETS)."""
+    if qtype in FLOAT_TYPES:
+        return ""
+    block = GGML_QUANT_SIZES[qtype][0]
+    if from_floats:
+        try:
+            quants.quantize(np.zeros((1, block), np.float32), qtype)
+        except NotImplementedError:
+            return f"gguf-py cannot quantize {qtype.name}"
+    elif qtype not in F16_SCALE_OFFSETS:
+        return (f"random {qtype.name} blocks are not supported (types: "
+                f"{', '.join(t.name for t in FLOAT_TYPES + tuple(F16_SCALE_OFFSETS))})")
+    for name, shape in shapes:  # ggml blocks run along a row: its length must be a whole number of them
+        n_in = int(np.prod(shape[1:]))
+        if len(shape) > 1 and n_in % block:
+            return f"{name} has rows of {n_in} values, not a multiple of {qtype.name}'s block of {block}"
+    return ""
+
+
+def ggml_type(text):  # argparse type: "Q8_0" -> GGMLQuantizationType
+    if text not in Q.__members__:
+        raise argparse.ArgumentTypeError(f"unknown GGML type {text!r} (e.g. F32, F16, BF16, Q8_0)")
+    return Q[text]
+
+
+# --layers is at most the reference loader's limit (0 < n_layer <= 512), and at the release layout at most
+# the release's own count: deeper, it is only a bigger file (a 30B text layer is 1.9 GB at F32).
+MAX_LAYERS = 512
+RELEASE_LAYERS = {"text": RELEASE_30B.n_layer, "mmproj": RELEASE_MMPROJ.n_layer, "dflash": RELEASE_DRAFTER.n_layer}
+
+
+def write(a):  # parsed arguments -> None; UsageError for a combination no loader would accept
+    release = a.layout == "30b"
+    if a.layers is not None and release and a.layers > RELEASE_LAYERS[a.role]:
+        raise UsageError(f"--layers {a.layers}: the 30b layout of {a.role} has at most "
+                         f"{RELEASE_LAYERS[a.role]} layers")
+    if a.layers == 1 and a.role == "text":  # HF's rule makes the one layer full attention
+        raise UsageError("a text model needs at least 2 layers: with one it has no sliding-window layer, "
+                         "which the loader refuses (llama.cpp aborts on it)")
+    layers = {} if a.layers is None else {"n_layer": a.layers}
+    if a.role == "text" and release:  # the mix chooses the types: random blocks that the release widths hold
+        write_layout_gguf(a.out, replace(RELEASE_30B, **layers), a.mix, a.seed)
+        return
+    if a.role == "mmproj":
+        dims = replace(RELEASE_MMPROJ if release else VisionDims(), **layers)
+        shapes = vision_shapes(dims)
+    elif a.role == "dflash":
+        dims = replace(RELEASE_DRAFTER if release else DraftDims(), **layers)
+        shapes = draft_shapes(dims)
+    else:
+        dims = replace(TextDims(), **layers)
+        shapes = text_shapes(dims)
+    problem = type_problem(shapes, a.type, from_floats=a.role == "text")
+    if problem:
+        raise UsageError(f"--type {a.type.name}: {problem}")
+    if a.role == "mmproj":
+        write_mmproj_gguf(a.out, dims, a.type.name, a.seed, release)
+    elif a.role == "dflash":
+        write_draft_gguf(a.out, dims, a.type.name, a.seed, release)
+    else:
+        write_text_gguf(a.out, dims, a.type.name, a.seed)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tools.make_synthetic", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m tools.make_synthetic", description=__doc__.splitlines()[0])
     p.add_argument("out")
     p.add_argument("--role", choices=("text", "mmproj", "dflash"), default="text")
     p.add_argument("--layout", choices=("small", "30b"), default="small")
     p.add_argument("--mix", choices=sorted(MIXES), default="f32", help="text weight types (30b layout)")
-    p.add_argument("--type", default="F32", help="GGML type of the 2-D weights (small text; mmproj; dflash)")
-    p.add_argument("--layers", type=int, help="override the layer count")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--type", type=ggml_type, default="F32",
+                   help="GGML type of the 2-D weights (small text; mmproj; dflash)")
+    p.add_argument("--layers", type=int_in(1, MAX_LAYERS), help="override the layer count")
+    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="numpy seeds are non-negative")
     a = p.parse_args(argv)
-    release = a.layout == "30b"
-    layers = {} if a.layers is None else {"n_layer": a.layers}
-    if a.role == "mmproj":
-        write_mmproj_gguf(a.out, replace(RELEASE_MMPROJ if release else VisionDims(), **layers), a.type, a.seed, release)
-    elif a.role == "dflash":
-        write_draft_gguf(a.out, replace(RELEASE_DRAFTER if release else DraftDims(), **layers), a.type, a.seed, release)
-    elif release:
-        write_layout_gguf(a.out, replace(RELEASE_30B, **layers), a.mix, a.seed)
-    else:
-        write_text_gguf(a.out, replace(TextDims(), **layers), a.type, a.seed)
+    try:
+        write(a)
+    except UsageError as e:
+        return fail("tools.make_synthetic", e)
+    except OSError as e:
+        return fail("tools.make_synthetic", f"{e.filename or a.out}: {e.strerror or e}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

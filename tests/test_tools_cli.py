@@ -1,0 +1,245 @@
+"""The command lines of the benchmarks (tools.bench, tools.bench_accel, tools.bench_tokenizer), the op and
+CUDA harnesses (accel.harness, accel.cuda_harness) and the generators (tools.make_synthetic,
+tools.hf_trace): bad input is one stderr line naming the problem and exit status 2, before anything
+large is allocated or written; one cheap valid run of each tool that has one still works."""
+import importlib.util
+import json
+import os
+
+import pytest
+from gguf import GGUFValueType
+
+from reference import gguf
+from tools.make_synthetic import write_text_gguf
+from conftest import MODELS, run_cli
+from test_gguf import cli_error
+
+TINY = os.path.join(MODELS, "tiny-a-f32.gguf")
+TINY_Q4 = os.path.join(MODELS, "tiny-a-q4_k_m.gguf")
+MMPROJ = os.path.join(MODELS, "tiny-a-mmproj-f32.gguf")
+
+
+@pytest.fixture
+def paths(tmp_path):  # the names a case's arguments may use, as {name}: committed models and bad files
+    with open(TINY, "rb") as f:
+        data = f.read()
+    (tmp_path / "trunc.gguf").write_bytes(data[:100])  # the header's counts cannot fit
+    (tmp_path / "half.gguf").write_bytes(data[:len(data) // 2])  # tensors run past the end
+    return {"tiny": TINY, "q4": TINY_Q4, "mmproj": MMPROJ, "tmp": str(tmp_path),
+            "trunc": str(tmp_path / "trunc.gguf"), "half": str(tmp_path / "half.gguf"),
+            "missing": str(tmp_path / "missing.gguf")}
+
+
+def refused(module, args, paths):  # -> the one stderr line of `python -m module args` (exit 2, no traceback)
+    return cli_error(run_cli(module, *[a.format(**paths) for a in args]))
+
+
+def cases(*table):  # (args, expected words) rows -> pytest params, each named by its arguments
+    return [pytest.param(args, words, id=" ".join(args) or "no arguments") for args, words in table]
+
+
+# ---------------------------------------------------------------------------------------------
+# tools.bench
+
+@pytest.mark.parametrize("args, words", cases(
+    ((), "required: what"),
+    (("foo",), "invalid choice: 'foo'"),
+    (("scale",), "scale needs --model or --mmproj"),
+    (("scale", "--model", "{missing}"), "no such file"),
+    (("scale", "--model", "{trunc}"), "corrupt header"),
+    (("scale", "--model", "{half}"), "corrupt GGUF"),
+    (("scale", "--model", "{mmproj}"), "expected a muse-glimmer text model"),
+    (("scale", "--mmproj", "{tiny}"), "expected a muse-glimmer mmproj"),
+    (("scale", "--model", "{tiny}", "--backend", "cupy"), "invalid choice: 'cupy'"),
+    (("scale", "--model", "{tiny}", "--prompt-len", "0"), "--prompt-len: 0 is out of range"),
+    (("scale", "--model", "{tiny}", "--prompt-len", "-3"), "--prompt-len: -3 is out of range"),
+    (("scale", "--model", "{tiny}", "--n-predict", "-5"), "--n-predict: -5 is out of range"),
+    (("scale", "--model", "{tiny}", "--n-predict", "1000000000000"), "--n-predict: 1000000000000 is out of range"),
+    (("scale", "--model", "{tiny}", "--n-predict", "1e12"), "expected an integer, got '1e12'"),
+    (("scale", "--mmproj", "{mmproj}", "--image-size", "0"), "--image-size: 0 is out of range"),
+    (("scale", "--mmproj", "{mmproj}", "--image-size", "-5"), "--image-size: -5 is out of range"),
+    (("scale", "--mmproj", "{mmproj}", "--image-size", "100000"), "--image-size: 100000 is out of range"),
+    (("scale", "--model", "{tiny}", "--json", "{tmp}/none/x.json"), "no such directory"),
+    (("scale", "--model", "{tiny}", "--json", "{tmp}"), "is a directory"),
+    (("text", "--model", "{missing}", "--checkpoint", "{tmp}"), "no such file"),
+    (("text", "--model", "{tiny}", "--checkpoint", "{tmp}/none"), "--checkpoint"),
+    (("text", "--model", "{tiny}", "--checkpoint", "{tmp}", "--repeat", "0"), "--repeat: 0 is out of range"),
+    (("text", "--model", "{tiny}", "--checkpoint", "{tmp}", "--prompt-len", "-1"), "--prompt-len: -1 is out of range"),
+    (("vision", "--layers", "0"), "--layers: 0 is out of range"),
+    (("vision", "--layers", "-1"), "--layers: -1 is out of range"),
+))
+def test_bench_refuses(paths, args, words):
+    line = refused("tools.bench", args, paths)
+    assert line.startswith("tools.bench") and words in line, line
+
+
+def test_bench_text_checkpoint_that_will_not_load(paths):
+    # a directory that is no transformers checkpoint: refused before either engine is timed
+    line = refused("tools.bench", ("text", "--model", "{tiny}", "--checkpoint", "{tmp}"), paths)
+    have_torch = importlib.util.find_spec("torch") and importlib.util.find_spec("transformers")
+    assert ("cannot load the checkpoint" if have_torch else "needs torch and transformers") in line, line
+
+
+def test_bench_scale_runs(tmp_path):
+    out = tmp_path / "scale.json"
+    r = run_cli("tools.bench", "scale", "--model", TINY, "--prompt-len", "4", "--n-predict", "2", "--json", out)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert report["prompt_len"] == 4 and 1 <= report["generated"] <= 2
+
+
+# ---------------------------------------------------------------------------------------------
+# tools.bench_accel
+
+@pytest.mark.parametrize("args, words", cases(
+    ((), "required: what"),
+    (("run",), "required: model"),
+    (("run", "{missing}", "--engines", "numpy"), "no such file"),
+    (("run", "{trunc}", "--engines", "numpy"), "corrupt header"),
+    (("run", "{mmproj}", "--engines", "numpy"), "expected a muse-glimmer text model"),
+    (("kernels", "{missing}"), "no such file"),
+    (("kernels", "{trunc}"), "corrupt header"),
+    (("kernels", "{half}"), "corrupt GGUF"),
+    (("ceiling", "{missing}"), "no such file"),
+    (("ceiling", "{trunc}"), "corrupt header"),
+    (("ceiling", "{mmproj}"), "expected a muse-glimmer text model"),
+    (("run", "{tiny}", "--threads", "0"), "--threads: 0 is out of range"),
+    (("run", "{tiny}", "--threads", "-1"), "--threads: -1 is out of range"),
+    (("run", "{tiny}", "--threads", "100000"), "--threads: 100000 is out of range"),
+    (("run", "{tiny}", "--engines", "foo"), "unknown engine 'foo'"),
+    (("run", "{tiny}", "--engines", "numpy,,numba"), "unknown engine ''"),
+    (("run", "{tiny}", "--engines", "numpy,numpy"), "an engine named twice"),
+    (("run", "{tiny}", "--prompt-len", "-1"), "--prompt-len: -1 is out of range"),
+    (("run", "{tiny}", "--prompt-len", "4"), "8 decode steps need a prompt of at least as many tokens"),
+    (("run", "{tiny}", "--json", "{tmp}/none/x.json"), "no such directory"),
+    (("kernels", "{q4}", "--tokens", "a,b"), "--tokens: expected an integer, got 'a'"),
+    (("kernels", "{q4}", "--tokens", "1,,2"), "--tokens: expected an integer, got ''"),
+    (("kernels", "{q4}", "--tokens", "0"), "--tokens: 0 is out of range"),
+    (("kernels", "{q4}", "--rows", "0"), "--rows: 0 is out of range"),
+    (("ceiling", "{q4}", "--rows", "-1"), "--rows: -1 is out of range"),
+    (("ceiling", "{q4}", "--n-in", "6"), "--n-in 6 is not a multiple of 4"),
+))
+def test_bench_accel_refuses(paths, args, words):
+    line = refused("tools.bench_accel", args, paths)
+    assert line.startswith("tools.bench_accel") and words in line, line
+
+
+def test_bench_accel_make_checks_llama_quantize_first(tmp_path):
+    # the 7.5 GB F16 model would be written before the missing quantizer was found
+    out = tmp_path / "bench"
+    r = run_cli("tools.bench_accel", "make", "--llama-bin", tmp_path / "no-llama", "--out", out)
+    assert "no executable llama-quantize" in cli_error(r)
+    assert not out.exists()
+
+
+def test_bench_accel_run_on_a_tiny_model(tmp_path):
+    # the prompt's ids come from the model's own vocabulary (512 here), not the mid-size model's
+    out = tmp_path / "run.json"
+    r = run_cli("tools.bench_accel", "run", TINY, "--engines", "numpy", "--prompt-len", "4",
+                "--n-decode-numpy", "1", "--repeat", "1", "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert list(json.loads(out.read_text())["engines"]) == ["numpy"]
+
+
+# ---------------------------------------------------------------------------------------------
+# tools.bench_tokenizer
+
+@pytest.fixture
+def paths_with_unknown_pre(paths, tmp_path):  # + {pre_foo}: a text GGUF whose pre-tokenizer nobody implements
+    path = str(tmp_path / "pre_foo.gguf")
+    write_text_gguf(path, extra_keys={"tokenizer.ggml.pre": ("foo", GGUFValueType.STRING)})
+    return {**paths, "pre_foo": path}
+
+
+@pytest.mark.parametrize("args, words", cases(
+    (("--model", "{missing}"), "no such file"),
+    (("--model", "{trunc}"), "corrupt header"),
+    (("--model", "{mmproj}"), "missing required key tokenizer.ggml.tokens"),
+    (("--model", "{pre_foo}"), "tokenizer.ggml.pre 'foo' is not supported"),
+    (("--repeat", "0"), "--repeat: 0 is out of range"),
+))
+def test_bench_tokenizer_refuses(paths_with_unknown_pre, args, words):
+    line = refused("tools.bench_tokenizer", args, paths_with_unknown_pre)
+    assert line.startswith("tools.bench_tokenizer") and words in line, line
+
+
+# ---------------------------------------------------------------------------------------------
+# accel.harness and accel.cuda_harness
+
+@pytest.mark.parametrize("args, words", cases(
+    (("--ops", "foo"), "unknown op 'foo'"),
+    (("--ops", ","), "unknown op ''"),
+    (("--ops", "linear,foo"), "unknown op 'foo'"),
+    (("--seed", "-1"), "--seed: -1 is out of range"),
+    (("--seed", "x"), "--seed: expected an integer, got 'x'"),
+    (("--backend", "foo"), "unknown backend 'foo'"),
+))
+def test_harness_refuses(paths, args, words):
+    line = refused("accel.harness", args, paths)
+    assert line.startswith("accel.harness") and words in line, line
+
+
+def test_harness_runs_one_op():
+    r = run_cli("accel.harness", "--backend", "numpy", "--ops", "rms_norm")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("all passed") and "rms_norm" in r.stdout
+
+
+@pytest.mark.parametrize("args, words", cases(
+    ((), "required: what"),
+    (("foo",), "invalid choice: 'foo'"),
+    (("bench",), "bench needs a model"),
+    (("products",), "products needs a model"),
+    (("parity", "--prompt-len", "0"), "--prompt-len: 0 is out of range"),
+    (("graph", "--n-decode", "-1"), "--n-decode: -1 is out of range"),
+    (("parity", "--models", "tiny-a-f32,nope"), "no model 'nope' in golden/models"),
+    (("parity", "--json", "{tmp}/none/x.json"), "no such directory"),
+))
+def test_cuda_harness_refuses(paths, args, words):
+    line = refused("accel.cuda_harness", args, paths)
+    assert line.startswith("accel.cuda_harness") and words in line, line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed: parity would run")
+def test_cuda_harness_without_cupy(paths):
+    assert "needs CuPy" in refused("accel.cuda_harness", ("parity",), paths)
+
+
+# ---------------------------------------------------------------------------------------------
+# tools.make_synthetic and tools.hf_trace
+
+@pytest.mark.parametrize("args, words", cases(
+    (("{tmp}/none/out.gguf",), "No such file or directory"),
+    (("{tmp}",), "Is a directory"),
+    (("{tmp}/out.gguf", "--type", "FOO"), "unknown GGML type 'FOO'"),
+    (("{tmp}/out.gguf", "--type", "Q4_K"), "gguf-py cannot quantize Q4_K"),
+    (("{tmp}/out.gguf", "--role", "mmproj", "--type", "Q8_0"), "not a multiple of Q8_0's block of 32"),
+    (("{tmp}/out.gguf", "--role", "dflash", "--type", "Q2_K"), "not a multiple of Q2_K's block of 256"),
+    (("{tmp}/out.gguf", "--layers", "-2"), "--layers: -2 is out of range"),
+    (("{tmp}/out.gguf", "--layers", "0"), "--layers: 0 is out of range"),
+    (("{tmp}/out.gguf", "--layers", "1"), "a text model needs at least 2 layers"),
+    (("{tmp}/out.gguf", "--layout", "30b", "--role", "dflash", "--layers", "6"), "has at most 5 layers"),
+    (("{tmp}/out.gguf", "--seed", "-1"), "--seed: -1 is out of range"),
+    (("{tmp}/out.gguf", "--role", "foo"), "invalid choice: 'foo'"),
+))
+def test_make_synthetic_refuses(paths, args, words):
+    line = refused("tools.make_synthetic", args, paths)
+    assert line.startswith("tools.make_synthetic") and words in line, line
+    assert not os.path.exists(os.path.join(paths["tmp"], "out.gguf"))
+
+
+@pytest.mark.parametrize("role, layers", [("text", "2"), ("mmproj", "1"), ("dflash", "1")])
+def test_make_synthetic_writes_what_the_loader_takes(tmp_path, role, layers):
+    out = tmp_path / "out.gguf"
+    r = run_cli("tools.make_synthetic", out, "--role", role, "--layers", layers, "--type", "F16")
+    assert r.returncode == 0, r.stderr
+    assert gguf.load(out, role).config.n_layer == int(layers)
+
+
+@pytest.mark.parametrize("args, words", cases(
+    ((), "required: --checkpoint, --token-ids, --out"),
+    (("--checkpoint", "x"), "required: --token-ids, --out"),
+))
+def test_hf_trace_refuses(paths, args, words):
+    line = refused("tools.hf_trace", args, paths)
+    assert line.startswith("tools.hf_trace") and words in line, line
