@@ -23,9 +23,8 @@ import time
 import numpy as np
 
 from reference import gguf, ops
-from reference.cli import OneLineParser, fail, int_in
+from reference.cli import OneLineParser, fail, int_in, output_file
 from reference.text import TextModel
-from tools.bench import json_out
 from tools.metrics import max_abs_diff, nmse
 
 from .cupy import launch
@@ -211,7 +210,7 @@ def main(argv=None):
                    help="parity/graph: tiny model names in golden/models")
     p.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), help="default: 512 (bench), 20 (parity)")
     p.add_argument("--n-decode", type=int_in(1, MAX_DECODE), help="default: 32 (bench), 4 (parity)")
-    p.add_argument("--json", type=json_out, help="write the records (or the benchmark report) here")
+    p.add_argument("--json", type=output_file, help="write the records (or the benchmark report) here")
     args = p.parse_args(argv)
     if args.what in ("bench", "products") and not args.model:
         p.error(f"{args.what} needs a model")

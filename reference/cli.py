@@ -2,6 +2,7 @@
 (never a traceback, a usage block, a hang or a giant allocation), and numbers are range-checked as
 they are parsed, before anything is allocated from them."""
 import argparse
+import os
 import sys
 
 
@@ -37,6 +38,25 @@ def float_in(low, high):  # -> an argparse type: a finite float with low <= x <=
             raise argparse.ArgumentTypeError(f"{text} is out of range [{low}, {high}]")
         return x
     return parse
+
+
+def check_output(path, option, suffix=None):  # -> None; UsageError unless `path` names a file that can be made
+    """Checked before the work, so a typo in an output path costs nothing."""
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path} is a directory" + (f"; it takes a {suffix} file name" if suffix else ""))
+    if suffix and not path.endswith(suffix):
+        raise UsageError(f"{option} must name a {suffix} file, got {path!r}")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: no such directory {folder}")
+
+
+def output_file(text):  # argparse type: a path check_output accepts, refused as it is parsed
+    try:
+        check_output(text, "file")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def fail(prog, message):  # one line on stderr -> exit status 2

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGMLQuantizationType, GGML_QUANT_SIZES
+from gguf import GGUFReader, GGUFValueType, GGMLQuantizationType
 from gguf import quants
 
 GGUF_MAGIC = b"GGUF"

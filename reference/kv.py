@@ -40,6 +40,14 @@ class LayerCache:
         self.pos[self.pos >= n_keep] = -1
 
 
+def ring_size(n_swa, n_ctx, chunk):  # -> rows of a sliding-window layer's ring (module doc)
+    return min(pad256(n_swa + chunk + 1), pad256(n_ctx))
+
+
+def layer_rows(swa_layers, n_swa, n_ctx, kind, chunk):  # -> [rows of each layer's cache]
+    return [ring_size(n_swa, n_ctx, chunk) if kind == "ring" and swa else n_ctx for swa in swa_layers]
+
+
 class KVCache:
     """Per-layer caches for one sequence; `kind` is "uniform" or "ring"."""
 
@@ -48,11 +56,9 @@ class KVCache:
         if kind not in ("uniform", "ring"):
             raise CacheError(f"unknown KV cache kind {kind!r} (ring or uniform)")
         self.kind, self.n_ctx, self.n_swa, self.chunk = kind, n_ctx, n_swa, chunk
-        self.ring_rows = min(pad256(n_swa + chunk + 1), pad256(n_ctx))
-        self.layers = []
-        for il in range(n_layer):
-            rows = self.ring_rows if kind == "ring" and swa_layers[il] else n_ctx
-            self.layers.append(LayerCache(rows, n_head_kv, head_dim, dtype))
+        self.ring_rows = ring_size(n_swa, n_ctx, chunk)
+        self.layers = [LayerCache(rows, n_head_kv, head_dim, dtype)
+                       for rows in layer_rows(swa_layers[:n_layer], n_swa, n_ctx, kind, chunk)]
         self.n_past = 0
 
     def check_room(self, n_new, batch):  # raise before tokens that would not fit

@@ -14,12 +14,12 @@ import numpy as np
 
 from . import gguf
 from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
-from .cli import OneLineParser, UsageError
+from .cli import OneLineParser, UsageError, check_output
 from .dflash import Drafter, Speculator, acceptance
 from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
 from .governor import CostGovernor, FloorBandit
 from .image import ImageError, load_rgb
-from .kv import CacheError, pad256
+from .kv import CacheError, layer_rows
 from .text import TextModel
 from .tokenizer import Tokenizer, TokenizerError, detokenize
 from .tp import TensorParallelBackend, TPError, check_tp
@@ -156,20 +156,12 @@ def check_output_paths(args):  # --logits-out and --embeddings-out, refused befo
     """np.save appends .npy to a name without it, so such a file would not be where it was asked
     for: the name must end in .npy."""
     for flag, path in (("--logits-out", args.logits_out), ("--embeddings-out", args.embeddings_out)):
-        if path is None:
-            continue
-        if os.path.isdir(path):
-            raise UsageError(f"{flag} {path} is a directory; it takes a .npy file name")
-        if not path.endswith(".npy"):
-            raise UsageError(f"{flag} must name a .npy file, got {path!r}")
-        folder = os.path.dirname(path) or "."
-        if not os.path.isdir(folder):
-            raise UsageError(f"{flag} {path}: no such directory {folder}")
+        if path is not None:
+            check_output(path, flag, ".npy")
 
 
 def kv_cache_bytes(cfg, n_ctx, kind, chunk, dtype):  # -> bytes the KV cache of TextModel.new_cache takes
-    ring_rows = min(pad256(cfg.n_swa + chunk + 1), pad256(n_ctx))  # as kv.KVCache sizes its ring
-    rows = sum(ring_rows if kind == "ring" and swa else n_ctx for swa in cfg.swa_layers)
+    rows = sum(layer_rows(cfg.swa_layers, cfg.n_swa, n_ctx, kind, chunk))
     return rows * (2 * cfg.n_head_kv * cfg.head_dim * np.dtype(dtype).itemsize + 8)  # K and V rows, a position
 
 

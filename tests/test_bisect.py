@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 import pytest
+from reference.cli import UsageError
 from conftest import MODELS, ROOT, require, run_cli
 from test_diff import assert_bad_input, npy_claiming
 
@@ -188,11 +189,11 @@ def test_a_point_of_another_shape_is_a_divergence(tmp_path, replacement):
 def test_noise_floor_of_another_run_is_refused(tmp_path):
     """Thresholds from the float64 run of another prompt would be ~1e2 and hide every bug."""
     clean = toy_trace()
-    with pytest.raises(bisect_tool.BadInput, match="median NMSE against A is .* not the float64 run of A"):
+    with pytest.raises(UsageError, match="median NMSE against A is .* not the float64 run of A"):
         bisect_tool.noise_thresholds(clean, toy_trace(dtype=np.float64, prompt=5))
     wider = toy_trace(dtype=np.float64)
     wider["ffn_out-2"] = np.concatenate([wider["ffn_out-2"]] * 2, axis=-1)
-    with pytest.raises(bisect_tool.BadInput, match=r"point ffn_out-2 shapes differ: \[5, 32\] vs \[5, 16\]"):
+    with pytest.raises(UsageError, match=r"point ffn_out-2 shapes differ: \[5, 32\] vs \[5, 16\]"):
         bisect_tool.noise_thresholds(clean, wider)
     a = save_trace(clean, tmp_path / "a")
     other = save_trace(toy_trace(dtype=np.float64, prompt=5), tmp_path / "other")

@@ -7,6 +7,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from reference.cli import UsageError
 from conftest import GOLDEN, MODELS, require, run_cli
 
 from tools import diff, metrics
@@ -83,7 +84,7 @@ def test_gate_limits():
     failures = diff.check_gate(report, diff.parse_gate("nmse=1e-20, top1=1"))
     assert [f.split()[0] for f in failures] == ["nmse", "top1"]
     for bad in ("nmse", "speed=1", "kl=abc", "kl=nan"):
-        with pytest.raises(diff.BadInput):
+        with pytest.raises(UsageError):
             diff.parse_gate(bad)
 
 
@@ -135,7 +136,7 @@ def test_directories_pair_by_prompt_id(tmp_path):
     assert [(p["prompt_id"], p["n_pos"]) for p in prompts] == [("a", 6), ("b", 3)]
     entries.append({"file": "../test/a.npy", "prompt_id": "c"})
     (tmp_path / "ref" / "manifest.json").write_text(json.dumps(entries))
-    with pytest.raises(diff.BadInput, match="outside"):
+    with pytest.raises(UsageError, match="outside"):
         diff.pair_files(str(tmp_path / "ref"), str(tmp_path / "test"))
 
 

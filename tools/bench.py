@@ -16,7 +16,6 @@ layer global: window-local layers cost the same per window, an N x N mask would 
 greedy tokens on the text model, or one image through the tower; seconds per token, peak RSS of
 this process, a progress bar per layer.
 """
-import argparse
 import json
 import os
 import sys
@@ -27,7 +26,7 @@ from tqdm import tqdm
 
 from accel import BackendError
 from reference import gguf
-from reference.cli import OneLineParser, UsageError, fail, int_in
+from reference.cli import OneLineParser, UsageError, fail, int_in, output_file
 from reference.text import TextModel
 
 # Bounds of the size arguments, checked as they are parsed, before anything is allocated from them.
@@ -43,15 +42,6 @@ MAX_IMAGE_SIDE = 4096
 # The release tower has 50 layers (tools.make_synthetic.RELEASE_MMPROJ); a bench tower is never deeper.
 MAX_VISION_LAYERS = 50
 MAX_REPEAT = 100  # the best of more rounds than this measures the machine's noise, not the engine
-
-
-def json_out(text):  # argparse type: a file path whose folder exists, checked before hours of benchmark
-    folder = os.path.dirname(os.path.abspath(text))
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text} is a directory")
-    if not os.path.isdir(folder):
-        raise argparse.ArgumentTypeError(f"{folder}: no such directory")
-    return text
 
 
 def best_of(repeat, fn):  # -> the fastest wall time of `repeat` calls (the least disturbed run)
@@ -196,11 +186,11 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     t.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=100)
     t.add_argument("--n-decode", type=int_in(1, MAX_DECODE), default=32)
     t.add_argument("--repeat", type=int_in(1, MAX_REPEAT), default=3)
-    t.add_argument("--json", type=json_out)
+    t.add_argument("--json", type=output_file)
     v = sub.add_parser("vision", help="vision tower cost per window, window-local vs all-global layers")
     v.add_argument("--layers", type=int_in(1, MAX_VISION_LAYERS), default=4)
     v.add_argument("--repeat", type=int_in(1, MAX_REPEAT), default=2)
-    v.add_argument("--json", type=json_out)
+    v.add_argument("--json", type=output_file)
     sc = sub.add_parser("scale", help="one full-size run: text prefill + decode, or one image through the tower")
     sc.add_argument("--model")
     sc.add_argument("--mmproj")
@@ -208,7 +198,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     sc.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=64)
     sc.add_argument("--n-predict", type=int_in(1, MAX_DECODE), default=8)
     sc.add_argument("--image-size", type=int_in(1, MAX_IMAGE_SIDE), default=1024)
-    sc.add_argument("--json", type=json_out)
+    sc.add_argument("--json", type=output_file)
     return p
 
 

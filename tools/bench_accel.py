@@ -33,9 +33,9 @@ from gguf import GGUFValueType, GGUFWriter
 
 from accel import BackendError
 from reference import gguf, ops
-from reference.cli import OneLineParser, UsageError, fail, int_in
+from reference.cli import OneLineParser, UsageError, fail, int_in, output_file
 from reference.text import TextModel
-from tools.bench import MAX_REPEAT, json_out
+from tools.bench import MAX_REPEAT
 from tools.make_synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
                                   text_keys, text_shapes)
 
@@ -365,7 +365,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
                    help="the numpy reference takes ~30 s a token here")
     r.add_argument("--repeat", type=repeat, default=3, help="rounds per engine, the best counts (numpy: one)")
     r.add_argument("--engines", type=engine_list, default=list(ENGINES))
-    r.add_argument("--json", type=json_out)
+    r.add_argument("--json", type=output_file)
     k = sub.add_parser("kernels", help="numba's product against the reference's, per weight type of one GGUF")
     k.add_argument("model")
     k.add_argument("--rows", type=int_in(1, MAX_KERNEL_ROWS), default=8192,
@@ -374,7 +374,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
                    help="rows of x: 1 takes the decode route, 64 the prefill route")
     k.add_argument("--threads", type=threads, default=2)
     k.add_argument("--repeat", type=repeat, default=3)
-    k.add_argument("--json", type=json_out)
+    k.add_argument("--json", type=output_file)
     c = sub.add_parser("ceiling", help="decode tokens/s no numba kernel exceeds here (floor loops), beside llama.cpp")
     c.add_argument("model")
     c.add_argument("--threads", type=threads, default=2)
@@ -385,7 +385,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     c.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=64)
     c.add_argument("--n-decode", type=int_in(1, MAX_PROMPT), default=8, help="at most --prompt-len")
     c.add_argument("--repeat", type=repeat, default=3)
-    c.add_argument("--json", type=json_out)
+    c.add_argument("--json", type=output_file)
     return p
 
 

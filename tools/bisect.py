@@ -53,11 +53,11 @@ import sys
 
 import numpy as np
 
-from reference.cli import OneLineParser, fail, float_in
+from reference.cli import OneLineParser, UsageError, check_output, fail, float_in
 from reference.trace import INDEX, TraceError, load_trace
 
 from . import metrics
-from .diff import BadInput, check_output, pyplot, save_figure, write_text
+from .diff import check_plot, pyplot, save_figure, write_text
 from .dump_parse import DumpError, PartialTensor, load_dump, token_axis
 
 EXACT_THRESHOLD = 1e-9
@@ -71,15 +71,15 @@ LAYER_NAME = re.compile(r"^(?P<op>.+?)-(?P<layer>\d+)(?P<view>( \(\w+\))*)$")  #
 
 def load_source(path, n_tokens=None):  # trace dir or dump file -> ({name: array | PartialTensor}, [notes])
     if not os.path.exists(path):
-        raise BadInput(f"{path}: no such file or directory")
+        raise UsageError(f"{path}: no such file or directory")
     try:
         if os.path.isdir(path):
             if not os.path.exists(os.path.join(path, INDEX)):
-                raise BadInput(f"{path}: a trace directory needs {INDEX}")
+                raise UsageError(f"{path}: a trace directory needs {INDEX}")
             return load_trace(path), []
         return load_dump(path, n_tokens)
     except (TraceError, DumpError) as e:
-        raise BadInput(str(e)) from None
+        raise UsageError(str(e)) from None
 
 
 def layer_and_op(name):  # "attn_post_norm-2" -> (2, "attn_post_norm"); "result_norm" -> (None, "result_norm")
@@ -172,18 +172,18 @@ def compare_point(a, b, threshold=0.0):  # a (reference), b: array | PartialTens
 
 
 def noise_thresholds(trace_a, trace_a64, source="noise floor"):  # {name: f32}, {name: f64} -> {name: threshold}
-    """Raises BadInput when trace_a64 cannot be the float64 run of A (module doc): thresholds taken
+    """Raises UsageError when trace_a64 cannot be the float64 run of A (module doc): thresholds taken
     from another prompt's run would be ~1e2 and hide every divergence."""
     floors = {}
     for name in (n for n in trace_a if n in trace_a64):
         c = compare_point(trace_a64[name], trace_a[name])
         if not c["shape_ok"]:
-            raise BadInput(f"{source}: point {name} {c['note']} (noise floor vs A): not the float64 run of A")
+            raise UsageError(f"{source}: point {name} {c['note']} (noise floor vs A): not the float64 run of A")
         if c["nmse"] is not None:
             floors[name] = c["nmse"]
     median = float(np.median(list(floors.values()))) if floors else 0.0
     if not median <= NOISE_FLOOR_LIMIT:  # "not <=": a NaN floor is refused too
-        raise BadInput(f"{source}: median NMSE against A is {median:.3g} over {len(floors)} points, above "
+        raise UsageError(f"{source}: median NMSE against A is {median:.3g} over {len(floors)} points, above "
                        f"{NOISE_FLOOR_LIMIT:g}: not the float64 run of A (another prompt or model?)")
     return {name: NOISE_FACTOR ** 2 * max(floor, F32_ROUNDING_NMSE) for name, floor in floors.items()}
 
@@ -232,7 +232,7 @@ def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD):  # {name: tensor} x2, f
         else:
             limit = threshold.get(name) if isinstance(threshold, dict) else threshold
             if limit is None:
-                raise BadInput(f"no noise floor for trace point {name}")
+                raise UsageError(f"no noise floor for trace point {name}")
             layer, op = layer_and_op(name)
             c = compare_point(trace_a[name], trace_b[name], limit)
             # written as "not <=" so that a NaN counts as diverged; a shape that cannot be A's is structure
@@ -361,9 +361,11 @@ def tokens_of(trace):  # {name: tensor} -> prompt length from the first full ten
 
 
 def run_bisect(args):  # parsed CLI args -> exit status
-    for option, path in (("--table", args.table), ("--json", args.json), ("--plot", args.plot)):
+    for option, path in (("--table", args.table), ("--json", args.json)):
         if path:
             check_output(path, option)
+    if args.plot:
+        check_plot(args.plot)
     trace_a, notes = load_source(args.a)
     trace_b, notes_b = load_source(args.b, tokens_of(trace_a))
     if tokens_of(trace_a) is None and tokens_of(trace_b) is not None:
@@ -378,7 +380,7 @@ def run_bisect(args):  # parsed CLI args -> exit status
         threshold, rule = EXACT_THRESHOLD, f"{EXACT_THRESHOLD:g} (default, exact vs exact)"
     result = bisect(trace_a, trace_b, threshold)
     if not result["points"]:
-        raise BadInput(f"{args.b}: no trace point in common with {args.a}")
+        raise UsageError(f"{args.b}: no trace point in common with {args.a}")
     print(format_summary(result, rule, notes + notes_b))
     if args.table:
         write_text(args.table, "--table", format_table(result, rule) + "\n")
@@ -405,7 +407,7 @@ def main(argv=None):  # -> exit status
     args = p.parse_args(argv)
     try:
         return run_bisect(args)
-    except BadInput as e:
+    except UsageError as e:
         return fail("tools.bisect", e)
 
 

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference.cli import OneLineParser, fail, float_in, int_in
+from reference.cli import OneLineParser, UsageError, check_output, fail, float_in, int_in
 from reference.trace import check_npy_header, load_npy
 
 from . import metrics
@@ -97,10 +97,6 @@ GATE_KEYS = {
 }
 
 
-class BadInput(Exception):
-    """A file or argument that cannot be compared; the message names it and says why."""
-
-
 @dataclass
 class TopK:
     """A top-k golden: the k best tokens and their log-probabilities for each generated token."""
@@ -111,23 +107,23 @@ class TopK:
     logprobs: np.ndarray      # [n, k] float64
 
 
-def check_logits(a, what):  # [n_pos, n_vocab] -> None, raises BadInput
+def check_logits(a, what):  # [n_pos, n_vocab] -> None, raises UsageError
     if a.dtype.kind != "f":
-        raise BadInput(f"{what}: dtype {a.dtype} is not a float array of logits")
+        raise UsageError(f"{what}: dtype {a.dtype} is not a float array of logits")
     if a.ndim != 2 or a.size == 0:
-        raise BadInput(f"{what}: shape {list(a.shape)} is not [n_pos, n_vocab]")
+        raise UsageError(f"{what}: shape {list(a.shape)} is not [n_pos, n_vocab]")
     n_nan, n_inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
     if n_nan or n_inf:
-        raise BadInput(f"{what}: contains {n_nan} NaN and {n_inf} Inf values")
+        raise UsageError(f"{what}: contains {n_nan} NaN and {n_inf} Inf values")
 
 
-def read_magic(path, magic, what):  # -> None, raises BadInput unless the file starts with magic
+def read_magic(path, magic, what):  # -> None, raises UsageError unless the file starts with magic
     try:
         with open(path, "rb") as f:
             if f.read(len(magic)) != magic:
-                raise BadInput(f"{path}: not a {what} file")
+                raise UsageError(f"{path}: not a {what} file")
     except OSError as e:
-        raise BadInput(f"{path}: {e.strerror or e}") from None
+        raise UsageError(f"{path}: {e.strerror or e}") from None
 
 
 def load_logits(path):  # .npy file -> [n_pos, n_vocab]
@@ -135,11 +131,11 @@ def load_logits(path):  # .npy file -> [n_pos, n_vocab]
     try:
         a = load_npy(path)  # refuses a header that claims more data than the file holds
     except OSError as e:
-        raise BadInput(f"{path}: {e.strerror or e}") from None
+        raise UsageError(f"{path}: {e.strerror or e}") from None
     except ValueError as e:
         # numpy refuses object arrays here, which is how a pickle inside a .npy shows up
         problem = "holds pickled objects (refused)" if "allow_pickle" in str(e) else f"corrupt .npy ({e})"
-        raise BadInput(f"{path}: {problem}") from None
+        raise UsageError(f"{path}: {problem}") from None
     if a.ndim == 1:
         a = a[None, :]
     check_logits(a, path)
@@ -158,25 +154,25 @@ def load_topk(path):  # .topk.npz file -> TopK
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in ("prompt_ids", "tokens", "positions", "top_ids", "top_logprobs")}
     except KeyError as e:
-        raise BadInput(f"{path}: no array {e} (a top-k golden holds prompt_ids, tokens, positions, top_ids, "
+        raise UsageError(f"{path}: no array {e} (a top-k golden holds prompt_ids, tokens, positions, top_ids, "
                        "top_logprobs)") from None
     # NotImplementedError: a compression method zipfile cannot read
     except (ValueError, OSError, zipfile.BadZipFile, NotImplementedError) as e:
-        raise BadInput(f"{path}: corrupt .npz ({e})") from None
+        raise UsageError(f"{path}: corrupt .npz ({e})") from None
     ids, lp = arrays["top_ids"], arrays["top_logprobs"]
     positions = arrays["positions"]
     if any(arrays[k].dtype.kind not in "iu" for k in ("prompt_ids", "tokens", "positions", "top_ids")) \
             or lp.dtype.kind != "f":
-        raise BadInput(f"{path}: ids and positions must be integers, top_logprobs floats")
+        raise UsageError(f"{path}: ids and positions must be integers, top_logprobs floats")
     if ids.ndim != 2 or lp.shape != ids.shape or positions.shape != ids.shape[:1] or ids.shape[0] == 0 \
             or ids.shape[1] < 2 or arrays["prompt_ids"].ndim != 1 or arrays["prompt_ids"].size == 0 \
             or arrays["tokens"].ndim != 1:
-        raise BadInput(f"{path}: shapes {[list(a.shape) for a in arrays.values()]} are not "
+        raise UsageError(f"{path}: shapes {[list(a.shape) for a in arrays.values()]} are not "
                        "[n_prompt], [n_gen], [n], [n, k >= 2], [n, k]")
     if np.any(np.diff(positions) <= 0) or positions[0] < 0 or positions[-1] >= arrays["tokens"].size:
-        raise BadInput(f"{path}: positions must increase within the {arrays['tokens'].size} generated tokens")
+        raise UsageError(f"{path}: positions must increase within the {arrays['tokens'].size} generated tokens")
     if not np.all(np.isfinite(lp)) or np.any(lp > 0) or np.any(ids < 0):
-        raise BadInput(f"{path}: top_logprobs must be finite and <= 0, ids non-negative")
+        raise UsageError(f"{path}: top_logprobs must be finite and <= 0, ids non-negative")
     return TopK(arrays["prompt_ids"], arrays["tokens"], positions.astype(np.int64), ids.astype(np.int64),
                 lp.astype(np.float64))
 
@@ -191,31 +187,31 @@ def read_manifest(directory):  # dir with manifest.json -> ({prompt_id: path}, t
         with open(path) as f:
             manifest = json.load(f)
     except (OSError, ValueError) as e:
-        raise BadInput(f"{path}: cannot read manifest ({e})") from None
+        raise UsageError(f"{path}: cannot read manifest ({e})") from None
     header = {}
     if isinstance(manifest, dict):
         header = manifest
         manifest = next((manifest[k] for k in ("goldens", "entries", "files") if k in manifest), None)
     if not isinstance(manifest, list):
-        raise BadInput(f"{path}: expected a list of entries")
+        raise UsageError(f"{path}: expected a list of entries")
     root = os.path.realpath(directory)
     files = {}
     for entry in manifest:
         if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
-            raise BadInput(f"{path}: entry without a \"file\": {entry!r:.80}")
+            raise UsageError(f"{path}: entry without a \"file\": {entry!r:.80}")
         key = str(entry.get("prompt_id", entry.get("id", os.path.splitext(entry["file"])[0])))
         file = os.path.realpath(os.path.join(directory, entry["file"]))
         if os.path.commonpath([root, file]) != root:
-            raise BadInput(f"{path}: entry {key!r} points outside the directory: {entry['file']!r}")
+            raise UsageError(f"{path}: entry {key!r} points outside the directory: {entry['file']!r}")
         if key in files:
-            raise BadInput(f"{path}: prompt id {key!r} appears twice")
+            raise UsageError(f"{path}: prompt id {key!r} appears twice")
         files[key] = file
     return files, header
 
 
 def logit_files(path):  # file or dir -> ({prompt_id: path}, manifest fields)
     if not os.path.exists(path):
-        raise BadInput(f"{path}: no such file or directory")
+        raise UsageError(f"{path}: no such file or directory")
     if not os.path.isdir(path):
         return {os.path.basename(path).removesuffix(TOPK_SUFFIX).removesuffix(".npy"): path}, {}
     if os.path.exists(os.path.join(path, MANIFEST)):
@@ -226,7 +222,7 @@ def logit_files(path):  # file or dir -> ({prompt_id: path}, manifest fields)
 
 def pair_files(ref_path, test_path):  # -> ([(prompt_id, ref file, test file)], [notes on the sources])
     if os.path.isdir(ref_path) != os.path.isdir(test_path):
-        raise BadInput(f"{test_path}: cannot compare a file with a directory ({ref_path})")
+        raise UsageError(f"{test_path}: cannot compare a file with a directory ({ref_path})")
     (ref, ref_header), (test, test_header) = logit_files(ref_path), logit_files(test_path)
     notes = [f"{side} {path} was made by this project's reference (self_made): not an independent golden"
              for side, path, header in (("REF", ref_path, ref_header), ("TEST", test_path, test_header))
@@ -234,16 +230,16 @@ def pair_files(ref_path, test_path):  # -> ([(prompt_id, ref file, test file)], 
     if not os.path.isdir(ref_path):
         return [(next(iter(ref)), ref_path, test_path)], notes
     if not ref:
-        raise BadInput(f"{ref_path}: no logits found")
+        raise UsageError(f"{ref_path}: no logits found")
     missing = [k for k in ref if k not in test]
     if missing:
-        raise BadInput(f"{test_path}: no logits for prompt(s) {', '.join(missing[:8])} of {ref_path}")
+        raise UsageError(f"{test_path}: no logits for prompt(s) {', '.join(missing[:8])} of {ref_path}")
     return [(k, ref[k], test[k]) for k in ref], notes
 
 
 def noise_margin(ref, ref64):  # [n_pos, n_vocab] x2 -> near-tie margin
     if ref64.shape != ref.shape:
-        raise BadInput(f"noise floor shape {list(ref64.shape)} does not match reference {list(ref.shape)}")
+        raise UsageError(f"noise floor shape {list(ref64.shape)} does not match reference {list(ref.shape)}")
     return NEAR_TIE_FACTOR * float(metrics.max_abs_diff(ref64.reshape(-1), ref.reshape(-1)))
 
 
@@ -290,7 +286,7 @@ def diff_logits(ref, test, near_tie_margin=None, topk=5):  # [n_pos, n_vocab] x2
     check_logits(ref, "reference")
     check_logits(test, "test")
     if ref.shape != test.shape:
-        raise BadInput(f"shape {list(test.shape)} does not match reference {list(ref.shape)}")
+        raise UsageError(f"shape {list(test.shape)} does not match reference {list(ref.shape)}")
     pos = {
         "nmse": metrics.nmse(ref, test), "max_abs": metrics.max_abs_diff(ref, test),
         "cosine": metrics.cosine(ref, test), "kl": metrics.kl(ref, test),
@@ -306,9 +302,9 @@ def aligned_rows(full, top):  # [n_full, V], TopK -> (positions [n], full rows [
     at = top.prompt_ids.size - 1 + top.positions
     keep = at < full.shape[0]
     if not keep.any():
-        raise BadInput(f"the full logits have {full.shape[0]} rows; the top-k golden starts at position {at[0]}")
+        raise UsageError(f"the full logits have {full.shape[0]} rows; the top-k golden starts at position {at[0]}")
     if top.ids[keep].max() >= full.shape[1]:
-        raise BadInput(f"top-k token id {int(top.ids[keep].max())} is outside a vocabulary of {full.shape[1]}")
+        raise UsageError(f"top-k token id {int(top.ids[keep].max())} is outside a vocabulary of {full.shape[1]}")
     return at[keep], full[at[keep]], top.ids[keep], top.logprobs[keep]
 
 
@@ -328,12 +324,12 @@ def diff_topk(ref, test, near_tie_margin=None):  # one side TopK, the other [n_p
     ref_is_top = isinstance(ref, TopK)
     top, full = (ref, test) if ref_is_top else (test, ref)
     if isinstance(full, TopK):
-        raise BadInput("two top-k goldens: one side needs full logits")
+        raise UsageError("two top-k goldens: one side needs full logits")
     check_logits(full, "reference" if not ref_is_top else "test")
     at, rows, ids, lp_top = aligned_rows(full, top)
     k = ids.shape[1]
     if k > full.shape[1]:
-        raise BadInput(f"the top-k golden lists {k} tokens per row, more than the vocabulary of {full.shape[1]}")
+        raise UsageError(f"the top-k golden lists {k} tokens per row, more than the vocabulary of {full.shape[1]}")
     lp_all = metrics.log_softmax(rows)
     lp_full = np.take_along_axis(lp_all, ids, axis=-1)
     lp_ref, lp_test = (lp_top, lp_full) if ref_is_top else (lp_full, lp_top)
@@ -370,13 +366,13 @@ def parse_gate(text):  # "nmse=1e-4,top1=0.999" -> {"nmse": 1e-4, "top1": 0.999}
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in GATE_KEYS:
-            raise BadInput(f"--gate: bad item {item!r} (keys: {', '.join(GATE_KEYS)})")
+            raise UsageError(f"--gate: bad item {item!r} (keys: {', '.join(GATE_KEYS)})")
         try:
             gate[key.strip()] = float(value)
         except ValueError:
-            raise BadInput(f"--gate: {key.strip()} needs a number, got {value!r}") from None
+            raise UsageError(f"--gate: {key.strip()} needs a number, got {value!r}") from None
         if math.isnan(gate[key.strip()]):  # every comparison with NaN is false: the limit would never fail
-            raise BadInput(f"--gate: {key.strip()} needs a number, got {value!r}")
+            raise UsageError(f"--gate: {key.strip()} needs a number, got {value!r}")
     return gate
 
 
@@ -458,44 +454,39 @@ def flip_markers(ax, r, y, start, label):  # near-tie and real flips of one prom
         ax.scatter(start + np.array(at, int), y[at], s=60, zorder=3, **style, label=f"{kind} flip" if label else None)
 
 
-def pyplot(path):  # -> matplotlib.pyplot on the file-only Agg backend; BadInput when matplotlib is missing
+def pyplot(path):  # -> matplotlib.pyplot on the file-only Agg backend; UsageError when matplotlib is missing
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise BadInput(f"{path}: --plot needs matplotlib (pip install matplotlib)") from None
+        raise UsageError(f"{path}: --plot needs matplotlib (pip install matplotlib)") from None
     return plt
 
 
-def check_output(path, option):  # -> None; BadInput unless `path` can be written (checked before the work)
-    if os.path.isdir(path):
-        raise BadInput(f"{option} {path}: is a directory")
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        raise BadInput(f"{option} {path}: no such directory {parent}")
-    if option == "--plot":
-        pyplot(path)
-        from matplotlib.backend_bases import FigureCanvasBase
-        formats = FigureCanvasBase.get_supported_filetypes()
-        extension = os.path.splitext(path)[1].lstrip(".").lower()
-        if extension and extension not in formats:  # no extension: matplotlib writes PNG
-            raise BadInput(f"--plot {path}: matplotlib cannot write .{extension} (formats: {', '.join(formats)})")
+def check_plot(path):  # -> None; UsageError unless matplotlib can write `path` (checked before the work)
+    check_output(path, "--plot")
+    pyplot(path)
+    from matplotlib.backend_bases import FigureCanvasBase
+    formats = FigureCanvasBase.get_supported_filetypes()
+    extension = os.path.splitext(path)[1].lstrip(".").lower()
+    if extension and extension not in formats:  # no extension: matplotlib writes PNG
+        raise UsageError(f"--plot {path}: matplotlib cannot write .{extension} (formats: {', '.join(formats)})")
 
 
-def write_text(path, option, text):  # -> None; a path that cannot be written is BadInput
+def write_text(path, option, text):  # -> None; a path that cannot be written is UsageError
     try:
         with open(path, "w") as f:
             f.write(text)
     except OSError as e:
-        raise BadInput(f"{option} {path}: {e.strerror or e}") from None
+        raise UsageError(f"{option} {path}: {e.strerror or e}") from None
 
 
-def save_figure(plt, fig, path):  # -> None; a path that cannot be written is BadInput
+def save_figure(plt, fig, path):  # -> None; a path that cannot be written is UsageError
     try:
         fig.savefig(path, dpi=110)
     except OSError as e:
-        raise BadInput(f"--plot {path}: {e.strerror or e}") from None
+        raise UsageError(f"--plot {path}: {e.strerror or e}") from None
     finally:
         plt.close(fig)
 
@@ -560,22 +551,23 @@ def prompt_margin(args, noise, key, ref):  # -> near-tie margin M for one prompt
     if noise is None:
         return None
     if isinstance(ref, TopK):
-        raise BadInput(f"{args.noise_floor}: a noise floor needs full reference logits, REF is a top-k golden")
+        raise UsageError(f"{args.noise_floor}: a noise floor needs full reference logits, REF is a top-k golden")
     noise_file = noise.get(key) if os.path.isdir(args.noise_floor) else args.noise_floor
     if noise_file is None:
-        raise BadInput(f"{args.noise_floor}: no float64 logits for prompt {key!r}")
+        raise UsageError(f"{args.noise_floor}: no float64 logits for prompt {key!r}")
     ref64 = load_logits(noise_file)
     try:
         return noise_margin(ref, ref64)
-    except BadInput as e:
-        raise BadInput(f"{noise_file}: {e}") from None
+    except UsageError as e:
+        raise UsageError(f"{noise_file}: {e}") from None
 
 
 def run_diff(args):  # parsed CLI args -> exit status
     gate, rule = parse_gate(args.gate or ""), margin_rule(args)
-    for option, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:
-            check_output(path, option)
+    if args.json:
+        check_output(args.json, "--json")
+    if args.plot:
+        check_plot(args.plot)
     noise = logit_files(args.noise_floor)[0] if args.noise_floor else None
     pairs, notes = pair_files(args.ref, args.test)
     runs = []
@@ -584,8 +576,8 @@ def run_diff(args):  # parsed CLI args -> exit status
         margin = prompt_margin(args, noise, key, ref)
         try:
             report = diff_pair(ref, test, margin, args.topk)
-        except BadInput as e:
-            raise BadInput(f"{test_file}: {e} ({ref_file})") from None
+        except UsageError as e:
+            raise UsageError(f"{test_file}: {e} ({ref_file})") from None
         runs.append((key, report, check_gate(report, gate)))
     print(format_report(runs, gate, rule, notes=notes, n_prompts_shown=args.worst))
     failed = any(fails for _, _, fails in runs)
@@ -623,7 +615,7 @@ def main(argv=None):  # -> exit status
     args = p.parse_args(argv)
     try:
         return run_diff(args)
-    except BadInput as e:
+    except UsageError as e:
         return fail("tools.diff", e)
 
 
