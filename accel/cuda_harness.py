@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from reference import gguf, ops
-from reference.cli import OneLineParser, fail, int_in, output_file
+from reference.cli import OneLineParser, fail, int_in, os_error, output_file
 from reference.text import TextModel
 from tools.metrics import max_abs_diff, nmse
 
@@ -224,7 +224,7 @@ def main(argv=None):
     except gguf.GGUFError as e:
         return fail("accel.cuda_harness", e)
     except OSError as e:
-        return fail("accel.cuda_harness", f"{e.filename or ''}: {e.strerror or e}")
+        return fail("accel.cuda_harness", os_error(e))
 
 
 def run(args, backend):  # -> exit status

@@ -18,12 +18,14 @@
 import functools
 import json
 import re
+import string
 from collections.abc import Iterator, Mapping, MappingView
 from datetime import date as Date, datetime
 
 import jinja2
 import jinja2.ext
 from jinja2 import nodes
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
@@ -58,15 +60,18 @@ def parse_date(text):  # "YYYY-MM-DD" -> date
 # about 0.5 M characters: a template that needs more is runaway, not a prompt.
 MAX_STEPS = 1 << 20      # loop iterations, calls and filters, about a second of them; plus (items in
                          # the input)^2, since a template may compare every message with every other
-                         # (the release one does, to name a tool message that has no name)
-MAX_CHARS = 1 << 26      # characters printed, plus what operators, calls and filters build
+                         # (the release one does, to name a tool message that has no name), up to
+MAX_INPUT_STEPS = 1 << 26  # a minute of steps whatever the input
+MAX_CHARS = 1 << 26      # the longest value one rendering may build, and the longest text it prints
+MAX_WORK = 1 << 32       # characters built, printed and compared in all, copies included: a template
+                         # that builds its prompt by `ns.s = ns.s + ...` copies it once per message
 MAX_INT_BITS = 1 << 16   # big-integer arithmetic grows faster than the digits
 GROWING = frozenset(["center", "ljust", "rjust", "zfill", "expandtabs", "indent", "wordwrap", "join", "replace",
                      "batch", "slice", "tojson", "format", "format_map"])  # can build far more than they read
 WIDTH_ARGS = frozenset(["center", "ljust", "rjust", "zfill", "expandtabs", "indent", "replace", "batch", "slice",
                         "tojson"])  # ... and of these an integer argument is a width or a count
 CONSUMING = frozenset(["join", "batch", "slice"])  # read an iterator whole: as a list it can be measured first
-FORMAT_WIDTH = re.compile(r"(?:[%:][-+ #0<>=^_,]*|\.)(\d+)")  # widths and precisions of % and {} formats
+PERCENT_FIELD = re.compile(r"%[-+ #0]*(\d*)(?:\.(\d*))?")  # a % format's field: its width and precision
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -84,7 +89,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.filters = {name: self.bounded_filter(name, f) for name, f in {**self.filters, **filters}.items()}
         self.filters.update(loop_steps=loop_steps, printed=printed, compared=compared)
         self.tests = {name: self.bounded_test(name, t) for name, t in self.tests.items()}
-        self.steps, self.max_steps, self.chars = 0, max_steps, 0
+        self.steps, self.max_steps, self.work, self.printed = 0, max_steps, 0, 0
         self.measured = {}  # id -> (value, characters, depth); the value is kept so that its id stays its own
 
     def compile_bounded(self, source):  # template text -> Template whose loops, printing and comparing are counted
@@ -108,13 +113,15 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             raise ChatError(f"chat template: over {self.max_steps} steps (loop iterations and calls); "
                             "does it loop without end?")
 
-    def check_room(self, n, what):  # raise before an operation that would print or build n characters too many
-        if self.chars + n > MAX_CHARS:
-            raise ChatError(f"chat template: {what} would take it over {MAX_CHARS} characters printed and built")
+    def check_room(self, n, what):  # raise before an operation that would build a value of n characters
+        if n > MAX_CHARS:
+            raise ChatError(f"chat template: {what} would take it over {MAX_CHARS} characters in one value")
+        if self.work + n > MAX_WORK:
+            raise ChatError(f"chat template: {what} would take it over {MAX_WORK} characters built in all")
 
-    def count(self, n, what):  # n more characters printed or built
+    def count(self, n, what):  # n more characters built, printed or compared
         self.check_room(n, what)
-        self.chars += n
+        self.work += n
 
     def built(self, value, what):  # -> value, counted as what an operation allocated for it
         """A string's characters, an integer's digits, a container's own items (not its items'
@@ -125,9 +132,11 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             self.count(self.measure(value)[0], what)
         return value
 
-    def check_readable(self, value, what):  # raise for a value too big to read whole (print, compare, filter)
-        if self.measure(value)[0] > MAX_CHARS:
+    def check_readable(self, value, what):  # -> characters of a value read whole (print, compare, filter)
+        n = self.measure(value)[0]
+        if n > MAX_CHARS:
             raise ChatError(f"chat template: {what} a value of over {MAX_CHARS} characters")
+        return n
 
     def measure(self, value):  # -> (characters of value as text, nesting depth), about
         """Containers count each item every time it appears (a list holding a list twice prints it
@@ -166,7 +175,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             return
         widths = [a for a in args if isinstance(a, int)] if name in WIDTH_ARGS else []
         if name in ("format", "format_map") and isinstance(value, str):
-            widths = [int(w) for w in FORMAT_WIDTH.findall(value)]
+            widths = format_widths(value)
             if "*" in value:  # "%*d": the width is an argument
                 widths += [a for a in args if isinstance(a, int)]
         longest = max((self.measure(a)[0] for a in args), default=0)
@@ -191,6 +200,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's names: no clash with keywords)
         __self.step()
+        if isinstance(__obj, LoopContext) and args:  # a recursive loop's next level: its items are steps too
+            args = [counted_steps(__self, args[0]), *args[1:]]
         method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
         if isinstance(getattr(method, "__self__", None), str):
             args = [listed(method.__name__, a) for a in args]
@@ -220,6 +231,15 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         return bounded
 
 
+def format_widths(text):  # -> the widths and precisions in the % and {} fields of a format string
+    widths = [int(n) for field in PERCENT_FIELD.findall(text) for n in field if n]
+    try:
+        specs = [spec for _, _, spec, _ in string.Formatter().parse(text) if spec]
+    except ValueError:  # not a valid {} format: str.format would refuse it before building anything
+        specs = []
+    return widths + [int(n) for spec in specs for n in re.findall(r"\d+", spec)]
+
+
 def through(name, node):  # jinja expression node -> the same, passed through the filter `name`
     return nodes.Filter(node, name, [], [], None, None, lineno=node.lineno)
 
@@ -231,22 +251,32 @@ def listed(name, value):  # -> value, an iterator that a CONSUMING operation rea
 # The filters compile_bounded inserts. They take the context, which also keeps jinja from running
 # them once at compile time as it does filters of constants.
 
-@jinja2.pass_context
-def loop_steps(context, items):  # what every for loop iterates: its items, one step each
+def counted_steps(env, items):  # -> the items, one step each
     for item in items:
-        context.environment.step()
+        env.step()
         yield item
 
 
 @jinja2.pass_context
+def loop_steps(context, items):  # what every for loop iterates
+    return counted_steps(context.environment, items)
+
+
+@jinja2.pass_context
 def printed(context, value):  # every printed value and ~ operand: its text counted
-    context.environment.count(context.environment.measure(value)[0], "printing")
+    env = context.environment
+    n = env.measure(value)[0]
+    env.count(n, "printing")
+    env.printed += n
+    if env.printed > MAX_CHARS:
+        raise ChatError(f"chat template: printing would take it over {MAX_CHARS} characters of prompt")
     return value
 
 
 @jinja2.pass_context
 def compared(context, value):  # every operand of ==, <, in ... and every dict key: read whole
-    context.environment.check_readable(value, "comparing")
+    env = context.environment
+    env.count(env.check_readable(value, "comparing"), "comparing")
     return value
 
 
@@ -254,6 +284,7 @@ def template_environment(now, max_steps=MAX_STEPS):  # datetime that strftime_no
     env = BoundedSandbox(max_steps, {"tojson": tojson}, trim_blocks=True, lstrip_blocks=True,
                          extensions=[jinja2.ext.loopcontrols])
     env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: now.strftime(fmt))
+    del env.globals["lipsum"]  # builds text in one call, beyond the counting; no chat template needs it
     return env
 
 
@@ -269,7 +300,8 @@ def render_chat(template, messages, tools=None, bos_token="", eos_token="", add_
     inputs = dict(messages=messages, tools=tools, bos_token=bos_token, eos_token=eos_token,
                   add_generation_prompt=add_generation_prompt, **variables)
     try:
-        compiled = template_environment(now, MAX_STEPS + count_items(inputs) ** 2).compile_bounded(template)
+        max_steps = MAX_STEPS + min(count_items(inputs) ** 2, MAX_INPUT_STEPS)
+        compiled = template_environment(now, max_steps).compile_bounded(template)
         return compiled.render(**inputs)
     except ChatError:
         raise

@@ -49,6 +49,8 @@ def check_output(path, option, suffix=None):  # -> None; UsageError unless `path
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
         raise UsageError(f"{option} {path}: no such directory {folder}")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{option} {path}: the directory {folder} is not writable")
 
 
 def output_file(text):  # argparse type: a path check_output accepts, refused as it is parsed
@@ -57,6 +59,26 @@ def output_file(text):  # argparse type: a path check_output accepts, refused as
     except UsageError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
+
+
+def parse_token_ids(text, n_vocab=None):  # "1,2,3" -> [1, 2, 3], each in [0, n_vocab) when it is known
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
+        raise UsageError("--token-ids is empty")
+    if not all(items):  # "1,,2" or "1,2,": a token left out?
+        raise UsageError(f"--token-ids has an empty item: {text!r}")
+    try:
+        ids = [int(t) for t in items]
+    except ValueError:
+        raise UsageError(f"--token-ids must be comma-separated integers, got {text!r}") from None
+    bad = [i for i in ids if i < 0 or (n_vocab is not None and i >= n_vocab)]
+    if bad:
+        raise UsageError(f"token id {bad[0]} is out of range" + (f" for a vocabulary of {n_vocab}" if n_vocab else ""))
+    return ids
+
+
+def os_error(e):  # OSError -> "path: reason", one line
+    return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
 
 
 def fail(prog, message):  # one line on stderr -> exit status 2

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import gguf
 from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
-from .cli import OneLineParser, UsageError, check_output
+from .cli import OneLineParser, UsageError, check_output, os_error, parse_token_ids
 from .dflash import Drafter, Speculator, acceptance
 from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
 from .governor import CostGovernor, FloorBandit
@@ -83,22 +83,6 @@ def build_parser():
     p.add_argument("--embeddings-out",
                    help="write float32 [n_image_tokens, n_embd]: the raw image projections (a .npy path)")
     return p
-
-
-def parse_token_ids(text, n_vocab):  # "1,2,3" -> [1, 2, 3], each in [0, n_vocab)
-    items = [t.strip() for t in text.split(",")]
-    if not any(items):
-        raise UsageError("--token-ids is empty")
-    if not all(items):  # "1,,2" or "1,2,": a token left out?
-        raise UsageError(f"--token-ids has an empty item: {text!r}")
-    try:
-        ids = [int(t) for t in items]
-    except ValueError:
-        raise UsageError(f"--token-ids must be comma-separated integers, got {text!r}") from None
-    bad = [i for i in ids if not 0 <= i < n_vocab]
-    if bad:
-        raise UsageError(f"token id {bad[0]} is out of range for a vocabulary of {n_vocab}")
-    return ids
 
 
 def default_prompt(tok, embedded):  # -> prompt ids
@@ -268,6 +252,10 @@ def run(args):  # parsed args -> exit status
         raise UsageError("--n-predict, --prefill-chunk and --ctx must not be negative (chunk must be positive)")
     if args.image and drafter:
         raise UsageError("--draft-model with --image is not supported")
+    if args.spec_draft_n_max < 0:
+        raise UsageError("--spec-draft-n-max must not be negative")
+    if args.ctx:  # known before the images are encoded: refused before that work
+        check_context(model.config, args, args.ctx)
     tracer = Tracer(args.trace)
     t0 = time.perf_counter()
     images = image_embeddings(args, lm)
@@ -279,8 +267,6 @@ def run(args):  # parsed args -> exit status
     n_ctx = args.ctx or (len(prompt) if rows is None else len(rows)) + args.n_predict
     check_context(model.config, args, n_ctx)
     cache = lm.new_cache(n_ctx, args.kv, args.prefill_chunk)
-    if args.spec_draft_n_max < 0:
-        raise UsageError("--spec-draft-n-max must not be negative")
     p_min, governor = spec_governor(args.spec_p_min)
     speculator = Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), args.prefill_chunk) if drafter else None
 
@@ -335,7 +321,7 @@ def main(argv=None):
         print(f"reference.run: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"reference.run: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        print(f"reference.run: {os_error(e)}", file=sys.stderr)
         return 2
 
 

@@ -38,6 +38,16 @@ def run_cli(module, *args):  # -> CompletedProcess of `python -m module args`
                           timeout=600)
 
 
+def cli_error(r, *expected):  # CompletedProcess of a CLI -> its one stderr line: exit 2, no traceback, naming `expected`
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    # --numerics ggml-cpu warns first on a host unlike llama.cpp's build; those lines are not the error
+    lines = [x for x in r.stderr.strip().splitlines() if not x.startswith("reference.run: warning:")]
+    assert len(lines) == 1, r.stderr
+    assert all(text in lines[0] for text in expected), lines[0]
+    return lines[0]
+
+
 @pytest.fixture(scope="session")
 def synthetic_gguf(tmp_path_factory):  # a small random text GGUF with the real keys and names
     from tools.make_synthetic import write_text_gguf

@@ -16,8 +16,8 @@ from reference.kv import CacheError
 from reference.trace import TraceError, Tracer, load_trace
 from tools.make_synthetic import (ARCH, Q, TextDims, VisionDims, random_spec, stream_gguf, text_keys, text_shapes,
                                   write_mmproj_gguf)
-from conftest import MODELS, run_cli
-from test_gguf import BOOL, cli_error, planted
+from conftest import MODELS, cli_error, run_cli
+from test_gguf import BOOL, planted
 
 TINY_MMPROJ = os.path.join(MODELS, "tiny-a-mmproj-f32.gguf")  # 256 wide, as the synthetic text models
 DEFAULT_MMPROJ = os.path.join(MODELS, "glimmer-default-mmproj-f16.gguf")  # the default model's projector
@@ -31,17 +31,6 @@ def write_png(path):  # -> str path of a gray 28 x 28 image
 
 # ---------------------------------------------------------------------------------------------
 # reference.run arguments
-
-@pytest.mark.parametrize("token_ids", [",", " , ,"])
-def test_empty_token_ids(token_ids):
-    line = cli_error(run_cli("reference.run", "--token-ids", token_ids, "--n-predict", "0"))
-    assert "--token-ids is empty" in line
-
-
-def test_empty_string_token_ids():
-    line = cli_error(run_cli("reference.run", "--token-ids", "", "--n-predict", "0"))
-    assert "--token-ids is empty" in line
-
 
 @pytest.mark.parametrize("source", ["--prompt", "--prompt-file"])
 def test_prompt_with_no_tokens(tmp_path, source):

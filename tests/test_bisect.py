@@ -17,8 +17,8 @@ import os
 import numpy as np
 import pytest
 from reference.cli import UsageError
-from conftest import MODELS, ROOT, require, run_cli
-from test_diff import assert_bad_input, npy_claiming
+from conftest import MODELS, ROOT, cli_error, require, run_cli
+from test_diff import npy_claiming
 
 from reference.trace import Tracer
 from tools import bisect as bisect_tool
@@ -165,7 +165,7 @@ def test_bad_trace_exits_2_with_one_line(tmp_path, case, message):
         point.write_bytes(npy_claiming((70_000_000_000, E)))
     else:
         np.save(point, np.zeros((T, E), np.int64))
-    assert_bad_input(run_cli("tools.bisect", a, b), "tools.bisect: ", message)
+    cli_error(run_cli("tools.bisect", a, b), "tools.bisect: ", message)
 
 
 @pytest.mark.parametrize("replacement", ["row_length", "scalar", "no_tokens"])
@@ -198,7 +198,7 @@ def test_noise_floor_of_another_run_is_refused(tmp_path):
     a = save_trace(clean, tmp_path / "a")
     other = save_trace(toy_trace(dtype=np.float64, prompt=5), tmp_path / "other")
     r = run_cli("tools.bisect", a, a, "--noise-floor", other)
-    assert_bad_input(r, f"tools.bisect: {other}: median NMSE", "not the float64 run of A")
+    cli_error(r, f"tools.bisect: {other}: median NMSE", "not the float64 run of A")
 
 
 def test_dump_with_a_sum_that_is_not_a_number_exits_2(tmp_path):
@@ -209,7 +209,7 @@ def test_dump_with_a_sum_that_is_not_a_number_exits_2(tmp_path):
     dump.write_text("\n".join(lines) + "\n")
     with pytest.raises(dump_parse.DumpError, match=f"dump.txt:{at + 1}: sum 'xyz' is not a number"):
         dump_parse.load_dump(str(dump))
-    assert_bad_input(run_cli("tools.bisect", dump, dump), f"tools.bisect: {dump}:{at + 1}: sum 'xyz' is not a number")
+    cli_error(run_cli("tools.bisect", dump, dump), f"tools.bisect: {dump}:{at + 1}: sum 'xyz' is not a number")
 
 
 @pytest.mark.parametrize("option, target, message", [
@@ -221,7 +221,7 @@ def test_dump_with_a_sum_that_is_not_a_number_exits_2(tmp_path):
 def test_unwritable_output_exits_2_before_the_work(tmp_path, option, target, message):
     a = save_trace(toy_trace(), tmp_path / "a")
     r = run_cli("tools.bisect", a, a, option, tmp_path / target)
-    assert_bad_input(r, f"tools.bisect: {option} {tmp_path / target}", message)
+    cli_error(r, f"tools.bisect: {option} {tmp_path / target}", message)
     assert r.stdout == ""  # refused before anything was compared
 
 
@@ -235,7 +235,7 @@ def test_unwritable_output_exits_2_before_the_work(tmp_path, option, target, mes
 ], ids=["no-args", "threshold-text", "threshold-negative", "threshold-nan", "two-rules", "unknown"])
 def test_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
     a = save_trace(toy_trace(), tmp_path / "a")
-    assert_bad_input(run_cli("tools.bisect", *([a, a] if args else []), *args), "tools.bisect: ", message)
+    cli_error(run_cli("tools.bisect", *([a, a] if args else []), *args), "tools.bisect: ", message)
 
 
 def test_parse_fixture_dump():

@@ -13,8 +13,8 @@ from reference import chat, gguf
 from reference.chat import ChatError, chat_prompt, expand_images, parse_output, prompt_ids, render_chat
 from reference.run import main as run_main
 from reference.tokenizer import Tokenizer
-from conftest import GOLDEN, MODELS, run_cli
-from test_gguf import STR, cli_error, planted
+from conftest import GOLDEN, MODELS, cli_error, run_cli
+from test_gguf import STR, planted
 
 with open(os.path.join(GOLDEN, "tokenizer", "chat.json"), encoding="utf-8") as f:
     CHAT = json.load(f)
@@ -166,6 +166,32 @@ def test_runaway_templates_are_stopped(template, match):
     with pytest.raises(ChatError, match=match) as e:
         render_chat(template, [])
     assert "\n" not in str(e.value)
+
+
+RECURSIVE = ("{% for i in range(100) recursive %}{% if loop.depth == 1 %}{{ loop(range(100000)) }}{% endif %}"
+             "{% endfor %}")  # 10^7 iterations, all but 100 started by loop(...)
+
+
+@pytest.mark.parametrize("template, match", [
+    (RECURSIVE, r"over \d+ steps"),
+    ("{{ lipsum(1000000) }}", "undefined"),  # one call that builds hundreds of MB: not offered
+])
+def test_runaway_templates_outside_plain_loops_are_stopped(template, match):
+    with pytest.raises(ChatError, match=match):
+        render_chat(template, [])
+
+
+def test_templates_of_real_size_render():
+    # a prompt built by appending to a namespace string copies it once per message: 250 messages of
+    # 500 characters (about 32k tokens, well inside a 131072-token context) copy ~16 M characters
+    template = ("{% set ns = namespace(s='') %}{% for m in messages %}"
+                "{% set ns.s = ns.s + '<|start|>' + m.role + '<|message|>' + m.content + '<|end|>' %}"
+                "{% endfor %}{{ ns.s }}")
+    messages = [{"role": "user", "content": "x" * 500}] * 250
+    assert render_chat(template, messages) == ("<|start|>user<|message|>" + "x" * 500 + "<|end|>") * 250
+    # digits after a dot or colon outside a format field are not widths
+    assert render_chat('{{ "build 0.123456789 at 12:345678901 for %s" % "me" }}', []) == \
+        "build 0.123456789 at 12:345678901 for me"
 
 
 def test_step_budget_grows_with_the_conversation(monkeypatch):

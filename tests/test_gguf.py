@@ -14,7 +14,7 @@ from reference import gguf
 from tools.make_synthetic import (Q, DraftDims, EditingKeys, TextDims, VisionDims, draft_keys, draft_shapes,
                                   random_spec, stream_gguf, text_tensors, vision_keys, vision_shapes,
                                   write_text_gguf)
-from conftest import MODELS, model_manifest, run_cli
+from conftest import MODELS, cli_error, model_manifest, run_cli
 
 
 def text_models():
@@ -219,15 +219,6 @@ def test_matrices_larger_than_the_cache_stream_in_row_blocks(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # Bad metadata: every check of the three roles' keys, from the API and from the CLI
 
-def cli_error(r):  # CompletedProcess of reference.run -> its one stderr line (exit 2, no traceback)
-    assert r.returncode == 2, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    # --numerics ggml-cpu warns first on a host unlike llama.cpp's build; those lines are not the error
-    lines = [x for x in r.stderr.strip().splitlines() if not x.startswith("reference.run: warning:")]
-    assert len(lines) == 1, r.stderr
-    return lines[0]
-
-
 A = "muse-glimmer."
 U32, I32, F32, STR, BOOL, ARR = (GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.FLOAT32,
                                  GGUFValueType.STRING, GGUFValueType.BOOL, GGUFValueType.ARRAY)
@@ -351,13 +342,6 @@ def test_bad_mmproj_and_drafter_metadata_api_and_cli(tmp_path, role, extra, omit
 
 # ---------------------------------------------------------------------------------------------
 # A path that is not a readable file
-
-def test_directory_instead_of_a_file(tmp_path):
-    with pytest.raises(gguf.GGUFError, match="is a directory"):
-        gguf.load(tmp_path, "text")
-    line = cli_error(run_cli("reference.run", "--model", str(tmp_path)))
-    assert str(tmp_path) in line and "is a directory" in line
-
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads a file whatever its mode")
 def test_file_without_read_permission(tmp_path, synthetic_gguf):

@@ -116,7 +116,7 @@ def test_bad_input(tmp_path, capsys):
     (config / "config.json").write_text(json.dumps({"model_type": "muse_glimmer", "text_config": {"vocab_size": 512}}))
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    cases = [(["--checkpoint", str(config), "--token-ids", "1,x"], "not a comma-separated list"),
+    cases = [(["--checkpoint", str(config), "--token-ids", "1,x"], "must be comma-separated integers"),
              (["--checkpoint", str(config), "--token-ids", "1,512"], "token id 512 out of range"),
              (["--checkpoint", str(tmp_path / "missing"), "--token-ids", "1"], "cannot read"),
              (["--checkpoint", str(tmp_path / "other"), "--token-ids", "1"], "not a Muse-Glimmer checkpoint"),

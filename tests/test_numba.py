@@ -194,6 +194,14 @@ def test_cli_bad_backend_use_is_one_line_exit_2(args, message):
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr and message in r.stderr
 
 
+def unpacked_values(low, high, high_bits):  # -> float64 [R, n]: the fields floor_loop multiplies, in x's order
+    m = low.shape[1] // 2  # n/4
+    mask = (1 << high_bits) - 1
+    fields = [(low[:, :m] & 15) | (((high >> 0) & mask) << 4), (low[:, m:] & 15) | (((high >> 2) & mask) << 4),
+              (low[:, :m] >> 4) | (((high >> 4) & mask) << 4), (low[:, m:] >> 4) | (((high >> 6) & mask) << 4)]
+    return np.concatenate(fields, axis=1).astype(np.float64)
+
+
 @pytest.mark.parametrize("high_bits", [0, 2])
 def test_floor_loops_compute_the_sums_the_ceiling_bound_assumes(high_bits):
     # tools/kernel_floor.py bounds decode speed by these loops: they must do the whole work they
@@ -208,7 +216,7 @@ def test_floor_loops_compute_the_sums_the_ceiling_bound_assumes(high_bits):
     x = rng.standard_normal(1664).astype(np.float32)
     out = np.empty(64, np.float32)
     kernel_floor.floor_loop(high_bits)(low, high, x, out)
-    values = kernel_floor.unpacked_values(low, high, high_bits)
+    values = unpacked_values(low, high, high_bits)
     assert values.max() == (15 if high_bits == 0 else 63)
     assert nmse(values @ x.astype(np.float64), out) <= 1e-10
 

@@ -10,8 +10,8 @@ from reference import gguf
 from reference.text import TextModel
 from reference.trace import load_trace
 from tools.metrics import nmse
-from conftest import GOLDEN, MODELS, run_cli
-from test_gguf import A, ARR, F32, cli_error, planted, planted_role, role_cli
+from conftest import GOLDEN, MODELS, cli_error, run_cli
+from test_gguf import A, ARR, F32, planted, planted_role, role_cli
 
 MODEL = os.path.join(MODELS, "tiny-a-f32.gguf")
 IDS = [497, 85, 318, 217, 394, 109, 23]  # golden/prompts/text.jsonl "len7"
@@ -69,6 +69,7 @@ def test_float64_is_the_noise_floor():
     (["--token-ids", "1,,2"], "--token-ids has an empty item: '1,,2'"),
     (["--token-ids", "1,2,"], "--token-ids has an empty item"),
     (["--token-ids", ""], "--token-ids is empty"),  # not the default prompt
+    (["--token-ids", " , ,"], "--token-ids is empty"),
     # a context no machine holds is refused before its KV cache is allocated (about 1 PiB, 95 TiB)
     (["--token-ids", "1", "--n-predict", "1000000000000"], "a context of 1000000000001 tokens"),
     (["--token-ids", "1", "--ctx", "100000000000"], "a context of 100000000000 tokens"),
@@ -91,6 +92,16 @@ def test_bad_output_path_is_refused_before_the_run(tmp_path, flag, name, message
                              flag, str(path)))
     assert flag in line and message in line
     assert os.listdir(tmp_path) == [] and not os.path.exists(f"{path}.npy")  # nothing written anywhere
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into a folder whatever its mode")
+def test_output_into_a_read_only_folder_is_refused_before_the_run(tmp_path):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o500)
+    line = cli_error(run_cli("reference.run", "--model", MODEL, "--token-ids", "1", "--n-predict", "0",
+                             "--logits-out", str(folder / "logits.npy")))
+    assert "is not writable" in line
 
 
 @pytest.mark.parametrize("kind, message", [("directory", "is a directory"), ("device", "is not a regular file")])

@@ -11,8 +11,7 @@ from gguf import GGUFValueType
 
 from reference import gguf
 from tools.make_synthetic import write_text_gguf
-from conftest import MODELS, run_cli
-from test_gguf import cli_error
+from conftest import MODELS, cli_error, run_cli
 
 TINY = os.path.join(MODELS, "tiny-a-f32.gguf")
 TINY_Q4 = os.path.join(MODELS, "tiny-a-q4_k_m.gguf")
@@ -103,6 +102,7 @@ def test_bench_scale_runs(tmp_path):
     (("ceiling", "{missing}"), "no such file"),
     (("ceiling", "{trunc}"), "corrupt header"),
     (("ceiling", "{mmproj}"), "expected a muse-glimmer text model"),
+    (("ceiling", "{tiny}"), "no weight type with a floor loop (F32"),  # refused before any timing
     (("run", "{tiny}", "--threads", "0"), "--threads: 0 is out of range"),
     (("run", "{tiny}", "--threads", "-1"), "--threads: -1 is out of range"),
     (("run", "{tiny}", "--threads", "100000"), "--threads: 100000 is out of range"),

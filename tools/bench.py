@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from accel import BackendError
 from reference import gguf
-from reference.cli import OneLineParser, UsageError, fail, int_in, output_file
+from reference.cli import OneLineParser, UsageError, fail, int_in, os_error, output_file
 from reference.text import TextModel
 
 # Bounds of the size arguments, checked as they are parsed, before anything is allocated from them.
@@ -220,7 +220,7 @@ def main(argv=None):
     except (gguf.GGUFError, BackendError, UsageError) as e:
         return fail("tools.bench", e)
     except OSError as e:
-        return fail("tools.bench", f"{e.filename or ''}: {e.strerror or e}")
+        return fail("tools.bench", os_error(e))
     return 0
 
 

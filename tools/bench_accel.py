@@ -33,7 +33,7 @@ from gguf import GGUFValueType, GGUFWriter
 
 from accel import BackendError
 from reference import gguf, ops
-from reference.cli import OneLineParser, UsageError, fail, int_in, output_file
+from reference.cli import OneLineParser, UsageError, fail, int_in, os_error, output_file
 from reference.text import TextModel
 from tools.bench import MAX_REPEAT
 from tools.make_synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
@@ -292,6 +292,9 @@ def ceiling(args):  # -> report dict
     x = rng.standard_normal(args.n_in).astype(np.float32)
     out = np.empty(args.rows, np.float32)
     loops = {b: kernel_floor.floor_loop(b) for b in {kernel_floor.FLOOR_BITS[t] for t in counts if t in kernel_floor.FLOOR_BITS}}
+    if not loops:  # an F16 or IQ-only model: no bound to give
+        raise UsageError(f"{args.model}: no weight type with a floor loop ({', '.join(sorted(counts))}; floors: "
+                         f"{', '.join(kernel_floor.FLOOR_BITS)})")
     for loop in loops.values():
         loop(low, high, x, out)  # compile
     best = {b: np.inf for b in loops}
@@ -419,7 +422,7 @@ def main(argv=None):
     except (gguf.GGUFError, BackendError, UsageError) as e:
         return fail("tools.bench_accel", e)
     except OSError as e:
-        return fail("tools.bench_accel", f"{e.filename or ''}: {e.strerror or e}")
+        return fail("tools.bench_accel", os_error(e))
     return 0
 
 

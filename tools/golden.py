@@ -54,7 +54,7 @@ from typing import Callable
 
 import numpy as np
 
-from reference.cli import OneLineParser, int_in
+from reference.cli import OneLineParser, int_in, os_error
 
 from . import metrics
 
@@ -722,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tools.golden: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a golden that cannot be written (disk full, permissions changed mid-run)
-        print(f"tools.golden: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        print(f"tools.golden: {os_error(e)}", file=sys.stderr)
         return 2
 
 

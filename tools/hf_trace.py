@@ -35,7 +35,7 @@ import sys
 
 import numpy as np
 
-from reference.cli import OneLineParser, fail
+from reference.cli import OneLineParser, UsageError, fail, parse_token_ids
 from reference.trace import Tracer
 
 from .golden import sha256, today
@@ -51,16 +51,6 @@ INPUT_HOOK_OPS = ["attn_gated", "ffn_inp"]
 
 class HFTraceError(Exception):
     pass
-
-
-def parse_token_ids(text):  # "1,2,3" -> [1, 2, 3]
-    try:
-        ids = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise HFTraceError(f"--token-ids {text!r}: not a comma-separated list of integers") from None
-    if not ids:
-        raise HFTraceError("--token-ids: no token ids")
-    return ids
 
 
 def ops_without(text):  # "attn_gate_sig,ffn_inp" | None -> the other trace ops, in forward order
@@ -266,7 +256,7 @@ def main(argv=None):  # -> exit status
     args = p.parse_args(argv)
     try:
         points = hf_trace(args.checkpoint, parse_token_ids(args.token_ids), args.out, ops_without(args.without))
-    except HFTraceError as e:
+    except (HFTraceError, UsageError) as e:
         return fail("tools.hf_trace", e)
     print(f"{len(points)} trace points written to {args.out}")
     return 0

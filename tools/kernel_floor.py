@@ -49,14 +49,6 @@ def floor_loop(high_bits):  # -> njit(low [R, n/2], high [R, n/4], x [n], out [R
     return loop
 
 
-def unpacked_values(low, high, high_bits):  # -> float64 [R, n]: the fields floor_loop multiplies, in x's order
-    m = low.shape[1] // 2  # n/4
-    mask = (1 << high_bits) - 1
-    fields = [(low[:, :m] & 15) | (((high >> 0) & mask) << 4), (low[:, m:] & 15) | (((high >> 2) & mask) << 4),
-              (low[:, :m] >> 4) | (((high >> 4) & mask) << 4), (low[:, m:] >> 4) | (((high >> 6) & mask) << 4)]
-    return np.concatenate(fields, axis=1).astype(np.float64)
-
-
 # type -> high_bits of its values. 5-bit types take the 4-bit floor, a looser (faster) bound; every
 # other type has no floor and counts as free in the bound.
 FLOOR_BITS = {"Q4_0": 0, "Q4_1": 0, "Q4_K": 0, "IQ4_NL": 0, "IQ4_XS": 0, "Q5_0": 0, "Q5_1": 0, "Q5_K": 0, "Q6_K": 2}
