@@ -36,7 +36,7 @@ def test_random_blocks_dequantize_with_the_intended_std(qtype):
     # 0.05 %. Gate: 4 sigma (measured at most 1.4 sigma, IQ4_XS -3.2 %).
     block = GGML_QUANT_SIZES[qtype][0]
     mean_square = (w.reshape(-1, block).astype(np.float64) ** 2).mean(-1)
-    sigma = 0.5 * mean_square.std() / mean_square.mean() * np.sqrt(1 / 64 + 1 / len(mean_square))
+    sigma = 0.5 * mean_square.std() / mean_square.mean() * np.sqrt(1 / ms.PROBE_BLOCKS + 1 / len(mean_square))
     assert abs(np.std(w) / 0.03 - 1) <= 4 * sigma
 
 

@@ -116,9 +116,12 @@ F16_SCALE_OFFSETS = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.IQ4_NL: (0,), Q
                      Q.IQ2_XXS: (0,)}
 
 
+PROBE_BLOCKS = 64  # random blocks block_scale_for_unit_std calibrates on
+
+
 def block_scale_for_unit_std(qtype):  # -> f16 scale that gives random blocks of this type std 1
     block, size = GGML_QUANT_SIZES[qtype]
-    probe = np.random.default_rng(0).integers(0, 256, (64, size), dtype=np.uint8)
+    probe = np.random.default_rng(0).integers(0, 256, (PROBE_BLOCKS, size), dtype=np.uint8)
     set_scales(probe, qtype, 1.0)
     return 1.0 / float(np.std(quants.dequantize(probe.reshape(1, -1), qtype)))
 
