@@ -281,8 +281,15 @@ def weights_per_type(path):  # -> {type name: weights of the multiplied matrices
 
 def ceiling(args):  # -> report dict
     """Decode tokens/s at most, if every kernel ran at its floor loop's speed, against llama.cpp's
-    and numba's measured decode in the same process."""
+    and numba's measured decode in the same process; and numba's own decode kernel of each floor
+    type on the model's largest matrix of it, timed in the same rounds as the floors."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return timed_ceiling(args, os.path.join(tmp, "rows.gguf"))
+
+
+def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kernels' rows are copied
     set_threads(args.threads)
+    from accel.numba.backend import NumbaBackend
     from tools import kernel_floor
     n_vocab = text_vocab(args.model)
     counts = weights_per_type(args.model)
@@ -295,28 +302,43 @@ def ceiling(args):  # -> report dict
     if not loops:  # an F16 or IQ-only model: no bound to give
         raise UsageError(f"{args.model}: no weight type with a floor loop ({', '.join(sorted(counts))}; floors: "
                          f"{', '.join(kernel_floor.FLOOR_BITS)})")
-    for loop in loops.values():
-        loop(low, high, x, out)  # compile
-    best = {b: np.inf for b in loops}
+    slice_gguf(args.model, rows_path, args.rows)
+    weights = gguf.Weights(gguf.open_reader(rows_path), rows_path)
+    kernels = {}  # type -> (tensor, its x): numba's decode product (one row of x) on the copied rows
+    for name in weights.tensors:
+        if weights.type_name(name) in kernel_floor.FLOOR_BITS:
+            kernels[weights.type_name(name)] = name, rng.standard_normal((1, weights.shape(name)[1])).astype(np.float32)
+    runs = {**{("floor", b): lambda loop=loop: loop(low, high, x, out) for b, loop in loops.items()},
+            **{("kernel", t): lambda name=name, xk=xk: NumbaBackend(np.float32).linear(xk, weights, name)
+               for t, (name, xk) in kernels.items()}}
+    for run in runs.values():
+        run()  # compile, or load the numba cache
+    best = {key: np.inf for key in runs}
 
     def time_floors():  # rounds of every loop in turn: the machine's quiet moments count for all of them
         for _ in range(args.repeat_floor):
-            for b, loop in loops.items():
-                best[b] = min(best[b], timed(loop, low, high, x, out)[1])
+            for key, run in runs.items():
+                best[key] = min(best[key], timed(run)[1])
     time_floors()
     ids = prompt_ids(n_vocab, args.prompt_len, rng)
     decode = {name: bench_engine(make_engine, ids, args.n_decode, args.repeat)[1]["decode_tok_s"]
               for name, make_engine in (("llama-cpp", lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len)),
                                         ("numba", lambda: reference_engine(args.model, "numba")))}
     time_floors()  # before and after the engines, the best of both: the bound only gets looser
-    floors = {b: args.rows * args.n_in / t / 1e9 for b, t in best.items()}  # G weight-products/s
+    floors = {b: args.rows * args.n_in / best[("floor", b)] / 1e9 for b in loops}  # G weight-products/s
+    kernel_gw_s = {t: np.prod(weights.shape(name)) / best[("kernel", t)] / 1e9 for t, (name, _) in kernels.items()}
     for b, rate in sorted(floors.items()):
         print(f"floor loop, {4 + b}-bit fields: {rate:6.2f} G weight-products/s")
+    for t, rate in kernel_gw_s.items():
+        print(f"numba's {t} decode kernel: {rate:6.2f} G weight-products/s, "
+              f"{rate / floors[kernel_floor.FLOOR_BITS[t]]:.0%} of its floor")
     bound_s = kernel_floor.model_bound(counts, floors)
     llama = decode["llama-cpp"]
     report = {"model": os.path.basename(args.model), "threads": args.threads,
               "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]), "weights_per_type": counts,
-              "floor_gw_s": {f"{4 + b}-bit": v for b, v in floors.items()}, "decode_tok_s": decode,
+              "floor_gw_s": {f"{4 + b}-bit": v for b, v in floors.items()}, "kernel_gw_s": kernel_gw_s,
+              "kernel_over_floor": {t: v / floors[kernel_floor.FLOOR_BITS[t]] for t, v in kernel_gw_s.items()},
+              "decode_tok_s": decode,
               "bound_tok_s": 1 / bound_s, "bound_over_llama_cpp": 1 / bound_s / llama,
               "numba_over_llama_cpp": decode["numba"] / llama}
     free = sorted(t for t in counts if t not in kernel_floor.FLOOR_BITS)
