@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from reference import gguf, ops
-from reference.cli import OneLineParser, fail, int_in, os_error, output_file
+from reference.cli import OneLineParser, exit_status, int_in, output_file
 from reference.text import TextModel
 from tools.metrics import max_abs_diff, nmse
 
@@ -215,16 +215,8 @@ def main(argv=None):
     if args.what in ("bench", "products") and not args.model:
         p.error(f"{args.what} needs a model")
     from . import BackendError, make_backend
-    try:
-        backend = make_backend("cupy", np.float32)
-    except BackendError as e:
-        return fail("accel.cuda_harness", e)
-    try:
-        return run(args, backend)
-    except gguf.GGUFError as e:
-        return fail("accel.cuda_harness", e)
-    except OSError as e:
-        return fail("accel.cuda_harness", os_error(e))
+    return exit_status("accel.cuda_harness", lambda: run(args, make_backend("cupy", np.float32)),
+                       (BackendError, gguf.GGUFError))
 
 
 def run(args, backend):  # -> exit status

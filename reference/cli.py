@@ -2,6 +2,7 @@
 (never a traceback, a usage block, a hang or a giant allocation), and numbers are range-checked as
 they are parsed, before anything is allocated from them."""
 import argparse
+import json
 import os
 import sys
 
@@ -84,3 +85,18 @@ def os_error(e):  # OSError -> "path: reason", one line
 def fail(prog, message):  # one line on stderr -> exit status 2
     print(f"{prog}: {message}", file=sys.stderr)
     return 2
+
+
+def exit_status(prog, work, errors=()):  # -> work()'s exit status; UsageError, OSError and `errors` one line, 2
+    """What every main() ends in: the typed errors of bad input become the one line of the contract."""
+    try:
+        return work()
+    except (UsageError, *errors) as e:
+        return fail(prog, e)
+    except OSError as e:
+        return fail(prog, os_error(e))
+
+
+def write_json(path, report):  # report dict -> the file at `path`, indented
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)

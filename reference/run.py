@@ -14,7 +14,7 @@ import numpy as np
 
 from . import gguf
 from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
-from .cli import OneLineParser, UsageError, check_output, os_error, parse_token_ids
+from .cli import OneLineParser, UsageError, check_output, exit_status, parse_token_ids
 from .dflash import Drafter, Speculator, acceptance
 from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
 from .governor import CostGovernor, FloorBandit
@@ -314,15 +314,8 @@ def run(args):  # parsed args -> exit status
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except (gguf.GGUFError, CacheError, TraceError, TPError, UsageError, TokenizerError, ChatError, ImageError,
-            GgmlCpuError) as e:
-        print(f"reference.run: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"reference.run: {os_error(e)}", file=sys.stderr)
-        return 2
+    return exit_status("reference.run", lambda: run(args), (gguf.GGUFError, CacheError, TraceError, TPError,
+                                                            TokenizerError, ChatError, ImageError, GgmlCpuError))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from accel import BackendError
 from reference import gguf
-from reference.cli import OneLineParser, UsageError, fail, int_in, os_error, output_file
+from reference.cli import OneLineParser, UsageError, exit_status, int_in, output_file, write_json
 from reference.text import TextModel
 
 # Bounds of the size arguments, checked as they are parsed, before anything is allocated from them.
@@ -211,17 +211,14 @@ def main(argv=None):
         p.error(f"--checkpoint {args.checkpoint}: no such directory")
     bench, show = {"text": (bench_text, print_text), "vision": (bench_vision, print_vision),
                    "scale": (bench_scale, lambda r: print(json.dumps(r, indent=1)))}[args.what]
-    try:
+
+    def work():
         report = bench(args)
         show(report)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=1)
-    except (gguf.GGUFError, BackendError, UsageError) as e:
-        return fail("tools.bench", e)
-    except OSError as e:
-        return fail("tools.bench", os_error(e))
-    return 0
+            write_json(args.json, report)
+        return 0
+    return exit_status("tools.bench", work, (gguf.GGUFError, BackendError))
 
 
 if __name__ == "__main__":

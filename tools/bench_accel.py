@@ -20,7 +20,6 @@ the reference does. The GGUFs are large (7.5 GB F16): keep them under build/, ne
 Needs the `accel` extra, and the `parity` extra for llama.cpp.
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from gguf import GGUFValueType, GGUFWriter
 
 from accel import BackendError
 from reference import gguf, ops
-from reference.cli import OneLineParser, UsageError, fail, int_in, os_error, output_file
+from reference.cli import OneLineParser, UsageError, exit_status, int_in, output_file, write_json
 from reference.text import TextModel
 from tools.bench import MAX_REPEAT
 from tools.make_synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
@@ -427,7 +426,8 @@ def check_args(args):  # what the argument types cannot see alone -> UsageError
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    try:
+
+    def work():
         check_args(args)
         if args.what == "make":
             return make(args)
@@ -439,13 +439,9 @@ def main(argv=None):
             report = run(args)
             print_ratios(report)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=1)
-    except (gguf.GGUFError, BackendError, UsageError) as e:
-        return fail("tools.bench_accel", e)
-    except OSError as e:
-        return fail("tools.bench_accel", os_error(e))
-    return 0
+            write_json(args.json, report)
+        return 0
+    return exit_status("tools.bench_accel", work, (gguf.GGUFError, BackendError))
 
 
 if __name__ == "__main__":

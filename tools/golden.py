@@ -54,7 +54,7 @@ from typing import Callable
 
 import numpy as np
 
-from reference.cli import OneLineParser, int_in, os_error
+from reference.cli import OneLineParser, exit_status, int_in
 
 from . import metrics
 
@@ -712,18 +712,15 @@ def run_prompts(args: argparse.Namespace, prompts: list[dict]) -> int:  # one pr
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+
+    def work():
         prompts = read_prompts(args.prompts)
         if args.corpus:
             from .corpus import run_corpus
             return run_corpus(args, prompts)
         return run_prompts(args, prompts)
-    except GoldenError as e:
-        print(f"tools.golden: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a golden that cannot be written (disk full, permissions changed mid-run)
-        print(f"tools.golden: {os_error(e)}", file=sys.stderr)
-        return 2
+    # OSError too: a golden that cannot be written (disk full, permissions changed mid-run)
+    return exit_status("tools.golden", work, (GoldenError,))
 
 
 if __name__ == "__main__":
