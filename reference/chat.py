@@ -71,7 +71,7 @@ GROWING = frozenset(["center", "ljust", "rjust", "zfill", "expandtabs", "indent"
 WIDTH_ARGS = frozenset(["center", "ljust", "rjust", "zfill", "expandtabs", "indent", "replace", "batch", "slice",
                         "tojson"])  # ... and of these an integer argument is a width or a count
 CONSUMING = frozenset(["join", "batch", "slice"])  # read an iterator whole: as a list it can be measured first
-PERCENT_FIELD = re.compile(r"%[-+ #0]*(\d*)(?:\.(\d*))?")  # a % format's field: its width and precision
+PERCENT_FIELD = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\d*)(?:\.(\d*))?")  # a % field ("%(key)" too): width, precision
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -176,8 +176,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         widths = [a for a in args if isinstance(a, int)] if name in WIDTH_ARGS else []
         if name in ("format", "format_map") and isinstance(value, str):
             widths = format_widths(value)
-            if "*" in value:  # "%*d": the width is an argument
+            if "*" in value or re.search(r"\{[^{}]*\{", value):  # "%*d", "{:{w}}": a width is an argument
                 widths += [a for a in args if isinstance(a, int)]
+                widths += [v for a in args if isinstance(a, Mapping) for v in a.values() if isinstance(v, int)]
         longest = max((self.measure(a)[0] for a in args), default=0)
         size, depth = self.measure(value)
         self.check_room(size * (1 + longest + max(widths, default=0) * (depth + 1)), name)
@@ -308,7 +309,7 @@ def render_chat(template, messages, tools=None, bos_token="", eos_token="", add_
     # what a template's own code can raise: jinja's errors (undefined names, the sandbox's refusals),
     # Python's on its operations (1/0, recursion without end, a bad index or argument)
     except (jinja2.TemplateError, ArithmeticError, RecursionError, LookupError, TypeError, ValueError,
-            AttributeError) as e:
+            AttributeError, MemoryError) as e:
         first_line = str(e).splitlines()[0] if str(e) else ""
         raise ChatError(f"chat template failed: {type(e).__name__}: {first_line}") from None
 

@@ -155,6 +155,8 @@ TWICE = "{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(64) %}{% set ns
     ('{{ "x".zfill(10000000000) }}', "zfill would take it over"),
     ('{{ "%0300000000d" % 1 }}', "format would take it over"),
     ('{{ "{:0300000000}".format(1) }}', "format would take it over"),
+    ('{{ "%(a)500000000s" % {"a": "x"} }}', "format would take it over"),  # a mapping key before the width
+    ('{{ "{:{w}}".format("x", w=50000000000) }}', "format would take it over"),  # the width an argument
     ('{{ (range(1000)|list)|join("x" * 1000000) }}', "join would take it over"),
     ("{{ 2 ** 100000000 }}", r"integer of over \d+ bits"),
     (TWICE + "{{ ns.x }}", "printing would take it over"),

@@ -390,6 +390,9 @@ def test_plugin_gates(pytester, monkeypatch):
     result.stdout.fnmatch_lines(["*= parity =*", "golden/len1 *ok", "golden/len7 *ok"])
     strict = pytester.runpytest("-p", "tools.pytest_parity", "test_clean.py", "--parity-gate", "nmse=1e-20")
     strict.assert_outcomes(failed=1)
+    bogus = pytester.runpytest("-p", "tools.pytest_parity", "test_clean.py", "--parity-gate", "bogus")
+    assert bogus.ret != 0 and "parity: " in bogus.stdout.str() + bogus.stderr.str()  # a usage error, no traceback
+    assert "Traceback" not in bogus.stdout.str() + bogus.stderr.str()
     result = pytester.runpytest("-p", "tools.pytest_parity", "test_buggy.py")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*real divergence at position 3*"])

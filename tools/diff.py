@@ -171,8 +171,9 @@ def load_topk(path):  # .topk.npz file -> TopK
                        "[n_prompt], [n_gen], [n], [n, k >= 2], [n, k]")
     if np.any(np.diff(positions) <= 0) or positions[0] < 0 or positions[-1] >= arrays["tokens"].size:
         raise UsageError(f"{path}: positions must increase within the {arrays['tokens'].size} generated tokens")
-    if not np.all(np.isfinite(lp)) or np.any(lp > 0) or np.any(ids < 0):
-        raise UsageError(f"{path}: top_logprobs must be finite and <= 0, ids non-negative")
+    # ids compared as Python ints: a uint64 id past 2^63 would wrap negative as int64
+    if not np.all(np.isfinite(lp)) or np.any(lp > 0) or ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < 2**31:
+        raise UsageError(f"{path}: top_logprobs must be finite and <= 0, ids in [0, 2^31)")
     return TopK(arrays["prompt_ids"], arrays["tokens"], positions.astype(np.int64), ids.astype(np.int64),
                 lp.astype(np.float64))
 

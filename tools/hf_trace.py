@@ -35,7 +35,7 @@ import sys
 
 import numpy as np
 
-from reference.cli import OneLineParser, UsageError, fail, parse_token_ids
+from reference.cli import OneLineParser, exit_status, parse_token_ids
 from reference.trace import Tracer
 
 from .golden import sha256, today
@@ -254,12 +254,12 @@ def main(argv=None):  # -> exit status
     p.add_argument("--out", required=True, help="trace directory to write")
     p.add_argument("--without", help="comma-separated ops not to record (e.g. attn_gate_sig,ffn_inp)")
     args = p.parse_args(argv)
-    try:
+
+    def work():
         points = hf_trace(args.checkpoint, parse_token_ids(args.token_ids), args.out, ops_without(args.without))
-    except (HFTraceError, UsageError) as e:
-        return fail("tools.hf_trace", e)
-    print(f"{len(points)} trace points written to {args.out}")
-    return 0
+        print(f"{len(points)} trace points written to {args.out}")
+        return 0
+    return exit_status("tools.hf_trace", work, (HFTraceError,))
 
 
 if __name__ == "__main__":

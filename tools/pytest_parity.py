@@ -39,6 +39,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from reference.cli import UsageError
+
 from . import diff, golden
 
 MARKER = ("parity(golden, gate=None, near_tie_margin=None, model=None, prompts=None): compare an engine's "
@@ -70,7 +72,7 @@ class Parity:
         try:
             self.files, self.manifest = diff.read_manifest(str(self.directory))
             self.gate = diff.parse_gate(gate or "")
-        except diff.BadInput as e:
+        except UsageError as e:
             raise pytest.UsageError(f"parity: {e}") from None
         self.prompts = self.manifest.get("entries", [])
         self.near_tie_margin = near_tie_margin if near_tie_margin != "typical" else diff.TYPICAL
@@ -82,7 +84,7 @@ class Parity:
         try:
             report = diff.diff_pair(diff.load_golden(self.files[str(prompt_id)]), np.asarray(logits),
                                     self.near_tie_margin)
-        except diff.BadInput as e:
+        except UsageError as e:
             pytest.fail(f"parity: prompt {prompt_id!r}: {e}", pytrace=False)
         failures = diff.check_gate(report, self.gate)
         self.results.append((f"{self.directory.name}/{prompt_id}", report, failures))
