@@ -19,7 +19,6 @@ practice (random-walk cancellation; a row whose sum cancels can show more). The 
 sit above that (so a changed summation order never fails) and far below any real bug, which shows at
 1e-6 and up; ggml's 5e-4 for products comes from quantizing the activations, which neither side does.
 """
-import argparse
 import os
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from gguf import GGMLQuantizationType as GT, GGML_QUANT_SIZES, GGUFReader, GGUFW
 from gguf import quants
 
 from reference import ops
-from reference.cli import OneLineParser, fail, int_in
+from reference.cli import OneLineParser, fail, int_in, names_in
 from reference.gguf import Weights, write_out
 from tools.make_synthetic import F16_SCALE_OFFSETS
 from tools.metrics import max_abs_diff, nmse
@@ -203,18 +202,10 @@ def check(case, backend):  # -> (nmse, max |diff|, gate, problem or "")
     return err, diff, gate, "" if err <= gate else f"NMSE {err:.3g} > {gate:g}"
 
 
-def op_names(text):  # argparse type: "linear,rope" -> {"linear", "rope"}; an unknown name would run nothing
-    names = text.split(",")
-    for name in names:
-        if name not in GATES:
-            raise argparse.ArgumentTypeError(f"unknown op {name!r} in {text!r} (known: {', '.join(GATES)})")
-    return set(names)
-
-
 def main(argv=None):
     p = OneLineParser(prog="python -m accel.harness", description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="numba")
-    p.add_argument("--ops", type=op_names, default=set(GATES),
+    p.add_argument("--ops", type=names_in(GATES, "op"), default=list(GATES),
                    help="comma-separated ops to run (default: all): " + ",".join(GATES))
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="numpy seeds are non-negative")
     args = p.parse_args(argv)
@@ -223,12 +214,11 @@ def main(argv=None):
         backend = make_backend(args.backend, np.float32)
     except BackendError as e:
         return fail("accel.harness", e)
-    wanted = args.ops
     dtypes = getattr(backend, "dtypes", ("float32", "float64"))  # cupy computes in float32 only
     failed = skipped = 0
     print(f"{'op':10s} {'case':52s} {'dtype':7s} {'NMSE':>10s} {'gate':>7s} {'max|diff|':>10s}  result")
     for case in all_cases(args.seed):
-        if case.op not in wanted:
+        if case.op not in args.ops:
             continue
         if case.dtype not in dtypes:
             skipped += 1
@@ -240,7 +230,7 @@ def main(argv=None):
         print(f"{case.op:10s} {case.name:52s} {case.dtype:7s} {err:10.2e} {gate:7.0e} {diff:10.2e}  "
               f"{'FAIL ' + problem if problem else 'ok'}")
     for op, (gate, why) in GATES.items():
-        if op in wanted:
+        if op in args.ops:
             print(f"gate {op}: NMSE <= {gate:g}: {why}")
     print((f"{failed} failed" if failed else "all passed") + (f", {skipped} skipped" if skipped else ""))
     return 1 if failed else 0

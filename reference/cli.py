@@ -41,6 +41,19 @@ def float_in(low, high):  # -> an argparse type: a finite float with low <= x <=
     return parse
 
 
+def names_in(known, what, once=False):  # -> an argparse type: "a,b" -> ["a", "b"], each one of `known`
+    """An unknown name would silently select nothing; with `once`, a name given twice is refused too."""
+    def parse(text):
+        names = text.split(",")
+        for name in names:
+            if name not in known:
+                raise argparse.ArgumentTypeError(f"unknown {what} {name!r} in {text!r} (known: {', '.join(known)})")
+        if once and len(set(names)) < len(names):
+            raise argparse.ArgumentTypeError(f"an {what} named twice in {text!r}")
+        return names
+    return parse
+
+
 def check_output(path, option, suffix=None):  # -> None; UsageError unless `path` names a file that can be made
     """Checked before the work, so a typo in an output path costs nothing."""
     if os.path.isdir(path):

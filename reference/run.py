@@ -265,7 +265,8 @@ def run(args):  # parsed args -> exit status
         np.save(args.embeddings_out, np.concatenate(images).astype(np.float32))
     rows = image_prompt_rows(lm, prompt, images) if images else None
     n_ctx = args.ctx or (len(prompt) if rows is None else len(rows)) + args.n_predict
-    check_context(model.config, args, n_ctx)
+    if not args.ctx:  # a given --ctx was checked above
+        check_context(model.config, args, n_ctx)
     cache = lm.new_cache(n_ctx, args.kv, args.prefill_chunk)
     p_min, governor = spec_governor(args.spec_p_min)
     speculator = Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), args.prefill_chunk) if drafter else None

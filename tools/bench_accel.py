@@ -19,7 +19,6 @@ All engines compute the logits of every prompt position in prefill (llama.cpp wi
 the reference does. The GGUFs are large (7.5 GB F16): keep them under build/, never commit them.
 Needs the `accel` extra, and the `parity` extra for llama.cpp.
 """
-import argparse
 import os
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from gguf import GGUFValueType, GGUFWriter
 
 from accel import BackendError
 from reference import gguf, ops
-from reference.cli import OneLineParser, UsageError, exit_status, int_in, output_file, write_json
+from reference.cli import OneLineParser, UsageError, exit_status, int_in, names_in, output_file, write_json
 from reference.text import TextModel
 from tools.bench import MAX_REPEAT
 from tools.make_synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
@@ -356,16 +355,6 @@ def print_ratios(report):  # the ratios and logit agreements of a run report, on
               f"top-1 {a['top1']:.3f}")
 
 
-def engine_list(text):  # argparse type: "numba,numpy" -> ["numba", "numpy"], each a known engine, once
-    names = text.split(",")
-    for name in names:
-        if name not in ENGINES:
-            raise argparse.ArgumentTypeError(f"unknown engine {name!r} in {text!r} (known: {', '.join(ENGINES)})")
-    if len(set(names)) < len(names):
-        raise argparse.ArgumentTypeError(f"an engine named twice in {text!r}")
-    return names
-
-
 def token_counts(text):  # argparse type: "1,64" -> [1, 64]
     return [int_in(1, MAX_TOKENS)(t) for t in text.split(",")]
 
@@ -388,7 +377,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     r.add_argument("--n-decode-numpy", type=int_in(1, MAX_PROMPT), default=2,
                    help="the numpy reference takes ~30 s a token here")
     r.add_argument("--repeat", type=repeat, default=3, help="rounds per engine, the best counts (numpy: one)")
-    r.add_argument("--engines", type=engine_list, default=list(ENGINES))
+    r.add_argument("--engines", type=names_in(ENGINES, "engine", once=True), default=list(ENGINES))
     r.add_argument("--json", type=output_file)
     k = sub.add_parser("kernels", help="numba's product against the reference's, per weight type of one GGUF")
     k.add_argument("model")
