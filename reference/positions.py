@@ -1,0 +1,85 @@
+"""Which prompt positions' logits a golden keeps, and the sparse file that keeps them.
+
+At the 30B's vocabulary (202048) one position of float32 logits is 0.8 MB, so a 16K-token prompt
+is 13 GB of all-position logits. `--logits-positions` keeps some rows (`last`, `-256:`,
+`0,5,100:120`: Python slice syntax over prompt positions, negative from the end) and `--logits-topk K`
+keeps the K largest logits of each kept row instead of the whole row.
+
+POSITIONS_FORMAT, the `.positions.npz` golden:
+  positions  int64 [n]          the prompt positions kept, ascending, no repeats
+  n_vocab    int64 []           the vocabulary the rows come from
+  logits     float32 [n, V]     the whole rows                                   (without top-k)
+  top_ids    int32 [n, k]       the k largest logits' token ids, largest first   (with top-k)
+  top_logits float32 [n, k]     their logits
+  logsumexp  float32 [n]        log(sum(exp(row))) of each whole row, from float64, so that
+                                top_logits - logsumexp are the log-probabilities
+"""
+import argparse
+
+import numpy as np
+
+POSITIONS_FORMAT = __doc__.split("POSITIONS_FORMAT, ")[1]
+SUFFIX = ".positions.npz"
+MAX_ITEMS = 4096  # items in one spec: a list longer than that is a range
+
+
+def parse_positions(text):  # argparse type: "last" | "-256:" | "0,5,100:120" -> [int | slice]
+    """Parsed before the prompt is known; `resolve` turns it into positions once it is."""
+    items = text.split(",")
+    if not text or len(items) > MAX_ITEMS:
+        raise argparse.ArgumentTypeError(f"expected 'last' or comma-separated positions and start:stop ranges "
+                                         f"(at most {MAX_ITEMS} items), got {text[:80]!r}")
+    return [parse_item(item, text) for item in items]
+
+
+def parse_item(item, text):  # "last" | "5" | "-256:" | "100:120" -> int | slice
+    if item == "last":
+        return -1
+    parts = item.split(":")
+    try:
+        if len(parts) == 1:
+            return int(parts[0])
+        if len(parts) == 2:
+            return slice(*(int(p) if p.strip() else None for p in parts))
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"bad position {item!r} in {text[:80]!r} (a number, 'last' or start:stop)")
+
+
+def resolve(spec, n):  # [int | slice], prompt length -> int64 [m] ascending unique positions
+    """A position outside the prompt is an error, not silently dropped; an empty range selects nothing."""
+    chosen = []
+    for item in spec:
+        if isinstance(item, slice):
+            chosen.extend(range(*item.indices(n)))
+        elif -n <= item < n:
+            chosen.append(item % n)
+        else:
+            raise ValueError(f"position {item} is outside a prompt of {n} tokens")
+    if not chosen:
+        raise ValueError(f"the positions select none of the prompt's {n} tokens")
+    return np.unique(np.asarray(chosen, np.int64))
+
+
+def top_k(rows, k):  # [n, V] -> (ids int32 [n, k] largest first, logits float32 [n, k], logsumexp float32 [n])
+    k = min(k, rows.shape[1])
+    ids = np.argpartition(rows, -k, axis=1)[:, -k:]
+    picked = np.take_along_axis(rows, ids, axis=1)
+    order = np.argsort(-picked, axis=1, kind="stable")
+    ids, picked = np.take_along_axis(ids, order, axis=1), np.take_along_axis(picked, order, axis=1)
+    return ids.astype(np.int32), picked.astype(np.float32), logsumexp(rows).astype(np.float32)
+
+
+def logsumexp(rows):  # [n, V] -> float64 [n]
+    r = rows.astype(np.float64)
+    peak = r.max(axis=1, keepdims=True)
+    return (peak + np.log(np.exp(r - peak).sum(axis=1, keepdims=True)))[:, 0]
+
+
+def sparse_golden(rows, positions, n_vocab, k=None):  # [n, V] kept rows -> the arrays of POSITIONS_FORMAT
+    golden = {"positions": np.asarray(positions, np.int64), "n_vocab": np.int64(n_vocab)}
+    if k is None:
+        golden["logits"] = np.asarray(rows, np.float32)
+    else:
+        golden["top_ids"], golden["top_logits"], golden["logsumexp"] = top_k(rows, k)
+    return golden
