@@ -11,12 +11,13 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, MODELS, ROOT, run_cli
+from conftest import GOLDEN, MODELS, ROOT, cli_error, run_cli
 
 from tools import diff, golden
 
@@ -276,6 +277,27 @@ def test_bad_options_exit_2_with_one_line(tmp_path, args, problem):
     assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr
     assert err[0].startswith("tools.golden: ") and problem in err[0], err[0]
     assert not (tmp_path / "out").exists()
+
+
+def without(modules, module, *args):  # -> CompletedProcess of `python -m module args` with `modules` unimportable
+    """sys.modules[name] = None makes `import name` raise ModuleNotFoundError, as when it is not installed."""
+    code = (f"import sys, runpy; sys.modules.update(dict.fromkeys({list(modules)!r})); sys.argv = ['x', *{list(args)!r}]; "
+            f"runpy.run_module({module!r}, run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+@pytest.mark.parametrize("engine, missing", [("llama-cpp", "llama_cpp"), ("transformers", "torch")])
+@pytest.mark.parametrize("corpus", [False, True], ids=["direct", "corpus"])
+def test_missing_engine_package_is_one_line_naming_the_extra(tmp_path, engine, missing, corpus):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "token_ids": [497, 1, 2]}\n')
+    source = ["--model", TINY_A] if engine == "llama-cpp" else ["--checkpoint", str(tmp_path)]
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint directory as check_checkpoint sees one
+    r = without([missing], "tools.golden", "--engine", engine, *source, "--prompts", str(prompts),
+                "--out", str(tmp_path / "out"), *(["--corpus"] if corpus else []))
+    line = cli_error(r, f"--engine {engine} needs the {missing} package", 'pip install -e ".[parity]"')
+    assert line.startswith("tools.golden: "), line
+    assert corpus or not (tmp_path / "out").exists()  # a corpus run makes its task folder first
 
 
 def test_prompts_checked_before_any_golden(tmp_path):

@@ -35,7 +35,7 @@ import time
 import traceback
 from pathlib import Path
 
-from reference.cli import fail
+from reference.cli import UsageError, fail
 
 from .golden import ENGINES, REPO, GoldenError, golden_entry, make_dir, preflight, run_header, save_json
 
@@ -131,8 +131,8 @@ def failed_tasks(todo: list[dict], what: str, error: BaseException) -> list[dict
 def load_worker(args, todo: list[dict]) -> tuple[Worker | None, list[dict]]:  # -> (worker, failed results)
     try:
         return Worker(args), []
-    except GoldenError:
-        raise  # bad input, such as a model file that is not a GGUF: one line and exit status 2
+    except (GoldenError, UsageError):
+        raise  # bad input, such as a model file that is not a GGUF or a package not installed: one line, exit 2
     except Exception as e:
         return None, failed_tasks(todo, "engine load failed", e)
 

@@ -42,6 +42,7 @@ import argparse
 import ctypes
 import datetime
 import hashlib
+import importlib
 import json
 import os
 import sys
@@ -54,7 +55,7 @@ from typing import Callable
 
 import numpy as np
 
-from reference.cli import OneLineParser, exit_status, int_in
+from reference.cli import OneLineParser, UsageError, exit_status, int_in
 
 from . import metrics
 
@@ -73,6 +74,8 @@ TOPK_FORMAT = ("<id>.topk.npz: prompt_ids int32 [n_prompt]; tokens int32 [n_gen]
 MAX_TOKENS = 1 << 20
 MAX_THREADS = 512    # llama.cpp's GGML_MAX_N_THREADS
 MAX_WORKERS = 1024   # Ray actors, each a process holding a model: a cluster of 1024 model slots
+EXTRAS = {"llama_cpp": "parity", "torch": "parity", "transformers": "parity", "tokenizers": "parity"}  # setup.cfg
+ENGINE_PACKAGES = {"llama-cpp": ("llama_cpp",), "transformers": ("torch", "transformers")}
 
 
 class GoldenError(Exception):
@@ -94,6 +97,17 @@ class Engine:
     n_ctx: int | None = None      # positions one sequence may take (prompt, continuation, generated)
     max_batch: int | None = None  # tokens one forward may take
     extra: dict = field(default_factory=dict)
+
+
+def import_extra(module: str, user: str):  # -> the imported module; UsageError naming the extra that installs it
+    """An optional package that is absent is one line and exit status 2, not an import traceback.
+    Only the module's own absence counts: a package that is there but broken keeps its traceback."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        raise UsageError(f"{user} needs the {module} package: pip install -e \".[{EXTRAS[module]}]\"") from None
 
 
 def sha256(path: Path) -> str:
@@ -157,6 +171,8 @@ def check_checkpoint(checkpoint: str) -> Path:  # -> the directory, once it look
 def preflight(args) -> None:
     """The checks of an engine's input files and lengths that load no engine: run before Ray workers
     load it, a bad model is one line here instead of a failed task per worker."""
+    for module in ENGINE_PACKAGES.get(args.engine, ()):
+        import_extra(module, f"--engine {args.engine}")
     if args.engine in ("reference", "llama-cpp"):
         load_text_gguf(args)
     elif args.engine == "transformers":
@@ -234,8 +250,7 @@ def silence_llama_cpp(llama_cpp) -> None:
 def llama_cpp_engine(args) -> Engine:
     path = Path(args.model)
     load_text_gguf(args)  # llama.cpp answers a truncated file or a projector with a ValueError and log lines
-
-    import llama_cpp
+    llama_cpp = import_extra("llama_cpp", "--engine llama-cpp")
     silence_llama_cpp(llama_cpp)
     threads = args.threads or os.cpu_count() or 1
     n_ubatch = args.n_ubatch
@@ -428,9 +443,8 @@ def llama_server_engine(args) -> Engine:
 
 def transformers_engine(args) -> Engine:
     ckpt = check_checkpoint(args.checkpoint)  # from_pretrained answers a wrong path with a 40-line OSError
-
-    import torch
-    import transformers
+    torch = import_extra("torch", "--engine transformers")
+    transformers = import_extra("transformers", "--engine transformers")
     from transformers import AutoTokenizer, MuseGlimmerForConditionalGeneration
 
     threads = args.threads or 1  # one thread: torch's reductions then do not depend on the machine
