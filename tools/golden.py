@@ -8,6 +8,8 @@ or transformers.
         [--dtype float32|float64] [--kv uniform|ring]
     python -m tools.golden --engine llama-server --server-url http://127.0.0.1:8080 \\
         --n-predict N [--n-probs K] --prompts P.jsonl --out DIR
+    python -m tools.golden --engine openai --server-url http://127.0.0.1:8000 \\
+        --n-predict N [--n-probs K] [--model M.gguf] --prompts P.jsonl --out DIR
     python -m tools.golden ... --corpus [--task-size N] [--ray | --ray-address ADDR] [--workers N]
 
 P.jsonl holds one prompt a line: {"id": ..., "token_ids": [...]} or {"id": ..., "text": ...}, and
@@ -25,6 +27,13 @@ of its N-1 single-token decode steps (row i: after feeding generated token i).
 
 llama-server gives no logits, only the top n_probs log-probabilities of each generated token, so its
 golden is <id>.topk.npz (see TOPK_FORMAT); tools.diff compares one against full logits.
+
+--engine openai does the same through POST /v1/completions of any OpenAI-compatible server (llama-server,
+vLLM, SGLang, ...), token_ids prompts only (see openai_request for what is sent, and why nothing else).
+It reads llama-server's logprobs.content and OpenAI's legacy tokens/top_logprobs (vLLM, with
+return_tokens_as_token_ids). Generation stops where the server stops (end of generation): the entry's
+server_run says why and how many tokens had logprobs. A server that reports prompt logprobs (vLLM
+prompt_logprobs) also gives <id>.positions.npz (PROMPT_LOGPROBS_FORMAT).
 
 Goldens of --engine reference are made by this project's own forward: the manifest says so
 ("self_made": true). Engine projects use them as their oracle; they are never an independent golden
@@ -56,6 +65,7 @@ from typing import Callable
 import numpy as np
 
 from reference.cli import OneLineParser, UsageError, exit_status, int_in
+from reference.positions import POSITIONS_FORMAT, SUFFIX
 
 from . import metrics
 
@@ -68,6 +78,10 @@ TOPK_FORMAT = ("<id>.topk.npz: prompt_ids int32 [n_prompt]; tokens int32 [n_gen]
                "that chose it, i.e. at position n_prompt - 1 + positions[r] of prompt_ids + tokens. "
                "llama-server reports no probabilities for a token after which the text ends in an "
                "incomplete UTF-8 character: such tokens have no row")
+PROMPT_LOGPROBS_FORMAT = ("<id>.positions.npz (reference.positions top-k form) of the prompt logprobs a server "
+                          "reports (vLLM prompt_logprobs): positions p = 0 .. n_prompt - 2, the top k of the "
+                          "distribution of prompt token p + 1; top_logits are log-probabilities and logsumexp "
+                          "is 0; n_vocab 0 when the server does not say")
 # What --n-ctx, --n-predict, --n-ubatch and --prefill-chunk can be bounded by before a model is read:
 # 2^20 tokens (llama.cpp's logits buffer alone is n_ctx x n_vocab floats, 2 GiB at 2^20 x 512, the
 # tiny models' vocabulary). Once the GGUF is read, its training context bounds them further.
@@ -439,6 +453,135 @@ def llama_server_engine(args) -> Engine:
 
 
 # ---------------------------------------------------------------------------------------------
+# any OpenAI-compatible completions server (llama-server, vLLM, SGLang, ...)
+
+def openai_request(model: str, ids: list[int], n_predict: int, n_probs: int) -> dict:
+    """The body of POST /v1/completions. Greedy is temperature 0 and nothing else, as in
+    completion_request: no "samplers", and no ignore_eos, which llama-server implements as a -inf
+    logit bias on the end-of-generation tokens, so a run may stop before n_predict tokens.
+    logprobs k: the top k of each generated token; prompt_logprobs k (vLLM): the top k of each
+    prompt position; return_tokens_as_token_ids (vLLM): tokens named "token_id:N", not by text;
+    cache_prompt false (llama-server): one full prefill per request, since a cached prefix was
+    computed in other batches and rounds differently. A server ignores the fields it does not know."""
+    return {"model": model, "prompt": ids, "max_tokens": n_predict, "temperature": 0, "logprobs": n_probs,
+            "prompt_logprobs": n_probs, "return_tokens_as_token_ids": True, "cache_prompt": False}
+
+
+def token_id(name, where: str) -> int:  # an id or vLLM's "token_id:N" -> N
+    text = str(name)
+    try:
+        return int(text.removeprefix("token_id:"))
+    except ValueError:
+        raise GoldenError(f"{where}: token {text[:40]!r} is not an id (return_tokens_as_token_ids)") from None
+
+
+def content_steps(content: list, where: str) -> list[tuple[int, list[int], list[float]]]:
+    """llama-server's logprobs.content -> (token, top ids, top logprobs) per generated token, up to the
+    first one whose entry also carries the bytes of tokens it reported nothing for (see line_up):
+    past it the tokens' positions are not known."""
+    steps = []
+    for entry in content:
+        top = entry["top_logprobs"]
+        pieces = {int(t["id"]): token_bytes(t) for t in top}
+        if pieces.get(int(entry["id"])) != token_bytes(entry):
+            break
+        steps.append((int(entry["id"]), [int(t["id"]) for t in top], [float(t["logprob"]) for t in top]))
+    return steps
+
+
+def legacy_steps(logprobs: dict, where: str) -> list[tuple[int, list[int], list[float]]]:
+    """OpenAI's legacy completions logprobs (vLLM): tokens and top_logprobs, one {token: logprob}
+    per generated token -> (token, top ids, top logprobs) sorted best first."""
+    steps = []
+    for name, top in zip(logprobs["tokens"], logprobs["top_logprobs"]):
+        ranked = sorted(((float(lp), token_id(t, where)) for t, lp in top.items()), key=lambda x: -x[0])
+        steps.append((token_id(name, where), [t for _, t in ranked], [lp for lp, _ in ranked]))
+    return steps
+
+
+def openai_topk(reply: dict, ids: list[int], n_probs: int, where: str) -> tuple[dict, dict]:
+    """-> (the TOPK_FORMAT arrays of a /v1/completions reply, what the manifest says of the run)."""
+    try:
+        choice = reply["choices"][0]
+        logprobs = choice["logprobs"]
+        steps = content_steps(logprobs["content"], where) if "content" in logprobs else legacy_steps(logprobs, where)
+        n_gen = int(reply["usage"]["completion_tokens"])
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        raise GoldenError(f"{where}: reply lacks choices[0].logprobs or usage (was logprobs > 0 sent?)") from None
+    if not steps:
+        raise GoldenError(f"{where}: no generated token with logprobs")
+    for i, (token, top_ids, _) in enumerate(steps):
+        if len(top_ids) != n_probs:
+            raise GoldenError(f"{where}: token {i} has {len(top_ids)} top logprobs, not {n_probs}")
+        if token != top_ids[0]:
+            raise GoldenError(f"{where}: token {i} ({token}) is not the top-1: not a greedy run")
+    top = {"prompt_ids": np.array(ids, np.int32), "tokens": np.array([t for t, _, _ in steps], np.int32),
+           "positions": np.arange(len(steps), dtype=np.int32),
+           "top_ids": np.array([t for _, t, _ in steps], np.int32),
+           "top_logprobs": np.array([lp for _, _, lp in steps], np.float32)}
+    if not np.all(np.isfinite(top["top_logprobs"])) or np.any(np.diff(top["top_logprobs"], axis=1) > 0):
+        raise GoldenError(f"{where}: top logprobs are not finite and sorted best first")
+    run = {"finish_reason": choice.get("finish_reason"), "n_generated": n_gen, "n_with_logprobs": len(steps)}
+    return top, run
+
+
+def openai_prompt_logprobs(reply: dict, n_prompt: int, n_vocab: int, where: str) -> dict | None:
+    """vLLM's choices[0].prompt_logprobs -> the top-k arrays of POSITIONS_FORMAT, or None when the
+    server gives none (llama-server). Entry i is the distribution of prompt token i given the ones
+    before it, that is the logits of position i - 1; it holds the top k by rank and the prompt's own
+    token when that ranks lower, which is left out. Only log-probabilities are known, so top_logits
+    are the log-probabilities and logsumexp is 0: top_logits - logsumexp is the log-probability, as
+    for any top-k golden of reference.positions."""
+    rows = reply["choices"][0].get("prompt_logprobs")
+    if rows is None:
+        return None
+    try:
+        ranked = [sorted(((int(v["rank"]), token_id(t, where), float(v["logprob"])) for t, v in row.items()))
+                  for row in rows[1:]]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise GoldenError(f"{where}: malformed prompt_logprobs") from None
+    k = min(len(r) for r in ranked) if ranked else 0
+    if len(rows) != n_prompt or k == 0:
+        raise GoldenError(f"{where}: prompt_logprobs has {len(rows)} entries for {n_prompt} prompt tokens")
+    return {"positions": np.arange(n_prompt - 1, dtype=np.int64), "n_vocab": np.int64(n_vocab),
+            "top_ids": np.array([[t for _, t, _ in r[:k]] for r in ranked], np.int32),
+            "top_logits": np.array([[lp for _, _, lp in r[:k]] for r in ranked], np.float32),
+            "logsumexp": np.zeros(len(ranked), np.float32)}
+
+
+def openai_engine(args) -> Engine:
+    url = args.server_url.rstrip("/")
+    models = http_json(f"{url}/v1/models").get("data") or [{}]
+    served = str(models[0].get("id", ""))
+    meta = models[0].get("meta") or {}  # llama-server's: n_vocab, n_ctx_train, ftype
+    model = {"file": os.path.basename(served), "served_as": served}
+    if args.model:
+        model["sha256"] = sha256(Path(args.model))
+    n_vocab = int(meta.get("n_vocab", 0))  # 0: the server does not say
+
+    def topk(ids: list[int], n: int) -> dict:
+        reply = http_json(f"{url}/v1/completions", openai_request(served, ids, n, args.n_probs))
+        where = f"{url}/v1/completions"
+        top, run = openai_topk(reply, ids, args.n_probs, where)
+        prompt = openai_prompt_logprobs(reply, len(ids), n_vocab, where)
+        run["system_fingerprint"] = reply.get("system_fingerprint")  # llama-server: its build, e.g. b1-0c1e570
+        return {**top, "run": run, **({"prompt": prompt} if prompt else {})}
+
+    def tokenize(text: str, first: bool) -> list[int]:
+        raise GoldenError("--engine openai takes token_ids prompts: the OpenAI API has no tokenizer endpoint")
+
+    return Engine(
+        name="openai",
+        version=f"OpenAI-compatible server ({models[0].get('owned_by', 'owner not given')}); build per entry",
+        model=model,
+        options={"request": {k: v for k, v in openai_request(served, [], 0, args.n_probs).items()
+                             if k not in ("prompt", "max_tokens")},
+                 "server_meta": meta, "server_launch": args.server_launch or "not given", "golden": TOPK_FORMAT},
+        tokenize=tokenize, topk=topk, n_vocab=n_vocab or None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # transformers
 
 def transformers_engine(args) -> Engine:
@@ -494,6 +637,7 @@ ENGINES: dict[str, Callable[[argparse.Namespace], Engine]] = {
     "reference": reference_engine,
     "llama-cpp": llama_cpp_engine,
     "llama-server": llama_server_engine,
+    "openai": openai_engine,
     "transformers": transformers_engine,
 }
 ENGINE_NEEDS = {"reference": "model", "llama-cpp": "model", "transformers": "checkpoint"}
@@ -611,11 +755,7 @@ def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int,
     if continuation:
         entry.update(n_prompt=len(ids), continuation_ids=continuation)
     if engine.prefill is None:
-        top = engine.topk(ids, n_predict)
-        save_atomic(out / f"{pid}.topk.npz", lambda f: np.savez(f, **top))
-        entry.update(file=f"{pid}.topk.npz", kind="topk", n_probs=int(top["top_ids"].shape[1]),
-                     greedy={"n_predict": n_predict, "tokens": top["tokens"].tolist()})
-        return entry
+        return topk_entry(engine, entry, ids, out, n_predict)
     logits = engine.prefill(ids + continuation)
     if logits.shape[0] != len(ids) + len(continuation) or not np.isfinite(logits).all():
         raise GoldenError(f"prompt {pid}: bad logits {list(logits.shape)}")
@@ -631,6 +771,23 @@ def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int,
         if "eog_ids" in engine.extra:
             eog = [i for i, t in enumerate(gen) if t in engine.extra["eog_ids"]]
             entry["greedy"]["first_eog_index"] = eog[0] if eog else None
+    return entry
+
+
+def topk_entry(engine: Engine, entry: dict, ids: list[int], out: Path, n_predict: int) -> dict:
+    """A server's golden: <id>.topk.npz, and <id>.positions.npz when it reports prompt logprobs too."""
+    pid = entry["id"]
+    top = engine.topk(ids, n_predict)
+    run, prompt = top.pop("run", None), top.pop("prompt", None)
+    save_atomic(out / f"{pid}.topk.npz", lambda f: np.savez(f, **top))
+    entry.update(file=f"{pid}.topk.npz", kind="topk", n_probs=int(top["top_ids"].shape[1]),
+                 greedy={"n_predict": n_predict, "tokens": top["tokens"].tolist()})
+    if run:
+        entry["server_run"] = run
+    if prompt:
+        save_atomic(out / f"{pid}{SUFFIX}", lambda f: np.savez(f, **prompt))
+        entry["prompt_logprobs"] = {"file": f"{pid}{SUFFIX}", "k": int(prompt["top_ids"].shape[1]),
+                                    "format": PROMPT_LOGPROBS_FORMAT}
     return entry
 
 
@@ -669,7 +826,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="python -m tools.golden", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", required=True, choices=sorted(ENGINES))
-    ap.add_argument("--model", help="GGUF file (reference, llama-cpp; llama-server: the served file, for its sha256)")
+    ap.add_argument("--model", help="GGUF file (reference, llama-cpp; llama-server, openai: the served file, for its sha256)")
     ap.add_argument("--checkpoint", help="HF checkpoint directory (transformers)")
     ap.add_argument("--prompts", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
@@ -685,9 +842,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="reference (float64: the noise floor for tools.diff --noise-floor)")
     ap.add_argument("--kv", choices=["uniform", "ring"], default="uniform", help="reference KV cache")
     ap.add_argument("--prefill-chunk", type=tokens, default=2048, help="reference")
-    ap.add_argument("--server-url", type=server_url, default="http://127.0.0.1:8080", help="llama-server")
-    ap.add_argument("--n-probs", type=tokens, default=10, help="llama-server: top-k per generated token")
-    ap.add_argument("--server-launch", help="llama-server: its command line, recorded in the manifest")
+    ap.add_argument("--server-url", type=server_url, default="http://127.0.0.1:8080", help="llama-server, openai")
+    ap.add_argument("--n-probs", type=tokens, default=10,
+                    help="llama-server, openai: top-k per generated token (vLLM allows at most 20)")
+    ap.add_argument("--server-launch", help="llama-server, openai: its command line, recorded in the manifest")
     corpus = ap.add_argument_group("corpus mode (tools/corpus.py)")
     corpus.add_argument("--corpus", action="store_true", help="tasks that resume; implied by --ray")
     # any size is safe: a task holds at most every prompt
@@ -705,8 +863,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     need = ENGINE_NEEDS.get(args.engine)
     if need and not getattr(args, need):
         ap.error(f"--engine {args.engine} needs --{need}")
-    if args.engine == "llama-server" and args.n_predict == 0:
-        ap.error("--engine llama-server needs --n-predict N > 0 (it scores generated tokens)")
+    if args.engine in ("llama-server", "openai") and args.n_predict == 0:
+        ap.error(f"--engine {args.engine} needs --n-predict N > 0 (it scores generated tokens)")
     args.corpus = args.corpus or args.ray or bool(args.ray_address)
     return args
 
