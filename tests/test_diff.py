@@ -283,7 +283,7 @@ def test_topk_golden_agreement_by_hand():
     full[3, [6, 3]] = [3.0, 2.0]
     golden = diff.TopK(prompt_ids=np.arange(3), tokens=np.array([5, 6]), positions=np.array([0, 1]),
                        ids=np.array([[5, 1], [6, 2]]), logprobs=np.array([[-0.1, -2.0], [-0.2, -3.0]]))
-    report = diff.diff_topk(golden, full)
+    report = diff.diff_pair(golden, full)
     assert report["per_position"]["topk_agree"] == [1.0, 0.5]  # {5, 1} = {5, 1}; {6, 3} vs {6, 2}
     assert report["per_position"]["top1_agree"] == [True, True]
 

@@ -59,7 +59,7 @@ def test_recorded_server_reply_parses_and_agrees_with_llama_cpp():
     assert top.positions.tolist() == [0, 1, 4, 5, 6, 7]
     _, prompt_logits, decode_logits = llama_cpp_golden("len33")
     full = np.concatenate([prompt_logits, decode_logits])  # row 32 + i chose generated token i
-    report = diff.diff_topk(top, full)
+    report = diff.diff_pair(top, full)
     s = report["summary"]
     assert report["per_position"]["position"] == [32, 33, 36, 37, 38, 39]
     assert s["top1"] == 1.0 and s["topk"] == 1.0 and s["n_real"] == 0
@@ -75,7 +75,7 @@ def test_reference_teacher_forced_against_the_server_golden(tmp_path):
                         "--out", str(tmp_path / "ref")]) == 0
     logits = np.load(tmp_path / "ref" / "len33.npy")
     assert logits.shape == (33 + 8, 512)
-    report = diff.diff_topk(top, logits)
+    report = diff.diff_pair(top, logits)
     s = report["summary"]
     # measured: NMSE 5.7e-12, max |d log p| 1.4e-5
     assert s["nmse"] <= EXACT_NMSE and s["top1"] == 1.0 and s["n_real"] == 0

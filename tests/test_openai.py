@@ -96,7 +96,7 @@ def reference_against(tmp_path, manifest):  # -> {prompt id: diff report of the 
     model = os.path.join(MODELS, manifest["model"]["file"])
     assert golden.main(["--engine", "reference", "--model", model, "--prompts",
                         str(prompts_file(tmp_path, tokens, tokens)), "--out", str(tmp_path / "ref")]) == 0
-    return {pid: diff.diff_topk(np.load(tmp_path / "ref" / f"{pid}.npy"),
+    return {pid: diff.diff_pair(np.load(tmp_path / "ref" / f"{pid}.npy"),
                                 diff.load_topk(str(tmp_path / "srv" / f"{pid}.topk.npz"))) for pid in tokens}
 
 

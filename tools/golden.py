@@ -18,7 +18,11 @@ is tokenized on its own, without BOS: give ids to score exactly what an engine e
 
 For every prompt DIR gets <id>.npy, float32 [n_tokens, n_vocab]: the logits of every position of
 one prefill of the prompt, followed by the continuation if there is one (teacher forcing: the whole
-continuation is checked in one forward, without the engine generating it). The manifest entry of a
+continuation is checked in one forward, without the engine generating it). With --logits-positions
+SPEC [--logits-topk K] it gets <id>.positions.npz instead (reference.positions: those positions of
+prompt + continuation, whole rows or their K largest logits and logsumexp; no continuation score),
+so that a 16K-token golden at a 202048 vocabulary is megabytes; the reference engine then holds one
+prefill chunk of logits at a time. The manifest entry of a
 scored prompt holds per continuation token its log-probability and rank (0 = the argmax) under the
 logits of the position before it. With --n-predict N the greedy continuation (argmax, exactly N
 tokens, no stop at end-of-generation tokens; llama-cpp also records the model's EOG ids and the
@@ -65,7 +69,7 @@ from typing import Callable
 import numpy as np
 
 from reference.cli import OneLineParser, UsageError, exit_status, int_in
-from reference.positions import POSITIONS_FORMAT, SUFFIX
+from reference.positions import POSITIONS_FORMAT, SUFFIX, parse_positions, resolve, sparse_golden
 
 from . import metrics
 
@@ -107,6 +111,10 @@ class Engine:
     # ids, n -> (generated ids, decode-step logits float32 [n-1, n_vocab])
     greedy: Callable[[list[int], int], tuple[list[int], np.ndarray]] | None = None
     topk: Callable[[list[int], int], dict] | None = None          # ids, n -> the arrays of TOPK_FORMAT
+    # ids, positions int64 [m] -> float32 [m, n_vocab], the rows of a prefill at those positions, without
+    # holding all of them at once (default: prefill's rows)
+    rows: Callable[[list[int], np.ndarray], np.ndarray] | None = None
+    keep: tuple | None = None     # (--logits-positions spec, --logits-topk k or None), set by make_engine
     n_vocab: int | None = None                                    # to refuse token ids out of range
     n_ctx: int | None = None      # positions one sequence may take (prompt, continuation, generated)
     max_batch: int | None = None  # tokens one forward may take
@@ -217,6 +225,15 @@ def reference_engine(args) -> Engine:
     def prefill(ids: list[int]) -> np.ndarray:
         return lm.prefill(ids, new_cache(len(ids)), args.prefill_chunk)
 
+    def rows(ids: list[int], positions: np.ndarray) -> np.ndarray:
+        # one prefill chunk of logits at a time: a 16K prompt at a 202048 vocabulary never holds 13 GB
+        cache, kept = new_cache(len(ids)), []
+        for start in range(0, len(ids), args.prefill_chunk):
+            logits = lm.prefill(ids[start:start + args.prefill_chunk], cache, args.prefill_chunk)
+            at = positions[(positions >= start) & (positions < start + len(logits))]
+            kept.append(logits[at - start].astype(np.float32))
+        return np.concatenate(kept)
+
     def greedy(ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
         # exactly n tokens and no stop at EOG, as the other engines' goldens (decode_greedy stops)
         cache = new_cache(len(ids) + n)
@@ -238,7 +255,7 @@ def reference_engine(args) -> Engine:
         model={"file": path.name, "sha256": sha256(path)},
         options={"dtype": args.dtype, "kv": args.kv, "prefill_chunk": args.prefill_chunk, "backend": "numpy",
                  "numerics": "exact", "tokenize": "reference.tokenizer, BOS and special tokens parsed"},
-        tokenize=tokenize, prefill=prefill, greedy=greedy, n_vocab=model.config.n_vocab,
+        tokenize=tokenize, prefill=prefill, greedy=greedy, rows=rows, n_vocab=model.config.n_vocab,
         extra={"self_made": True,
                "independent": "no: made by this project's reference; an oracle for engines, never a "
                               "golden that tests the reference itself"},
@@ -640,6 +657,18 @@ ENGINES: dict[str, Callable[[argparse.Namespace], Engine]] = {
     "openai": openai_engine,
     "transformers": transformers_engine,
 }
+def make_engine(args) -> Engine:  # -> the engine of --engine, keeping the rows --logits-positions asks for
+    engine = ENGINES[args.engine](args)
+    if args.logits_positions:
+        engine.keep = (args.logits_positions, args.logits_topk)
+        engine.options.update(logits_positions=args.logits_positions[0], logits_topk=args.logits_topk)
+    return engine
+
+
+def positions_spec(text: str) -> tuple:  # argparse type: --logits-positions -> (its text, parse_positions's items)
+    return text, parse_positions(text)
+
+
 ENGINE_NEEDS = {"reference": "model", "llama-cpp": "model", "transformers": "checkpoint"}
 
 
@@ -740,6 +769,8 @@ def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], l
         raise GoldenError(f"prompt {pid}: {n} tokens and {n_predict} generated do not fit --n-ctx {engine.n_ctx}")
     if engine.max_batch is not None and n > engine.max_batch:
         raise GoldenError(f"prompt {pid}: {n} tokens do not fit one ubatch of {engine.max_batch}")
+    if engine.keep:
+        kept_positions(engine, pid, n)
     return ids, continuation
 
 
@@ -756,6 +787,38 @@ def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int,
         entry.update(n_prompt=len(ids), continuation_ids=continuation)
     if engine.prefill is None:
         return topk_entry(engine, entry, ids, out, n_predict)
+    if engine.keep:
+        positions_entry(engine, entry, ids + continuation, out)
+    else:
+        full_entry(engine, entry, ids, continuation, out)
+    if n_predict > 0:
+        greedy_entry(engine, entry, ids + continuation, out, n_predict)
+    return entry
+
+
+def kept_positions(engine: Engine, pid: str, n: int) -> np.ndarray:  # -> int64 [m], --logits-positions of n tokens
+    spec = engine.keep[0]
+    try:
+        return resolve(spec[1], n)
+    except ValueError as e:
+        raise GoldenError(f"prompt {pid}: --logits-positions {spec[0]}: {e}") from None
+
+
+def positions_entry(engine: Engine, entry: dict, ids: list[int], out: Path) -> None:  # -> <id>.positions.npz
+    """The rows of --logits-positions, whole or their --logits-topk largest (reference.positions)."""
+    pid, k = entry["id"], engine.keep[1]
+    positions = kept_positions(engine, pid, len(ids))
+    rows = engine.rows(ids, positions) if engine.rows else engine.prefill(ids)[positions]
+    if rows.shape[0] != positions.size or not np.isfinite(rows).all():
+        raise GoldenError(f"prompt {pid}: bad logits {list(rows.shape)}")
+    sparse = sparse_golden(rows, positions, rows.shape[1], k)
+    save_atomic(out / f"{pid}{SUFFIX}", lambda f: np.savez(f, **sparse))
+    entry.update(file=f"{pid}{SUFFIX}", kind="positions", n_positions=int(positions.size))
+
+
+def full_entry(engine: Engine, entry: dict, ids: list[int], continuation: list[int], out: Path) -> None:
+    """<id>.npy, the logits of every position, and the score of the continuation."""
+    pid = entry["id"]
     logits = engine.prefill(ids + continuation)
     if logits.shape[0] != len(ids) + len(continuation) or not np.isfinite(logits).all():
         raise GoldenError(f"prompt {pid}: bad logits {list(logits.shape)}")
@@ -763,15 +826,17 @@ def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int,
     entry.update(file=f"{pid}.npy", shape=list(logits.shape))
     if continuation:
         entry["score"] = continuation_score(logits, len(ids), continuation)
-    if n_predict > 0:
-        gen, steps = engine.greedy(ids + continuation, n_predict)
-        save_atomic(out / f"{pid}.decode.npy", lambda f: np.save(f, steps, allow_pickle=False))
-        entry["greedy"] = {"n_predict": n_predict, "stop_at_eog": False, "tokens": gen,
-                           "decode_logits": f"{pid}.decode.npy"}
-        if "eog_ids" in engine.extra:
-            eog = [i for i, t in enumerate(gen) if t in engine.extra["eog_ids"]]
-            entry["greedy"]["first_eog_index"] = eog[0] if eog else None
-    return entry
+
+
+def greedy_entry(engine: Engine, entry: dict, ids: list[int], out: Path, n_predict: int) -> None:  # -> <id>.decode.npy
+    pid = entry["id"]
+    gen, steps = engine.greedy(ids, n_predict)
+    save_atomic(out / f"{pid}.decode.npy", lambda f: np.save(f, steps, allow_pickle=False))
+    entry["greedy"] = {"n_predict": n_predict, "stop_at_eog": False, "tokens": gen,
+                       "decode_logits": f"{pid}.decode.npy"}
+    if "eog_ids" in engine.extra:
+        eog = [i for i, t in enumerate(gen) if t in engine.extra["eog_ids"]]
+        entry["greedy"]["first_eog_index"] = eog[0] if eog else None
 
 
 def topk_entry(engine: Engine, entry: dict, ids: list[int], out: Path, n_predict: int) -> dict:
@@ -796,7 +861,8 @@ def run_header(engine: Engine, prompts_file: Path) -> dict:  # -> the manifest f
         "engine": engine.name, "version": engine.version, "model": engine.model, "options": engine.options,
         "prompts_file": prompts_file.name, "date": today(),
         "logits": ("top-k log-probabilities of generated tokens: " + TOPK_FORMAT) if engine.prefill is None
-        else "float32 [n_tokens, n_vocab], all positions of one prefill of token_ids",
+        else ("<id>.positions.npz, the --logits-positions of one prefill of token_ids: " + POSITIONS_FORMAT)
+        if engine.keep else "float32 [n_tokens, n_vocab], all positions of one prefill of token_ids",
         **engine.extra,
     }
 
@@ -846,6 +912,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--n-probs", type=tokens, default=10,
                     help="llama-server, openai: top-k per generated token (vLLM allows at most 20)")
     ap.add_argument("--server-launch", help="llama-server, openai: its command line, recorded in the manifest")
+    ap.add_argument("--logits-positions", type=positions_spec, metavar="SPEC",
+                    help="reference, llama-cpp, transformers: keep the logits of these prompt positions only, in "
+                         "<id>.positions.npz (last, -256:, 0,5,100:120; reference.positions)")
+    # k beyond the vocabulary keeps whole rows (reference.positions.top_k caps it)
+    ap.add_argument("--logits-topk", type=int_in(1, MAX_TOKENS), metavar="K",
+                    help="with --logits-positions: the K largest logits of each kept row and its logsumexp")
     corpus = ap.add_argument_group("corpus mode (tools/corpus.py)")
     corpus.add_argument("--corpus", action="store_true", help="tasks that resume; implied by --ray")
     # any size is safe: a task holds at most every prompt
@@ -865,6 +937,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--engine {args.engine} needs --{need}")
     if args.engine in ("llama-server", "openai") and args.n_predict == 0:
         ap.error(f"--engine {args.engine} needs --n-predict N > 0 (it scores generated tokens)")
+    if args.logits_positions and args.engine in ("llama-server", "openai"):
+        ap.error(f"--engine {args.engine} gives no prompt logits: --logits-positions is for reference, llama-cpp, "
+                 "transformers")
+    if args.logits_topk and not args.logits_positions:
+        ap.error("--logits-topk needs --logits-positions (all positions: --logits-positions 0:)")
     args.corpus = args.corpus or args.ray or bool(args.ray_address)
     return args
 
@@ -872,7 +949,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_prompts(args: argparse.Namespace, prompts: list[dict]) -> int:  # one process, one pass -> exit status
     from tqdm import tqdm
 
-    engine = ENGINES[args.engine](args)
+    engine = make_engine(args)
     # every prompt tokenized and checked before the progress bar, so that bad input gets one clean line
     tokens = [prompt_tokens(engine, p, args.n_predict) for p in prompts]
     make_dir(args.out)
