@@ -322,6 +322,67 @@ def test_prompt_ids_may_be_integers(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# --logits-positions and --logits-topk: sparse goldens against llama.cpp's full ones
+
+def positions_run(tmp_path, name, *options):  # -> manifest of a reference run over the committed llama.cpp prompts
+    with open(os.path.join(LLAMA_CPP_RUN, "manifest.json")) as f:
+        entries = json.load(f)["entries"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": e["id"], "token_ids": e["token_ids"]}) + "\n" for e in entries))
+    # chunks of 16: the rows are kept chunk by chunk, across chunk boundaries of len33 and len100
+    assert golden.main(["--engine", "reference", "--model", TINY_A, "--prompts", str(prompts), "--out",
+                        str(tmp_path / name), "--prefill-chunk", "16", *options]) == 0
+    return json.loads((tmp_path / name / "manifest.json").read_text())
+
+
+def test_positions_goldens_against_llama_cpp(tmp_path):
+    top = positions_run(tmp_path, "top", "--logits-positions", "0,15:18,-8:", "--logits-topk", "20")
+    assert top["options"]["logits_positions"] == "0,15:18,-8:" and top["options"]["logits_topk"] == 20
+    assert "positions.npz" in top["logits"]
+    rows = positions_run(tmp_path, "rows", "--logits-positions=-3:")  # "=": argparse takes -3: for an option
+    assert rows["options"]["logits_topk"] is None
+    for e in top["entries"]:
+        full = np.load(os.path.join(LLAMA_CPP_RUN, f"{e['id']}.npy"))
+        n = full.shape[0]
+        kept = sorted({0, *range(15, min(18, n)), *range(max(n - 8, 0), n)})
+        sparse = diff.load_positions(str(tmp_path / "top" / e["file"]))
+        assert sparse.positions.tolist() == kept and sparse.ids.shape == (len(kept), 20)
+        s = diff.diff_pair(full, sparse)["summary"]
+        # measured: top-1 and top-20 all equal, max |d log p| 3.3e-5; a log-probability is a logit minus
+        # a logsumexp, each off by at most F32_LOGIT_ERROR, and the stored float32 logsumexp by half a
+        # spacing (|logsumexp| < 16 here)
+        assert s["top1"] == 1.0 and s["topk"] == 1.0 and s["n_real"] == 0, e["id"]
+        assert s["max_abs"] <= 2 * F32_LOGIT_ERROR + np.spacing(np.float32(16)), (e["id"], s)
+        whole = diff.diff_pair(full, diff.load_positions(str(tmp_path / "rows" / f"{e['id']}.positions.npz")))
+        assert whole["n_pos"] == min(3, n) and whole["summary"]["nmse"] <= EXACT_NMSE, e["id"]
+    # the one-command gate over the directories, both ways round, and the two sparse runs against each other
+    for a, b in ((LLAMA_CPP_RUN, tmp_path / "top"), (tmp_path / "top", LLAMA_CPP_RUN), (tmp_path / "top", tmp_path / "rows")):
+        r = run_cli("tools.diff", a, b, "--gate", "top1=1,topk=1")
+        assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+    assert "len100: compared at 3 positions on the top 20 tokens; REF lists the top 20 only, 9 positions only in REF" \
+        in r.stdout
+
+
+@pytest.mark.parametrize("args, problem", [
+    ("--logits-topk 5", "--logits-topk needs --logits-positions"),
+    ("--logits-positions 0,x", "argument --logits-positions: bad position 'x'"),
+    ("--logits-positions 0 --logits-topk 0", "argument --logits-topk: 0 is out of range"),
+    ("--logits-positions 7", "prompt a: --logits-positions 7: position 7 is outside a prompt of 3 tokens"),
+    ("--logits-positions 5:9", "prompt a: --logits-positions 5:9: the positions select none of the prompt's 3 tokens"),
+])
+def test_bad_positions_options_exit_2(tmp_path, args, problem):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "token_ids": [497, 1, 2]}\n')
+    r = run_cli("tools.golden", "--engine", "reference", "--model", TINY_A, "--prompts", prompts,
+                "--out", tmp_path / "out", *args.split())
+    assert cli_error(r, problem).startswith("tools.golden: ")
+    assert not (tmp_path / "out").exists()
+    r = run_cli("tools.golden", "--engine", "openai", "--n-predict", "2", "--prompts", prompts, "--out",
+                tmp_path / "out", "--logits-positions", "last")
+    cli_error(r, "--engine openai gives no prompt logits")
+
+
+# ---------------------------------------------------------------------------------------------
 # a real llama-server, when LLAMA_SERVER names its binary (not in CI)
 
 def free_port():  # -> a TCP port nobody listens on now

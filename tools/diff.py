@@ -165,9 +165,10 @@ def read_npz(path, suffix, keys, optional=()):  # -> {key: array} of an .npz gol
                     with archive.open(info) as member:
                         check_npy_header(member, info.file_size)
         with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in keys if k not in z]
+            if missing:
+                raise UsageError(f"{path}: no array {missing[0]!r} (a {suffix} golden holds {', '.join(keys)})")
             return {k: z[k] for k in keys + tuple(k for k in optional if k in z)}
-    except KeyError as e:
-        raise UsageError(f"{path}: no array {e} (a {suffix} golden holds {', '.join(keys)})") from None
     # NotImplementedError: a compression method zipfile cannot read
     except (ValueError, OSError, zipfile.BadZipFile, NotImplementedError) as e:
         raise UsageError(f"{path}: corrupt .npz ({e})") from None

@@ -914,7 +914,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--server-launch", help="llama-server, openai: its command line, recorded in the manifest")
     ap.add_argument("--logits-positions", type=positions_spec, metavar="SPEC",
                     help="reference, llama-cpp, transformers: keep the logits of these prompt positions only, in "
-                         "<id>.positions.npz (last, -256:, 0,5,100:120; reference.positions)")
+                         "<id>.positions.npz (last, 0,5,100:120, or with '=' when it starts with '-': "
+                         "--logits-positions=-256:; reference.positions)")
     # k beyond the vocabulary keeps whole rows (reference.positions.top_k caps it)
     ap.add_argument("--logits-topk", type=int_in(1, MAX_TOKENS), metavar="K",
                     help="with --logits-positions: the K largest logits of each kept row and its logsumexp")
