@@ -63,8 +63,8 @@ class Replay(http.server.BaseHTTPRequestHandler):
 def replay():  # -> a function: fixture file name -> URL of a server replaying it
     servers = []
 
-    def serve(name):
-        handler = type("Handler", (Replay,), {"recorded": exchanges(name)})
+    def serve(name):  # a fixture file name, or the exchanges themselves
+        handler = type("Handler", (Replay,), {"recorded": exchanges(name) if isinstance(name, str) else name})
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
@@ -172,6 +172,48 @@ def test_text_prompts_and_server_errors_exit_2(replay, tmp_path):
     assert f"tools.golden: {url}/v1/completions: HTTP 400: " in r.stderr, r.stderr
     r = run_cli("tools.golden", "--engine", "openai", "--prompts", text, "--out", tmp_path / "o")
     assert cli_error(r, "--engine openai needs --n-predict N > 0")
+
+
+def vllm_exchanges(n_probs=20):  # -> replies in vLLM's shape, made from llama.cpp's committed golden of len7
+    """No vLLM runs here: this checks the parsing of its documented shape (legacy logprobs with
+    return_tokens_as_token_ids, prompt_logprobs entries {id: {logprob, rank, decoded_token}}), with
+    llama.cpp's logits of tiny-a-f32 as the numbers, so the golden must give them back."""
+    from test_golden import llama_cpp_golden
+    from tools.metrics import log_softmax
+    entry, prompt, decode = llama_cpp_golden("len7")
+    lp_prompt, lp_gen = log_softmax(prompt), log_softmax(np.concatenate([prompt[-1:], decode[:7]]))
+
+    def ranked(row, own=None):  # -> {"token_id:N" or "N": ...} of the n_probs best (+ the prompt's own token)
+        order = [int(t) for t in np.argsort(-row, kind="stable")]
+        keep = order[:n_probs] + ([own] if own is not None and own not in order[:n_probs] else [])
+        return {t: float(row[t]) for t in keep}, {t: order.index(t) + 1 for t in keep}
+    top = [ranked(row)[0] for row in lp_gen]
+    tokens = entry["greedy"]["tokens"][:8]
+    prompt_logprobs = [None] + [{str(t): {"logprob": lp, "rank": rank[t], "decoded_token": "?"} for t, lp in values.items()}
+                                for values, rank in (ranked(lp_prompt[i - 1], own) for i, own in
+                                                     enumerate(entry["token_ids"]) if i > 0)]
+    reply = {"object": "text_completion", "model": "tiny-a", "usage": {"completion_tokens": 8}, "choices": [{
+        "index": 0, "text": "?", "finish_reason": "length", "prompt_logprobs": prompt_logprobs,
+        "logprobs": {"tokens": [f"token_id:{t}" for t in tokens], "token_logprobs": [row[t] for row, t in zip(top, tokens)],
+                     "top_logprobs": [{f"token_id:{t}": lp for t, lp in row.items()} for row in top]}}]}
+    request = golden.openai_request("tiny-a", entry["token_ids"], 8, n_probs)
+    return [{"method": "GET", "path": "/v1/models", "request": None,
+             "response": {"object": "list", "data": [{"id": "tiny-a", "object": "model", "owned_by": "vllm"}]}},
+            {"method": "POST", "path": "/v1/completions", "request": request, "response": reply}], prompt, decode
+
+
+def test_vllm_shaped_reply_gives_back_the_logits_it_was_made_of(replay, tmp_path):
+    recorded, prompt, decode = vllm_exchanges()
+    manifest = openai_golden(replay(recorded), tmp_path, TINY_A, ("len7",), 20)
+    e = manifest["entries"][0]
+    assert e["prompt_logprobs"]["k"] == 20 and e["server_run"]["n_with_logprobs"] == 8
+    sparse = diff.load_positions(str(tmp_path / "srv" / e["prompt_logprobs"]["file"]))
+    assert sparse.positions.tolist() == list(range(6))  # prompt token i + 1 is chosen at position i
+    full = np.concatenate([prompt, decode[:7]])
+    for golden_file in (sparse, diff.load_topk(str(tmp_path / "srv" / e["file"]))):
+        s = diff.diff_pair(full, golden_file)["summary"]
+        # float32 log-probabilities stored: half a float32 spacing at |log p| < 32
+        assert s["top1"] == 1.0 and s["topk"] == 1.0 and s["max_abs"] <= np.spacing(np.float32(32))
 
 
 # ---------------------------------------------------------------------------------------------

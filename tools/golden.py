@@ -542,27 +542,26 @@ def openai_topk(reply: dict, ids: list[int], n_probs: int, where: str) -> tuple[
     return top, run
 
 
-def openai_prompt_logprobs(reply: dict, n_prompt: int, n_vocab: int, where: str) -> dict | None:
+def openai_prompt_logprobs(reply: dict, n_prompt: int, n_probs: int, n_vocab: int, where: str) -> dict | None:
     """vLLM's choices[0].prompt_logprobs -> the top-k arrays of POSITIONS_FORMAT, or None when the
     server gives none (llama-server). Entry i is the distribution of prompt token i given the ones
-    before it, that is the logits of position i - 1; it holds the top k by rank and the prompt's own
-    token when that ranks lower, which is left out. Only log-probabilities are known, so top_logits
+    before it, that is the logits of position i - 1; it holds the n_probs best by rank, and the prompt's
+    own token when that ranks lower, which is left out. Only log-probabilities are known, so top_logits
     are the log-probabilities and logsumexp is 0: top_logits - logsumexp is the log-probability, as
     for any top-k golden of reference.positions."""
     rows = reply["choices"][0].get("prompt_logprobs")
-    if rows is None:
+    if rows is None or n_prompt < 2:  # one prompt token: no position chooses a prompt token
         return None
     try:
-        ranked = [sorted(((int(v["rank"]), token_id(t, where), float(v["logprob"])) for t, v in row.items()))
-                  for row in rows[1:]]
+        ranked = [sorted((int(v["rank"]), token_id(t, where), float(v["logprob"])) for t, v in row.items()
+                         if int(v["rank"]) <= n_probs) for row in rows[1:]]
     except (KeyError, TypeError, ValueError, AttributeError):
         raise GoldenError(f"{where}: malformed prompt_logprobs") from None
-    k = min(len(r) for r in ranked) if ranked else 0
-    if len(rows) != n_prompt or k == 0:
-        raise GoldenError(f"{where}: prompt_logprobs has {len(rows)} entries for {n_prompt} prompt tokens")
+    if len(rows) != n_prompt or any(len(r) != n_probs for r in ranked):
+        raise GoldenError(f"{where}: prompt_logprobs is not {n_prompt} entries of the {n_probs} best tokens")
     return {"positions": np.arange(n_prompt - 1, dtype=np.int64), "n_vocab": np.int64(n_vocab),
-            "top_ids": np.array([[t for _, t, _ in r[:k]] for r in ranked], np.int32),
-            "top_logits": np.array([[lp for _, _, lp in r[:k]] for r in ranked], np.float32),
+            "top_ids": np.array([[t for _, t, _ in r] for r in ranked], np.int32).reshape(-1, n_probs),
+            "top_logits": np.array([[lp for _, _, lp in r] for r in ranked], np.float32).reshape(-1, n_probs),
             "logsumexp": np.zeros(len(ranked), np.float32)}
 
 
@@ -580,7 +579,7 @@ def openai_engine(args) -> Engine:
         reply = http_json(f"{url}/v1/completions", openai_request(served, ids, n, args.n_probs))
         where = f"{url}/v1/completions"
         top, run = openai_topk(reply, ids, args.n_probs, where)
-        prompt = openai_prompt_logprobs(reply, len(ids), n_vocab, where)
+        prompt = openai_prompt_logprobs(reply, len(ids), args.n_probs, n_vocab, where)
         run["system_fingerprint"] = reply.get("system_fingerprint")  # llama-server: its build, e.g. b1-0c1e570
         return {**top, "run": run, **({"prompt": prompt} if prompt else {})}
 
