@@ -391,15 +391,14 @@ def free_port():  # -> a TCP port nobody listens on now
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def llama_server():  # -> URL of a llama-server on tiny-a-f32, launched as tests/fixtures/README.md says
-    binary = os.environ.get("LLAMA_SERVER")
-    if not binary:
-        pytest.skip("set LLAMA_SERVER to a llama-server binary to test against a live server")
+SERVER_OPTIONS = ["-c", "512", "-t", "1", "-tb", "1", "-np", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off",
+                  "--no-webui", "-cram", "0"]  # as tests/fixtures/README.md records the fixtures
+
+
+def served(binary, model, cwd=None):  # a fixture's body: yields the URL of llama-server on `model`, then stops it
     port = free_port()
-    proc = subprocess.Popen([binary, "-m", TINY_A, "--host", "127.0.0.1", "--port", str(port), "-c", "512",
-                             "-t", "1", "-tb", "1", "-np", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off",
-                             "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), *SERVER_OPTIONS],
+                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -415,6 +414,14 @@ def llama_server():  # -> URL of a llama-server on tiny-a-f32, launched as tests
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def llama_server():  # -> URL of a llama-server on tiny-a-f32, launched as tests/fixtures/README.md says
+    binary = os.environ.get("LLAMA_SERVER")
+    if not binary:
+        pytest.skip("set LLAMA_SERVER to a llama-server binary to test against a live server")
+    yield from served(binary, TINY_A)
 
 
 def test_live_server_reproduces_the_recorded_golden(llama_server, tmp_path):

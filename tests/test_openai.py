@@ -7,10 +7,7 @@ import http.server
 import json
 import os
 import shutil
-import subprocess
 import threading
-import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -219,35 +216,14 @@ def test_vllm_shaped_reply_gives_back_the_logits_it_was_made_of(replay, tmp_path
 # ---------------------------------------------------------------------------------------------
 # a live llama-server: LLAMA_SERVER names its binary, else llama-server on PATH
 
-SERVER_OPTIONS = ["-c", "512", "-t", "1", "-tb", "1", "-np", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off",
-                  "--no-webui", "-cram", "0"]  # as tests/fixtures/README.md records the fixtures
-
-
 @pytest.fixture(scope="module")
-def live_server():  # -> URL of a llama-server on glimmer-default-f16, started in golden/models
+def live_server():  # -> URL of a llama-server on glimmer-default-f16, started in golden/models (served by file name)
     binary = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
     if not binary:
         pytest.skip("no llama-server binary (set LLAMA_SERVER or put it on PATH); the recorded replies are "
                     "checked by the other tests of this file")
-    from test_golden import free_port
-    port = free_port()
-    proc = subprocess.Popen([binary, "-m", os.path.basename(GLIMMER), "--host", "127.0.0.1", "--port", str(port),
-                             *SERVER_OPTIONS], cwd=MODELS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("llama-server did not come up")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    from test_golden import served
+    yield from served(binary, os.path.basename(GLIMMER), cwd=MODELS)
 
 
 def test_live_server_reproduces_the_recorded_golden(live_server, replay, tmp_path):

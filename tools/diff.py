@@ -5,7 +5,9 @@
                          [--json OUT.json] [--plot OUT.png] [--topk 5] [--worst 20]
 
 REF and TEST are float `.npy` logits `[n_pos, n_vocab]` (a 1-D `[n_vocab]` counts as one position),
-top-k goldens `.topk.npz` (llama-server; format in tools/golden.py), or two directories of them: a
+top-k goldens `.topk.npz` (llama-server, openai; format in tools/golden.py), goldens of some
+positions `.positions.npz` (tools.golden --logits-positions; reference/positions.py), or two
+directories of them: a
 golden or corpus directory of tools.golden is read through its `manifest.json` (a JSON list of
 entries, or an object holding it under "goldens", "entries" or "files"; each entry has "file" and
 "prompt_id" or "id"). Without a manifest the files pair by name. Every reference prompt needs a test
@@ -23,6 +25,14 @@ probabilities, not logits: they do not depend on a per-row offset of the logits)
 tokens plus one bucket for the rest of the probability mass (a lower bound of the full KL), top-k
 agreement is the overlap of the full side's k best with the golden's, and the margin is a log-
 probability gap, which equals the logit gap.
+
+Any two goldens are compared at the positions both have; the report's coverage counts the positions
+only one side has, and the k of a side that lists top-k tokens only (a note line says so). Whole rows
+on both sides are compared as logits. A top-k side against whole rows is compared on its k tokens,
+as above. Two top-k sides are compared on REF's first k = min(k_ref, k_test) tokens: a token of those
+missing from TEST's list counts at TEST's smallest listed log-probability (an upper bound of its
+value there, so its difference is a lower bound), and top-k agreement is the overlap of the two
+first-k lists.
 
 Near-tie rule. A position whose top-1 differs is a near-tie when the reference's own top1-top2
 margin is below M, else a real divergence. M is, in order of preference:
