@@ -17,7 +17,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, MODELS, ROOT, cli_error, run_cli
+from conftest import GOLDEN, MODELS, ROOT, cli_error, require, run_cli
 
 from tools import diff, golden
 
@@ -361,6 +361,28 @@ def test_positions_goldens_against_llama_cpp(tmp_path):
         assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
     assert "len100: compared at 3 positions on the top 20 tokens; REF lists the top 20 only, 9 positions only in REF" \
         in r.stdout
+
+
+def test_llama_cpp_positions_golden_keeps_its_own_logits(tmp_path):
+    """--engine llama-cpp with --logits-positions: the kept top-20 logits equal those of the committed
+    all-position golden of the same build and options bit for bit, so the log-probabilities differ by
+    the float32 rounding of the stored logsumexp alone (half a spacing at |logsumexp| < 16)."""
+    require("llama_cpp")
+    with open(os.path.join(LLAMA_CPP_RUN, "manifest.json")) as f:
+        options = json.load(f)["options"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": e, "token_ids": llama_cpp_golden(e)[0]["token_ids"]}) + "\n"
+                               for e in ("len33", "len100")))
+    assert golden.main(["--engine", "llama-cpp", "--model", TINY_A, "--kv-type", options["kv_type"], "--prompts",
+                        str(prompts), "--out", str(tmp_path / "lc"), "--logits-positions", "0,-8:",
+                        "--logits-topk", "20"]) == 0
+    for pid in ("len33", "len100"):
+        full = llama_cpp_golden(pid)[1]
+        with np.load(tmp_path / "lc" / f"{pid}.positions.npz") as z:
+            kept = np.take_along_axis(full[z["positions"]], z["top_ids"].astype(np.int64), axis=1)
+            np.testing.assert_array_equal(kept, z["top_logits"])
+        s = diff.diff_pair(full, diff.load_positions(str(tmp_path / "lc" / f"{pid}.positions.npz")))["summary"]
+        assert s["top1"] == 1.0 and s["topk"] == 1.0 and s["max_abs"] <= np.spacing(np.float32(16)) / 2, s
 
 
 @pytest.mark.parametrize("args, problem", [
