@@ -169,6 +169,12 @@ def test_text_prompts_and_server_errors_exit_2(replay, tmp_path):
     assert f"tools.golden: {url}/v1/completions: HTTP 400: " in r.stderr, r.stderr
     r = run_cli("tools.golden", "--engine", "openai", "--prompts", text, "--out", tmp_path / "o")
     assert cli_error(r, "--engine openai needs --n-predict N > 0")
+    from test_golden import free_port
+    nobody = f"http://127.0.0.1:{free_port()}"
+    r = run_cli("tools.golden", "--engine", "openai", "--server-url", nobody, "--n-predict", "8", "--prompts", text,
+                "--out", tmp_path / "none")
+    assert cli_error(r, f"tools.golden: {nobody}/v1/models: ", "Connection refused")
+    assert not (tmp_path / "none").exists()
 
 
 def vllm_exchanges(n_probs=20):  # -> replies in vLLM's shape, made from llama.cpp's committed golden of len7
