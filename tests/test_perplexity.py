@@ -67,6 +67,19 @@ def test_ggml_cpu_base_is_llama_perplexitys_own(tmp_path, capsys):
     assert final_estimate(stderr) == final_estimate(recorded("lcpp-tiny-a-f32.stderr"))
 
 
+def test_ggml_cpu_base_in_two_batches_per_chunk(tmp_path, capsys):
+    """-b 64 below -c 128: each chunk is decoded in two batches, the first without outputs, on one
+    cache. llama-perplexity wrote the identical file with -b 64 (and with its default -b 2048, 16
+    chunks a batch; tests/fixtures/perplexity/README.md), so the first two chunks' rows must be
+    the committed base's."""
+    out = str(tmp_path / "ref.kld")
+    assert run_tool(capsys, "-m", F32_MODEL, "-f", TEXT, "-c", "128", "-b", "64", "--chunks", "2",
+                    "--numerics", "ggml-cpu", "--kl-divergence-base", out)[0] == 0
+    ref, lcpp = ppl.read_kld(out), ppl.read_kld(fixture("lcpp-tiny-a-f32.kld"))
+    assert ref.n_chunk == 2 and np.array_equal(ref.tokens, lcpp.tokens[:2])
+    assert np.array_equal(ref.rows, lcpp.rows[:2])
+
+
 def final_estimate(lines):  # -> "Final estimate: PPL = X +/- Y" as printed (llama.cpp's shares a line)
     return re.search(r"Final estimate: PPL = \S+ \+/- \S+", "\n".join(lines)).group(0)
 
