@@ -246,6 +246,7 @@ def small_kld(tmp_path, n_vocab):  # -> a valid one-chunk .kld of n_ctx 8 over n
     (["-m", F32_MODEL, "-f", TEXT, "-c", "128", "-b", "200"], "must be below -c 128 or a multiple"),
     (["-m", F32_MODEL, "-f", TEXT, "-c", "4"], "out of range"),
     (["-m", F32_MODEL, "--kl-divergence"], "--kl-divergence reads one base"),
+    (["-m", F32_MODEL, "-f", TEXT, "--chunks", "0"], "--chunks must be -1 (all) or at least 1"),
     (["-m", F32_MODEL, "-f", TEXT, "--kl-divergence-base-f32", "out.npy"], "must name a .npz file"),
     (["-m", F32_MODEL, "-f", TEXT, "-fa", "on"], "for --numerics ggml-cpu only"),
     (["-m", os.path.join(FIX, "no-such.gguf"), "-f", TEXT], "no-such.gguf"),
@@ -262,6 +263,13 @@ def test_bad_text_and_bases(tmp_path):
     npz = write_bytes(tmp_path / "bad.npz", b"not a zip")
     cli_error(run_cli("tools.perplexity", "-m", F32_MODEL, "--kl-divergence-base-f32", npz, "--kl-divergence"),
               "bad.npz: not a npz base")
+    for name, arrays, expected in (
+            ("shape.npz", {"n_ctx": 8, "tokens": np.zeros(8, np.int32), "log_probs": np.zeros((1, 2, 512))}, "do not fit"),
+            ("token.npz", {"n_ctx": 8, "tokens": np.full(8, 600, np.int32), "log_probs": np.zeros((1, 3, 512))},
+             "a token is outside the vocabulary of 512")):
+        np.savez(tmp_path / name, **arrays)
+        cli_error(run_cli("tools.perplexity", "-m", F32_MODEL, "--kl-divergence-base-f32", str(tmp_path / name),
+                          "--kl-divergence"), expected)
     other = write_bytes(tmp_path / "other.kld", good_kld_bytes()[:20] + np.roll(
         np.frombuffer(good_kld_bytes()[20:20 + 4 * 512], np.int32), 1).tobytes() + good_kld_bytes()[20 + 4 * 512:])
     cli_error(run_cli("tools.perplexity", "--compare-kld", other, fixture("lcpp-tiny-a-f32.kld")),

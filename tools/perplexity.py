@@ -26,9 +26,10 @@ import time
 
 import numpy as np
 
-from reference import gguf
+from reference import gguf, run
 from reference.cli import OneLineParser, UsageError, check_output, exit_status, int_in
 from reference.ggml_cpu import KV_TYPES, GgmlCpuError
+from reference.kv import CacheError
 from reference.text import TextModel
 from reference.tokenizer import Tokenizer, TokenizerError
 
@@ -307,7 +308,7 @@ class KldBase:
         self.n_ctx, self.n_vocab, self.tokens, self.rows = n_ctx, n_vocab, tokens, rows
 
     @property
-    def n_chunk(self):
+    def n_chunk(self):  # -> chunks in the base
         return len(self.tokens)
 
     def terms(self, chunk, logits):  # chunk index, Q logits [n_scored, V] -> kl_terms
@@ -357,7 +358,7 @@ class KldWriter:
     def write(self, rows):  # [n_scored, nv] u16 -> None
         self.file.write(np.ascontiguousarray(rows, np.uint16).tobytes())
 
-    def close(self):
+    def close(self):  # -> None, the file complete
         self.file.close()
 
 
@@ -373,8 +374,11 @@ def read_f32_base(path):  # -> (n_ctx, tokens [n_chunk, n_ctx], log_probs [n_chu
     except (ValueError, KeyError, OSError, EOFError) as e:
         raise KldError(f"{path}: not a {KLD_F32_FORMAT.split(':')[0]} base ({e})") from None
     n_chunk = len(tokens) // max(n_ctx, 1)
-    if n_ctx < 4 or len(tokens) != n_chunk * n_ctx or log_probs.shape[:2] != (n_chunk, n_scored(n_ctx)):
+    if n_ctx < 4 or len(tokens) != n_chunk * n_ctx or log_probs.shape[:2] != (n_chunk, n_scored(n_ctx)) \
+            or log_probs.ndim != 3:
         raise KldError(f"{path}: shapes tokens {tokens.shape}, log_probs {log_probs.shape} do not fit n_ctx {n_ctx}")
+    if len(tokens) and not 0 <= tokens.min() <= tokens.max() < log_probs.shape[2]:
+        raise KldError(f"{path}: a token is outside the vocabulary of {log_probs.shape[2]}")
     return n_ctx, tokens.reshape(n_chunk, n_ctx), log_probs
 
 
@@ -386,7 +390,7 @@ class F32Base:
         self.n_vocab = self.log_probs.shape[2]
 
     @property
-    def n_chunk(self):
+    def n_chunk(self):  # -> chunks in the base
         return len(self.tokens)
 
     def terms(self, chunk, logits):  # chunk index, Q logits [n_scored, V] -> kl_terms
@@ -397,7 +401,6 @@ class F32Base:
 # The reference forward over llama-perplexity's chunks and batches
 
 def load_model(args):  # -> TextModel with the backend reference.run would build for these options
-    from reference import run
     model = gguf.load(args.model, "text")
     backend = run.accel_backend(args) if args.backend != "numpy" else None
     if args.numerics == "ggml-cpu":
@@ -454,39 +457,57 @@ def read_text(path):  # -> the text as llama.cpp's -f reads it: bytes kept, one 
     return text[:-1] if text.endswith("\n") else text
 
 
-def perplexity(args, lm):  # -> exit status; prints as llama-perplexity's perplexity()
-    tokenizer = Tokenizer(lm.tokenizer)
+def text_chunks(args, tokenizer):  # -> (tokens of -f, n_chunk): the whole text with BOS, cut to -c
     tokens = tokenizer.tokenize(read_text(args.file), add_special=True)
     n_ctx = args.ctx_size
     if len(tokens) < 2 * n_ctx:
         raise UsageError(f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a context of "
                          f"{n_ctx}; {args.file} tokenizes to only {len(tokens)}")
     n_chunk = len(tokens) // n_ctx if args.chunks < 0 else min(args.chunks, len(tokens) // n_ctx)
-    bos = tokenizer.required_id("bos") if tokenizer.add_bos else -1
-    writer = KldWriter(args.kl_divergence_base, n_ctx, lm.cfg.n_vocab, tokens[:n_chunk * n_ctx]) \
-        if args.kl_divergence_base else None
+    return tokens, n_chunk
+
+
+class BaseWriters:
+    """The bases a perplexity run writes: --kl-divergence-base (u16) and --kl-divergence-base-f32."""
+
+    def __init__(self, args, n_vocab, tokens):  # tokens [n_chunk * n_ctx], the chunks scored
+        self.n_ctx, self.tokens, self.f32_path, self.f32_rows = args.ctx_size, tokens, args.kl_divergence_base_f32, []
+        self.u16 = KldWriter(args.kl_divergence_base, self.n_ctx, n_vocab, tokens) if args.kl_divergence_base else None
+
+    def add(self, logits):  # [n_scored, V] f32 of one chunk -> None
+        if self.u16:
+            self.u16.write(uint16_rows(logits))
+        if self.f32_path:
+            self.f32_rows.append(log_softmax64(logits).astype(F32))
+
+    def close(self):  # -> None, both files complete
+        if self.u16:
+            self.u16.close()
+        if self.f32_path:
+            write_f32_base(self.f32_path, self.n_ctx, self.tokens, np.stack(self.f32_rows))
+
+
+def perplexity(args, lm):  # -> exit status; prints as llama-perplexity's perplexity()
+    tokenizer = Tokenizer(lm.tokenizer)
+    tokens, n_chunk = text_chunks(args, tokenizer)
+    n_ctx, bos = args.ctx_size, tokenizer.required_id("bos") if tokenizer.add_bos else -1
+    bases = BaseWriters(args, lm.cfg.n_vocab, tokens[:n_chunk * n_ctx])
+    # the .kld writer's log_softmax rounds the nll to float32, the other one does not
+    nll_of = nll_written if args.kl_divergence_base else nll_plain
     info(f"perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={n_ctx}, "
          f"batch_size={min(args.batch_size, n_seq(args, n_ctx) * n_ctx)}, n_seq={n_seq(args, n_ctx)}")
-    nll, nll2, count, log_probs = 0.0, 0.0, 0, []
+    nll, nll2, count = 0.0, 0.0, 0
     for i in chunks(n_chunk, "perplexity"):
         t0 = time.perf_counter()
         logits = chunk_logits(lm, chunk_ids(tokens, i, n_ctx, bos), args)
         if i == 0:
             info(eta_line("perplexity", time.perf_counter() - t0, n_chunk, n_seq(args, n_ctx)))
-        next_ids = np.asarray(tokens[i * n_ctx + n_ctx // 2 + 1:(i + 1) * n_ctx])
-        if writer:
-            writer.write(uint16_rows(logits))
-        if args.kl_divergence_base_f32:
-            log_probs.append(log_softmax64(logits).astype(F32))
-        for v in (nll_written if writer else nll_plain)(logits, next_ids).tolist():
-            nll, nll2 = nll + v, nll2 + v * v
-        count += len(next_ids)
+        bases.add(logits)
+        for v in nll_of(logits, np.asarray(tokens[i * n_ctx + n_ctx // 2 + 1:(i + 1) * n_ctx])).tolist():
+            nll, nll2, count = nll + v, nll2 + v * v, count + 1
         print(f"[{i + 1}]{math.exp(nll / count):.4f},", end="", flush=True)
     print()
-    if writer:
-        writer.close()
-    if args.kl_divergence_base_f32:
-        write_f32_base(args.kl_divergence_base_f32, n_ctx, tokens[:n_chunk * n_ctx], np.stack(log_probs))
+    bases.close()
     return final_estimate(nll, nll2, count)
 
 
@@ -589,7 +610,7 @@ def ppl_mode(args):  # -> exit status: perplexity of -f, writing the bases asked
     return perplexity(args, load_model(args))
 
 
-def build_parser():
+def build_parser():  # -> llama-perplexity's options and the reference's
     p = OneLineParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", help="text GGUF")
     p.add_argument("-f", "--file", help="text file (its bytes, as llama.cpp reads them)")
@@ -622,12 +643,13 @@ def work(args):  # -> exit status
         return compare_kld(args)
     if not args.model:
         raise UsageError("-m M.gguf is required (or --compare-kld Q.kld BASE.kld)")
+    if args.chunks == 0:
+        raise UsageError("--chunks must be -1 (all) or at least 1")
     args.prefill_chunk = args.ubatch_size
     return kl_mode(args) if args.kl_divergence else ppl_mode(args)
 
 
-def main(argv=None):
-    from reference.kv import CacheError
+def main(argv=None):  # -> exit status
     args = build_parser().parse_args(argv)
     return exit_status(PROG, lambda: work(args), (KldError, gguf.GGUFError, TokenizerError, GgmlCpuError, CacheError))
 
