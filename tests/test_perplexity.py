@@ -199,6 +199,23 @@ def test_f32_base_below_the_u16_noise_floor(tmp_path, capsys):
     assert abs(statistic(stdout, "Mean    KLD")[0] - printed) < STEP / 10
 
 
+def test_top_k_base(tmp_path, capsys):
+    """--kl-top-k K keeps each row's K most likely tokens and the rest of the base's mass as one
+    outcome: with K = n_vocab the statistics are the full float32 base's (every printed line);
+    with K = 16 the KLD is a lower bound of it (log-sum inequality), while PPL, Δp and the top
+    token, kept exactly, print the same lines."""
+    full, top_all, top16 = (str(tmp_path / f"{n}.npz") for n in ("full", "top512", "top16"))
+    for path, extra in ((full, []), (top_all, ["--kl-top-k", "512"]), (top16, ["--kl-top-k", "16"])):
+        assert run_tool(capsys, "-m", F32_MODEL, "-f", TEXT, *N_CTX, "--kl-divergence-base-f32", path, *extra)[0] == 0
+    out = {path: run_tool(capsys, "-m", Q8_MODEL, *N_CTX, "--kl-divergence-base-f32", path, "--kl-divergence")[1]
+           for path in (full, top_all, top16)}
+    assert out[top_all] == out[full]
+    exact = [x for x in out[full] if "KLD" not in x and not x.startswith(("chunk", " ", "  "))]
+    assert exact == [x for x in out[top16] if "KLD" not in x and not x.startswith(("chunk", " ", "  "))]
+    assert statistic(out[top16], "Mean    KLD")[0] < statistic(out[full], "Mean    KLD")[0]
+    assert os.path.getsize(top16) < os.path.getsize(full) / 10
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input: one line, exit 2, no giant allocation
 
@@ -246,6 +263,7 @@ def small_kld(tmp_path, n_vocab):  # -> a valid one-chunk .kld of n_ctx 8 over n
     (["-m", F32_MODEL, "-f", TEXT, "-c", "128", "-b", "200"], "must be below -c 128 or a multiple"),
     (["-m", F32_MODEL, "-f", TEXT, "-c", "4"], "out of range"),
     (["-m", F32_MODEL, "--kl-divergence"], "--kl-divergence reads one base"),
+    (["-m", F32_MODEL, "-f", TEXT, "--kl-top-k", "5"], "--kl-top-k applies to the base --kl-divergence-base-f32"),
     (["-m", F32_MODEL, "-f", TEXT, "--chunks", "0"], "--chunks must be -1 (all) or at least 1"),
     (["-m", F32_MODEL, "-f", TEXT, "--kl-divergence-base-f32", "out.npy"], "must name a .npz file"),
     (["-m", F32_MODEL, "-f", TEXT, "-fa", "on"], "for --numerics ggml-cpu only"),
@@ -264,9 +282,12 @@ def test_bad_text_and_bases(tmp_path):
     cli_error(run_cli("tools.perplexity", "-m", F32_MODEL, "--kl-divergence-base-f32", npz, "--kl-divergence"),
               "bad.npz: not a npz base")
     for name, arrays, expected in (
-            ("shape.npz", {"n_ctx": 8, "tokens": np.zeros(8, np.int32), "log_probs": np.zeros((1, 2, 512))}, "do not fit"),
-            ("token.npz", {"n_ctx": 8, "tokens": np.full(8, 600, np.int32), "log_probs": np.zeros((1, 3, 512))},
-             "a token is outside the vocabulary of 512")):
+            ("shape.npz", {"n_ctx": 8, "n_vocab": 512, "tokens": np.zeros(8, np.int32),
+                           "log_probs": np.zeros((1, 2, 512))}, "do not fit"),
+            ("token.npz", {"n_ctx": 8, "n_vocab": 512, "tokens": np.full(8, 600, np.int32),
+                           "log_probs": np.zeros((1, 3, 512))}, "a token of tokens is outside the vocabulary of 512"),
+            ("top.npz", {"n_ctx": 8, "n_vocab": 512, "tokens": np.zeros(8, np.int32),
+                         "top_ids": np.zeros((1, 3, 4), np.int32)}, "do not fit top_ids (1, 3, 4)")):
         np.savez(tmp_path / name, **arrays)
         cli_error(run_cli("tools.perplexity", "-m", F32_MODEL, "--kl-divergence-base-f32", str(tmp_path / name),
                           "--kl-divergence"), expected)

@@ -16,8 +16,12 @@ codes, padded to an even count. The float arithmetic of the rows and of the stat
 llama-perplexity's, float32 where it rounds to float32.
 
 The u16 codes quantize log-probabilities over 16 nats to steps of 16/65535: a base read back has a
-KL noise floor (near 5e-4 on real models), so --kl-divergence-base-f32 F.npz stores (and with
---kl-divergence reads) the base's float32 log-probabilities instead: KLD_F32_FORMAT.
+KL noise floor (near 5e-4 on real models), and log-probabilities more than 16 nats below a row's
+maximum read back at that floor; --kl-divergence-base-f32 F.npz stores (and with --kl-divergence
+reads) the base's float32 log-probabilities instead, all of them or (--kl-top-k K) the K most
+likely and the scored token's: KLD_F32_FORMAT.
+
+Several chunks in one llama.cpp batch (-b a multiple of -c) are computed here one after another.
 """
 import math
 import os
@@ -39,8 +43,10 @@ HEADER_BYTES = len(MAGIC) + 12  # n_ctx, n_vocab, n_chunk
 F32, F64 = np.float32, np.float64
 LOG_RANGE = F32(16)  # llama-perplexity stores log-probabilities down to max - 16
 MIN_STATS_COUNT = 100  # llama-perplexity prints no statistics for fewer scored tokens
-KLD_F32_FORMAT = ("npz: n_ctx int64 [], tokens int32 [n_chunk * n_ctx], "
-                  "log_probs float32 [n_chunk, n_ctx - 1 - n_ctx//2, n_vocab] (log-softmax in float64, rounded)")
+KLD_F32_FORMAT = ("npz: n_ctx, n_vocab int64 [], tokens int32 [n_chunk * n_ctx], and either log_probs float32 "
+                  "[n_chunk, n_scored, n_vocab] (log-softmax in float64, rounded) or, with --kl-top-k K, "
+                  "top_ids int32 and top_log_probs float32 [n_chunk, n_scored, K] (most likely first) and "
+                  "next_log_probs float32 [n_chunk, n_scored] (the scored token's); n_scored = n_ctx - 1 - n_ctx//2")
 
 
 class KldError(Exception):
@@ -131,6 +137,25 @@ def kld_terms_f32(logits, log_base, next_ids):  # [N, V], [N, V] f32 log-probs, 
     p_diff = np.exp(-nll) - np.exp(-nll_base)
     return kl_terms(nll, nll * nll, nll_base, nll_base * nll_base, nll * nll_base, kld, p_diff,
                     np.argmax(logits, axis=1) == np.argmax(log_base, axis=1))
+
+
+def kld_terms_top_k(logits, top_ids, top_lp, next_lp, next_ids):  # [N, V], [N, k] x2, [N], [N] -> kl_terms
+    """The base's k most likely tokens, the rest of its mass as one more outcome: a lower bound of
+    the KLD (the log-sum inequality), exact for k = n_vocab; PPL, Δp and the top token are exact."""
+    log_q = log_softmax64(logits)
+    at = np.arange(len(logits)), next_ids
+    lp_base, lq = np.asarray(top_lp, F64), np.take_along_axis(log_q, top_ids.astype(np.int64), 1)
+    outside = np.ones(log_q.shape, bool)
+    np.put_along_axis(outside, top_ids.astype(np.int64), False, 1)
+    rest_q = np.sum(np.exp(log_q) * outside, axis=1)  # summed, not 1 - top: no cancellation
+    rest_base = np.maximum(1 - np.sum(np.exp(lp_base), axis=1), 0.0)  # float32 rounding only, for k = n_vocab
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rest = np.where((rest_base > 0) & (rest_q > 0), rest_base * (np.log(rest_base) - np.log(rest_q)), 0.0)
+    kld = np.sum(np.exp(lp_base) * (lp_base - lq), axis=1) + rest
+    nll, nll_base = -log_q[at], -np.asarray(next_lp, F64)
+    p_diff = np.exp(-nll) - np.exp(-nll_base)
+    return kl_terms(nll, nll * nll, nll_base, nll_base * nll_base, nll * nll_base, kld, p_diff,
+                    np.argmax(logits, axis=1) == top_ids[:, 0])
 
 
 def log_softmax64(logits):  # [N, V] -> [N, V] f64
@@ -362,39 +387,58 @@ class KldWriter:
         self.file.close()
 
 
-def write_f32_base(path, n_ctx, tokens, log_probs):  # KLD_F32_FORMAT
+def top_k_rows(log_probs, next_ids, k):  # [N, V] f64, [N], k -> {top_ids [N, k], top_log_probs, next_log_probs}
+    top = np.argsort(-log_probs, axis=1, kind="stable")[:, :k]  # descending; ties by id
+    return {"top_ids": top.astype(np.int32), "top_log_probs": np.take_along_axis(log_probs, top, 1).astype(F32),
+            "next_log_probs": log_probs[np.arange(len(log_probs)), next_ids].astype(F32)}
+
+
+def write_f32_base(path, n_ctx, n_vocab, tokens, chunks):  # chunks: [{name: [n_scored, ...]}] -> KLD_F32_FORMAT
+    arrays = {name: np.stack([c[name] for c in chunks]) for name in chunks[0]}
     with open(path, "wb") as f:
-        np.savez(f, n_ctx=np.int64(n_ctx), tokens=np.asarray(tokens, np.int32), log_probs=np.asarray(log_probs, F32))
+        np.savez(f, n_ctx=np.int64(n_ctx), n_vocab=np.int64(n_vocab), tokens=np.asarray(tokens, np.int32), **arrays)
 
 
-def read_f32_base(path):  # -> (n_ctx, tokens [n_chunk, n_ctx], log_probs [n_chunk, n_scored, V] f32)
+def read_f32_base(path):  # -> dict of KLD_F32_FORMAT's arrays, tokens as [n_chunk, n_ctx], checked
     try:
         with np.load(path, allow_pickle=False) as z:
-            n_ctx, tokens, log_probs = int(z["n_ctx"]), z["tokens"], z["log_probs"]
-    except (ValueError, KeyError, OSError, EOFError) as e:
+            base = {name: z[name] for name in z.files}
+            n_ctx, n_vocab, tokens = int(base["n_ctx"]), int(base["n_vocab"]), base["tokens"]
+    except (ValueError, KeyError, TypeError, OSError, EOFError) as e:
         raise KldError(f"{path}: not a {KLD_F32_FORMAT.split(':')[0]} base ({e})") from None
     n_chunk = len(tokens) // max(n_ctx, 1)
-    if n_ctx < 4 or len(tokens) != n_chunk * n_ctx or log_probs.shape[:2] != (n_chunk, n_scored(n_ctx)) \
-            or log_probs.ndim != 3:
-        raise KldError(f"{path}: shapes tokens {tokens.shape}, log_probs {log_probs.shape} do not fit n_ctx {n_ctx}")
-    if len(tokens) and not 0 <= tokens.min() <= tokens.max() < log_probs.shape[2]:
-        raise KldError(f"{path}: a token is outside the vocabulary of {log_probs.shape[2]}")
-    return n_ctx, tokens.reshape(n_chunk, n_ctx), log_probs
+    rows = base.get("log_probs", base.get("top_ids"))
+    if n_ctx < 4 or n_vocab < 1 or len(tokens) != n_chunk * n_ctx or rows is None or rows.ndim != 3 \
+            or rows.shape[:2] != (n_chunk, n_scored(n_ctx)):
+        raise KldError(f"{path}: the arrays {', '.join(f'{k} {v.shape}' for k, v in base.items())} do not fit")
+    if "top_ids" in base and (base.get("top_log_probs", rows[:0]).shape != rows.shape
+                              or base.get("next_log_probs", rows[:0]).shape != rows.shape[:2]):
+        raise KldError(f"{path}: top_log_probs and next_log_probs do not fit top_ids {rows.shape}")
+    for name in ("tokens", "top_ids"):
+        if name in base and base[name].size and not 0 <= base[name].min() <= base[name].max() < n_vocab:
+            raise KldError(f"{path}: a token of {name} is outside the vocabulary of {n_vocab}")
+    base["tokens"] = tokens.reshape(n_chunk, n_ctx)
+    return base
 
 
 class F32Base:
-    """A --kl-divergence-base-f32 base: the same chunks, full-precision log-probabilities."""
+    """A --kl-divergence-base-f32 base: the same chunks, full-precision log-probabilities of every
+    token, or (written with --kl-top-k) of the k most likely ones and of the scored token."""
 
     def __init__(self, path):
-        self.n_ctx, self.tokens, self.log_probs = read_f32_base(path)
-        self.n_vocab = self.log_probs.shape[2]
+        self.arrays = read_f32_base(path)
+        self.n_ctx, self.n_vocab, self.tokens = int(self.arrays["n_ctx"]), int(self.arrays["n_vocab"]), self.arrays["tokens"]
 
     @property
     def n_chunk(self):  # -> chunks in the base
         return len(self.tokens)
 
     def terms(self, chunk, logits):  # chunk index, Q logits [n_scored, V] -> kl_terms
-        return kld_terms_f32(logits, self.log_probs[chunk], self.tokens[chunk, self.n_ctx // 2 + 1:])
+        next_ids, a = self.tokens[chunk, self.n_ctx // 2 + 1:], self.arrays
+        if "log_probs" in a:
+            return kld_terms_f32(logits, a["log_probs"][chunk], next_ids)
+        return kld_terms_top_k(logits, a["top_ids"][chunk], a["top_log_probs"][chunk], a["next_log_probs"][chunk],
+                               next_ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,20 +515,23 @@ class BaseWriters:
     """The bases a perplexity run writes: --kl-divergence-base (u16) and --kl-divergence-base-f32."""
 
     def __init__(self, args, n_vocab, tokens):  # tokens [n_chunk * n_ctx], the chunks scored
-        self.n_ctx, self.tokens, self.f32_path, self.f32_rows = args.ctx_size, tokens, args.kl_divergence_base_f32, []
+        self.n_ctx, self.n_vocab, self.tokens, self.f32_rows = args.ctx_size, n_vocab, tokens, []
+        self.f32_path, self.top_k = args.kl_divergence_base_f32, args.kl_top_k
         self.u16 = KldWriter(args.kl_divergence_base, self.n_ctx, n_vocab, tokens) if args.kl_divergence_base else None
 
-    def add(self, logits):  # [n_scored, V] f32 of one chunk -> None
+    def add(self, logits, next_ids):  # [n_scored, V] f32 of one chunk, the tokens it scores -> None
         if self.u16:
             self.u16.write(uint16_rows(logits))
         if self.f32_path:
-            self.f32_rows.append(log_softmax64(logits).astype(F32))
+            log_probs = log_softmax64(logits)
+            self.f32_rows.append(top_k_rows(log_probs, next_ids, self.top_k) if self.top_k
+                                 else {"log_probs": log_probs.astype(F32)})
 
     def close(self):  # -> None, both files complete
         if self.u16:
             self.u16.close()
         if self.f32_path:
-            write_f32_base(self.f32_path, self.n_ctx, self.tokens, np.stack(self.f32_rows))
+            write_f32_base(self.f32_path, self.n_ctx, self.n_vocab, self.tokens, self.f32_rows)
 
 
 def perplexity(args, lm):  # -> exit status; prints as llama-perplexity's perplexity()
@@ -502,8 +549,9 @@ def perplexity(args, lm):  # -> exit status; prints as llama-perplexity's perple
         logits = chunk_logits(lm, chunk_ids(tokens, i, n_ctx, bos), args)
         if i == 0:
             info(eta_line("perplexity", time.perf_counter() - t0, n_chunk, n_seq(args, n_ctx)))
-        bases.add(logits)
-        for v in nll_of(logits, np.asarray(tokens[i * n_ctx + n_ctx // 2 + 1:(i + 1) * n_ctx])).tolist():
+        next_ids = np.asarray(tokens[i * n_ctx + n_ctx // 2 + 1:(i + 1) * n_ctx])
+        bases.add(logits, next_ids)
+        for v in nll_of(logits, next_ids).tolist():
             nll, nll2, count = nll + v, nll2 + v * v, count + 1
         print(f"[{i + 1}]{math.exp(nll / count):.4f},", end="", flush=True)
     print()
@@ -588,6 +636,8 @@ def read_base(args):  # --kl-divergence -> KldBase or F32Base
 
 
 def kl_mode(args):  # --kl-divergence -> exit status: the model's logits against a base
+    if args.kl_top_k:
+        raise UsageError("--kl-top-k is chosen when the base is written; --kl-divergence reads what it holds")
     base = read_base(args)
     lm = load_model(args)
     if base.n_vocab != lm.cfg.n_vocab:
@@ -607,6 +657,8 @@ def ppl_mode(args):  # -> exit status: perplexity of -f, writing the bases asked
         check_output(args.kl_divergence_base, "--kl-divergence-base")
     if args.kl_divergence_base_f32:
         check_output(args.kl_divergence_base_f32, "--kl-divergence-base-f32", ".npz")
+    elif args.kl_top_k:
+        raise UsageError("--kl-top-k applies to the base --kl-divergence-base-f32 writes")
     return perplexity(args, load_model(args))
 
 
@@ -624,6 +676,8 @@ def build_parser():  # -> llama-perplexity's options and the reference's
                    help="without --kl-divergence: write the u16 base there; with it: read it")
     p.add_argument("--kl-divergence-base-f32", metavar="F.npz",
                    help="the same, with float32 log-probabilities (no u16 noise floor)")
+    p.add_argument("--kl-top-k", type=int_in(1, 1 << 24), metavar="K",
+                   help="--kl-divergence-base-f32 keeps only each row's K most likely tokens (and the scored one)")
     p.add_argument("--kl-divergence", action="store_true", help="KL divergence of -m against the base")
     p.add_argument("--compare-kld", nargs=2, metavar=("Q.kld", "BASE.kld"),
                    help="compare two bases of the same text (an engine's and the reference's), no model")
