@@ -110,6 +110,15 @@ def ppl_value(lines):  # -> the PPL of a "Final estimate: PPL = X +/- Y" line
     return float(re.search(r"Final estimate: PPL = ([\d.]+)", "\n".join(lines)).group(1))
 
 
+def test_expf_is_glibcs():
+    """llama-perplexity's expf is glibc's; NumPy's exp (float64, rounded) differs from it in ~6 of
+    10000 values, which can move a float32 log-sum-exp and so a u16 code."""
+    from reference.ggml_cpu import libm
+    x = np.random.default_rng(0).uniform(-40, 0, 20000).astype(np.float32)
+    assert np.array_equal(ppl.expf(x), libm("expf", x))
+    assert not np.array_equal(np.exp(x.astype(np.float64)).astype(np.float32), libm("expf", x))  # the check can fail
+
+
 def test_text_is_read_as_bytes():
     """llama.cpp keeps the \\r of CRLF lines (and drops one trailing \\n): the tokens it stored in its
     base are the tokenization of the bytes; the same text with universal newlines tokenizes to

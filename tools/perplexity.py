@@ -23,6 +23,9 @@ likely and the scored token's: KLD_F32_FORMAT.
 
 Several chunks in one llama.cpp batch (-b a multiple of -c) are computed here one after another.
 """
+import ctypes
+import ctypes.util
+import functools
 import math
 import os
 import sys
@@ -32,7 +35,7 @@ import numpy as np
 
 from reference import gguf, run
 from reference.cli import OneLineParser, UsageError, check_output, exit_status, int_in
-from reference.ggml_cpu import KV_TYPES, GgmlCpuError
+from reference.ggml_cpu import KV_TYPES, GgmlCpuError, libm
 from reference.kv import CacheError
 from reference.text import TextModel
 from reference.tokenizer import Tokenizer, TokenizerError
@@ -64,8 +67,32 @@ def row_width(n_vocab):  # -> u16 per stored row: 4 (scale, min_log_prob) + n_vo
 # ---------------------------------------------------------------------------------------------
 # llama-perplexity's float arithmetic, row-wise
 
-def expf(x):  # [...] f32 -> [...] f32, glibc's expf (correctly rounded but in rare near-ties)
-    return np.exp(np.asarray(x, F64)).astype(F32)
+@functools.lru_cache(maxsize=None)
+def expf_loop():  # -> numba-compiled (x [n] f32, out [n] f32) -> None calling glibc's expf, or None
+    """NumPy's exp, even in float64 and rounded, differs from glibc's expf in ~6 of 10000 values;
+    the C library's own function is called, from a compiled loop where numba is installed."""
+    try:
+        import numba
+    except ImportError:
+        return None
+    c_expf = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6").expf
+    c_expf.restype, c_expf.argtypes = ctypes.c_float, [ctypes.c_float]
+
+    @numba.njit
+    def loop(x, out):
+        for i in range(x.size):
+            out[i] = c_expf(x[i])
+    return loop
+
+
+def expf(x):  # [...] f32 -> [...] f32: glibc's expf, as llama-perplexity calls it
+    x = np.ascontiguousarray(x, F32)
+    loop = expf_loop()
+    if loop is None:
+        return libm("expf", x)  # one ctypes call per value: exact, slow
+    out = np.empty_like(x)
+    loop(x.ravel(), out.ravel())
+    return out
 
 
 def sequential_sum(x):  # [N, V] f32 -> [N] f64: `double sum += x[i]` in index order
