@@ -192,6 +192,13 @@ def test_compare_kld_two_bases(capsys):
     storage_noise(stdout)
 
 
+def test_plot(tmp_path, capsys):
+    plot = tmp_path / "kl.png"
+    assert run_tool(capsys, "--compare-kld", fixture("ref-tiny-a-f32.kld"), fixture("lcpp-tiny-a-f32.kld"),
+                    "--plot", str(plot))[0] == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_f32_base_below_the_u16_noise_floor(tmp_path, capsys):
     """A float32 base of the exact reference, read back by the same model: the KLD is the float32
     rounding of the stored log-probabilities (~1e-7 nats), far below the u16 floor; against
@@ -272,6 +279,7 @@ def small_kld(tmp_path, n_vocab):  # -> a valid one-chunk .kld of n_ctx 8 over n
     (["-m", F32_MODEL, "-f", TEXT, "-c", "128", "-b", "200"], "must be below -c 128 or a multiple"),
     (["-m", F32_MODEL, "-f", TEXT, "-c", "4"], "out of range"),
     (["-m", F32_MODEL, "--kl-divergence"], "--kl-divergence reads one base"),
+    (["-m", F32_MODEL, "-f", TEXT, "--plot", "x.png"], "--plot draws the KL statistics"),
     (["-m", F32_MODEL, "-f", TEXT, "--kl-top-k", "5"], "--kl-top-k applies to the base --kl-divergence-base-f32"),
     (["-m", F32_MODEL, "-f", TEXT, "--chunks", "0"], "--chunks must be -1 (all) or at least 1"),
     (["-m", F32_MODEL, "-f", TEXT, "--kl-divergence-base-f32", "out.npy"], "must name a .npz file"),

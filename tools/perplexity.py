@@ -39,6 +39,7 @@ from reference.ggml_cpu import KV_TYPES, GgmlCpuError, libm
 from reference.kv import CacheError
 from reference.text import TextModel
 from reference.tokenizer import Tokenizer, TokenizerError
+from tools.diff import check_plot, pyplot, save_figure
 
 PROG = "tools.perplexity"
 MAGIC = b"_logits_"
@@ -622,7 +623,23 @@ def kl_divergence(args, base, q_logits):  # q_logits(chunk) -> [n_scored, V]; pr
         info(f"kl_divergence: {sums.count} scored tokens: llama-perplexity prints statistics from {MIN_STATS_COUNT}")
         return 0
     print("\n".join(statistics_lines(sums)))
+    if args.plot:
+        plot_kl(args.plot, sums, f"{os.path.basename(args.model or args.compare_kld[0])} against its base")
     return 0
+
+
+def plot_kl(path, s, title):  # KlSums -> PNG: the per-token KLD (sorted) and the Δp histogram
+    plt = pyplot(path)
+    kld, p_diff = np.sort(np.concatenate(s.kld_values)), np.concatenate(s.p_diff_values)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(np.arange(1, len(kld) + 1) / len(kld), kld)
+    left.set(xlabel="fraction of scored tokens", ylabel="KLD (nats)", title="KLD per token, sorted")
+    left.set_yscale("symlog", linthresh=1e-5)  # the storage noise makes KLD values slightly negative
+    right.hist(100 * p_diff, bins=60)
+    right.set(yscale="log", xlabel="Δp (%)", ylabel="tokens", title="Δp = p_Q(token) - p_base(token)")
+    fig.suptitle(f"{title}: {s.count} tokens, mean KLD {s.sums['kld'] / s.count:.6f}")
+    fig.tight_layout()
+    save_figure(plt, fig, path)
 
 
 def code_agreement(a, b):  # KldBase x2 of one shape -> (identical codes, codes, largest |difference|)
@@ -708,6 +725,7 @@ def build_parser():  # -> llama-perplexity's options and the reference's
     p.add_argument("--kl-divergence", action="store_true", help="KL divergence of -m against the base")
     p.add_argument("--compare-kld", nargs=2, metavar=("Q.kld", "BASE.kld"),
                    help="compare two bases of the same text (an engine's and the reference's), no model")
+    p.add_argument("--plot", metavar="F.png", help="with --kl-divergence or --compare-kld: the per-token KLD and Δp")
     p.add_argument("--numerics", choices=("exact", "ggml-cpu"), default="exact",
                    help="ggml-cpu: round as llama.cpp's CPU backend does (F16 KV cache, flash attention on, "
                         "as llama-perplexity's defaults); with -b equal to -c, llama-perplexity's own logits")
@@ -720,6 +738,10 @@ def build_parser():  # -> llama-perplexity's options and the reference's
 
 
 def work(args):  # -> exit status
+    if args.plot:
+        if not (args.kl_divergence or args.compare_kld):
+            raise UsageError("--plot draws the KL statistics of --kl-divergence or --compare-kld")
+        check_plot(args.plot)
     if args.compare_kld:
         return compare_kld(args)
     if not args.model:
