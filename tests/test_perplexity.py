@@ -172,14 +172,16 @@ def llama_perplexity(*args):  # -> stdout lines of a KL run that printed its sta
 # ---------------------------------------------------------------------------------------------
 # KL statistics: the reference's against what llama-perplexity printed
 
-def test_kl_statistics_equal_llama_perplexitys_q8_0(capsys):
-    """tiny-a-q8_0 with --numerics ggml-cpu against llama-perplexity's own base: both sides are
-    llama.cpp's arithmetic, so every chunk line and every statistic must be what it printed, digit
-    for digit (Q8_0 is not repacked, so its --no-repack run is the modelled build's arithmetic)."""
+@pytest.mark.parametrize("base", ["lcpp", "ref"])
+def test_kl_statistics_equal_llama_perplexitys_q8_0(capsys, base):
+    """tiny-a-q8_0 with --numerics ggml-cpu against llama-perplexity's own base and against the
+    reference's: the Q side is llama.cpp's arithmetic, so every chunk line and every statistic must
+    be what llama-perplexity printed, digit for digit (Q8_0 is not repacked, so its --no-repack run
+    is the modelled build's arithmetic)."""
     status, stdout, _ = run_tool(capsys, "-m", Q8_MODEL, *N_CTX, "--numerics", "ggml-cpu",
-                                 "--kl-divergence-base", fixture("lcpp-tiny-a-f32.kld"), "--kl-divergence")
+                                 "--kl-divergence-base", fixture(f"{base}-tiny-a-f32.kld"), "--kl-divergence")
     assert status == 0
-    assert from_header(stdout) == from_header(recorded("lcpp-tiny-a-q8_0-vs-lcpp-base.stdout"))
+    assert from_header(stdout) == from_header(recorded(f"lcpp-tiny-a-q8_0-vs-{base}-base.stdout"))
 
 
 def test_compare_kld_two_bases(capsys):
