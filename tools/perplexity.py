@@ -619,12 +619,12 @@ def kl_divergence(args, base, q_logits):  # q_logits(chunk) -> [n_scored, V]; pr
         sums.add(base.terms(i, logits))
         print(chunk_line(i + 1, sums), flush=True)
     print()
+    if args.plot:
+        plot_kl(args.plot, sums, f"{os.path.basename(args.model or args.compare_kld[0])} against its base")
     if sums.count < MIN_STATS_COUNT:
         info(f"kl_divergence: {sums.count} scored tokens: llama-perplexity prints statistics from {MIN_STATS_COUNT}")
         return 0
     print("\n".join(statistics_lines(sums)))
-    if args.plot:
-        plot_kl(args.plot, sums, f"{os.path.basename(args.model or args.compare_kld[0])} against its base")
     return 0
 
 
@@ -715,7 +715,8 @@ def build_parser():  # -> llama-perplexity's options and the reference's
                    help="llama.cpp's logical batch (default 2048): below -c a chunk is decoded in batches; "
                         "a multiple of -c puts several chunks in one llama.cpp batch (here: one after another)")
     p.add_argument("-ub", "--ubatch-size", type=int_in(1, 1 << 20), default=512, help="physical batch (default 512)")
-    p.add_argument("--chunks", type=int_in(-1, 1 << 30), default=-1, help="at most this many chunks (-1: all)")
+    p.add_argument("--chunks", type=int_in(-1, 1 << 30), default=-1,
+                   help="at most this many chunks (-1: all); here it also caps a --kl-divergence run")
     p.add_argument("--kl-divergence-base", metavar="F.kld",
                    help="without --kl-divergence: write the u16 base there; with it: read it")
     p.add_argument("--kl-divergence-base-f32", metavar="F.npz",
