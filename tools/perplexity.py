@@ -46,6 +46,7 @@ MAGIC = b"_logits_"
 HEADER_BYTES = len(MAGIC) + 12  # n_ctx, n_vocab, n_chunk
 F32, F64 = np.float32, np.float64
 LOG_RANGE = F32(16)  # llama-perplexity stores log-probabilities down to max - 16
+SUM_ROWS = 16  # rows per block of sequential_sum
 MIN_STATS_COUNT = 100  # llama-perplexity prints no statistics for fewer scored tokens
 KLD_F32_FORMAT = ("npz: n_ctx, n_vocab int64 [], tokens int32 [n_chunk * n_ctx], and either log_probs float32 "
                   "[n_chunk, n_scored, n_vocab] (log-softmax in float64, rounded) or, with --kl-top-k K, "
@@ -97,7 +98,9 @@ def expf(x):  # [...] f32 -> [...] f32: glibc's expf, as llama-perplexity calls 
 
 
 def sequential_sum(x):  # [N, V] f32 -> [N] f64: `double sum += x[i]` in index order
-    return np.add.accumulate(np.asarray(x, F64), axis=1)[:, -1]
+    # a few rows at a time: the float64 running sums of 255 rows of the 30B's vocabulary are 0.8 GB
+    return np.concatenate([np.add.accumulate(np.asarray(x[i:i + SUM_ROWS], F64), axis=1)[:, -1]
+                           for i in range(0, len(x), SUM_ROWS)])
 
 
 def log_sum_exp(logits, max_logit):  # [N, V] f32, [N] f32 -> (sum_exp [N] f64, f32 log(sum_exp) [N])
