@@ -50,6 +50,19 @@ def run_tool(capsys, *args):  # -> (exit status, stdout lines, stderr lines) of 
     return status, out.splitlines(), err.splitlines()
 
 
+def test_fixtures_are_of_the_committed_models():
+    """The recorded runs hold for these exact files: a retrained tiny model must re-record them."""
+    import hashlib
+    import json
+    with open(fixture("manifest.json")) as f:
+        manifest = json.load(f)
+    digest = lambda path: hashlib.sha256(open(path, "rb").read()).hexdigest()  # noqa: E731
+    for run in manifest["runs"]:
+        assert digest(os.path.join(MODELS, run["model"])) == run["model_sha256"], run["id"]
+    for name, sha in {**manifest["bases"], "text-crlf.txt": manifest["text"]["sha256"]}.items():
+        assert digest(fixture(name)) == sha, name
+
+
 # ---------------------------------------------------------------------------------------------
 # Writing a base: the reference's .kld against llama-perplexity's
 
