@@ -1,6 +1,8 @@
 """tools.perplexity against llama-perplexity: its .kld files and its printed output, recorded in
 tests/fixtures/perplexity/ (README there: the commands), and live where the binary is present
 (LLAMA_PERPLEXITY=path, or llama-perplexity on PATH)."""
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -50,13 +52,15 @@ def run_tool(capsys, *args):  # -> (exit status, stdout lines, stderr lines) of 
     return status, out.splitlines(), err.splitlines()
 
 
+def digest(path):  # -> sha256 hex of a file
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def test_fixtures_are_of_the_committed_models():
     """The recorded runs hold for these exact files: a retrained tiny model must re-record them."""
-    import hashlib
-    import json
     with open(fixture("manifest.json")) as f:
         manifest = json.load(f)
-    digest = lambda path: hashlib.sha256(open(path, "rb").read()).hexdigest()  # noqa: E731
     for run in manifest["runs"]:
         assert digest(os.path.join(MODELS, run["model"])) == run["model_sha256"], run["id"]
     for name, sha in {**manifest["bases"], "text-crlf.txt": manifest["text"]["sha256"]}.items():
