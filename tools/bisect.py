@@ -49,7 +49,9 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -69,14 +71,15 @@ SUM_PRINT_SLACK = 0.5e-6  # the sum with %f
 LAYER_NAME = re.compile(r"^(?P<op>.+?)-(?P<layer>\d+)(?P<view>( \(\w+\))*)$")  # "Qcur-0 (view) (permuted)"
 
 
-def load_source(path, n_tokens=None):  # trace dir or dump file -> ({name: array | PartialTensor}, [notes])
+def load_source(path, n_tokens=None):  # trace dir or dump file -> ({name: array | PartialTensor}, [notes], config)
+    """config: the LlamaConfig of a llama.cpp dump, None for a trace."""
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
     try:
         if os.path.isdir(path):
             if not os.path.exists(os.path.join(path, INDEX)):
                 raise UsageError(f"{path}: a trace directory needs {INDEX}")
-            return load_trace(path), []
+            return load_trace(path), [], None
         return load_dump(path, n_tokens)
     except (TraceError, DumpError) as e:
         raise UsageError(str(e)) from None
@@ -360,35 +363,114 @@ def tokens_of(trace):  # {name: tensor} -> prompt length from the first full ten
     return next((int(t.shape[0]) for t in trace.values() if isinstance(t, np.ndarray) and t.ndim > 1), None)
 
 
+def threshold_rule(args, trace_a):  # parsed args, A -> (threshold or {name: threshold}, its description)
+    if args.noise_floor:
+        threshold = noise_thresholds(trace_a, load_source(args.noise_floor)[0], args.noise_floor)
+        return threshold, f"per point 64 x NMSE({args.noise_floor}, A), at least 64 x 2^-48"
+    if args.threshold is not None:
+        return args.threshold, f"{args.threshold:g} (--threshold)"
+    return EXACT_THRESHOLD, f"{EXACT_THRESHOLD:g} (default, exact vs exact)"
+
+
+def reproduce_command(config, model, trace_dir):  # LlamaConfig -> reference.run argv rounding as that dump did
+    ids = ",".join(map(str, config.prompt)) if config.prompt else "IDS"
+    return ["python", "-m", "reference.run", "--model", model or "MODEL.gguf", "--token-ids", ids,
+            "--n-predict", "1", *config.reference_options(), "--trace", trace_dir]
+
+
+def check_reproducible(args, trace_a, trace_b, config):  # -> None, or UsageError before any work
+    if is_dump(trace_a) == is_dump(trace_b):
+        raise UsageError("--reproduce needs one llama.cpp dump and one trace")
+    if not args.model:
+        raise UsageError("--reproduce needs --model, the GGUF the dump was made from")
+    if not config.prompt:
+        raise UsageError("--reproduce: the dump does not log its prompt token ids (llama-eval-callback does)")
+    try:
+        config.reference_options()
+    except DumpError as e:
+        raise UsageError(f"--reproduce: {e}") from None
+
+
+def run_reproduction(config, model):  # -> {name: array}: reference.run's trace with the dump's configuration
+    with tempfile.TemporaryDirectory(prefix="bisect-") as directory:
+        command = [sys.executable, *reproduce_command(config, model, directory)[1:]]
+        run = subprocess.run(command, capture_output=True, text=True)
+        if run.returncode != 0:
+            why = (run.stderr.strip().splitlines() or ["no message"])[-1]
+            raise UsageError(f"--reproduce: reference.run failed ({why})")
+        return load_trace(directory)
+
+
+def before_attention(result, point):  # -> True when `point` precedes the first attention output
+    names = [p["name"] for p in result["points"]]
+    attention = next((i for i, p in enumerate(result["points"]) if p["op"] == "attn_out"), None)
+    return attention is not None and names.index(point["name"]) < attention
+
+
+def config_verdict(result, config, model, reproduced):  # -> (lines, exit status) for a dump's configuration
+    """The exact reference rounds as float32 math. A dump made with an F16/Q8_0 cache or flash attention
+    rounds otherwise from the first attention output on: a difference from there is only a bug if the
+    reference run with the same configuration (`reproduced`, the comparison against it) differs too."""
+    first = result["first"]
+    lines = [f"llama.cpp configuration: {config.describe()}"]
+    if config.exact or first is None or before_attention(result, first):
+        return lines, 1 if first else 0
+    try:
+        lines.append("the reference rounds as it does with: " + " ".join(reproduce_command(config, model, "TRACE_DIR")))
+    except DumpError as e:
+        return lines + [f"not reproducible: {e}", first_line(result)], 1
+    if reproduced is None:
+        return lines + [f"{first_line(result)} (the configuration may explain it: rerun with --reproduce --model "
+                        f"{model or 'MODEL.gguf'})"], 1
+    if reproduced["first"] is None:
+        compared = sum(p["nmse"] is not None for p in reproduced["points"])
+        return lines + [f"explained by the configuration, not a bug: the exact reference differs from "
+                        f"{first['name']} on (nmse={first['nmse']:.3e}), the reference with the dump's "
+                        f"configuration agrees at all {compared} points"], 0
+    return lines + [f"{first_line(reproduced)} (against the reference with the dump's configuration)"], 1
+
+
+def is_dump(trace):  # {name: tensor} -> True for a llama.cpp text dump (printed parts of tensors)
+    return isinstance(next(iter(trace.values()), None), PartialTensor)
+
+
+def against_reproduction(args, trace_a, trace_b, config, threshold):  # -> bisect result with the trace side reproduced
+    reproduced = run_reproduction(config, args.model)
+    return bisect(trace_a, reproduced, threshold) if is_dump(trace_a) else bisect(reproduced, trace_b, threshold)
+
+
 def run_bisect(args):  # parsed CLI args -> exit status
     for option, path in (("--table", args.table), ("--json", args.json)):
         if path:
             check_output(path, option)
     if args.plot:
         check_plot(args.plot)
-    trace_a, notes = load_source(args.a)
-    trace_b, notes_b = load_source(args.b, tokens_of(trace_a))
+    trace_a, notes, config_a = load_source(args.a)
+    trace_b, notes_b, config_b = load_source(args.b, tokens_of(trace_a))
     if tokens_of(trace_a) is None and tokens_of(trace_b) is not None:
         # A is a dump: read it again, now knowing the prompt length that tells a warm-up pass apart
-        trace_a, notes = load_source(args.a, tokens_of(trace_b))
-    if args.noise_floor:
-        threshold = noise_thresholds(trace_a, load_source(args.noise_floor)[0], args.noise_floor)
-        rule = f"per point 64 x NMSE({args.noise_floor}, A), at least 64 x 2^-48"
-    elif args.threshold is not None:
-        threshold, rule = args.threshold, f"{args.threshold:g} (--threshold)"
-    else:
-        threshold, rule = EXACT_THRESHOLD, f"{EXACT_THRESHOLD:g} (default, exact vs exact)"
+        trace_a, notes, config_a = load_source(args.a, tokens_of(trace_b))
+    config = config_b or config_a
+    if args.reproduce:
+        check_reproducible(args, trace_a, trace_b, config)
+    threshold, rule = threshold_rule(args, trace_a)
     result = bisect(trace_a, trace_b, threshold)
     if not result["points"]:
         raise UsageError(f"{args.b}: no trace point in common with {args.a}")
+    needed = args.reproduce and result["first"] is not None and not config.exact
+    reproduced = against_reproduction(args, trace_a, trace_b, config, threshold) if needed else None
+    verdict, status = config_verdict(result, config, args.model, reproduced) if config else ([], None)
     print(format_summary(result, rule, notes + notes_b))
+    if verdict:
+        print("\n".join(verdict))
     if args.table:
         write_text(args.table, "--table", format_table(result, rule) + "\n")
     if args.json:
-        write_text(args.json, "--json", json.dumps({"threshold_rule": rule, **result}, indent=1))
+        write_text(args.json, "--json", json.dumps({"threshold_rule": rule, **result, "reproduced": reproduced},
+                                                   indent=1))
     if args.plot:
         plot_result(result, args.plot)
-    return 1 if result["first"] else 0
+    return (1 if result["first"] else 0) if status is None else status
 
 
 def main(argv=None):  # -> exit status
@@ -404,6 +486,10 @@ def main(argv=None):  # -> exit status
     p.add_argument("--table", help="write the layers x ops NMSE table and the per-point list")
     p.add_argument("--plot", help="write a PNG heatmap (layers x ops) and the NMSE curve")
     p.add_argument("--json", help="write the per-point results as JSON")
+    p.add_argument("--reproduce", action="store_true",
+                   help="when a llama.cpp dump's cache type or flash attention could explain a divergence, run "
+                        "reference.run with that configuration and bisect the dump against it too")
+    p.add_argument("--model", help="the GGUF the dump was made from (for --reproduce and the printed command)")
     args = p.parse_args(argv)
     try:
         return run_bisect(args)

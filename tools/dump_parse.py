@@ -27,11 +27,12 @@ then its 3-D reshape): the last one is kept, as it is the tensor the graph callb
 import math
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 N_SHOWN = 3  # common_debug_print_tensor(..., n = 3): first and last 3 per dimension
-HEADER = re.compile(r"^[A-Za-z_]\w*: +(?P<name>\S.*?) = \(\w+\) +(?P<op>[^\s(]+)\(.*\) = \{(?P<ne>[\d, ]+)\}\s*$")
+HEADER = re.compile(r"^[A-Za-z_]\w*: +(?P<name>\S.*?) = \((?P<type>\w+)\) +(?P<op>[^\s(]+)\(.*\) = \{(?P<ne>[\d, ]+)\}\s*$")
 MAX_ELEMENTS = 2 ** 48  # far beyond any real tensor; keeps a corrupt ne from overflowing index math
 SUM = re.compile(r"^sum = (?P<sum>\S+)$")
 
@@ -48,6 +49,7 @@ class PartialTensor:
     values: np.ndarray  # [k] float64
     sum: float | None  # float32 running sum over all elements, as printed; None if not printed
     op: str
+    type: str = "f32"  # the ggml type printed in the header: the cache views show the cache's
 
     @property
     def size(self):  # -> number of elements of the whole tensor
@@ -110,25 +112,25 @@ def read_values(ne, body, where):  # ggml ne, [(line number, text)] -> (index [k
 
 
 def parse_dump(text, source="dump"):  # text -> [pass: {name: PartialTensor}] in graph order
-    blocks = []  # (name, op, ne, [(line number, body line)])
+    blocks = []  # (name, op, type, ne, [(line number, body line)])
     for lineno, line in enumerate(text.splitlines(), 1):
         m = HEADER.match(line.strip())
         if m:
             ne = tuple(int(v) for v in m["ne"].split(",") if v.strip())
             if len(ne) != 4 or math.prod(ne) > MAX_ELEMENTS:
                 raise DumpError(f"{source}:{lineno}: ne {{{m['ne']}}} is not 4 plausible dimensions")
-            blocks.append((m["name"].strip(), m["op"], ne, []))
+            blocks.append((m["name"].strip(), m["op"], m["type"], ne, []))
         elif blocks:
-            blocks[-1][3].append((lineno, line))
+            blocks[-1][4].append((lineno, line))
     if not blocks:
         raise DumpError(f"{source}: no tensor lines found (expected llama-eval-callback or "
                         "llama-debug --verbose output)")
     passes, first = [], blocks[0][:2]
-    for name, op, ne, body in blocks:
+    for name, op, dtype, ne, body in blocks:
         if (name, op) == first:
             passes.append({})
         index, values, total = read_values(ne, body, source)
-        passes[-1][name] = PartialTensor(ne, index, values, total, op)
+        passes[-1][name] = PartialTensor(ne, index, values, total, op, dtype)
     return passes
 
 
@@ -157,7 +159,7 @@ def concat(parts, axis):  # [PartialTensor], ggml axis -> PartialTensor
     sums = [p.sum for p in parts]
     total = None if None in sums else float(sum(sums))
     values = np.concatenate([p.values for p in parts])
-    return PartialTensor(tuple(ne), np.concatenate(index), values, total, parts[-1].op)
+    return PartialTensor(tuple(ne), np.concatenate(index), values, total, parts[-1].op, parts[-1].type)
 
 
 def join_passes(passes):  # [pass] -> ({name: PartialTensor}, [names left out])
@@ -177,7 +179,7 @@ def join_passes(passes):  # [pass] -> ({name: PartialTensor}, [names left out])
     return joined, skipped
 
 
-def load_dump(path, n_tokens=None):  # dump file -> ({name: PartialTensor}, [notes])
+def load_dump(path, n_tokens=None):  # dump file -> Dump(points, notes, config)
     """Reads and joins a dump. With n_tokens (the other trace's prompt length), a first pass is
     dropped as llama-debug's warm-up when the passes after it add up to exactly n_tokens."""
     try:
@@ -195,4 +197,71 @@ def load_dump(path, n_tokens=None):  # dump file -> ({name: PartialTensor}, [not
     if skipped:
         notes.append(f"{path}: {len(skipped)} tensors left out (missing from a pass, or shaped differently "
                      f"between passes): {', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''}")
-    return points, notes
+    return Dump(points, notes, read_config(passes, text))
+
+
+class Dump(NamedTuple):
+    points: dict  # {name: PartialTensor}
+    notes: list  # [str]
+    config: "LlamaConfig"
+
+
+@dataclass
+class LlamaConfig:
+    """The part of llama.cpp's context setup a dump shows. It decides how llama.cpp rounds: an F16 or
+    Q8_0 cache rounds K and V before attention reads them, flash attention sums in another order
+    (and rounds Q to F16 for an F16 cache), and each ubatch attends over what the cache holds."""
+    cache_k: str | None  # ggml type of the cache_k_l* nodes; None where the dump shows no cache
+    cache_v: str | None
+    flash_attn: bool  # FLASH_ATTN_EXT nodes; without them attention is MUL_MAT, SOFT_MAX, MUL_MAT
+    ubatches: list  # tokens of each pass, in order
+    prompt: list | None  # the token ids llama-eval-callback logs before its dump
+
+    @property
+    def exact(self):  # -> True when llama.cpp rounds only as float32 math does (the exact reference)
+        return self.cache_k in (None, "f32") and self.cache_v in (None, "f32") and not self.flash_attn
+
+    def describe(self):  # -> "K cache f16, V cache f16, flash attention on, 1 ubatch of 5 tokens"
+        cache = f"K cache {self.cache_k or '?'}, V cache {self.cache_v or '?'}"
+        passes = len(self.ubatches)
+        return (f"{cache}, flash attention {'on' if self.flash_attn else 'off'}, "
+                f"{passes} ubatch{'es' if passes > 1 else ''} of {'+'.join(map(str, self.ubatches))} tokens")
+
+    def reference_options(self):  # -> reference.run options that round as this configuration, or DumpError
+        if self.cache_k != self.cache_v or self.cache_k not in CACHE_TYPES:
+            raise DumpError(f"reference.run --numerics ggml-cpu has one --kv-type of {', '.join(CACHE_TYPES)} for "
+                            f"both caches; the dump's are K {self.cache_k}, V {self.cache_v}")
+        if max(self.ubatches) > MAX_UBATCH:
+            raise DumpError(f"reference.run --numerics ggml-cpu takes ubatches of at most {MAX_UBATCH} tokens; "
+                            f"the dump's hold {max(self.ubatches)}")
+        # one pass: the whole prompt was one ubatch, as reference.run's default chunk makes it
+        chunk = ["--prefill-chunk", str(self.ubatches[0])] if len(self.ubatches) > 1 else []
+        return ["--numerics", "ggml-cpu", "--kv-type", self.cache_k,
+                "--flash-attn", "on" if self.flash_attn else "off", *chunk]
+
+
+CACHE_TYPES = ("f32", "f16", "q8_0")  # the cache types reference.run --kv-type rounds as llama.cpp does
+MAX_UBATCH = 512  # reference.run's ggml-cpu ubatch cap (llama.cpp's default -ub)
+PROMPT_COUNT = re.compile(r"number of input tokens = (?P<n>\d+)\s*$")
+PROMPT_ID = re.compile(r"\s(?P<id>\d+)\s*$")
+
+
+def cache_type(passes, prefix):  # [pass], "cache_k_l" -> ggml type of those nodes, or None
+    return next((t.type for points in passes for name, t in points.items() if name.startswith(prefix)), None)
+
+
+def logged_prompt(text):  # dump text -> token ids llama-eval-callback logged before the tensors, or None
+    """`number of input tokens = N`, then one id per line (common/debug.cpp's caller, eval-callback.cpp)."""
+    lines = text.splitlines()
+    at = next((i for i, line in enumerate(lines) if PROMPT_COUNT.search(line)), None)
+    if at is None:
+        return None
+    n = int(PROMPT_COUNT.search(lines[at])["n"])
+    ids = [PROMPT_ID.search(line) for line in lines[at + 1:at + 1 + n]]
+    return [int(m["id"]) for m in ids] if len(ids) == n and all(ids) else None
+
+
+def read_config(passes, text):  # [pass], dump text -> LlamaConfig
+    flash = any(t.op == "FLASH_ATTN_EXT" for points in passes for t in points.values())
+    return LlamaConfig(cache_type(passes, "cache_k_l"), cache_type(passes, "cache_v_l"), flash,
+                       [pass_tokens(p) for p in passes], logged_prompt(text))
