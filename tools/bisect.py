@@ -60,7 +60,7 @@ from reference.trace import INDEX, TraceError, load_trace
 
 from . import metrics
 from .diff import check_plot, pyplot, save_figure, write_text
-from .dump_parse import DumpError, PartialTensor, load_dump, token_axis
+from .dump_parse import DEBUG_TREE, DumpError, PartialTensor, debug_tree_path, load_dump, load_hf_debugger, token_axis
 
 EXACT_THRESHOLD = 1e-9
 NOISE_FACTOR = 8  # tolerated RMS error over the float32 noise of A; squared for NMSE (module doc)
@@ -76,9 +76,12 @@ def load_source(path, n_tokens=None):  # trace dir or dump file -> ({name: array
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
     try:
+        if debug_tree_path(path) and not os.path.exists(os.path.join(path, INDEX)):
+            return load_hf_debugger(path)
         if os.path.isdir(path):
             if not os.path.exists(os.path.join(path, INDEX)):
-                raise UsageError(f"{path}: a trace directory needs {INDEX}")
+                raise UsageError(f"{path}: a trace directory needs {INDEX} (or one transformers debugger "
+                                 f"tree *{DEBUG_TREE})")
             return load_trace(path), [], None
         return load_dump(path, n_tokens)
     except (TraceError, DumpError) as e:

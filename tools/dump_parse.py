@@ -24,12 +24,16 @@ decode first unless given --no-warmup: each run is a pass, and a pass starts whe
 then its 3-D reshape): the last one is kept, as it is the tensor the graph callback named.
 `join_passes` concatenates the passes along the token axis.
 """
+import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+from .hf_names import HF_DEBUGGER_MISSING, HF_DEBUGGER_POINTS, HF_TEXT_MODULES, debugger_module, trace_layout
 
 N_SHOWN = 3  # common_debug_print_tensor(..., n = 3): first and last 3 per dimension
 HEADER = re.compile(r"^[A-Za-z_]\w*: +(?P<name>\S.*?) = \((?P<type>\w+)\) +(?P<op>[^\s(]+)\(.*\) = \{(?P<ne>[\d, ]+)\}\s*$")
@@ -265,3 +269,151 @@ def read_config(passes, text):  # [pass], dump text -> LlamaConfig
     flash = any(t.op == "FLASH_ATTN_EXT" for points in passes for t in points.values())
     return LlamaConfig(cache_type(passes, "cache_k_l"), cache_type(passes, "cache_v_l"), flash,
                        [pass_tokens(p) for p in passes], logged_prompt(text))
+
+
+# --- transformers' model_addition_debugger_context(..., do_prune_layers=False, use_repr=False) -------
+
+DEBUG_TREE = "_debug_tree_FULL_TENSORS.json"  # the debugger's tree: one node per module call, in call order
+SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+                      "I64": np.int64, "I32": np.int32}
+TORCH_SIZE = re.compile(r"^torch\.Size\(\[(?P<dims>[\d, ]*)\]\)$")
+
+
+def read_tensor_entry(f, name, info, data_start, file_size, where):  # one safetensors header entry -> array
+    """The header gives dtype, shape and [begin, end) offsets into the data: all three must agree with
+    each other and with the file before a byte is allocated (a lying header is refused)."""
+    try:
+        dtype, shape, (begin, end) = SAFETENSORS_DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
+        n = math.prod(int(d) for d in shape) if all(isinstance(d, int) and d >= 0 for d in shape) else -1
+    except (KeyError, TypeError, ValueError):
+        raise DumpError(f"{where}: tensor {name!r} has no dtype of {'/'.join(SAFETENSORS_DTYPES)}, shape and "
+                        "data_offsets") from None
+    if n < 0 or not (isinstance(begin, int) and isinstance(end, int)) or not 0 <= begin <= end \
+            or data_start + end > file_size or end - begin != n * np.dtype(dtype).itemsize:
+        raise DumpError(f"{where}: tensor {name!r} claims shape {shape} of {info['dtype']} at bytes [{begin}, {end}) "
+                        f"of {file_size - data_start}: sizes do not agree")
+    f.seek(data_start + begin)
+    a = np.frombuffer(f.read(end - begin), dtype).reshape(shape)
+    # bfloat16 is the top half of a float32
+    return (a.astype(np.uint32) << 16).view(np.float32) if info["dtype"] == "BF16" else a
+
+
+def read_safetensors(path):  # .safetensors file -> {name: array}
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or n > size - 8:
+                raise DumpError(f"{path}: header length {n} beyond the file's {size} bytes: not a safetensors file")
+            try:
+                header = json.loads(f.read(n))
+            except ValueError:
+                raise DumpError(f"{path}: the safetensors header is not JSON") from None
+            if not isinstance(header, dict):
+                raise DumpError(f"{path}: the safetensors header is not a JSON object")
+            return {name: read_tensor_entry(f, name, info, 8 + n, size, path)
+                    for name, info in header.items() if name != "__metadata__"}
+    except OSError as e:
+        raise DumpError(f"{path}: {e.strerror or e}") from None
+
+
+def debug_tree_path(path):  # debugger directory or its *_FULL_TENSORS.json -> the JSON file, or None
+    if os.path.isdir(path):
+        trees = sorted(f for f in os.listdir(path) if f.endswith(DEBUG_TREE))
+        return os.path.join(path, trees[0]) if len(trees) == 1 else None
+    return path if path.endswith(DEBUG_TREE) else None
+
+
+def module_calls(node, calls=None):  # debugger tree -> {module path: [node per call]} in call order
+    calls = {} if calls is None else calls
+    calls.setdefault(node.get("module_path"), []).append(node)
+    for child in node.get("children") or []:
+        if isinstance(child, dict):
+            module_calls(child, calls)
+    return calls
+
+
+def recorded(node, what):  # node, "outputs" | "inputs" -> the debugger's record of that tensor, or None
+    entry = node.get(what)
+    if what == "inputs":  # the first positional argument, else the first keyword (self_attn's hidden_states)
+        args = entry.get("args") if isinstance(entry, dict) else None
+        entry = args[0] if isinstance(args, list) and args else None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("value"), str) else None
+
+
+def recorded_array(directory, entry, where):  # debugger record {shape, value: "./FILE"} -> array
+    name = os.path.normpath(entry["value"])
+    if os.path.isabs(name) or name.startswith(".."):
+        raise DumpError(f"{where}: value {entry['value']!r} is not a file beside the tree")
+    tensors = read_safetensors(os.path.join(directory, name))
+    if "data" not in tensors:
+        raise DumpError(f"{where}: {name} holds no tensor 'data'")
+    a = tensors["data"]
+    claimed = TORCH_SIZE.match(str(entry.get("shape")))
+    if claimed and [int(d) for d in claimed["dims"].split(",") if d.strip()] != list(a.shape):
+        raise DumpError(f"{where}: {name} holds shape {list(a.shape)}, the tree records {entry['shape']}")
+    if a.ndim < 2 or a.shape[0] != 1 or a.dtype.kind != "f":
+        raise DumpError(f"{where}: {name} is {a.dtype} {list(a.shape)}: a float batch of one sequence was expected")
+    return a[0]
+
+
+def read_tree(path):  # debugger tree JSON -> its root node
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DumpError(f"{path}: cannot read the debugger tree ({e})") from None
+    if not isinstance(tree, dict) or not isinstance(tree.get("module_path"), str):
+        raise DumpError(f"{path}: not a model_addition_debugger_context tree (no root module_path)")
+    return tree
+
+
+def debugger_layers(calls, root):  # -> sorted layer numbers the tree holds calls of
+    prefix = f"{root}.{HF_DEBUGGER_POINTS['result_norm'][0].rsplit('.', 1)[0]}.layers."
+    return sorted({int(p[len(prefix):]) for p in calls if p and p.startswith(prefix) and p[len(prefix):].isdigit()})
+
+
+def debugger_names(layers):  # [layer] -> trace names the debugger can hold, in forward order
+    n_layer = max(layers) + 1
+    per_layer = [op for op in HF_TEXT_MODULES if op.endswith("-{il}") and op in HF_DEBUGGER_POINTS]
+    return (["embd_norm"] + [op.format(il=il) for il in range(n_layer) for op in per_layer]
+            + ["result_norm", "result_output"])
+
+
+def debugger_entry(calls, root, name, n_layer, directory):  # -> the debugger's record of trace point name, or None
+    if name == "result_output":  # the top-level logits: written, but pruned from the tree
+        value = f"./{root}_{HF_DEBUGGER_POINTS[name][1]}.safetensors"
+        return {"value": value} if os.path.exists(os.path.join(directory, value)) else None
+    module, what = debugger_module(name, n_layer)
+    nodes = calls.get(f"{root}.{module}")
+    return recorded(nodes[-1], what) if nodes else None  # the last call: its files overwrote the others'
+
+
+def debugger_records(path):  # debugger dir or tree JSON -> (tree file, head_dim, {name: record}, [names missing])
+    tree_file = debug_tree_path(path)
+    tree, directory = read_tree(tree_file), os.path.dirname(tree_file)
+    calls, root = module_calls(tree), tree["module_path"]
+    layers = debugger_layers(calls, root)
+    qk_norm = calls.get(f"{root}.{HF_DEBUGGER_POINTS['Kcur_normed-{il}'][0].format(il=layers[0])}") if layers else None
+    size = TORCH_SIZE.match(str((recorded(qk_norm[-1], "outputs") or {}).get("shape"))) if qk_norm else None
+    if not size:
+        raise DumpError(f"{tree_file}: no text-model layer with a recorded self_attn.qk_norm output: not a "
+                        "Muse-Glimmer debugger tree")
+    records = {name: debugger_entry(calls, root, name, max(layers) + 1, directory) for name in debugger_names(layers)}
+    missing = [name for name, entry in records.items() if entry is None]
+    return tree_file, int(size["dims"].split(",")[-1]), {n: e for n, e in records.items() if e}, missing
+
+
+def load_hf_debugger(path):  # debugger dir or tree JSON -> Dump(points in our layout, notes, no config)
+    tree_file, head_dim, records, missing = debugger_records(path)
+    points = {}
+    for name, entry in records.items():
+        op = name.rpartition("-")[0] or name
+        a = recorded_array(os.path.dirname(tree_file), entry, tree_file)
+        points[name] = trace_layout(op, a, head_dim, heads_first=op == "Kcur_normed")
+    notes = [f"{tree_file}: transformers' debugger holds no {', '.join(HF_DEBUGGER_MISSING)} (module outputs "
+             "and inputs only)"]
+    if missing:
+        notes.append(f"{tree_file}: {len(missing)} points not recorded (pruned layers? use do_prune_layers=False): "
+                     f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    return Dump(points, notes, None)
