@@ -512,3 +512,68 @@ def test_reproduce_bad_input_exits_2_with_one_line(tmp_path):
               "tools.bisect: --reproduce: reference.run --numerics ggml-cpu has one --kv-type")
     cli_error(run_cli("tools.bisect", DEFAULT_DUMP, mixed, "--reproduce", "--model", MODELS, "--threshold", "0"),
               "tools.bisect: --reproduce needs one llama.cpp dump and one trace")
+
+
+MODEL_CONVERSION = os.path.join(ROOT, "tests", "fixtures", "model-conversion")  # llama-debug --save-logits
+LOGITS_BIN = os.path.join(MODEL_CONVERSION, "llamacpp-tiny-a-f32.bin")
+EMBEDDINGS_BIN = os.path.join(MODEL_CONVERSION, "llamacpp-tiny-a-f32-embeddings.bin")
+
+
+@pytest.fixture(scope="module")
+def exact_trace(tmp_path_factory):  # -> (float32 trace dir, float64 trace dir) of tiny-a-f32 on the dumps' prompt
+    return exact_traces(os.path.join(MODELS, "tiny-a-f32.gguf"), [497, 319, 261, 84, 77], tmp_path_factory.mktemp("t"))
+
+
+@pytest.mark.parametrize("path, name", [(LOGITS_BIN, "result_output"), (EMBEDDINGS_BIN, "result_norm")])
+def test_model_conversion_bin_matches_the_reference(exact_trace, path, name):
+    """llama-debug's raw float32: the last token's logits, or every token's result_norm. Measured:
+    NMSE 2.4e-13 (logits) and below 1e-12 (result_norm), 30x under the noise-floor threshold."""
+    from reference.trace import load_trace
+    t32, t64 = exact_trace
+    trace = load_trace(t32)
+    points, notes, config = dump_parse.load_logits_bin(path, trace)
+    assert list(points) == [name] and config is None and notes[0].endswith("prompt 497,319,261,84,77")
+    thresholds = bisect_tool.noise_thresholds(trace, load_trace(t64))
+    result = bisect_tool.bisect(trace, points, thresholds)
+    assert result["first"] is None and [p["name"] for p in result["points"]] == [name]
+    assert result["points"][0]["nmse"] < thresholds[name] / 10
+    assert (points[name].argmax(-1) == trace[name][-len(points[name]):].argmax(-1)).all()
+    r = run_cli("tools.bisect", t32, path, "--noise-floor", t64)
+    assert r.returncode == 0 and "no divergence above threshold (1 points compared)" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("path, name", [(LOGITS_BIN, "result_output"), (EMBEDDINGS_BIN, "result_norm")])
+def test_planted_post_norm_change_is_seen_in_the_bin(tmp_path, path, name):
+    """A 1 % larger layer-2 post-attention norm weight in the reference's copy of the model: the one
+    point the .bin holds diverges (the format tells whether, not where)."""
+    planted, planted64 = exact_traces(planted_copy(tmp_path), [497, 319, 261, 84, 77], tmp_path)
+    r = run_cli("tools.bisect", planted, path, "--noise-floor", planted64)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"first divergence: {name} (layer -, op {name}) nmse=" in r.stdout
+
+
+def test_bad_model_conversion_bin_exits_2_with_one_line(tmp_path, exact_trace):
+    t32, _ = exact_trace
+    logits = open(LOGITS_BIN, "rb").read()
+    cases = {"odd.bin": (logits[:-2], "2046 bytes are not float32 rows of 512 (the other side's result_output)"),
+             "short.bin": (logits[:-4 * 256], "1024 bytes are not float32 rows of 512"),
+             "two.bin": (logits * 2, "2 rows of 512; llama-debug writes the last token's logits (1 row)"),
+             "empty.bin": (b"", "0 bytes are not float32 rows")}
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        cli_error(run_cli("tools.bisect", t32, tmp_path / name), f"tools.bisect: {tmp_path / name}: {message}")
+    embeddings = np.fromfile(EMBEDDINGS_BIN, np.float32).reshape(5, -1)
+    unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)  # llama-debug's default --embd-normalize 2
+    unit.astype(np.float32).tofile(tmp_path / "unit-embeddings.bin")
+    cli_error(run_cli("tools.bisect", t32, tmp_path / "unit-embeddings.bin"), "every row has unit L2 norm",
+              "--embd-normalize -1")
+    (tmp_path / "x-embeddings.bin").write_bytes(open(EMBEDDINGS_BIN, "rb").read())
+    (tmp_path / "x-embeddings-tokens.bin").write_bytes(np.arange(4, dtype=np.int32).tobytes())
+    cli_error(run_cli("tools.bisect", t32, tmp_path / "x-embeddings.bin"), "5 rows of 256", "(4 tokens)")
+    (tmp_path / "y.bin").write_bytes(logits)
+    (tmp_path / "y-tokens.bin").write_bytes(np.arange(4, dtype=np.int32).tobytes())
+    cli_error(run_cli("tools.bisect", t32, tmp_path / "y.bin"), "made from 4 tokens, the other side from 5")
+    (tmp_path / "y-tokens.bin").write_bytes(b"123")
+    cli_error(run_cli("tools.bisect", t32, tmp_path / "y.bin"), "y-tokens.bin: 3 bytes are not int32 token ids")
+    cli_error(run_cli("tools.bisect", FIXTURE, LOGITS_BIN), "16 rows of 32; llama-debug writes the last token")
+    cli_error(run_cli("tools.bisect", LOGITS_BIN, EMBEDDINGS_BIN), "the other side records no result_output")

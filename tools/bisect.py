@@ -60,7 +60,8 @@ from reference.trace import INDEX, TraceError, load_trace
 
 from . import metrics
 from .diff import check_plot, pyplot, save_figure, write_text
-from .dump_parse import DEBUG_TREE, DumpError, PartialTensor, debug_tree_path, load_dump, load_hf_debugger, token_axis
+from .dump_parse import (DEBUG_TREE, DumpError, PartialTensor, debug_tree_path, load_dump, load_hf_debugger,
+                         load_logits_bin, token_axis)
 
 EXACT_THRESHOLD = 1e-9
 NOISE_FACTOR = 8  # tolerated RMS error over the float32 noise of A; squared for NMSE (module doc)
@@ -71,8 +72,10 @@ SUM_PRINT_SLACK = 0.5e-6  # the sum with %f
 LAYER_NAME = re.compile(r"^(?P<op>.+?)-(?P<layer>\d+)(?P<view>( \(\w+\))*)$")  # "Qcur-0 (view) (permuted)"
 
 
-def load_source(path, n_tokens=None):  # trace dir or dump file -> ({name: array | PartialTensor}, [notes], config)
-    """config: the LlamaConfig of a llama.cpp dump, None for a trace."""
+def load_source(path, other=None):  # source path, the other side's {name: tensor} -> (trace, [notes], config)
+    """A trace directory, a transformers debugger tree, a model-conversion .bin or a llama.cpp text
+    dump. `other` (the other side, loaded first) tells a dump's warm-up pass apart and gives a .bin
+    its row length. config: the LlamaConfig of a llama.cpp text dump, None otherwise."""
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
     try:
@@ -83,9 +86,24 @@ def load_source(path, n_tokens=None):  # trace dir or dump file -> ({name: array
                 raise UsageError(f"{path}: a trace directory needs {INDEX} (or one transformers debugger "
                                  f"tree *{DEBUG_TREE})")
             return load_trace(path), [], None
-        return load_dump(path, n_tokens)
+        if path.endswith(".bin"):
+            return load_logits_bin(path, other)
+        return load_dump(path, tokens_of(other) if other else None)
     except (TraceError, DumpError) as e:
         raise UsageError(str(e)) from None
+
+
+def needs_other(path):  # -> True for a source read against the other side (a text dump or a .bin)
+    return os.path.isfile(path) and not debug_tree_path(path)
+
+
+def load_pair(path_a, path_b):  # -> ((trace, notes, config) of A, same of B)
+    """The side that stands alone is read first, so that a dump or .bin can be read against it."""
+    if needs_other(path_a) and not needs_other(path_b):
+        b = load_source(path_b)
+        return load_source(path_a, b[0]), b
+    a = load_source(path_a)
+    return a, load_source(path_b, a[0])
 
 
 def layer_and_op(name):  # "attn_post_norm-2" -> (2, "attn_post_norm"); "result_norm" -> (None, "result_norm")
@@ -448,11 +466,7 @@ def run_bisect(args):  # parsed CLI args -> exit status
             check_output(path, option)
     if args.plot:
         check_plot(args.plot)
-    trace_a, notes, config_a = load_source(args.a)
-    trace_b, notes_b, config_b = load_source(args.b, tokens_of(trace_a))
-    if tokens_of(trace_a) is None and tokens_of(trace_b) is not None:
-        # A is a dump: read it again, now knowing the prompt length that tells a warm-up pass apart
-        trace_a, notes, config_a = load_source(args.a, tokens_of(trace_b))
+    (trace_a, notes, config_a), (trace_b, notes_b, config_b) = load_pair(args.a, args.b)
     config = config_b or config_a
     if args.reproduce:
         check_reproducible(args, trace_a, trace_b, config)

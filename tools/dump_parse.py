@@ -417,3 +417,52 @@ def load_hf_debugger(path):  # debugger dir or tree JSON -> Dump(points in our l
         notes.append(f"{tree_file}: {len(missing)} points not recorded (pruned layers? use do_prune_layers=False): "
                      f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
     return Dump(points, notes, None)
+
+
+# --- llama.cpp examples/model-conversion: llama-debug --save-logits [--embedding] --------------------
+
+UNIT_ROW = 1e-5  # |L2 norm - 1| of every row below it: normalized embeddings, not result_norm
+
+
+def read_companion_tokens(path):  # X.bin -> the int32 ids of X-tokens.bin beside it, or None
+    tokens = path[:-len(".bin")] + "-tokens.bin"
+    if not os.path.exists(tokens):
+        return None
+    size = os.path.getsize(tokens)
+    if size % 4:
+        raise DumpError(f"{tokens}: {size} bytes are not int32 token ids")
+    return np.fromfile(tokens, np.int32).tolist()
+
+
+def logits_bin_point(path):  # -> the trace point a model-conversion .bin holds
+    return "result_norm" if path.endswith("-embeddings.bin") else "result_output"
+
+
+def load_logits_bin(path, other):  # .bin, the other side's {name: tensor} -> Dump({point: [rows, n]}, notes, None)
+    """save_output_data (examples/debug/debug.cpp, and scripts/utils/common.py for transformers) writes
+    raw float32 with no header: the last token's logits (result_output, one row of n_vocab), or with
+    --embedding the embeddings of every token (result_norm, rows of n_embd, no pooling). The row
+    length comes from the other side's point; the companion X-tokens.bin gives the prompt."""
+    name, size = logits_bin_point(path), os.path.getsize(path)
+    mine = other.get(name) if other else None
+    if mine is None:
+        raise DumpError(f"{path}: holds {name} only; the other side records no {name} to line it up with")
+    row = mine.shape[-1] if isinstance(mine, np.ndarray) else mine.ne[0]
+    if size == 0 or size % (4 * row):
+        raise DumpError(f"{path}: {size} bytes are not float32 rows of {row} (the other side's {name}): "
+                        "another model or not a model-conversion .bin")
+    rows, tokens = size // (4 * row), read_companion_tokens(path)
+    if name == "result_output" and rows != 1 or tokens is not None and name == "result_norm" and rows != len(tokens):
+        raise DumpError(f"{path}: {rows} rows of {row}; llama-debug writes the last token's logits "
+                        f"(1 row) or with --embedding one row per token ({len(tokens or [])} tokens)")
+    values = np.fromfile(path, np.float32).reshape(rows, row)
+    # common_embd_normalize in float32: a unit row is within ~1e-7 sqrt(n) of 1, a norm's output is not
+    if name == "result_norm" and np.all(np.abs(np.linalg.norm(values, axis=1) - 1) < UNIT_ROW):
+        raise DumpError(f"{path}: every row has unit L2 norm: llama-debug normalized the embeddings (its default "
+                        "--embd-normalize 2); write them with --embd-normalize -1")
+    n_other = mine.shape[0] if isinstance(mine, np.ndarray) and mine.ndim > 1 else None
+    if tokens is not None and n_other is not None and len(tokens) != n_other:
+        raise DumpError(f"{path}: made from {len(tokens)} tokens, the other side from {n_other}: another prompt")
+    notes = [f"{path}: {name} of {'the last token' if name == 'result_output' else f'{rows} tokens'} only"
+             + (f", prompt {','.join(map(str, tokens))}" if tokens else "")]
+    return Dump({name: values}, notes, None)
