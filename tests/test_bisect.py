@@ -577,3 +577,17 @@ def test_bad_model_conversion_bin_exits_2_with_one_line(tmp_path, exact_trace):
     cli_error(run_cli("tools.bisect", t32, tmp_path / "y.bin"), "y-tokens.bin: 3 bytes are not int32 token ids")
     cli_error(run_cli("tools.bisect", FIXTURE, LOGITS_BIN), "16 rows of 32; llama-debug writes the last token")
     cli_error(run_cli("tools.bisect", LOGITS_BIN, EMBEDDINGS_BIN), "the other side records no result_output")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.replace("{256, 5, 1, 1}", "{256, 5, 1}", 1), "is not 4 plausible dimensions"),
+    (lambda t: t.replace("0.8535,", "0.85x5,", 1), "'0.85x5' is not a number"),
+    (lambda t: t.replace("-0.7065  ]", "-0.7065, 1.0  ]", 1), "more values than ne [256, 5, 1, 1] allows"),
+], ids=["three-dims", "not-a-number", "too-many-values"])
+def test_malformed_real_dump_exits_2_with_one_line(tmp_path, change, message):
+    text = open(DEFAULT_DUMP).read()
+    bad = change(text)
+    assert bad != text
+    (tmp_path / "bad.txt").write_text(bad)
+    cli_error(run_cli("tools.bisect", FIXTURE, tmp_path / "bad.txt"), f"tools.bisect: {tmp_path / 'bad.txt'}:",
+              message)

@@ -19,6 +19,7 @@ import re
 import numpy as np
 import pytest
 from conftest import MODELS, ROOT, run_cli
+from test_bisect import planted_copy
 from test_planted_bugs import GateAfterOProj, NormWeightOff, PostNormEps, ScalarSwaRule
 
 from reference import gguf, ops
@@ -167,16 +168,8 @@ def debugger_manifest():  # -> the debugger fixture's manifest.json
         return json.load(f)
 
 
-def planted_model(directory, scale=1.01, weight="blk.2.post_attention_norm.weight"):  # -> GGUFModel of a planted copy
-    """A copy of tiny-a-f32.gguf with one post-norm weight `scale` times larger, written into the copy's bytes."""
-    import shutil
-    path = os.path.join(directory, "planted.gguf")
-    shutil.copyfile(os.path.join(MODELS, "tiny-a-f32.gguf"), path)
-    tensor = next(t for t in gguf.open_reader(path).tensors if t.name == weight)
-    data = np.memmap(path, np.float32, "r+", offset=int(tensor.data_offset), shape=(int(tensor.n_elements),))
-    data *= np.float32(scale)
-    data.flush()
-    return gguf.load(path, "text")
+def planted_model(directory):  # -> GGUFModel of a copy of tiny-a-f32.gguf, one post-norm weight 1 % larger
+    return gguf.load(planted_copy(directory), "text")
 
 
 def test_debugger_fixture_is_small_and_says_what_made_it():

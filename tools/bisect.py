@@ -1,12 +1,22 @@
 """Line two traces up by name and find the first trace point where they diverge.
 
     python -m tools.bisect A B [--threshold T | --noise-floor A64] [--table OUT.txt] [--plot OUT.png] [--json OUT.json]
+                               [--reproduce --model M.gguf]
 
 Run it as a module from the repository root (a plain `python tools/bisect.py` would shadow the
-standard library's `bisect`). A and B are each a trace directory of this reference (index.json plus
-one .npy per point, `python -m reference.run --trace DIR`) a trace directory of transformers
-written by `python -m tools.hf_trace` (same format), or a text dump of llama.cpp's
-`llama-eval-callback` / `llama-debug --verbose` (tools/dump_parse.py). Points are taken in A's order
+standard library's `bisect`). A and B are each one of (readers in tools/dump_parse.py):
+- a trace directory of this reference (index.json plus one .npy per point, `python -m reference.run
+  --trace DIR`), or of transformers written by `python -m tools.hf_trace` (same format);
+- a directory of transformers' `model_addition_debugger_context(model, debug_path=DIR,
+  do_prune_layers=False, use_repr=False)` (its *_debug_tree_FULL_TENSORS.json and safetensors
+  files), or that JSON file: 14 points per layer plus embd_norm, result_norm and result_output
+  (tools/hf_names.py, HF_DEBUGGER_POINTS, says which module call each comes from and which points
+  it cannot hold);
+- a raw float32 .bin of llama.cpp's examples/model-conversion (`llama-debug --save-logits`): the
+  last token's logits (result_output), or with `--embedding --embd-normalize -1` every token's
+  result_norm (X-embeddings.bin); it holds one point, so it tells whether, not where;
+- a text dump of llama.cpp's `llama-eval-callback` / `llama-debug --verbose`.
+Points are taken in A's order
 (the forward order: embd_norm, then per layer attn_norm ... l_out, then result_norm, result_output);
 points only one side has are listed, not compared, except a layer point whose op the other side
 records on other layers only (`Qcur_rope-0` where the other side ropes layers 1-3): that is a
@@ -40,9 +50,21 @@ Threshold (a point diverges when its NMSE is above it, or its sums disagree):
                       and it is still 100x under test-backend-ops' 1e-7 per-op tolerance. Compare
                       another engine with --threshold (e.g. 5e-4 for quantized matmuls) or --noise-floor.
 
-Exit status: 0 no point above threshold, 1 a divergence was found (printed as
-"first divergence: <name> (layer L, op OP) nmse=...", layer "-" for points outside the layers),
-2 bad input.
+llama.cpp's configuration. A text dump shows how llama.cpp was set up: the cache types (the type of
+the cache_k_l* / cache_v_l* nodes), flash attention (FLASH_ATTN_EXT nodes) and the ubatches (the
+passes). The exact reference rounds as float32 math, as llama.cpp does with `-ctk f32 -ctv f32 -fa
+off`; an F16 or Q8_0 cache or flash attention rounds otherwise from the first attention output on
+(`llama-eval-callback` with its defaults: F16 cache, flash attention on this CPU, attn_out-0 at NMSE
+~2e-7). bisect prints the configuration and the `reference.run --numerics ggml-cpu` command that
+rounds the same. With --reproduce it runs that command (--model: the dump's GGUF; the token ids
+are the ones the dump logs) and bisects the dump against it under the same threshold: when that
+agrees, the difference from the exact reference is reported as explained by the configuration
+(exit 0); otherwise its first divergence is the one named. A divergence before the first
+attention output is never put down to the configuration.
+
+Exit status: 0 no point above threshold (or every difference explained by the dump's configuration),
+1 a divergence was found (printed as "first divergence: <name> (layer L, op OP) nmse=...", layer "-"
+for points outside the layers), 2 bad input.
 """
 import argparse
 import json

@@ -1,4 +1,6 @@
-"""Read the text tensor dump of llama.cpp's `llama-eval-callback` or `llama-debug --verbose`.
+"""Read engines' tensor dumps for tools.bisect: the text dump of llama.cpp's `llama-eval-callback` or
+`llama-debug --verbose` (and the configuration it shows), transformers' model_addition_debugger_context
+output (last sections) and the raw float32 .bin of llama.cpp's examples/model-conversion.
 
 Both print every graph node through common/debug.cpp (`common_debug_cb_eval`):
 
