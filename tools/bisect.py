@@ -499,9 +499,12 @@ def run_bisect(args):  # parsed CLI args -> exit status
     needed = args.reproduce and result["first"] is not None and not config.exact
     reproduced = against_reproduction(args, trace_a, trace_b, config, threshold) if needed else None
     verdict, status = config_verdict(result, config, args.model, reproduced) if config else ([], None)
-    print(format_summary(result, rule, notes + notes_b))
-    if verdict:
-        print("\n".join(verdict))
+    print("\n".join([format_summary(result, rule, notes + notes_b)] + verdict))
+    write_outputs(args, result, rule, reproduced)
+    return (1 if result["first"] else 0) if status is None else status
+
+
+def write_outputs(args, result, rule, reproduced):  # -> None: --table, --json, --plot as asked
     if args.table:
         write_text(args.table, "--table", format_table(result, rule) + "\n")
     if args.json:
@@ -509,7 +512,6 @@ def run_bisect(args):  # parsed CLI args -> exit status
                                                    indent=1))
     if args.plot:
         plot_result(result, args.plot)
-    return (1 if result["first"] else 0) if status is None else status
 
 
 def main(argv=None):  # -> exit status

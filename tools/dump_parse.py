@@ -436,6 +436,13 @@ def read_companion_tokens(path):  # X.bin -> the int32 ids of X-tokens.bin besid
     return np.fromfile(tokens, np.int32).tolist()
 
 
+def check_not_normalized(rows, path):  # [rows, n] embeddings -> None, or DumpError when all have unit length
+    # common_embd_normalize in float32: a unit row is within ~1e-7 sqrt(n) of 1, a norm's output is not
+    if np.all(np.abs(np.linalg.norm(rows, axis=1) - 1) < UNIT_ROW):
+        raise DumpError(f"{path}: every row has unit L2 norm: llama-debug normalized the embeddings (its default "
+                        "--embd-normalize 2); write them with --embd-normalize -1")
+
+
 def logits_bin_point(path):  # -> the trace point a model-conversion .bin holds
     return "result_norm" if path.endswith("-embeddings.bin") else "result_output"
 
@@ -458,10 +465,8 @@ def load_logits_bin(path, other):  # .bin, the other side's {name: tensor} -> Du
         raise DumpError(f"{path}: {rows} rows of {row}; llama-debug writes the last token's logits "
                         f"(1 row) or with --embedding one row per token ({len(tokens or [])} tokens)")
     values = np.fromfile(path, np.float32).reshape(rows, row)
-    # common_embd_normalize in float32: a unit row is within ~1e-7 sqrt(n) of 1, a norm's output is not
-    if name == "result_norm" and np.all(np.abs(np.linalg.norm(values, axis=1) - 1) < UNIT_ROW):
-        raise DumpError(f"{path}: every row has unit L2 norm: llama-debug normalized the embeddings (its default "
-                        "--embd-normalize 2); write them with --embd-normalize -1")
+    if name == "result_norm":
+        check_not_normalized(values, path)
     n_other = mine.shape[0] if isinstance(mine, np.ndarray) and mine.ndim > 1 else None
     if tokens is not None and n_other is not None and len(tokens) != n_other:
         raise DumpError(f"{path}: made from {len(tokens)} tokens, the other side from {n_other}: another prompt")
