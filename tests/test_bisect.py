@@ -591,3 +591,22 @@ def test_malformed_real_dump_exits_2_with_one_line(tmp_path, change, message):
     (tmp_path / "bad.txt").write_text(bad)
     cli_error(run_cli("tools.bisect", FIXTURE, tmp_path / "bad.txt"), f"tools.bisect: {tmp_path / 'bad.txt'}:",
               message)
+
+
+UB3_DUMP = os.path.join(ROOT, "tests", "fixtures", "tiny-a-f32.ub3.eval-callback.txt")  # defaults and -ub 3
+
+
+def test_ubatches_of_a_default_dump_are_reproduced(tmp_path, exact_trace):
+    """The prompt in ubatches of 3 + 2 tokens: the second attends over the first's F16 cache. bisect
+    passes --prefill-chunk 3, and the reference with that configuration agrees at every point."""
+    config = dump_parse.load_dump(UB3_DUMP).config
+    assert (config.cache_k, config.flash_attn, config.ubatches) == ("f16", True, [3, 2])
+    assert config.reference_options()[-2:] == ["--prefill-chunk", "3"]
+    t32, t64 = exact_trace
+    r = run_cli("tools.bisect", t32, UB3_DUMP, "--noise-floor", t64, "--reproduce", "--model",
+                os.path.join(MODELS, "tiny-a-f32.gguf"), "--json", tmp_path / "r.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 ubatches of 3+2 tokens" in r.stdout and "--prefill-chunk 3 --trace TRACE_DIR" in r.stdout
+    assert "explained by the configuration, not a bug" in r.stdout
+    reproduced = json.loads((tmp_path / "r.json").read_text())["reproduced"]["points"]
+    assert len(reproduced) == 94 and max(p["nmse"] for p in reproduced) == 0.0
