@@ -610,3 +610,45 @@ def test_ubatches_of_a_default_dump_are_reproduced(tmp_path, exact_trace):
     assert "explained by the configuration, not a bug" in r.stdout
     reproduced = json.loads((tmp_path / "r.json").read_text())["reproduced"]["points"]
     assert len(reproduced) == 94 and max(p["nmse"] for p in reproduced) == 0.0
+
+
+LLAMA_DEBUG_DUMP = os.path.join(ROOT, "tests", "fixtures", "tiny-a-f32.llama-debug.txt")  # --verbose, filtered
+
+
+def test_llama_debug_dump_with_warm_up_and_filter(tmp_path, exact_trace):
+    """llama-debug --verbose with its defaults: a warm-up pass of 2 tokens first, the prompt logged
+    after the tensors as `piece(id)`, and a --tensor-filter keeping 18 trace points, the cache views
+    and the node_* tensors (the FLASH_ATTN_EXT nodes among them)."""
+    t32, t64 = exact_trace
+    dump = dump_parse.load_dump(LLAMA_DEBUG_DUMP, n_tokens=5)
+    assert dump.notes == [f"{LLAMA_DEBUG_DUMP}: dropped the first pass (2 tokens) as a warm-up run"]
+    config = dump.config
+    assert (config.cache_k, config.cache_v, config.flash_attn, config.ubatches) == ("f16", "f16", True, [5])
+    assert config.prompt == [497, 319, 261, 84, 77]
+    model = os.path.join(MODELS, "tiny-a-f32.gguf")
+    r = run_cli("tools.bisect", t32, LLAMA_DEBUG_DUMP, "--noise-floor", t64, "--reproduce", "--model", model)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the reference with the dump's configuration agrees at all 18 points" in r.stdout
+    planted, planted64 = exact_traces(planted_copy(tmp_path), config.prompt, tmp_path)
+    r = run_cli("tools.bisect", planted, LLAMA_DEBUG_DUMP, "--noise-floor", planted64, "--reproduce", "--model",
+                planted_copy(tmp_path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1].startswith("first divergence: attn_post_norm-2 (layer 2, op attn_post_norm)")
+
+
+def test_a_configuration_the_dump_hides_is_not_guessed(tmp_path, exact_trace):
+    """A --tensor-filter that leaves out the cache views and the attention nodes: neither the cache
+    types nor flash attention can be read, so nothing is put down to them and nothing is reproduced."""
+    t32, _ = exact_trace
+    text = open(DEFAULT_DUMP).read()
+    blocks = text.split("common_debug_cb_eval:")
+    kept = [b for b in blocks[1:] if not any(k in b.split("=", 1)[0] for k in ("cache_", "node_", "kq"))]
+    hidden = tmp_path / "filtered.txt"
+    hidden.write_text(blocks[0] + "".join("common_debug_cb_eval:" + b for b in kept))
+    config = dump_parse.load_dump(str(hidden)).config
+    assert (config.cache_k, config.cache_v, config.flash_attn, config.exact) == (None, None, None, False)
+    assert config.describe() == "K cache ?, V cache ?, flash attention ?, 1 ubatch of 5 tokens"
+    r = run_cli("tools.bisect", t32, hidden)
+    assert r.returncode == 1 and "not reproducible: the dump does not show its cache types" in r.stdout
+    cli_error(run_cli("tools.bisect", t32, hidden, "--reproduce", "--model", MODELS),
+              "tools.bisect: --reproduce: the dump does not show its cache types")

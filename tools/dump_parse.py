@@ -219,21 +219,24 @@ class LlamaConfig:
     (and rounds Q to F16 for an F16 cache), and each ubatch attends over what the cache holds."""
     cache_k: str | None  # ggml type of the cache_k_l* nodes; None where the dump shows no cache
     cache_v: str | None
-    flash_attn: bool  # FLASH_ATTN_EXT nodes; without them attention is MUL_MAT, SOFT_MAX, MUL_MAT
+    flash_attn: bool | None  # FLASH_ATTN_EXT nodes: True; SOFT_MAX nodes (kq_soft_max-L): False; neither shown: None
     ubatches: list  # tokens of each pass, in order
     prompt: list | None  # the token ids llama-eval-callback logs before its dump
 
     @property
     def exact(self):  # -> True when llama.cpp rounds only as float32 math does (the exact reference)
-        return self.cache_k in (None, "f32") and self.cache_v in (None, "f32") and not self.flash_attn
+        return self.cache_k == self.cache_v == "f32" and self.flash_attn is False
 
     def describe(self):  # -> "K cache f16, V cache f16, flash attention on, 1 ubatch of 5 tokens"
         cache = f"K cache {self.cache_k or '?'}, V cache {self.cache_v or '?'}"
         passes = len(self.ubatches)
-        return (f"{cache}, flash attention {'on' if self.flash_attn else 'off'}, "
+        return (f"{cache}, flash attention {ON_OFF.get(self.flash_attn, '?')}, "
                 f"{passes} ubatch{'es' if passes > 1 else ''} of {'+'.join(map(str, self.ubatches))} tokens")
 
     def reference_options(self):  # -> reference.run options that round as this configuration, or DumpError
+        if None in (self.cache_k, self.cache_v, self.flash_attn):
+            raise DumpError("the dump does not show its cache types and whether flash attention ran (printed with "
+                            "a --tensor-filter that leaves out cache_k_l*, cache_v_l* and the attention nodes?)")
         if self.cache_k != self.cache_v or self.cache_k not in CACHE_TYPES:
             raise DumpError(f"reference.run --numerics ggml-cpu has one --kv-type of {', '.join(CACHE_TYPES)} for "
                             f"both caches; the dump's are K {self.cache_k}, V {self.cache_v}")
@@ -243,32 +246,41 @@ class LlamaConfig:
         # one pass: the whole prompt was one ubatch, as reference.run's default chunk makes it
         chunk = ["--prefill-chunk", str(self.ubatches[0])] if len(self.ubatches) > 1 else []
         return ["--numerics", "ggml-cpu", "--kv-type", self.cache_k,
-                "--flash-attn", "on" if self.flash_attn else "off", *chunk]
+                "--flash-attn", ON_OFF[self.flash_attn], *chunk]
 
 
+ON_OFF = {True: "on", False: "off"}
 CACHE_TYPES = ("f32", "f16", "q8_0")  # the cache types reference.run --kv-type rounds as llama.cpp does
 MAX_UBATCH = 512  # reference.run's ggml-cpu ubatch cap (llama.cpp's default -ub)
 PROMPT_COUNT = re.compile(r"number of input tokens = (?P<n>\d+)\s*$")
 PROMPT_ID = re.compile(r"\s(?P<id>\d+)\s*$")
+DEBUG_PROMPT_COUNT = re.compile(r"^Token ids \((?P<n>\d+)\):\s*$")
+DEBUG_PROMPT_ID = re.compile(r"\((\d+)\) ")  # "<|begin_of_text|>(497) the(319) "
 
 
 def cache_type(passes, prefix):  # [pass], "cache_k_l" -> ggml type of those nodes, or None
     return next((t.type for points in passes for name, t in points.items() if name.startswith(prefix)), None)
 
 
-def logged_prompt(text):  # dump text -> token ids llama-eval-callback logged before the tensors, or None
-    """`number of input tokens = N`, then one id per line (common/debug.cpp's caller, eval-callback.cpp)."""
+def logged_prompt(text):  # dump text -> the prompt's token ids as the tool logged them, or None
+    """llama-eval-callback: `number of input tokens = N`, then one id per line, before the tensors;
+    llama-debug: `Token ids (N):`, then one line of `piece(id) ` for each, after them."""
     lines = text.splitlines()
-    at = next((i for i, line in enumerate(lines) if PROMPT_COUNT.search(line)), None)
-    if at is None:
-        return None
-    n = int(PROMPT_COUNT.search(lines[at])["n"])
-    ids = [PROMPT_ID.search(line) for line in lines[at + 1:at + 1 + n]]
-    return [int(m["id"]) for m in ids] if len(ids) == n and all(ids) else None
+    for i, line in enumerate(lines):
+        count = PROMPT_COUNT.search(line)
+        if count:
+            ids = [PROMPT_ID.search(x) for x in lines[i + 1:i + 1 + int(count["n"])]]
+            return [int(m["id"]) for m in ids] if len(ids) == int(count["n"]) and all(ids) else None
+        count = DEBUG_PROMPT_COUNT.match(line)
+        if count and i + 1 < len(lines):
+            ids = [int(m) for m in DEBUG_PROMPT_ID.findall(lines[i + 1] + " ")]
+            return ids if len(ids) == int(count["n"]) else None
+    return None
 
 
 def read_config(passes, text):  # [pass], dump text -> LlamaConfig
-    flash = any(t.op == "FLASH_ATTN_EXT" for points in passes for t in points.values())
+    ops = {t.op for points in passes for t in points.values()}
+    flash = True if "FLASH_ATTN_EXT" in ops else False if "SOFT_MAX" in ops else None
     return LlamaConfig(cache_type(passes, "cache_k_l"), cache_type(passes, "cache_v_l"), flash,
                        [pass_tokens(p) for p in passes], logged_prompt(text))
 
