@@ -410,6 +410,9 @@ def debugger_records(path):  # debugger dir or tree JSON -> (tree file, head_dim
     layers = debugger_layers(calls, root)
     qk_norm = calls.get(f"{root}.{HF_DEBUGGER_POINTS['Kcur_normed-{il}'][0].format(il=layers[0])}") if layers else None
     size = TORCH_SIZE.match(str((recorded(qk_norm[-1], "outputs") or {}).get("shape"))) if qk_norm else None
+    if qk_norm and isinstance((qk_norm[-1].get("outputs") or {}).get("value"), list):
+        raise DumpError(f"{tree_file}: the tree holds printed tensors (use_repr=True, the default): rerun "
+                        "model_addition_debugger_context with use_repr=False for whole tensors")
     if not size:
         raise DumpError(f"{tree_file}: no text-model layer with a recorded self_attn.qk_norm output: not a "
                         "Muse-Glimmer debugger tree")
