@@ -11,7 +11,7 @@ standard library's `bisect`). A and B are each one of (readers in tools/dump_par
   do_prune_layers=False, use_repr=False)` (its *_debug_tree_FULL_TENSORS.json and safetensors
   files), or that JSON file: 14 points per layer plus embd_norm, result_norm and result_output
   (tools/hf_names.py, HF_DEBUGGER_POINTS, says which module call each comes from and which points
-  it cannot hold);
+  it cannot hold); a pruned tree or one of printed tensors (the defaults) is refused;
 - a raw float32 .bin of llama.cpp's examples/model-conversion (`llama-debug --save-logits`): the
   last token's logits (result_output), or with `--embedding --embd-normalize -1` every token's
   result_norm (X-embeddings.bin); it holds one point, so it tells whether, not where;

@@ -408,6 +408,10 @@ def debugger_records(path):  # debugger dir or tree JSON -> (tree file, head_dim
     tree, directory = read_tree(tree_file), os.path.dirname(tree_file)
     calls, root = module_calls(tree), tree["module_path"]
     layers = debugger_layers(calls, root)
+    if layers and layers != list(range(len(layers))):
+        # a pruned tree would leave l_out of the kept layers without their next layer's input
+        raise DumpError(f"{tree_file}: holds layers {', '.join(map(str, layers))} only: pruned "
+                        "(do_prune_layers=True, the default); rerun with do_prune_layers=False")
     qk_norm = calls.get(f"{root}.{HF_DEBUGGER_POINTS['Kcur_normed-{il}'][0].format(il=layers[0])}") if layers else None
     size = TORCH_SIZE.match(str((recorded(qk_norm[-1], "outputs") or {}).get("shape"))) if qk_norm else None
     if qk_norm and isinstance((qk_norm[-1].get("outputs") or {}).get("value"), list):
@@ -431,7 +435,7 @@ def load_hf_debugger(path):  # debugger dir or tree JSON -> Dump(points in our l
     notes = [f"{tree_file}: transformers' debugger holds no {', '.join(HF_DEBUGGER_MISSING)} (module outputs "
              "and inputs only)"]
     if missing:
-        notes.append(f"{tree_file}: {len(missing)} points not recorded (pruned layers? use do_prune_layers=False): "
+        notes.append(f"{tree_file}: {len(missing)} points not recorded: "
                      f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
     return Dump(points, notes, None)
 
