@@ -234,15 +234,15 @@ def test_a_q2_0_tensor_reads_as_q2_0():
     assert gguf.load(path, "text").weights.type_name("blk.0.ffn_up.weight") == "Q2_0"
 
 
-def parity_table():  # -> the README's rows: preset, NMSE prefill / decode, max |diff|, top-1, numba's NMSE
-    rows = ["| preset | NMSE prefill | NMSE decode | max abs diff | top-1 prefill / decode | numba NMSE prefill |",
-            "|---|---|---|---|---|---|"]
+def parity_table():  # -> the README's rows: preset, NMSE prefill / decode, max |diff|, top-1, numba's NMSE, gate
+    rows = ["| preset | NMSE prefill | NMSE decode | max abs diff | top-1 prefill / decode | numba NMSE prefill | gate |",
+            "|---|---|---|---|---|---|---|"]
     for preset in (e["preset"] for e in manifest()["presets"]):
         (prompt, steps), (golden_prompt, golden_steps) = exact_run(preset, "numpy")
         p, d = figures(golden_prompt, prompt), figures(golden_steps, steps)
         numba = figures(golden_prompt, exact_run(preset, "numba")[0][0])
         rows.append(f"| {preset} | {p[0]:.2e} | {d[0]:.2e} | {max(p[1], d[1]):.2f} | "
-                    f"{100 * p[2]:.1f} % / {100 * d[2]:.1f} % | {numba[0]:.2e} |")
+                    f"{100 * p[2]:.1f} % / {100 * d[2]:.1f} % | {numba[0]:.2e} | {GATES[preset]:.2g} |")
     return "\n".join(rows)
 
 
