@@ -80,7 +80,6 @@ GATES = {  # preset: max NMSE          measured NMSE (numpy backend) prefill / d
     "Q5_K_M": Q8_K_ACTS,    # 1.11e-3 / 1.22e-3, 97.1 %
     "Q6_K": Q8_K_ACTS,      # 1.10e-3 / 1.10e-3, 94.3 %
 }
-DECODE_STEPS = 7  # --n-predict 8: the 8th token is chosen by the 7th step
 
 
 @functools.lru_cache(maxsize=None)
@@ -249,6 +248,49 @@ def test_a_q2_0_tensor_reads_as_q2_0():
     with pytest.raises(ValueError):
         GGUFReader(path)
     assert gguf.load(path, "text").weights.type_name("blk.0.ffn_up.weight") == "Q2_0"
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--llama-bin", "."], "no llama-quantize there"),
+    (["--llama-bin", ".", "--n-predict", "65"], "--n-predict"),
+    ([], "--llama-bin"),
+])
+def test_make_quant_presets_bad_input(args, expected):
+    from conftest import cli_error, run_cli
+
+    cli_error(run_cli("tools.make_quant_presets", *args), expected)
+
+
+HELP = """usage: llama-quantize [--help] model-f32.gguf [model-quant.gguf] type [nthreads]
+ allowed quantization types
+  40  or  Q1_0    :  1.125 bpw quantization
+  12  or  Q3_K    : alias for Q3_K_M
+  12  or  Q3_K_M  :  3.74G, +0.6569 ppl @ Llama-3-8B
+   1  or  F16     : 14.00G, +0.0020 ppl @ Mistral-7B
+          COPY    : only copy tensors, no quantizing
+"""
+
+
+def fake_llama_bin(tmp_path):  # a directory whose llama-quantize prints HELP (in llama.cpp's layout)
+    for tool in ("llama-quantize", "llama-imatrix"):
+        (tmp_path / tool).write_text(f"#!/bin/sh\ncat <<'END'\n{HELP}END\n")
+        (tmp_path / tool).chmod(0o755)
+    return tmp_path
+
+
+def test_presets_are_read_from_the_help(tmp_path):
+    from tools import make_quant_presets
+
+    presets, skipped = make_quant_presets.listed_presets(fake_llama_bin(tmp_path) / "llama-quantize")
+    assert presets == ["Q1_0", "Q3_K_M"] and sorted(skipped) == ["COPY", "F16", "Q3_K"]
+
+
+def test_an_unlisted_preset_is_refused(tmp_path):
+    from conftest import cli_error, run_cli
+
+    line = cli_error(run_cli("tools.make_quant_presets", "--llama-bin", str(fake_llama_bin(tmp_path)),
+                             "--presets", "Q1_0,Q9_9"))
+    assert "Q9_9 not among llama-quantize's Q1_0, Q3_K_M" in line
 
 
 def parity_table():  # -> the README's rows: preset, NMSE prefill / decode, max |diff|, top-1, numba's NMSE, gate
