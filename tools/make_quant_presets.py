@@ -175,6 +175,8 @@ def main(argv=None) -> int:
             "source_model": {"file": args.model.name, "sha256": golden.sha256(args.model)},
             "engine": "llama.cpp", "version": f"llama.cpp {golden.LLAMA_CPP_COMMIT} (llama-quantize, llama-imatrix); "
                                               "logits: llama-cpp-python 0.3.36", "date": golden.today(),
+            "options": {"kv_type": "f32", "flash_attn": "off", "n_predict": args.n_predict,
+                        "prompts": args.prompts.name, "use_extra_bufts": False, "quantize_threads": 2},
             "imatrix": imatrix_entry, "skipped_presets": skipped, "presets": entries,
             "ggml_f32_sha256": "per tensor: sha256 of the little-endian float32 values ggml's to_float gives "
                                "(llama-quantize --allow-requantize FILE F32)"})
