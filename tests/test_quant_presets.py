@@ -157,6 +157,25 @@ def test_every_tensor_decodes_as_ggml_does(preset):
         assert hashlib.sha256(weights.get(name).astype("<f4").tobytes()).hexdigest() == digest, name
 
 
+@pytest.mark.parametrize("name, qtype", [("q1_0", gguf.GGMLQuantizationType.Q1_0), ("q2_0", gguf.GgmlType.Q2_0)])
+def test_new_decoders_match_ggml_on_every_code(name, qtype):
+    """Random Q1_0 / Q2_0 blocks and ggml's own to_float of them (crafted_blocks.npz): every code
+    occurs, the 2d of Q2_0 too, which its quantizer never writes. NumPy and numba decoders alike."""
+    from accel.numba import quant
+
+    crafted = np.load(os.path.join(PRESETS, manifest()["crafted_blocks"]["file"]), allow_pickle=False)
+    blocks, expected = crafted[f"{name}_blocks"], crafted[f"{name}_values"]
+    codes = np.unpackbits(blocks[:, 2:], bitorder="little") if name == "q1_0" else \
+        ((blocks[:, 2:, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3).ravel()
+    assert len(np.unique(codes)) == (2 if name == "q1_0" else 4)
+    ours = gguf.dequantize(blocks.reshape(1, -1), qtype, "crafted", name).ravel()
+    assert np.array_equal(ours.view(np.uint32), expected.view(np.uint32))
+    require("numba")
+    tiles = np.empty((1, expected.size), np.float32)
+    quant.dequantize_rows(int(qtype), blocks.reshape(1, -1), expected.size, 0, tiles, quant.TABLES)
+    assert np.array_equal(tiles.ravel().view(np.uint32), expected.view(np.uint32))
+
+
 def test_presets_hold_every_type_llama_quantize_writes_here():
     # F16 and BF16 are the converter's files in golden/models (test_text_parity)
     held = {t for e in manifest()["presets"] for t in e["tensor_types"].values()}

@@ -15,7 +15,10 @@ record what llama.cpp makes of each file: golden/presets/.
    repacked or AMX weight buffers, every product through ggml's plain CPU mul_mat (vec_dot or
    llamafile's tinyBLAS). A llama.cpp built with AMX_INT8 crashes in ggml_backend_amx_mul_mat on
    these files on a CPU that has AMX; a Q8_0 file gives byte-identical logits either way;
-5. manifest.json: source model sha256, tools and versions, commands, date, and per file its sha256,
+5. crafted_blocks.npz: Q1_0 and Q2_0 blocks of random bits (every code, which a quantized model
+   does not hold: Q2_0's quantizer never writes the code for 2d) and ggml's to_float of them, called
+   in llama-cpp-python's libggml-base;
+6. manifest.json: source model sha256, tools and versions, commands, date, and per file its sha256,
    size, the type of every tensor and the digests of step 3.
 
 The binaries are not part of the repository; they are built from the llama.cpp that
@@ -23,11 +26,15 @@ llama-cpp-python 0.3.36 vendors (golden/README.md, Regenerating). Needs llama-cp
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
+
+import numpy as np
 
 from reference import gguf
 from reference.cli import OneLineParser, UsageError, exit_status, int_in
@@ -100,6 +107,44 @@ def without_extra_buffers():  # -> None; every llama_cpp.Llama made afterwards l
         return params
     plain.plain_buffers = True
     bindings.llama_model_default_params = plain
+
+
+CRAFTED = "crafted_blocks.npz"
+CRAFTED_TYPES = {"q1_0": 41, "q2_0": 42}  # ggml.h type ids
+
+
+class TypeTraits(ctypes.Structure):  # ggml.h struct ggml_type_traits
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                ("is_quantized", ctypes.c_bool),
+                ("to_float", ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)),
+                ("from_float_ref", ctypes.c_void_p)]
+
+
+def ggml_to_float(type_id, blocks):  # uint8 [n, type_size] -> float32 [n * blck_size]: ggml's own decoder
+    import llama_cpp
+
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+    lib.ggml_get_type_traits.restype = ctypes.POINTER(TypeTraits)
+    traits = lib.ggml_get_type_traits(type_id).contents
+    if blocks.shape[1] != traits.type_size:
+        raise UsageError(f"ggml's {traits.type_name.decode()} blocks are {traits.type_size} bytes, not {blocks.shape[1]}")
+    blocks = np.ascontiguousarray(blocks)
+    out = np.empty(len(blocks) * traits.blck_size, np.float32)
+    traits.to_float(blocks.ctypes.data, out.ctypes.data, out.size)
+    return out
+
+
+def crafted_blocks(out: Path) -> dict:  # -> the manifest entry of CRAFTED, written to out
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for name, type_id in CRAFTED_TYPES.items():
+        d = rng.standard_normal(64).astype(np.float16)  # finite scales of both signs
+        blocks = np.concatenate([d.view(np.uint8).reshape(64, 2), rng.integers(0, 256, (64, 16), np.uint8)], axis=1)
+        arrays[f"{name}_blocks"], arrays[f"{name}_values"] = blocks, ggml_to_float(type_id, blocks)
+    np.savez(out / CRAFTED, **arrays)
+    return {"file": CRAFTED, "blocks": "64 per type, numpy default_rng(0): f16 d standard normal, random qs bytes",
+            "values": "ggml_get_type_traits(type)->to_float of llama-cpp-python 0.3.36's libggml-base"}
 
 
 def make_preset(preset: str, args, work: Path) -> dict:  # -> the manifest entry
@@ -177,7 +222,7 @@ def main(argv=None) -> int:
                                               "logits: llama-cpp-python 0.3.36", "date": golden.today(),
             "options": {"kv_type": "f32", "flash_attn": "off", "n_predict": args.n_predict,
                         "prompts": args.prompts.name, "use_extra_bufts": False, "quantize_threads": 2},
-            "imatrix": imatrix_entry, "skipped_presets": skipped, "presets": entries,
+            "imatrix": imatrix_entry, "crafted_blocks": crafted_blocks(args.out), "skipped_presets": skipped, "presets": entries,
             "ggml_f32_sha256": "per tensor: sha256 of the little-endian float32 values ggml's to_float gives "
                                "(llama-quantize --allow-requantize FILE F32)"})
         return 0
