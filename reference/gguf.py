@@ -6,8 +6,8 @@ llama.cpp's defaults where a key is absent (spec/text.md §1, vision.md §2, dfl
 
 Tensors stay quantized in the memory map; `Weights.get` dequantizes one on demand through
 gguf.quants (bit-exact with ggml), or for the two types of the pinned ggml that gguf-py lacks (Q1_0,
-Q2_0) through decoders written from ggml's dequantize_row_*, and keeps a bounded LRU of dequantized tensors, so a 30B file
-never needs to be dequantized whole.
+Q2_0) through decoders written from ggml's dequantize_row_*, and keeps a bounded LRU of dequantized
+tensors, so a 30B file never needs to be dequantized whole.
 """
 import math
 import os

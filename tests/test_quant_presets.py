@@ -30,20 +30,22 @@ PRESETS = os.path.join(GOLDEN, "presets")
 # Gates on NMSE against llama.cpp (prefill and decode alike). The exact mode multiplies ggml's own
 # weights (test_every_tensor_decodes_as_ggml_does: bit for bit) with float32 activations; llama.cpp's
 # CPU path first rounds every activation row to the weight's vec_dot type: Q8_0 (blocks of 32, step
-# amax/127) for Q4_0..Q8_0, Q1_0, Q2_0, MXFP4 and IQ4_NL; Q8_K (blocks of 256, step amax/127) for
-# the K, IQ (but IQ4_NL) and TQ types. One rounding adds a relative error (amax/127)^2/12 / mean(x^2)
-# per product: the expected max of |N(0, 1)| over 32 values is ~2.2 and over 256 values ~2.9, so
-# ~2.5e-5 (Q8_0) and ~4.3e-5 (Q8_K), a ratio of (2.9/2.2)^2 = 1.7. The 22 products per token and 3
-# layers of random weights amplify it to the logits' NMSE, but alike for every weight type: the
-# measurements fall into exactly these two classes, 4.9e-4 .. 7.1e-4 for presets whose matrices are
-# (mostly) Q8_0-dot types, 9.7e-4 .. 1.27e-3 for the Q8_K ones (ratio 1.8, as derived), whatever the
-# weights' bit width. tiny-b's committed converter Q8_0 run measures 6.2e-4 too (test_text_parity).
-# Each class's gate is 3x its largest measurement (as test_text_parity's gates): room for another
-# thread count or summation order in llama.cpp. A layout bug is far above it: Q2_0 with the four
-# 2-bit fields of a byte read high first measures NMSE 1.7. A 1 % error in every Q2_0 scale is not
-# (6.3e-4, inside the activation rounding): the decoders are held to ggml bit for bit by
-# test_every_tensor_decodes_as_ggml_does, not by these gates. Where top-1 differs, llama.cpp's own top1-top2 margin must be a near tie (tools.diff
-# typical-error rule, as in test_text_parity): no real flip is allowed.
+# amax/127; Q8_1 for Q4_1/Q5_1, the same values) for Q4_0..Q8_0, Q1_0, Q2_0, MXFP4 and IQ4_NL; Q8_K
+# (blocks of 256, step amax/127) for the K, IQ (but IQ4_NL) and TQ types. One rounding adds a
+# relative error (amax/127)^2/12 / mean(x^2) per product: E[amax^2] of N(0, 1) is 2.36^2 over 32
+# values and 3.04^2 over 256, so ~3.0e-5 (Q8_0) and ~4.9e-5 (Q8_K), a ratio of 1.63. The 25
+# products per token (8 per layer and the output) and 3 layers of random weights amplify it to the
+# logits' NMSE, but alike for every weight type: the measurements fall into exactly these two
+# classes, 4.9e-4 .. 7.1e-4 for presets whose matrices are (mostly) Q8_0-dot types, 9.7e-4 ..
+# 1.27e-3 for the Q8_K ones (ratio ~1.8, near the derived 1.63), whatever the weights' bit width.
+# tiny-b's committed converter Q8_0 run measures 6.2e-4 too (test_text_parity). Each class's gate
+# is 3x its largest measurement (as test_text_parity's gates): room for another thread count or
+# summation order in llama.cpp. A layout bug is far above it: Q2_0 with the four 2-bit fields of a
+# byte read high first measures NMSE 1.7. A 1 % error in every Q2_0 scale is not (6.3e-4, inside
+# the activation rounding): the decoders are held to ggml bit for bit by
+# test_every_tensor_decodes_as_ggml_does, not by these gates. Where top-1 differs, llama.cpp's own
+# top1-top2 margin must be a near tie (tools.diff typical-error rule, as in test_text_parity): no
+# real flip is allowed.
 Q8_0_ACTS = 2.2e-3
 Q8_K_ACTS = 3.9e-3
 GATES = {  # preset: max NMSE          measured NMSE (numpy backend) prefill / decode, top-1 prefill
@@ -232,7 +234,7 @@ def test_numba_gives_the_numpy_logits(preset):
         assert np.array_equal(theirs.argmax(-1), ours.argmax(-1))
 
 
-def patched_type(tmp_path, type_id, tensor="blk.0.ffn_up.weight"):  # -> a copy of the Q2_0 preset, one tensor's type id changed
+def patched_type(tmp_path, type_id, tensor="blk.0.ffn_up.weight"):  # -> the Q2_0 preset, one tensor's type id changed
     src = os.path.join(PRESETS, preset_entry("Q2_0")["file"])
     t = next(t for t in gguf.open_reader(src).tensors if t.name == tensor)
     type_offset = t.field.offset + sum(p.nbytes for p in t.field.parts[:4])
@@ -313,7 +315,8 @@ def test_an_unlisted_preset_is_refused(tmp_path):
 
 
 def parity_table():  # -> the README's rows: preset, NMSE prefill / decode, max |diff|, top-1, numba's NMSE, gate
-    rows = ["| preset | NMSE prefill | NMSE decode | max abs diff | top-1 prefill / decode | numba NMSE prefill | gate |",
+    rows = ["| preset | NMSE prefill | NMSE decode | max abs diff | top-1 prefill / decode | numba NMSE prefill "
+            "| gate |",
             "|---|---|---|---|---|---|---|"]
     for preset in (e["preset"] for e in manifest()["presets"]):
         (prompt, steps), (golden_prompt, golden_steps) = exact_run(preset, "numpy")

@@ -128,7 +128,8 @@ def ggml_to_float(type_id, blocks):  # uint8 [n, type_size] -> float32 [n * blck
     lib.ggml_get_type_traits.restype = ctypes.POINTER(TypeTraits)
     traits = lib.ggml_get_type_traits(type_id).contents
     if blocks.shape[1] != traits.type_size:
-        raise UsageError(f"ggml's {traits.type_name.decode()} blocks are {traits.type_size} bytes, not {blocks.shape[1]}")
+        raise UsageError(f"ggml's {traits.type_name.decode()} blocks are {traits.type_size} bytes, "
+                         f"not {blocks.shape[1]}")
     blocks = np.ascontiguousarray(blocks)
     out = np.empty(len(blocks) * traits.blck_size, np.float32)
     traits.to_float(blocks.ctypes.data, out.ctypes.data, out.size)
@@ -222,7 +223,8 @@ def main(argv=None) -> int:
                                               "logits: llama-cpp-python 0.3.36", "date": golden.today(),
             "options": {"kv_type": "f32", "flash_attn": "off", "n_predict": args.n_predict,
                         "prompts": args.prompts.name, "use_extra_bufts": False, "quantize_threads": 2},
-            "imatrix": imatrix_entry, "crafted_blocks": crafted_blocks(args.out), "skipped_presets": skipped, "presets": entries,
+            "imatrix": imatrix_entry, "crafted_blocks": crafted_blocks(args.out),
+            "skipped_presets": skipped, "presets": entries,
             "ggml_f32_sha256": "per tensor: sha256 of the little-endian float32 values ggml's to_float gives "
                                "(llama-quantize --allow-requantize FILE F32)"})
         return 0
