@@ -5,16 +5,18 @@ muse-glimmer) and `dflash` (the speculative drafter). Configs hold every key lla
 llama.cpp's defaults where a key is absent (docs/text.md, docs/vision.md, docs/dflash.md).
 
 Tensors stay quantized in the memory map; `Weights.get` dequantizes one on demand through
-gguf.quants (bit-exact with ggml) and keeps a bounded LRU of dequantized tensors, so a 30B file
-never needs to be dequantized whole.
+gguf.quants (bit-exact with ggml), or for the two types of the pinned ggml that gguf-py lacks (Q1_0,
+Q2_0) through decoders written from ggml's dequantize_row_*, and keeps a bounded LRU of dequantized
+tensors, so a 30B file never needs to be dequantized whole.
 """
 import math
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, GGMLQuantizationType, ReaderTensor
 from gguf import quants
 
 GGUF_MAGIC = b"GGUF"
@@ -70,7 +72,9 @@ def open_reader(path):  # path -> GGUFReader, memory-mapped, every tensor inside
     file_size = os.path.getsize(path)
     _check_header(path, file_size)
     try:
-        reader = GGUFReader(path, "r")
+        reader = TypedReader(path, "r")
+    except UnsupportedTensorType as e:
+        raise GGUFError(path, str(e)) from None
     except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError, TypeError) as e:
         raise GGUFError(path, f"corrupt GGUF ({type(e).__name__}: {e})") from None
     for t in reader.tensors:
@@ -501,10 +505,13 @@ class Weights:
 
 
 def dequantize(data, qtype, path, name):  # raw blocks [..., row_bytes] -> float32 [..., n_cols]
+    decode = EXTRA_DECODERS.get(qtype)
+    if decode is not None:
+        return dequantize_blocks(np.asarray(data), qtype, decode)
     try:
         return np.asarray(quants.dequantize(np.asarray(data), qtype), dtype=np.float32)
     except NotImplementedError:
-        raise GGUFError(path, f"tensor {name} has type {qtype.name}, which this reference cannot dequantize") from None
+        raise GGUFError(path, unsupported(qtype, name)) from None
 
 
 def check_tensors(weights, required, optional=()):  # raise on a missing tensor or wrong shape
@@ -516,10 +523,90 @@ def check_tensors(weights, required, optional=()):  # raise on a missing tensor 
         if have != tuple(shape):
             raise GGUFError(weights.path, f"tensor {name} has shape {list(have)}, the metadata implies {list(shape)}")
     for name, t in weights.tensors.items():
-        if t.tensor_type not in quants._type_traits and t.tensor_type not in (
-                GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            raise GGUFError(weights.path, f"tensor {name} has type {t.tensor_type.name}, "
-                                          "which this reference cannot dequantize")
+        if not decodable(t.tensor_type):
+            raise GGUFError(weights.path, unsupported(t.tensor_type, name))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor types of the pinned ggml that gguf-py 0.19.0 cannot decode (Q1_0) or does not know (Q2_0):
+# their ids and blocks from ggml.h / ggml-common.h, their values from ggml-quants.c dequantize_row_*
+
+class GgmlType(IntEnum):  # ggml.h type ids missing from gguf-py's GGMLQuantizationType
+    Q2_0 = 42
+
+
+EXTRA_SIZES = {GGMLQuantizationType.Q1_0: (128, 2 + 16),  # values per block, bytes per block
+               GgmlType.Q2_0: (64, 2 + 16)}
+_GGUF_PY_IDS = frozenset(int(t) for t in GGML_QUANT_SIZES)
+
+
+class UnsupportedTensorType(Exception):
+    """A tensor of a type this reference cannot read: a file that is valid, only not for us."""
+
+
+def unsupported(qtype, name):  # the one refusal of a type, by its name
+    return f"unsupported tensor type {qtype.name} in tensor {name}"
+
+
+def decodable(qtype):  # a GGMLQuantizationType or GgmlType -> can dequantize() decode it?
+    return qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) or \
+        qtype in quants._type_traits or qtype in EXTRA_DECODERS
+
+
+def block_scales(blocks):  # uint8 [n, bytes] opening with an f16 d -> float32 [n, 1]
+    return np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32)
+
+
+def dequantize_q1_0(blocks):  # uint8 [n, 18] -> float32 [n, 128]: bit j of qs set -> +d, clear -> -d
+    d = block_scales(blocks)
+    bits = np.unpackbits(blocks[:, 2:], axis=-1, bitorder="little")  # value j = bit j % 8 of byte j / 8
+    return np.where(bits == 1, d, -d)
+
+
+def dequantize_q2_0(blocks):  # uint8 [n, 18] -> float32 [n, 64]: 2-bit q -> (q - 1) d, so -d, 0, d, 2d
+    d = block_scales(blocks)
+    q = (blocks[:, 2:, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3  # value j = bits 2 (j % 4) of byte j / 4
+    return (q.reshape(len(blocks), -1).astype(np.float32) - np.float32(1)) * d
+
+
+EXTRA_DECODERS = {GGMLQuantizationType.Q1_0: dequantize_q1_0, GgmlType.Q2_0: dequantize_q2_0}
+
+
+def dequantize_blocks(data, qtype, decode):  # uint8 [..., row_bytes] -> float32 [..., n_cols]
+    block, size = EXTRA_SIZES[qtype]
+    blocks = data.view(np.uint8).reshape(-1, size)
+    return decode(blocks).reshape(*data.shape[:-1], data.shape[-1] // size * block)
+
+
+class TypedReader(GGUFReader):
+    """gguf-py's reader, which also lays out tensors of the ggml types it does not know (GgmlType);
+    an id that ggml.h does not define either is refused by number, naming the tensor."""
+
+    def _build_tensors(self, start_offs, fields):
+        super()._build_tensors(start_offs, [f for f in fields if int(f.parts[4][0]) in _GGUF_PY_IDS])
+        extra = [self._extra_tensor(start_offs, f) for f in fields if int(f.parts[4][0]) not in _GGUF_PY_IDS]
+        names = [t.name for t in self.tensors + extra]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicated tensor names among {len(names)} tensors")
+        self.tensors = sorted(self.tensors + extra, key=lambda t: t.field.offset)
+
+    def _extra_tensor(self, start_offs, field):  # a tensor-info field of a GgmlType -> ReaderTensor
+        _, name_data, _, dims, raw_type, offset = field.parts
+        name = str(bytes(name_data), encoding="utf-8")
+        if int(raw_type[0]) not in GgmlType._value2member_map_:
+            raise UnsupportedTensorType(f"unsupported tensor type id {int(raw_type[0])} in tensor {name} "
+                                        "(not a type of the pinned ggml)")
+        qtype = GgmlType(int(raw_type[0]))
+        block, size = EXTRA_SIZES[qtype]
+        np_dims = tuple(reversed(dims.tolist()))
+        if not np_dims or np_dims[-1] % block:
+            raise ValueError(f"tensor {name}: rows of {np_dims[-1:]} values are not whole {qtype.name} blocks")
+        n_elements = int(np.prod(dims))
+        n_bytes = n_elements // block * size
+        data_offset = int(start_offs + offset[0])
+        data = self._get(data_offset, np.uint8, n_bytes).reshape(*np_dims[:-1], np_dims[-1] // block * size)
+        return ReaderTensor(name=name, tensor_type=qtype, shape=dims, n_elements=n_elements, n_bytes=n_bytes,
+                            data_offset=data_offset, data=data, field=field)
 
 
 # ---------------------------------------------------------------------------------------------

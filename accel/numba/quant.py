@@ -1,9 +1,10 @@
 """Products with GGUF weights straight from their quantized blocks, in numba. No dequantized
-matrix ever exists. The weights are gguf-py's float32 values exactly; with float32 activations the
-sums run in float32 within a 256-value super-block (the rows of Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_XXS,
-IQ2_XXS; 32 values for Q8_0) or a 1024-column tile (every type) and in float64 across them; the
-other row kernels (F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K) sum in float64, and float64
-activations sum in float64 everywhere. Against reference/ops.py linear (float64 sums) only the
+matrix ever exists. The weights are gguf-py's float32 values exactly (Q1_0 and Q2_0, which gguf-py
+lacks: reference/gguf.py's decoders of ggml's dequantize_row_q1_0/q2_0); with float32 activations
+the sums run in float32 within a 256-value super-block (the rows of Q4_K, Q5_K, Q6_K, IQ4_XS,
+IQ3_XXS, IQ2_XXS; 32 values for Q8_0, 128 for Q1_0, 64 for Q2_0) or a 1024-column tile (every type)
+and in float64 across them; the other row kernels (F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K)
+sum in float64, and float64 activations sum in float64 everywhere. Against reference/ops.py linear (float64 sums) only the
 summation differs: NMSE <= 2.6e-14 per product in the op harness on random inputs (more where a
 row's sum cancels: the error is relative to sum |w x|), 1.8e-13 .. 8.6e-13 on whole tiny models.
 The float32 lanes follow the CPU's vector width, so the last bits may differ between machines.
@@ -27,15 +28,18 @@ from gguf import GGMLQuantizationType as GT
 from gguf import quants
 from numba import njit, prange
 
+from reference.gguf import GgmlType
+
 CHUNK = 256  # values decoded per step: one K-quant super-block, or eight 32-value blocks
 
 F32, F16, BF16 = int(GT.F32), int(GT.F16), int(GT.BF16)
 Q4_0, Q5_0, Q8_0, IQ4_NL = int(GT.Q4_0), int(GT.Q5_0), int(GT.Q8_0), int(GT.IQ4_NL)
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = int(GT.Q2_K), int(GT.Q3_K), int(GT.Q4_K), int(GT.Q5_K), int(GT.Q6_K)
 IQ4_XS, IQ3_XXS, IQ2_XXS = int(GT.IQ4_XS), int(GT.IQ3_XXS), int(GT.IQ2_XXS)
+Q1_0, Q2_0 = int(GT.Q1_0), int(GgmlType.Q2_0)  # the pinned ggml's; Q2_0 is not in gguf-py
 
-KERNEL_TYPES = frozenset(GT(t) for t in (F32, F16, BF16, Q4_0, Q5_0, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K,
-                                         Q5_K, Q6_K, IQ4_XS, IQ3_XXS, IQ2_XXS))
+KERNEL_TYPES = frozenset([*(GT(t) for t in (F32, F16, BF16, Q4_0, Q5_0, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K,
+                                            Q5_K, Q6_K, IQ4_XS, IQ3_XXS, IQ2_XXS, Q1_0)), GgmlType.Q2_0])
 
 Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xxs_signed")
 
@@ -158,6 +162,25 @@ def decode_q8_0(row, start, n, out, tab):  # 34-byte blocks: f16 d, int8 q[32]; 
         d = tab.halves[u16(row, o)]
         for j in range(32):
             out[b * 32 + j] = np.float32(i8(row[o + 2 + j])) * d
+
+
+@njit(cache=True)
+def decode_q1_0(row, start, n, out, tab):  # 18-byte blocks: f16 d, qs[16]; bit j set: w = d, else -d
+    for b in range(n // 128):
+        o = (start // 128 + b) * 18
+        d = tab.halves[u16(row, o)]
+        for j in range(128):
+            out[b * 128 + j] = d if (np.int64(row[o + 2 + j // 8]) >> (j % 8)) & 1 else -d
+
+
+@njit(cache=True)
+def decode_q2_0(row, start, n, out, tab):  # 18-byte blocks: f16 d, qs[16] of 2-bit q; w = (q - 1) d
+    for b in range(n // 64):
+        o = (start // 64 + b) * 18
+        d = tab.halves[u16(row, o)]
+        for j in range(64):
+            q = (np.int64(row[o + 2 + j // 4]) >> (2 * (j % 4))) & 3
+            out[b * 64 + j] = np.float32(q - 1) * d
 
 
 @njit(cache=True)
@@ -305,6 +328,10 @@ def decode_chunk(qtype, row, start, n, out, tab):  # the decoder of qtype
         decode_iq3_xxs(row, start, n, out, tab)
     elif qtype == IQ2_XXS:
         decode_iq2_xxs(row, start, n, out, tab)
+    elif qtype == Q1_0:
+        decode_q1_0(row, start, n, out, tab)
+    elif qtype == Q2_0:
+        decode_q2_0(row, start, n, out, tab)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,6 +399,32 @@ def row_q8_0(row, x, tab):  # 34-byte blocks: f16 d, int8 q[32]
     acc = 0.0
     for b in range(nb):
         acc += np.float64(half_at(blk, b, 0, tab.halves)) * dot(qi[b, 2:], xs[b])
+    return acc
+
+
+@njit(cache=True, fastmath=FAST)
+def row_q1_0(row, x, tab):  # 18-byte blocks: f16 d, 128 sign bits; w = +-d
+    nb = x.shape[0] // 128
+    blk, xs = row.reshape(nb, 18), x.reshape(nb, 128)
+    acc = 0.0
+    for b in range(nb):
+        s = x.dtype.type(0)
+        for j in range(128):
+            s += xs[b, j] if (np.int64(blk[b, 2 + j // 8]) >> (j % 8)) & 1 else -xs[b, j]
+        acc += np.float64(half_at(blk, b, 0, tab.halves)) * s
+    return acc
+
+
+@njit(cache=True, fastmath=FAST)
+def row_q2_0(row, x, tab):  # 18-byte blocks: f16 d, 64 2-bit q; w = (q - 1) d
+    nb = x.shape[0] // 64
+    blk, xs = row.reshape(nb, 18), x.reshape(nb, 64)
+    acc = 0.0
+    for b in range(nb):
+        s = x.dtype.type(0)
+        for j in range(64):
+            s += x.dtype.type(((np.int64(blk[b, 2 + j // 4]) >> (2 * (j % 4))) & 3) - 1) * xs[b, j]
+        acc += np.float64(half_at(blk, b, 0, tab.halves)) * s
     return acc
 
 
@@ -601,6 +654,10 @@ def row_dot(qtype, row, x, xsum16, tab):  # one weight row [row_bytes] . x [n_in
         return row_iq4_xs(row, x, tab)
     if qtype == IQ3_XXS:
         return row_iq3_xxs(row, x, tab)
+    if qtype == Q1_0:
+        return row_q1_0(row, x, tab)
+    if qtype == Q2_0:
+        return row_q2_0(row, x, tab)
     return row_iq2_xxs(row, x, tab)
 
 
