@@ -159,7 +159,6 @@ def pointwise_table(rng, dtype):  # -> [(op, case name, reference fn, backend fn
         ("rope", "2d x[5,4,64]", lambda: ops.rope_2d(x3, theta_a, theta_b),
          lambda be: be.rope_2d(x3, theta_a, theta_b)),
         ("activation", "sigmoid x[6,300]", lambda: ops.sigmoid(gate), lambda be: be.sigmoid(gate)),
-        ("activation", "silu x[6,300]", lambda: ops.silu(gate), lambda be: be.silu(gate)),
         ("activation", "swiglu x[6,300]", lambda: ops.swiglu(gate, up), lambda be: be.swiglu(gate, up)),
         ("activation", "softcap 30 z[3,512]", lambda: ops.softcap(z, 30.0), lambda be: be.softcap(z, 30.0)),
         ("activation", "gelu_erf x[6,300]", lambda: ops.gelu_erf(gate), lambda be: be.gelu_erf(gate)),
