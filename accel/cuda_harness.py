@@ -25,7 +25,7 @@ import numpy as np
 from reference import gguf, ops
 from reference.cli import OneLineParser, exit_status, int_in, output_file
 from reference.text import TextModel
-from tools.metrics import max_abs_diff, nmse
+from reference.metrics import max_abs_diff, nmse
 
 from .cupy import launch
 from .cupy.text import DeviceTextModel

@@ -31,8 +31,8 @@ from gguf import quants
 from reference import ops
 from reference.cli import OneLineParser, fail, int_in, names_in
 from reference.gguf import Weights, write_out
-from tools.make_synthetic import F16_SCALE_OFFSETS
-from tools.metrics import max_abs_diff, nmse
+from reference.random_blocks import F16_SCALE_OFFSETS
+from reference.metrics import max_abs_diff, nmse
 
 # Gates per op, with why. One-ulp noise is <= 3.6e-15 (see above).
 GATES = {
@@ -46,7 +46,7 @@ GATES = {
                           "measured <= 2.6e-15"),
 }
 
-# The quantized types are those whose f16 scale offsets tools.make_synthetic knows: random blocks with
+# The quantized types are those whose f16 scale offsets reference.random_blocks knows: random blocks with
 # finite scales planted there are valid blocks.
 LINEAR_TYPES = (GT.F32, GT.F16, GT.BF16) + tuple(F16_SCALE_OFFSETS)
 

@@ -41,7 +41,7 @@ from reference import gguf, ops
 from reference.gguf import Weights
 from reference.text import TextModel
 from reference.trace import Capture, Tracer, layer_input
-from tools.metrics import nmse
+from reference.metrics import nmse
 from conftest import GOLDEN, IN_CI, MODELS, run_cli
 
 NVCC = shutil.which("nvcc")

@@ -17,7 +17,7 @@ from reference.governor import (BACKOFF_MAX, BACKOFF_MIN, DRAFT_HOLD, FLOORS, PR
                                 FloorBandit)
 from reference.run import main as run_main
 from reference.text import TextModel
-from tools.metrics import max_abs_diff, nmse
+from reference.metrics import max_abs_diff, nmse
 from conftest import GOLDEN, MODELS
 
 DRAFTER_FILE = os.path.join(MODELS, "tiny-a-dflash-f32.gguf")

@@ -24,7 +24,8 @@ from reference import gguf, ops
 from reference.text import TextModel
 from reference.trace import Tracer, load_trace
 from tools import bisect as bisect_tool
-from tools import golden, hf_trace, metrics
+from reference import metrics
+from tools import golden, hf_trace
 
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "hf-trace-tiny-a")
 CHECKPOINT = os.path.join(ROOT, "build", "tiny", "tiny-a")

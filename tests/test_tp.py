@@ -7,7 +7,7 @@ import pytest
 from reference import gguf, ops
 from reference.text import TextModel
 from reference.tp import TensorParallelBackend, TPError, check_tp
-from tools.metrics import nmse
+from reference.metrics import nmse
 from conftest import MODELS, run_cli
 
 MODEL = os.path.join(MODELS, "tiny-a-f32.gguf")  # 4 heads, 2 kv heads: TP=2 is the most it allows

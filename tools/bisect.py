@@ -53,10 +53,10 @@ import sys
 
 import numpy as np
 
+from reference import metrics
 from reference.cli import OneLineParser, UsageError, check_output, fail, float_in
 from reference.trace import INDEX, TraceError, load_trace
 
-from . import metrics
 from .diff import check_plot, pyplot, save_figure, write_text
 from .dump_parse import DumpError, PartialTensor, load_dump, token_axis
 

@@ -54,9 +54,8 @@ from typing import Callable
 
 import numpy as np
 
+from reference import metrics
 from reference.cli import OneLineParser, exit_status, int_in
-
-from . import metrics
 
 LLAMA_CPP_COMMIT = "0c1e570"  # vendored in llama-cpp-python 0.3.36
 REPO = Path(__file__).resolve().parent.parent
