@@ -1,5 +1,6 @@
 """The declared backend (reference/backend.py Backend): every backend class implements every op a
-model calls, with the declared parameters, and the models call no op outside the declaration.
+model calls, with the declared parameters, and the models call no op outside the declaration; and
+the one table of text trace names (reference/trace.py) is what the text forward traces.
 
 The classes are inspected, never instantiated: the CuPy backend's class imports without CuPy or a
 GPU, so the check runs in CI for all five.
@@ -9,12 +10,16 @@ import inspect
 import os
 
 import pytest
+from conftest import MODELS as TEST_MODELS
 
 from accel.cupy import CupyBackend
 from accel.numba import NumbaBackend
+from reference import gguf
 from reference.backend import OPS, Backend, NumpyBackend
 from reference.ggml_cpu import GgmlCpuBackend
+from reference.text import TextModel
 from reference.tp import TensorParallelBackend
+from reference.trace import TEXT_MODEL_POINTS, TEXT_POINTS, TraceError, Tracer, point
 
 BACKENDS = [NumpyBackend, GgmlCpuBackend, NumbaBackend, CupyBackend, TensorParallelBackend]
 MODELS = ("text.py", "vision.py", "dflash.py")
@@ -76,3 +81,17 @@ def test_the_models_compute_nothing_through_ops_directly():
         direct = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
                   and isinstance(n.value, ast.Name) and n.value.id == "ops"}
         assert direct <= allowed, f"{name} computes {sorted(direct - allowed)} outside the backend"
+
+
+def test_text_forward_traces_the_table_in_graph_order():
+    """reference/text.py names its points from trace.TEXT_POINTS (accel/cupy/text.py too; tests/test_cuda.py
+    checks its names against these): llama.cpp's order, the *_rope points on sliding-window layers only."""
+    lm = TextModel(gguf.load(os.path.join(TEST_MODELS, "tiny-a-f32.gguf"), "text"))
+    tracer = Tracer(keep_in_memory=True)
+    lm.prefill([497, 5, 17], lm.new_cache(4), trace=tracer)
+    per_layer = [point(op, il) for il, swa in enumerate(lm.cfg.swa_layers)
+                 for op in TEXT_POINTS if swa or not op.endswith("_rope")]
+    assert list(tracer.points) == ["embd_norm"] + per_layer + ["result_norm", "result_output"]
+    assert TEXT_MODEL_POINTS == ("embd_norm", "result_norm", "result_output")
+    with pytest.raises(TraceError, match="not a per-layer trace point"):
+        point("attn_nrom", 0)
