@@ -1,4 +1,4 @@
-"""Chat prompts in, model output out: Muse-Glimmer's ATEM chat format (spec/text.md §5).
+"""Chat prompts in, model output out: Muse-Glimmer's ATEM chat format (docs/text.md, Chat template).
 
 - `render_chat` runs the GGUF's `tokenizer.chat_template` in jinja2's immutable sandbox with what
   llama.cpp and transformers give a template: `strftime_now` (pinned by `date` for reproducible

@@ -1,4 +1,4 @@
-"""DFlash speculative decoding as llama.cpp runs it (spec/dflash.md): a block drafter that reads the
+"""DFlash speculative decoding as llama.cpp runs it (docs/dflash.md): a block drafter that reads the
 target's hidden states, and greedy verification around it. The output is the target's own greedy
 continuation whatever the drafter proposes; the drafter only changes how many target passes it takes.
 

@@ -1,5 +1,5 @@
 """The `ggml-cpu` numerics mode: what llama.cpp's CPU backend rounds, emulated in NumPy so that the
-reference reproduces its logits bit for bit (spec/ggml-cpu-numerics.md).
+reference reproduces its logits bit for bit (docs/ggml-cpu-numerics.md).
 
 The build it models (BUILD): llama.cpp 0c1e570 as llama-cpp-python 0.3.36 compiles it on x86-64
 with GGML_NATIVE (GCC, -march=native on an AVX512 F/BW/DQ/VL/VNNI/BF16 CPU), llamafile tinyBLAS and

@@ -2,7 +2,7 @@
 
 Roles: `text` (general.architecture = muse-glimmer), `mmproj` (clip with clip.projector_type =
 muse-glimmer) and `dflash` (the speculative drafter). Configs hold every key llama.cpp reads, with
-llama.cpp's defaults where a key is absent (spec/text.md §1, vision.md §2, dflash.md §1).
+llama.cpp's defaults where a key is absent (docs/text.md, docs/vision.md, docs/dflash.md).
 
 Tensors stay quantized in the memory map; `Weights.get` dequantizes one on demand through
 gguf.quants (bit-exact with ggml) and keeps a bounded LRU of dequantized tensors, so a 30B file

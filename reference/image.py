@@ -1,4 +1,4 @@
-"""Image files to uint8 RGB, and the uint8 Lanczos-3 resize llama.cpp's mtmd uses (spec/vision.md §1).
+"""Image files to uint8 RGB, and the uint8 Lanczos-3 resize llama.cpp's mtmd uses (docs/vision.md).
 
 Decoding follows llama.cpp (stb_image forced to 3 channels), not transformers:
 - alpha is dropped, not composited (`alpha="white"` composites on white as transformers does);

@@ -117,7 +117,7 @@ def causal_visible(query_pos, key_pos, window, causal=True):  # [T], [S] (-1 = e
 
 
 # ---------------------------------------------------------------------------------------------
-# Vision (spec/vision.md §3)
+# Vision (docs/vision.md, The tower)
 
 def rope_2d(x, theta_a, theta_b):  # x [T, H, D], theta_a/theta_b [T, D/4] -> [T, H, D]
     """Two NORM ropes side by side: pairs (2i, 2i+1) of the first half of every head turn by

@@ -1,5 +1,5 @@
 """`python -m reference.run`: slow, exact runs of the reference (the command-line contract of
-ARCHITECTURE.md; flags are extended, never renamed).
+docs/architecture.md; flags are extended, never renamed).
 
 With no arguments it runs the embedded default model from golden/ on a default prompt and prints
 a greedy continuation with timings.

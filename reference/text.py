@@ -1,4 +1,4 @@
-"""The Muse-Glimmer language model forward, as llama.cpp computes it from a GGUF (spec/text.md §3).
+"""The Muse-Glimmer language model forward, as llama.cpp computes it from a GGUF (docs/text.md, The forward).
 
     x = rms(E[t])                                      weightless embedding norm
     per layer:  h = rms(x) * attn_norm

@@ -1,4 +1,4 @@
-"""GGUF byte-level BPE (tokenizer.ggml.model = gpt2) with llama.cpp's semantics (spec/text.md §4).
+"""GGUF byte-level BPE (tokenizer.ggml.model = gpt2) with llama.cpp's semantics (docs/text.md, Tokenizer).
 
     text --(special-token texts, longest first)--> fragments and special ids
          --(the pre-tokenizer named by tokenizer.ggml.pre)--> words

@@ -1,4 +1,4 @@
-"""Named trace points: one f32 .npy per point plus index.json, as ARCHITECTURE.md describes.
+"""Named trace points: one f32 .npy per point plus index.json, as docs/architecture.md describes.
 
 Names follow llama.cpp's graph-callback names (`attn_norm-3`, `l_out-3`, `result_output`) so a trace
 lines up one to one with a `llama-eval-callback` dump. The text forward (reference/text.py, and the

@@ -1,4 +1,4 @@
-"""The Muse-Glimmer vision encoder (mmproj) as llama.cpp's mtmd computes it (spec/vision.md).
+"""The Muse-Glimmer vision encoder (mmproj) as llama.cpp's mtmd computes it (docs/vision.md).
 
     grid:    the merged-token grid closest to the image's aspect under the token cap (ties: more tokens)
     pixels:  uint8 Lanczos-3 stretch to 28*cols x 28*rows, (u8/255 - mean) / std

@@ -252,7 +252,7 @@ def test_parse_fixture_dump():
     quantized = passes[0]["cache_k_l0 (view)"]
     assert quantized.index.size == 0 and quantized.sum is None
 
-    points, notes = dump_parse.load_dump(FIXTURE)
+    points, notes, _ = dump_parse.load_dump(FIXTURE)
     assert notes == []
     expected_ne = {"embd_norm": (8, 11, 1, 1), "Qcur-0": (8, 2, 11, 1), "attn_post_norm-0": (8, 11, 1, 1),
                    "result_output": (32, 1, 1, 1)}
@@ -267,9 +267,9 @@ def test_parse_fixture_dump():
 
 
 def test_warm_up_pass_is_dropped_only_when_the_token_count_says_so():
-    whole, _ = dump_parse.load_dump(FIXTURE, n_tokens=11)
+    whole = dump_parse.load_dump(FIXTURE, n_tokens=11).points
     assert whole["embd_norm"].ne == (8, 11, 1, 1)
-    last, notes = dump_parse.load_dump(FIXTURE, n_tokens=3)
+    last, notes, _ = dump_parse.load_dump(FIXTURE, n_tokens=3)
     assert last["embd_norm"].ne == (8, 3, 1, 1) and "warm-up" in notes[0]
 
 
@@ -285,7 +285,7 @@ def fixture_as_full_trace():  # -> the fixture's tensors, whole, in the referenc
 
 
 def test_dump_against_full_trace_uses_printed_values_and_sums():
-    dump, _ = dump_parse.load_dump(FIXTURE, n_tokens=11)
+    dump = dump_parse.load_dump(FIXTURE, n_tokens=11).points
     trace = fixture_as_full_trace()
     result = bisect_tool.bisect(trace, dump, bisect_tool.EXACT_THRESHOLD)
     assert result["first"] is None
@@ -355,7 +355,7 @@ def dump_prompt(path):  # -> the token ids llama-eval-callback logs before its d
 def real_dump():  # -> (prompt ids, the dump's tensors, GGUFModel of the dumped model)
     from reference import gguf
     ids = dump_prompt(REAL_DUMP)
-    points, notes = dump_parse.load_dump(REAL_DUMP, len(ids))
+    points, notes, _ = dump_parse.load_dump(REAL_DUMP, len(ids))
     assert notes == []
     return ids, points, gguf.load(os.path.join(MODELS, "tiny-a-f32.gguf"), "text")
 
@@ -414,3 +414,241 @@ def test_planted_bugs_against_the_real_dump(real_dump, monkeypatch):
     first = bisect_tool.bisect(dump, reference_trace(model, ids), thresholds)["first"]
     assert (first["name"], first["layer"], first["op"]) == ("Qcur_rope-1", 1, "Qcur_rope")
     assert first["nmse"] > 1e-3
+
+
+DEFAULT_DUMP = os.path.join(ROOT, "tests", "fixtures", "tiny-a-f32.default.eval-callback.txt")  # llama.cpp defaults
+PLANTED_WEIGHT = "blk.2.post_attention_norm.weight"
+
+
+def planted_copy(directory, scale=1.01):  # -> path of a copy of tiny-a-f32.gguf, PLANTED_WEIGHT times scale
+    import shutil
+    from reference import gguf
+    path = os.path.join(directory, "tiny-a-planted.gguf")
+    shutil.copyfile(os.path.join(MODELS, "tiny-a-f32.gguf"), path)
+    tensor = next(t for t in gguf.open_reader(path).tensors if t.name == PLANTED_WEIGHT)
+    weight = np.memmap(path, np.float32, "r+", offset=int(tensor.data_offset), shape=(int(tensor.n_elements),))
+    weight *= np.float32(scale)
+    weight.flush()
+    return path
+
+
+def exact_traces(model, ids, directory):  # -> (float32 trace dir, float64 trace dir) of reference.run
+    dirs = (os.path.join(directory, "t32"), os.path.join(directory, "t64"))
+    for dtype, trace in zip(("float32", "float64"), dirs):
+        r = run_cli("reference.run", "--model", model, "--token-ids", ",".join(map(str, ids)), "--n-predict", "1",
+                    "--kv", "uniform", "--dtype", dtype, "--trace", trace)
+        assert r.returncode == 0, r.stderr
+    return dirs
+
+
+def test_default_dump_configuration_is_read():
+    """The cache types come from the cache_k_l*/cache_v_l* nodes, flash attention from FLASH_ATTN_EXT,
+    the ubatches from the passes; the f32 fixture was made with -ctk f32 -ctv f32 -fa off -ub 64."""
+    config = dump_parse.load_dump(DEFAULT_DUMP).config
+    assert (config.cache_k, config.cache_v, config.flash_attn, config.ubatches) == ("f16", "f16", True, [5])
+    assert config.prompt == [497, 319, 261, 84, 77] and not config.exact
+    assert config.reference_options() == ["--numerics", "ggml-cpu", "--kv-type", "f16", "--flash-attn", "on"]
+    exact = dump_parse.load_dump(REAL_DUMP).config
+    assert (exact.cache_k, exact.cache_v, exact.flash_attn, exact.exact) == ("f32", "f32", False, True)
+    several = dump_parse.LlamaConfig("q8_0", "q8_0", True, [512, 512, 76], None)
+    assert several.reference_options()[-2:] == ["--prefill-chunk", "512"]
+    for bad, message in ((dump_parse.LlamaConfig("f16", "f32", False, [5], None), "the dump's are K f16, V f32"),
+                         (dump_parse.LlamaConfig("bf16", "bf16", True, [5], None), "K bf16, V bf16"),
+                         (dump_parse.LlamaConfig("f16", "f16", True, [600], None), "at most 512 tokens")):
+        with pytest.raises(dump_parse.DumpError, match=message):
+            bad.reference_options()
+
+
+def test_default_dump_of_the_unmodified_model_is_explained_not_a_bug(tmp_path):
+    model = os.path.join(MODELS, "tiny-a-f32.gguf")
+    t32, t64 = exact_traces(model, [497, 319, 261, 84, 77], tmp_path)
+    command = ("python -m reference.run --model MODEL.gguf --token-ids 497,319,261,84,77 --n-predict 1 "
+               "--numerics ggml-cpu --kv-type f16 --flash-attn on --trace TRACE_DIR")
+    r = run_cli("tools.bisect", t32, DEFAULT_DUMP, "--noise-floor", t64)
+    assert r.returncode == 1, r.stderr
+    # measured: attn_out-0 NMSE 2.3e-7 (F16 K/V and flash attention), 3.5e5 x its noise-floor threshold
+    assert "first divergence: attn_out-0 (layer 0, op attn_out)" in r.stdout
+    assert "llama.cpp configuration: K cache f16, V cache f16, flash attention on, 1 ubatch of 5 tokens" in r.stdout
+    assert f"the reference rounds as it does with: {command}" in r.stdout
+    assert "the configuration may explain it: rerun with --reproduce --model MODEL.gguf" in r.stdout
+    r = run_cli("tools.bisect", t32, DEFAULT_DUMP, "--noise-floor", t64, "--reproduce", "--model", model,
+                "--json", tmp_path / "r.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("explained by the configuration, not a bug: the exact reference differs from attn_out-0 on "
+            "(nmse=2.305e-07), the reference with the dump's configuration agrees at all 94 points") in r.stdout
+    reproduced = json.loads((tmp_path / "r.json").read_text())["reproduced"]["points"]
+    # --numerics ggml-cpu rounds as llama.cpp: every printed value within its 5e-5 print rounding
+    assert len(reproduced) == 94 and max(p["nmse"] for p in reproduced) == 0.0
+    assert all(p["sum_ok"] is not False for p in reproduced)
+
+
+def test_planted_post_norm_change_is_named_against_the_default_dump(tmp_path):
+    """The dump is llama.cpp on the committed model; the reference runs a copy whose layer-2
+    post-attention norm weight is 1 % larger. Against the exact reference the configuration's
+    rounding comes first (attn_out-0); against the reference with the dump's configuration the
+    planted change is named."""
+    model = planted_copy(tmp_path)
+    t32, t64 = exact_traces(model, [497, 319, 261, 84, 77], tmp_path)
+    r = run_cli("tools.bisect", t32, DEFAULT_DUMP, "--noise-floor", t64, "--reproduce", "--model", model)
+    assert r.returncode == 1, r.stdout + r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("first divergence: attn_post_norm-2 (layer 2, op attn_post_norm) nmse="), last
+    assert last.endswith("(against the reference with the dump's configuration)")
+
+
+def test_reproduce_bad_input_exits_2_with_one_line(tmp_path):
+    t32, _ = exact_traces(os.path.join(MODELS, "tiny-a-f32.gguf"), [497, 319, 261, 84, 77], tmp_path)
+    cli_error(run_cli("tools.bisect", t32, DEFAULT_DUMP, "--reproduce"),
+              "tools.bisect: --reproduce needs --model, the GGUF the dump was made from")
+    no_prompt = tmp_path / "no-prompt.txt"
+    no_prompt.write_text("".join(line for line in open(DEFAULT_DUMP) if "number of input tokens" not in line))
+    cli_error(run_cli("tools.bisect", t32, no_prompt, "--reproduce", "--model", MODELS),
+              "tools.bisect: --reproduce: the dump does not log its prompt token ids")
+    cli_error(run_cli("tools.bisect", t32, DEFAULT_DUMP, "--reproduce", "--model", tmp_path / "missing.gguf"),
+              "tools.bisect: --reproduce: reference.run failed")
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text(open(DEFAULT_DUMP).read().replace("cache_v_l0 (view) = (f16)", "cache_v_l0 (view) = (f32)"))
+    cli_error(run_cli("tools.bisect", t32, mixed, "--reproduce", "--model", MODELS),
+              "tools.bisect: --reproduce: reference.run --numerics ggml-cpu has one --kv-type")
+    cli_error(run_cli("tools.bisect", DEFAULT_DUMP, mixed, "--reproduce", "--model", MODELS, "--threshold", "0"),
+              "tools.bisect: --reproduce needs one llama.cpp dump and one trace")
+
+
+MODEL_CONVERSION = os.path.join(ROOT, "tests", "fixtures", "model-conversion")  # llama-debug --save-logits
+LOGITS_BIN = os.path.join(MODEL_CONVERSION, "llamacpp-tiny-a-f32.bin")
+EMBEDDINGS_BIN = os.path.join(MODEL_CONVERSION, "llamacpp-tiny-a-f32-embeddings.bin")
+
+
+@pytest.fixture(scope="module")
+def exact_trace(tmp_path_factory):  # -> (float32 trace dir, float64 trace dir) of tiny-a-f32 on the dumps' prompt
+    return exact_traces(os.path.join(MODELS, "tiny-a-f32.gguf"), [497, 319, 261, 84, 77], tmp_path_factory.mktemp("t"))
+
+
+@pytest.mark.parametrize("path, name", [(LOGITS_BIN, "result_output"), (EMBEDDINGS_BIN, "result_norm")])
+def test_model_conversion_bin_matches_the_reference(exact_trace, path, name):
+    """llama-debug's raw float32: the last token's logits, or every token's result_norm. Measured:
+    NMSE 2.4e-13 (logits) and below 1e-12 (result_norm), 30x under the noise-floor threshold."""
+    from reference.trace import load_trace
+    t32, t64 = exact_trace
+    trace = load_trace(t32)
+    points, notes, config = dump_parse.load_logits_bin(path, trace)
+    assert list(points) == [name] and config is None and notes[0].endswith("prompt 497,319,261,84,77")
+    thresholds = bisect_tool.noise_thresholds(trace, load_trace(t64))
+    result = bisect_tool.bisect(trace, points, thresholds)
+    assert result["first"] is None and [p["name"] for p in result["points"]] == [name]
+    assert result["points"][0]["nmse"] < thresholds[name] / 10
+    assert (points[name].argmax(-1) == trace[name][-len(points[name]):].argmax(-1)).all()
+    r = run_cli("tools.bisect", t32, path, "--noise-floor", t64)
+    assert r.returncode == 0 and "no divergence above threshold (1 points compared)" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("path, name", [(LOGITS_BIN, "result_output"), (EMBEDDINGS_BIN, "result_norm")])
+def test_planted_post_norm_change_is_seen_in_the_bin(tmp_path, path, name):
+    """A 1 % larger layer-2 post-attention norm weight in the reference's copy of the model: the one
+    point the .bin holds diverges (the format tells whether, not where)."""
+    planted, planted64 = exact_traces(planted_copy(tmp_path), [497, 319, 261, 84, 77], tmp_path)
+    r = run_cli("tools.bisect", planted, path, "--noise-floor", planted64)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"first divergence: {name} (layer -, op {name}) nmse=" in r.stdout
+
+
+def test_bad_model_conversion_bin_exits_2_with_one_line(tmp_path, exact_trace):
+    t32, _ = exact_trace
+    logits = open(LOGITS_BIN, "rb").read()
+    cases = {"odd.bin": (logits[:-2], "2046 bytes are not float32 rows of 512 (the other side's result_output)"),
+             "short.bin": (logits[:-4 * 256], "1024 bytes are not float32 rows of 512"),
+             "two.bin": (logits * 2, "2 rows of 512; llama-debug writes the last token's logits (1 row)"),
+             "empty.bin": (b"", "0 bytes are not float32 rows")}
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        cli_error(run_cli("tools.bisect", t32, tmp_path / name), f"tools.bisect: {tmp_path / name}: {message}")
+    embeddings = np.fromfile(EMBEDDINGS_BIN, np.float32).reshape(5, -1)
+    unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)  # llama-debug's default --embd-normalize 2
+    unit.astype(np.float32).tofile(tmp_path / "unit-embeddings.bin")
+    cli_error(run_cli("tools.bisect", t32, tmp_path / "unit-embeddings.bin"), "every row has unit L2 norm",
+              "--embd-normalize -1")
+    (tmp_path / "x-embeddings.bin").write_bytes(open(EMBEDDINGS_BIN, "rb").read())
+    (tmp_path / "x-embeddings-tokens.bin").write_bytes(np.arange(4, dtype=np.int32).tobytes())
+    cli_error(run_cli("tools.bisect", t32, tmp_path / "x-embeddings.bin"), "5 rows of 256", "(4 tokens)")
+    (tmp_path / "y.bin").write_bytes(logits)
+    (tmp_path / "y-tokens.bin").write_bytes(np.arange(4, dtype=np.int32).tobytes())
+    cli_error(run_cli("tools.bisect", t32, tmp_path / "y.bin"), "made from 4 tokens, the other side from 5")
+    (tmp_path / "y-tokens.bin").write_bytes(b"123")
+    cli_error(run_cli("tools.bisect", t32, tmp_path / "y.bin"), "y-tokens.bin: 3 bytes are not int32 token ids")
+    cli_error(run_cli("tools.bisect", FIXTURE, LOGITS_BIN), "16 rows of 32; llama-debug writes the last token")
+    cli_error(run_cli("tools.bisect", LOGITS_BIN, EMBEDDINGS_BIN), "the other side records no result_output")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.replace("{256, 5, 1, 1}", "{256, 5, 1}", 1), "is not 4 plausible dimensions"),
+    (lambda t: t.replace("0.8535,", "0.85x5,", 1), "'0.85x5' is not a number"),
+    (lambda t: t.replace("-0.7065  ]", "-0.7065, 1.0  ]", 1), "more values than ne [256, 5, 1, 1] allows"),
+], ids=["three-dims", "not-a-number", "too-many-values"])
+def test_malformed_real_dump_exits_2_with_one_line(tmp_path, change, message):
+    text = open(DEFAULT_DUMP).read()
+    bad = change(text)
+    assert bad != text
+    (tmp_path / "bad.txt").write_text(bad)
+    cli_error(run_cli("tools.bisect", FIXTURE, tmp_path / "bad.txt"), f"tools.bisect: {tmp_path / 'bad.txt'}:",
+              message)
+
+
+UB3_DUMP = os.path.join(ROOT, "tests", "fixtures", "tiny-a-f32.ub3.eval-callback.txt")  # defaults and -ub 3
+
+
+def test_ubatches_of_a_default_dump_are_reproduced(tmp_path, exact_trace):
+    """The prompt in ubatches of 3 + 2 tokens: the second attends over the first's F16 cache. bisect
+    passes --prefill-chunk 3, and the reference with that configuration agrees at every point."""
+    config = dump_parse.load_dump(UB3_DUMP).config
+    assert (config.cache_k, config.flash_attn, config.ubatches) == ("f16", True, [3, 2])
+    assert config.reference_options()[-2:] == ["--prefill-chunk", "3"]
+    t32, t64 = exact_trace
+    r = run_cli("tools.bisect", t32, UB3_DUMP, "--noise-floor", t64, "--reproduce", "--model",
+                os.path.join(MODELS, "tiny-a-f32.gguf"), "--json", tmp_path / "r.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 ubatches of 3+2 tokens" in r.stdout and "--prefill-chunk 3 --trace TRACE_DIR" in r.stdout
+    assert "explained by the configuration, not a bug" in r.stdout
+    reproduced = json.loads((tmp_path / "r.json").read_text())["reproduced"]["points"]
+    assert len(reproduced) == 94 and max(p["nmse"] for p in reproduced) == 0.0
+
+
+LLAMA_DEBUG_DUMP = os.path.join(ROOT, "tests", "fixtures", "tiny-a-f32.llama-debug.txt")  # --verbose, filtered
+
+
+def test_llama_debug_dump_with_warm_up_and_filter(tmp_path, exact_trace):
+    """llama-debug --verbose with its defaults: a warm-up pass of 2 tokens first, the prompt logged
+    after the tensors as `piece(id)`, and a --tensor-filter keeping 18 trace points, the cache views
+    and the node_* tensors (the FLASH_ATTN_EXT nodes among them)."""
+    t32, t64 = exact_trace
+    dump = dump_parse.load_dump(LLAMA_DEBUG_DUMP, n_tokens=5)
+    assert dump.notes == [f"{LLAMA_DEBUG_DUMP}: dropped the first pass (2 tokens) as a warm-up run"]
+    config = dump.config
+    assert (config.cache_k, config.cache_v, config.flash_attn, config.ubatches) == ("f16", "f16", True, [5])
+    assert config.prompt == [497, 319, 261, 84, 77]
+    model = os.path.join(MODELS, "tiny-a-f32.gguf")
+    r = run_cli("tools.bisect", t32, LLAMA_DEBUG_DUMP, "--noise-floor", t64, "--reproduce", "--model", model)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the reference with the dump's configuration agrees at all 18 points" in r.stdout
+    planted, planted64 = exact_traces(planted_copy(tmp_path), config.prompt, tmp_path)
+    r = run_cli("tools.bisect", planted, LLAMA_DEBUG_DUMP, "--noise-floor", planted64, "--reproduce", "--model",
+                planted_copy(tmp_path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1].startswith("first divergence: attn_post_norm-2 (layer 2, op attn_post_norm)")
+
+
+def test_a_configuration_the_dump_hides_is_not_guessed(tmp_path, exact_trace):
+    """A --tensor-filter that leaves out the cache views and the attention nodes: neither the cache
+    types nor flash attention can be read, so nothing is put down to them and nothing is reproduced."""
+    t32, _ = exact_trace
+    text = open(DEFAULT_DUMP).read()
+    blocks = text.split("common_debug_cb_eval:")
+    kept = [b for b in blocks[1:] if not any(k in b.split("=", 1)[0] for k in ("cache_", "node_", "kq"))]
+    hidden = tmp_path / "filtered.txt"
+    hidden.write_text(blocks[0] + "".join("common_debug_cb_eval:" + b for b in kept))
+    config = dump_parse.load_dump(str(hidden)).config
+    assert (config.cache_k, config.cache_v, config.flash_attn, config.exact) == (None, None, None, False)
+    assert config.describe() == "K cache ?, V cache ?, flash attention ?, 1 ubatch of 5 tokens"
+    r = run_cli("tools.bisect", t32, hidden)
+    assert r.returncode == 1 and "not reproducible: the dump does not show its cache types" in r.stdout
+    cli_error(run_cli("tools.bisect", t32, hidden, "--reproduce", "--model", MODELS),
+              "tools.bisect: --reproduce: the dump does not show its cache types")

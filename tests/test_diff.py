@@ -284,7 +284,7 @@ def test_topk_golden_agreement_by_hand():
     full[3, [6, 3]] = [3.0, 2.0]
     golden = diff.TopK(prompt_ids=np.arange(3), tokens=np.array([5, 6]), positions=np.array([0, 1]),
                        ids=np.array([[5, 1], [6, 2]]), logprobs=np.array([[-0.1, -2.0], [-0.2, -3.0]]))
-    report = diff.diff_topk(golden, full)
+    report = diff.diff_pair(golden, full)
     assert report["per_position"]["topk_agree"] == [1.0, 0.5]  # {5, 1} = {5, 1}; {6, 3} vs {6, 2}
     assert report["per_position"]["top1_agree"] == [True, True]
 
@@ -320,3 +320,65 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
     np.save(tmp_path / "ref.npy", np.zeros((3, 10), np.float32))
     files = [tmp_path / "ref.npy"] * 2 if args else []
     cli_error(run_cli("tools.diff", *files, *args), "tools.diff: ", message)
+
+
+# ---------------------------------------------------------------------------------------------
+# .positions.npz goldens (reference.positions): some positions, whole rows or top-k
+
+def positions_golden(full, at, k=None):  # -> Positions of rows `at` of full, as tools.golden writes it
+    from reference.positions import sparse_golden
+    g = sparse_golden(full[at], at, full.shape[1], k)
+    lp = None if k is None else g["top_logits"].astype(np.float64) - g["logsumexp"].astype(np.float64)[:, None]
+    return diff.Positions(g["positions"], full.shape[1], g.get("logits"), g.get("top_ids"), lp)
+
+
+def test_positions_goldens_against_full_logits_and_each_other():
+    full = np.random.default_rng(1).normal(size=(10, 32)).astype(np.float32) * 3
+    rows = diff.diff_pair(full, positions_golden(full, [2, 5, 7]))
+    assert rows["per_position"]["position"] == [2, 5, 7] and rows["summary"]["nmse"] == 0.0
+    assert rows["coverage"] == {"positions": 3, "ref_only": 7, "test_only": 0, "ref_k": None, "test_k": None}
+    top = diff.diff_pair(full, positions_golden(full, [2, 5, 7], k=5))
+    # the stored logsumexp is float32: log-probabilities carry its rounding, half a spacing at |lse| < 8
+    assert top["summary"]["max_abs"] <= np.spacing(np.float32(8)) and top["summary"]["top1"] == 1.0
+    assert top["topk"] == 5 and top["coverage"]["test_k"] == 5
+    # top 5 at 2, 5, 7 against top 3 at 5, 7, 9: positions 5 and 7, REF's first 3 tokens
+    a, b = positions_golden(full, [2, 5, 7], k=5), positions_golden(full, [5, 7, 9], k=3)
+    both = diff.diff_pair(a, b)
+    assert both["per_position"]["position"] == [5, 7] and both["topk"] == 3
+    assert both["coverage"] == {"positions": 2, "ref_only": 1, "test_only": 1, "ref_k": 5, "test_k": 3}
+    assert both["summary"]["max_abs"] <= np.spacing(np.float32(8)) and both["summary"]["topk"] == 1.0
+    assert "REF lists the top 5 only, TEST lists the top 3 only, 1 positions only in REF, 1 positions only in TEST" \
+        in diff.coverage_note("p", both)
+    # the test's third token replaced by one outside REF's list: counted at TEST's smallest listed value
+    b.ids[:, 2] = [int(np.argsort(full[r])[0]) for r in (5, 7, 9)]
+    b.logprobs[:, 2] -= 1.0
+    moved = diff.diff_pair(a, b)
+    assert moved["summary"]["topk"] == pytest.approx(2 / 3) and moved["summary"]["max_abs"] == pytest.approx(1.0)
+    with pytest.raises(UsageError, match="no position in common"):
+        diff.diff_pair(positions_golden(full, [0, 1]), positions_golden(full, [5]))
+
+
+def test_positions_goldens_through_the_command_line(tmp_path):
+    from reference.positions import sparse_golden
+    full = np.random.default_rng(2).normal(size=(6, 16)).astype(np.float32)
+    np.save(tmp_path / "full.npy", full)
+    np.savez(tmp_path / "p.positions.npz", **sparse_golden(full[[1, 4]], [1, 4], 16, 4))
+    r = run_cli("tools.diff", tmp_path / "full.npy", tmp_path / "p.positions.npz", "--gate", "top1=1")
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+    assert "full: compared at 2 positions on the top 4 tokens; TEST lists the top 4 only, 4 positions only in REF" \
+        in r.stdout
+
+
+@pytest.mark.parametrize("case", ["keys", "order", "neither", "shapes", "positive"])
+def test_bad_positions_golden_exits_2(tmp_path, case):
+    good = {"positions": np.array([1, 3]), "n_vocab": np.int64(8), "top_ids": np.array([[5, 1], [6, 2]]),
+            "top_logits": np.array([[2.0, 1.0], [3.0, 0.5]], np.float32), "logsumexp": np.float32([3.0, 4.0])}
+    bad = {"keys": {k: v for k, v in good.items() if k != "n_vocab"}, "order": {**good, "positions": np.array([3, 1])},
+           "neither": {"positions": good["positions"], "n_vocab": good["n_vocab"]},
+           "shapes": {**good, "logsumexp": np.float32([3.0])},
+           "positive": {**good, "logsumexp": np.float32([0.0, 0.0])}}[case]
+    np.savez(tmp_path / "g.positions.npz", **bad)
+    np.save(tmp_path / "full.npy", np.zeros((4, 8), np.float32))
+    words = {"keys": "no array 'n_vocab'", "order": "positions must be ascending", "neither": "neither logits nor",
+             "shapes": "are not integer [n, k]", "positive": "top_logits - logsumexp must be finite and <= 0"}[case]
+    cli_error(run_cli("tools.diff", tmp_path / "full.npy", tmp_path / "g.positions.npz"), words)

@@ -2,7 +2,7 @@
 0c1e570, CPU, 2 threads; golden/ggml_cpu/manifest.json and golden/logits/llama-cpp).
 
 Every assertion is bit-for-bit: the mode performs llama.cpp's float32 operations in llama.cpp's
-order, so the only right answer is the identical float (spec/ggml-cpu-numerics.md: one ULP anywhere
+order, so the only right answer is the identical float (docs/ggml-cpu-numerics.md: one ULP anywhere
 flips an int8 activation rounding and spreads to ~1e-4). Failures report NMSE
 (sum((ref-x)^2)/sum(ref^2)), max |diff| and top-1 agreement. The per-op tests feed llama.cpp's own
 input tensors to one emulated op, so a failure names the op.

@@ -11,12 +11,13 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, MODELS, ROOT, run_cli
+from conftest import GOLDEN, MODELS, ROOT, cli_error, require, run_cli
 
 from tools import diff, golden
 
@@ -58,7 +59,7 @@ def test_recorded_server_reply_parses_and_agrees_with_llama_cpp():
     assert top.positions.tolist() == [0, 1, 4, 5, 6, 7]
     _, prompt_logits, decode_logits = llama_cpp_golden("len33")
     full = np.concatenate([prompt_logits, decode_logits])  # row 32 + i chose generated token i
-    report = diff.diff_topk(top, full)
+    report = diff.diff_pair(top, full)
     s = report["summary"]
     assert report["per_position"]["position"] == [32, 33, 36, 37, 38, 39]
     assert s["top1"] == 1.0 and s["topk"] == 1.0 and s["n_real"] == 0
@@ -74,7 +75,7 @@ def test_reference_teacher_forced_against_the_server_golden(tmp_path):
                         "--out", str(tmp_path / "ref")]) == 0
     logits = np.load(tmp_path / "ref" / "len33.npy")
     assert logits.shape == (33 + 8, 512)
-    report = diff.diff_topk(top, logits)
+    report = diff.diff_pair(top, logits)
     s = report["summary"]
     # measured: NMSE 5.7e-12, max |d log p| 1.4e-5
     assert s["nmse"] <= EXACT_NMSE and s["top1"] == 1.0 and s["n_real"] == 0
@@ -278,6 +279,27 @@ def test_bad_options_exit_2_with_one_line(tmp_path, args, problem):
     assert not (tmp_path / "out").exists()
 
 
+def without(modules, module, *args):  # -> CompletedProcess of `python -m module args` with `modules` unimportable
+    """sys.modules[name] = None makes `import name` raise ModuleNotFoundError, as when it is not installed."""
+    code = (f"import sys, runpy; sys.modules.update(dict.fromkeys({list(modules)!r})); sys.argv = ['x', *{list(args)!r}]; "
+            f"runpy.run_module({module!r}, run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+@pytest.mark.parametrize("engine, missing", [("llama-cpp", "llama_cpp"), ("transformers", "torch")])
+@pytest.mark.parametrize("corpus", [False, True], ids=["direct", "corpus"])
+def test_missing_engine_package_is_one_line_naming_the_extra(tmp_path, engine, missing, corpus):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "token_ids": [497, 1, 2]}\n')
+    source = ["--model", TINY_A] if engine == "llama-cpp" else ["--checkpoint", str(tmp_path)]
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint directory as check_checkpoint sees one
+    r = without([missing], "tools.golden", "--engine", engine, *source, "--prompts", str(prompts),
+                "--out", str(tmp_path / "out"), *(["--corpus"] if corpus else []))
+    line = cli_error(r, f"--engine {engine} needs the {missing} package", 'pip install -e ".[parity]"')
+    assert line.startswith("tools.golden: "), line
+    assert corpus or not (tmp_path / "out").exists()  # a corpus run makes its task folder first
+
+
 def test_prompts_checked_before_any_golden(tmp_path):
     """A bad prompt after good ones is refused before the progress bar starts and before any file is
     written: one line, no partial output."""
@@ -300,6 +322,89 @@ def test_prompt_ids_may_be_integers(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# --logits-positions and --logits-topk: sparse goldens against llama.cpp's full ones
+
+def positions_run(tmp_path, name, *options):  # -> manifest of a reference run over the committed llama.cpp prompts
+    with open(os.path.join(LLAMA_CPP_RUN, "manifest.json")) as f:
+        entries = json.load(f)["entries"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": e["id"], "token_ids": e["token_ids"]}) + "\n" for e in entries))
+    # chunks of 16: the rows are kept chunk by chunk, across chunk boundaries of len33 and len100
+    assert golden.main(["--engine", "reference", "--model", TINY_A, "--prompts", str(prompts), "--out",
+                        str(tmp_path / name), "--prefill-chunk", "16", *options]) == 0
+    return json.loads((tmp_path / name / "manifest.json").read_text())
+
+
+def test_positions_goldens_against_llama_cpp(tmp_path):
+    top = positions_run(tmp_path, "top", "--logits-positions", "0,15:18,-8:", "--logits-topk", "20")
+    assert top["options"]["logits_positions"] == "0,15:18,-8:" and top["options"]["logits_topk"] == 20
+    assert "positions.npz" in top["logits"]
+    rows = positions_run(tmp_path, "rows", "--logits-positions=-3:")  # "=": argparse takes -3: for an option
+    assert rows["options"]["logits_topk"] is None
+    for e in top["entries"]:
+        full = np.load(os.path.join(LLAMA_CPP_RUN, f"{e['id']}.npy"))
+        n = full.shape[0]
+        kept = sorted({0, *range(15, min(18, n)), *range(max(n - 8, 0), n)})
+        sparse = diff.load_positions(str(tmp_path / "top" / e["file"]))
+        assert sparse.positions.tolist() == kept and sparse.ids.shape == (len(kept), 20)
+        s = diff.diff_pair(full, sparse)["summary"]
+        # measured: top-1 and top-20 all equal, max |d log p| 3.3e-5; a log-probability is a logit minus
+        # a logsumexp, each off by at most F32_LOGIT_ERROR, and the stored float32 logsumexp by half a
+        # spacing (|logsumexp| < 16 here)
+        assert s["top1"] == 1.0 and s["topk"] == 1.0 and s["n_real"] == 0, e["id"]
+        assert s["max_abs"] <= 2 * F32_LOGIT_ERROR + np.spacing(np.float32(16)), (e["id"], s)
+        whole = diff.diff_pair(full, diff.load_positions(str(tmp_path / "rows" / f"{e['id']}.positions.npz")))
+        assert whole["n_pos"] == min(3, n) and whole["summary"]["nmse"] <= EXACT_NMSE, e["id"]
+    # the one-command gate over the directories, both ways round, and the two sparse runs against each other
+    for a, b in ((LLAMA_CPP_RUN, tmp_path / "top"), (tmp_path / "top", LLAMA_CPP_RUN), (tmp_path / "top", tmp_path / "rows")):
+        r = run_cli("tools.diff", a, b, "--gate", "top1=1,topk=1")
+        assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+    assert "len100: compared at 3 positions on the top 20 tokens; REF lists the top 20 only, 9 positions only in REF" \
+        in r.stdout
+
+
+def test_llama_cpp_positions_golden_keeps_its_own_logits(tmp_path):
+    """--engine llama-cpp with --logits-positions: the kept top-20 logits equal those of the committed
+    all-position golden of the same build and options bit for bit, so the log-probabilities differ by
+    the float32 rounding of the stored logsumexp alone (half a spacing at |logsumexp| < 16)."""
+    require("llama_cpp")
+    with open(os.path.join(LLAMA_CPP_RUN, "manifest.json")) as f:
+        options = json.load(f)["options"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": e, "token_ids": llama_cpp_golden(e)[0]["token_ids"]}) + "\n"
+                               for e in ("len33", "len100")))
+    assert golden.main(["--engine", "llama-cpp", "--model", TINY_A, "--kv-type", options["kv_type"], "--prompts",
+                        str(prompts), "--out", str(tmp_path / "lc"), "--logits-positions", "0,-8:",
+                        "--logits-topk", "20"]) == 0
+    for pid in ("len33", "len100"):
+        full = llama_cpp_golden(pid)[1]
+        with np.load(tmp_path / "lc" / f"{pid}.positions.npz") as z:
+            kept = np.take_along_axis(full[z["positions"]], z["top_ids"].astype(np.int64), axis=1)
+            np.testing.assert_array_equal(kept, z["top_logits"])
+        s = diff.diff_pair(full, diff.load_positions(str(tmp_path / "lc" / f"{pid}.positions.npz")))["summary"]
+        assert s["top1"] == 1.0 and s["topk"] == 1.0 and s["max_abs"] <= np.spacing(np.float32(16)) / 2, s
+
+
+@pytest.mark.parametrize("args, problem", [
+    ("--logits-topk 5", "--logits-topk needs --logits-positions"),
+    ("--logits-positions 0,x", "argument --logits-positions: bad position 'x'"),
+    ("--logits-positions 0 --logits-topk 0", "argument --logits-topk: 0 is out of range"),
+    ("--logits-positions 7", "prompt a: --logits-positions 7: position 7 is outside a prompt of 3 tokens"),
+    ("--logits-positions 5:9", "prompt a: --logits-positions 5:9: the positions select none of the prompt's 3 tokens"),
+])
+def test_bad_positions_options_exit_2(tmp_path, args, problem):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "token_ids": [497, 1, 2]}\n')
+    r = run_cli("tools.golden", "--engine", "reference", "--model", TINY_A, "--prompts", prompts,
+                "--out", tmp_path / "out", *args.split())
+    assert cli_error(r, problem).startswith("tools.golden: ")
+    assert not (tmp_path / "out").exists()
+    r = run_cli("tools.golden", "--engine", "openai", "--n-predict", "2", "--prompts", prompts, "--out",
+                tmp_path / "out", "--logits-positions", "last")
+    cli_error(r, "--engine openai gives no prompt logits")
+
+
+# ---------------------------------------------------------------------------------------------
 # a real llama-server, when LLAMA_SERVER names its binary (not in CI)
 
 def free_port():  # -> a TCP port nobody listens on now
@@ -308,15 +413,14 @@ def free_port():  # -> a TCP port nobody listens on now
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def llama_server():  # -> URL of a llama-server on tiny-a-f32, launched as tests/fixtures/README.md says
-    binary = os.environ.get("LLAMA_SERVER")
-    if not binary:
-        pytest.skip("set LLAMA_SERVER to a llama-server binary to test against a live server")
+SERVER_OPTIONS = ["-c", "512", "-t", "1", "-tb", "1", "-np", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off",
+                  "--no-webui", "-cram", "0"]  # as tests/fixtures/README.md records the fixtures
+
+
+def served(binary, model, cwd=None):  # a fixture's body: yields the URL of llama-server on `model`, then stops it
     port = free_port()
-    proc = subprocess.Popen([binary, "-m", TINY_A, "--host", "127.0.0.1", "--port", str(port), "-c", "512",
-                             "-t", "1", "-tb", "1", "-np", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off",
-                             "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), *SERVER_OPTIONS],
+                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -332,6 +436,14 @@ def llama_server():  # -> URL of a llama-server on tiny-a-f32, launched as tests
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def llama_server():  # -> URL of a llama-server on tiny-a-f32, launched as tests/fixtures/README.md says
+    binary = os.environ.get("LLAMA_SERVER")
+    if not binary:
+        pytest.skip("set LLAMA_SERVER to a llama-server binary to test against a live server")
+    yield from served(binary, TINY_A)
 
 
 def test_live_server_reproduces_the_recorded_golden(llama_server, tmp_path):

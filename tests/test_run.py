@@ -1,4 +1,4 @@
-"""`python -m reference.run`: the command-line contract of ARCHITECTURE.md for text."""
+"""`python -m reference.run`: the command-line contract of docs/architecture.md for text."""
 import json
 import os
 import re

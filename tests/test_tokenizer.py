@@ -80,7 +80,7 @@ def test_detokenize_round_trips(name):
 
 def test_start_and_message_are_user_defined():
     # llama.cpp forces <|start|> and <|message|> to USER_DEFINED: matched without special parsing
-    # and rendered without special; <|eot|> stays CONTROL (spec/text.md §4)
+    # and rendered without special; <|eot|> stays CONTROL (docs/text.md, Tokenizer)
     tiny = VOCABS["tiny-a"]
     plain = tiny["cases"]["plain"][string_index("<|start|>user<|message|>Hi there")]
     assert 500 in plain and 501 in plain and 502 not in plain

@@ -5,13 +5,15 @@ large is allocated or written; one cheap valid run of each tool that has one sti
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from gguf import GGUFValueType
 
 from reference import gguf
 from tools.make_synthetic import write_text_gguf
-from conftest import MODELS, cli_error, run_cli
+from conftest import MODELS, ROOT, cli_error, run_cli
 
 TINY = os.path.join(MODELS, "tiny-a-f32.gguf")
 TINY_Q4 = os.path.join(MODELS, "tiny-a-q4_k_m.gguf")
@@ -161,6 +163,15 @@ def paths_with_unknown_pre(paths, tmp_path):  # + {pre_foo}: a text GGUF whose p
 def test_bench_tokenizer_refuses(paths_with_unknown_pre, args, words):
     line = refused("tools.bench_tokenizer", args, paths_with_unknown_pre)
     assert line.startswith("tools.bench_tokenizer") and words in line, line
+
+
+def test_bench_tokenizer_without_tokenizers_names_the_extra():
+    # sys.modules[name] = None makes `import name` raise ModuleNotFoundError, as when it is not installed
+    code = ("import sys, runpy; sys.modules['tokenizers'] = None; sys.argv = ['x']; "
+            "runpy.run_module('tools.bench_tokenizer', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert cli_error(r) == 'tools.bench_tokenizer: its Rust side needs the tokenizers package: ' \
+                           'pip install -e ".[parity]"'
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from reference.cli import OneLineParser, fail, int_in
+from reference.cli import OneLineParser, UsageError, fail, int_in
 from reference.gguf import GGUFError
 from reference.tokenizer import Tokenizer, TokenizerError, pre_tokenizer, read_vocab
+from tools.golden import import_extra
 from tools.make_tokenizer_goldens import STRESS_STRINGS, bpe_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,9 +48,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
+        import_extra("tokenizers", "its Rust side")
         vocab = read_vocab(a.model)
         pre_tokenizer(vocab)  # a tokenizer the reference does not implement is refused before either side runs
-    except (GGUFError, TokenizerError) as e:
+    except (UsageError, GGUFError, TokenizerError) as e:
         return fail("tools.bench_tokenizer", e)
     text = bench_text()
     lines = text.splitlines(keepends=True)

@@ -1,12 +1,22 @@
 """Line two traces up by name and find the first trace point where they diverge.
 
     python -m tools.bisect A B [--threshold T | --noise-floor A64] [--table OUT.txt] [--plot OUT.png] [--json OUT.json]
+                               [--reproduce --model M.gguf]
 
 Run it as a module from the repository root (a plain `python tools/bisect.py` would shadow the
-standard library's `bisect`). A and B are each a trace directory of this reference (index.json plus
-one .npy per point, `python -m reference.run --trace DIR`) a trace directory of transformers
-written by `python -m tools.hf_trace` (same format), or a text dump of llama.cpp's
-`llama-eval-callback` / `llama-debug --verbose` (tools/dump_parse.py). Points are taken in A's order
+standard library's `bisect`). A and B are each one of (readers in tools/dump_parse.py):
+- a trace directory of this reference (index.json plus one .npy per point, `python -m reference.run
+  --trace DIR`), or of transformers written by `python -m tools.hf_trace` (same format);
+- a directory of transformers' `model_addition_debugger_context(model, debug_path=DIR,
+  do_prune_layers=False, use_repr=False)` (its *_debug_tree_FULL_TENSORS.json and safetensors
+  files), or that JSON file: 14 points per layer plus embd_norm, result_norm and result_output
+  (tools/hf_names.py, HF_DEBUGGER_POINTS, says which module call each comes from and which points
+  it cannot hold); a pruned tree or one of printed tensors (the defaults) is refused;
+- a raw float32 .bin of llama.cpp's examples/model-conversion (`llama-debug --save-logits`): the
+  last token's logits (result_output), or with `--embedding --embd-normalize -1` every token's
+  result_norm (X-embeddings.bin); it holds one point, so it tells whether, not where;
+- a text dump of llama.cpp's `llama-eval-callback` / `llama-debug --verbose`.
+Points are taken in A's order
 (the forward order: embd_norm, then per layer attn_norm ... l_out, then result_norm, result_output);
 points only one side has are listed, not compared, except a layer point whose op the other side
 records on other layers only (`Qcur_rope-0` where the other side ropes layers 1-3): that is a
@@ -40,16 +50,30 @@ Threshold (a point diverges when its NMSE is above it, or its sums disagree):
                       and it is still 100x under test-backend-ops' 1e-7 per-op tolerance. Compare
                       another engine with --threshold (e.g. 5e-4 for quantized matmuls) or --noise-floor.
 
-Exit status: 0 no point above threshold, 1 a divergence was found (printed as
-"first divergence: <name> (layer L, op OP) nmse=...", layer "-" for points outside the layers),
-2 bad input.
+llama.cpp's configuration. A text dump shows how llama.cpp was set up: the cache types (the type of
+the cache_k_l* / cache_v_l* nodes), flash attention (FLASH_ATTN_EXT nodes) and the ubatches (the
+passes). The exact reference rounds as float32 math, as llama.cpp does with `-ctk f32 -ctv f32 -fa
+off`; an F16 or Q8_0 cache or flash attention rounds otherwise from the first attention output on
+(`llama-eval-callback` with its defaults: F16 cache, flash attention on this CPU, attn_out-0 at NMSE
+~2e-7). bisect prints the configuration and the `reference.run --numerics ggml-cpu` command that
+rounds the same. With --reproduce it runs that command (--model: the dump's GGUF; the token ids
+are the ones the dump logs) and bisects the dump against it under the same threshold: when that
+agrees, the difference from the exact reference is reported as explained by the configuration
+(exit 0); otherwise its first divergence is the one named. A divergence before the first
+attention output is never put down to the configuration.
+
+Exit status: 0 no point above threshold (or every difference explained by the dump's configuration),
+1 a divergence was found (printed as "first divergence: <name> (layer L, op OP) nmse=...", layer "-"
+for points outside the layers), 2 bad input.
 """
 import argparse
 import json
 import math
 import os
 import re
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -58,7 +82,8 @@ from reference.cli import OneLineParser, UsageError, check_output, fail, float_i
 from reference.trace import INDEX, TraceError, load_trace
 
 from .diff import check_plot, pyplot, save_figure, write_text
-from .dump_parse import DumpError, PartialTensor, load_dump, token_axis
+from .dump_parse import (DEBUG_TREE, DumpError, PartialTensor, debug_tree_path, load_dump, load_hf_debugger,
+                         load_logits_bin, token_axis)
 
 EXACT_THRESHOLD = 1e-9
 NOISE_FACTOR = 8  # tolerated RMS error over the float32 noise of A; squared for NMSE (module doc)
@@ -69,17 +94,38 @@ SUM_PRINT_SLACK = 0.5e-6  # the sum with %f
 LAYER_NAME = re.compile(r"^(?P<op>.+?)-(?P<layer>\d+)(?P<view>( \(\w+\))*)$")  # "Qcur-0 (view) (permuted)"
 
 
-def load_source(path, n_tokens=None):  # trace dir or dump file -> ({name: array | PartialTensor}, [notes])
+def load_source(path, other=None):  # source path, the other side's {name: tensor} -> (trace, [notes], config)
+    """A trace directory, a transformers debugger tree, a model-conversion .bin or a llama.cpp text
+    dump. `other` (the other side, loaded first) tells a dump's warm-up pass apart and gives a .bin
+    its row length. config: the LlamaConfig of a llama.cpp text dump, None otherwise."""
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
     try:
+        if debug_tree_path(path) and not os.path.exists(os.path.join(path, INDEX)):
+            return load_hf_debugger(path)
         if os.path.isdir(path):
             if not os.path.exists(os.path.join(path, INDEX)):
-                raise UsageError(f"{path}: a trace directory needs {INDEX}")
-            return load_trace(path), []
-        return load_dump(path, n_tokens)
+                raise UsageError(f"{path}: a trace directory needs {INDEX} (or one transformers debugger "
+                                 f"tree *{DEBUG_TREE})")
+            return load_trace(path), [], None
+        if path.endswith(".bin"):
+            return load_logits_bin(path, other)
+        return load_dump(path, tokens_of(other) if other else None)
     except (TraceError, DumpError) as e:
         raise UsageError(str(e)) from None
+
+
+def needs_other(path):  # -> True for a source read against the other side (a text dump or a .bin)
+    return os.path.isfile(path) and not debug_tree_path(path)
+
+
+def load_pair(path_a, path_b):  # -> ((trace, notes, config) of A, same of B)
+    """The side that stands alone is read first, so that a dump or .bin can be read against it."""
+    if needs_other(path_a) and not needs_other(path_b):
+        b = load_source(path_b)
+        return load_source(path_a, b[0]), b
+    a = load_source(path_a)
+    return a, load_source(path_b, a[0])
 
 
 def layer_and_op(name):  # "attn_post_norm-2" -> (2, "attn_post_norm"); "result_norm" -> (None, "result_norm")
@@ -360,35 +406,112 @@ def tokens_of(trace):  # {name: tensor} -> prompt length from the first full ten
     return next((int(t.shape[0]) for t in trace.values() if isinstance(t, np.ndarray) and t.ndim > 1), None)
 
 
+def threshold_rule(args, trace_a):  # parsed args, A -> (threshold or {name: threshold}, its description)
+    if args.noise_floor:
+        threshold = noise_thresholds(trace_a, load_source(args.noise_floor)[0], args.noise_floor)
+        return threshold, f"per point 64 x NMSE({args.noise_floor}, A), at least 64 x 2^-48"
+    if args.threshold is not None:
+        return args.threshold, f"{args.threshold:g} (--threshold)"
+    return EXACT_THRESHOLD, f"{EXACT_THRESHOLD:g} (default, exact vs exact)"
+
+
+def reproduce_command(config, model, trace_dir):  # LlamaConfig -> reference.run argv rounding as that dump did
+    ids = ",".join(map(str, config.prompt)) if config.prompt else "IDS"
+    return ["python", "-m", "reference.run", "--model", model or "MODEL.gguf", "--token-ids", ids,
+            "--n-predict", "1", *config.reference_options(), "--trace", trace_dir]
+
+
+def check_reproducible(args, trace_a, trace_b, config):  # -> None, or UsageError before any work
+    if is_dump(trace_a) == is_dump(trace_b):
+        raise UsageError("--reproduce needs one llama.cpp dump and one trace")
+    if not args.model:
+        raise UsageError("--reproduce needs --model, the GGUF the dump was made from")
+    if not config.prompt:
+        raise UsageError("--reproduce: the dump does not log its prompt token ids (llama-eval-callback does)")
+    try:
+        config.reference_options()
+    except DumpError as e:
+        raise UsageError(f"--reproduce: {e}") from None
+
+
+def run_reproduction(config, model):  # -> {name: array}: reference.run's trace with the dump's configuration
+    with tempfile.TemporaryDirectory(prefix="bisect-") as directory:
+        command = [sys.executable, *reproduce_command(config, model, directory)[1:]]
+        run = subprocess.run(command, capture_output=True, text=True)
+        if run.returncode != 0:
+            why = (run.stderr.strip().splitlines() or ["no message"])[-1]
+            raise UsageError(f"--reproduce: reference.run failed ({why})")
+        return load_trace(directory)
+
+
+def before_attention(result, point):  # -> True when `point` precedes the first attention output
+    names = [p["name"] for p in result["points"]]
+    attention = next((i for i, p in enumerate(result["points"]) if p["op"] == "attn_out"), None)
+    return attention is not None and names.index(point["name"]) < attention
+
+
+def config_verdict(result, config, model, reproduced):  # -> (lines, exit status) for a dump's configuration
+    """The exact reference rounds as float32 math. A dump made with an F16/Q8_0 cache or flash attention
+    rounds otherwise from the first attention output on: a difference from there is only a bug if the
+    reference run with the same configuration (`reproduced`, the comparison against it) differs too."""
+    first = result["first"]
+    lines = [f"llama.cpp configuration: {config.describe()}"]
+    if config.exact or first is None or before_attention(result, first):
+        return lines, 1 if first else 0
+    try:
+        lines.append("the reference rounds as it does with: " + " ".join(reproduce_command(config, model, "TRACE_DIR")))
+    except DumpError as e:
+        return lines + [f"not reproducible: {e}", first_line(result)], 1
+    if reproduced is None:
+        return lines + [f"{first_line(result)} (the configuration may explain it: rerun with --reproduce --model "
+                        f"{model or 'MODEL.gguf'})"], 1
+    if reproduced["first"] is None:
+        compared = sum(p["nmse"] is not None for p in reproduced["points"])
+        return lines + [f"explained by the configuration, not a bug: the exact reference differs from "
+                        f"{first['name']} on (nmse={first['nmse']:.3e}), the reference with the dump's "
+                        f"configuration agrees at all {compared} points"], 0
+    return lines + [f"{first_line(reproduced)} (against the reference with the dump's configuration)"], 1
+
+
+def is_dump(trace):  # {name: tensor} -> True for a llama.cpp text dump (printed parts of tensors)
+    return isinstance(next(iter(trace.values()), None), PartialTensor)
+
+
+def against_reproduction(args, trace_a, trace_b, config, threshold):  # -> bisect result with the trace side reproduced
+    reproduced = run_reproduction(config, args.model)
+    return bisect(trace_a, reproduced, threshold) if is_dump(trace_a) else bisect(reproduced, trace_b, threshold)
+
+
 def run_bisect(args):  # parsed CLI args -> exit status
     for option, path in (("--table", args.table), ("--json", args.json)):
         if path:
             check_output(path, option)
     if args.plot:
         check_plot(args.plot)
-    trace_a, notes = load_source(args.a)
-    trace_b, notes_b = load_source(args.b, tokens_of(trace_a))
-    if tokens_of(trace_a) is None and tokens_of(trace_b) is not None:
-        # A is a dump: read it again, now knowing the prompt length that tells a warm-up pass apart
-        trace_a, notes = load_source(args.a, tokens_of(trace_b))
-    if args.noise_floor:
-        threshold = noise_thresholds(trace_a, load_source(args.noise_floor)[0], args.noise_floor)
-        rule = f"per point 64 x NMSE({args.noise_floor}, A), at least 64 x 2^-48"
-    elif args.threshold is not None:
-        threshold, rule = args.threshold, f"{args.threshold:g} (--threshold)"
-    else:
-        threshold, rule = EXACT_THRESHOLD, f"{EXACT_THRESHOLD:g} (default, exact vs exact)"
+    (trace_a, notes, config_a), (trace_b, notes_b, config_b) = load_pair(args.a, args.b)
+    config = config_b or config_a
+    if args.reproduce:
+        check_reproducible(args, trace_a, trace_b, config)
+    threshold, rule = threshold_rule(args, trace_a)
     result = bisect(trace_a, trace_b, threshold)
     if not result["points"]:
         raise UsageError(f"{args.b}: no trace point in common with {args.a}")
-    print(format_summary(result, rule, notes + notes_b))
+    needed = args.reproduce and result["first"] is not None and not config.exact
+    reproduced = against_reproduction(args, trace_a, trace_b, config, threshold) if needed else None
+    verdict, status = config_verdict(result, config, args.model, reproduced) if config else ([], None)
+    print("\n".join([format_summary(result, rule, notes + notes_b)] + verdict))
+    write_outputs(args, result, rule, reproduced)
+    return (1 if result["first"] else 0) if status is None else status
+
+
+def write_outputs(args, result, rule, reproduced):  # -> None: --table, --json, --plot as asked
     if args.table:
         write_text(args.table, "--table", format_table(result, rule) + "\n")
     if args.json:
-        write_text(args.json, "--json", json.dumps({"threshold_rule": rule, **result}, indent=1))
+        write_text(args.json, "--json", json.dumps({"threshold_rule": rule, **result, "reproduced": reproduced},
+                                                   indent=1))
     if args.plot:
         plot_result(result, args.plot)
-    return 1 if result["first"] else 0
 
 
 def main(argv=None):  # -> exit status
@@ -404,6 +527,10 @@ def main(argv=None):  # -> exit status
     p.add_argument("--table", help="write the layers x ops NMSE table and the per-point list")
     p.add_argument("--plot", help="write a PNG heatmap (layers x ops) and the NMSE curve")
     p.add_argument("--json", help="write the per-point results as JSON")
+    p.add_argument("--reproduce", action="store_true",
+                   help="when a llama.cpp dump's cache type or flash attention could explain a divergence, run "
+                        "reference.run with that configuration and bisect the dump against it too")
+    p.add_argument("--model", help="the GGUF the dump was made from (for --reproduce and the printed command)")
     args = p.parse_args(argv)
     try:
         return run_bisect(args)

@@ -35,15 +35,16 @@ import time
 import traceback
 from pathlib import Path
 
-from reference.cli import fail
+from reference.cli import UsageError, fail
 
-from .golden import ENGINES, REPO, GoldenError, golden_entry, make_dir, preflight, run_header, save_json
+from .golden import REPO, GoldenError, golden_entry, make_dir, make_engine, preflight, run_header, save_json
 
 TASKS = "tasks"
 # the options that decide an engine's goldens: a corpus directory holds one run of them
 RUN_KEYS = {"reference": ("model", "dtype", "kv", "prefill_chunk"),
             "llama-cpp": ("model", "kv_type", "flash_attn", "n_ubatch"),
-            "llama-server": ("server_url", "n_probs"), "transformers": ("checkpoint",)}
+            "llama-server": ("server_url", "n_probs"), "openai": ("server_url", "n_probs"),
+            "transformers": ("checkpoint",)}
 RAY_CONNECT_TIMEOUT = 10  # seconds for a cluster's port to accept a connection (a LAN answers in ms)
 
 
@@ -55,6 +56,8 @@ def run_key(args) -> dict:  # -> RUN_KEYS of the engine, with file names only, n
     key = {"engine": args.engine, "n_predict": args.n_predict}
     for k in RUN_KEYS[args.engine]:
         key[k] = Path(getattr(args, k)).name if k in ("model", "checkpoint") else getattr(args, k)
+    if getattr(args, "logits_positions", None):  # a resumed run keeps the rows it started with
+        key.update(logits_positions=args.logits_positions[0], logits_topk=args.logits_topk)
     return key
 
 
@@ -105,7 +108,7 @@ class Worker:
 
     def __init__(self, args):
         self.args = args
-        self.engine = ENGINES[args.engine](args)
+        self.engine = make_engine(args)
         self.header = run_header(self.engine, args.prompts)
 
     def ready(self) -> bool:  # a Ray actor answers once its model is loaded
@@ -131,8 +134,8 @@ def failed_tasks(todo: list[dict], what: str, error: BaseException) -> list[dict
 def load_worker(args, todo: list[dict]) -> tuple[Worker | None, list[dict]]:  # -> (worker, failed results)
     try:
         return Worker(args), []
-    except GoldenError:
-        raise  # bad input, such as a model file that is not a GGUF: one line and exit status 2
+    except (GoldenError, UsageError):
+        raise  # bad input, such as a model file that is not a GGUF or a package not installed: one line, exit 2
     except Exception as e:
         return None, failed_tasks(todo, "engine load failed", e)
 

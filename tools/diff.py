@@ -5,7 +5,9 @@
                          [--json OUT.json] [--plot OUT.png] [--topk 5] [--worst 20]
 
 REF and TEST are float `.npy` logits `[n_pos, n_vocab]` (a 1-D `[n_vocab]` counts as one position),
-top-k goldens `.topk.npz` (llama-server; format in tools/golden.py), or two directories of them: a
+top-k goldens `.topk.npz` (llama-server, openai; format in tools/golden.py), goldens of some
+positions `.positions.npz` (tools.golden --logits-positions; reference/positions.py), or two
+directories of them: a
 golden or corpus directory of tools.golden is read through its `manifest.json` (a JSON list of
 entries, or an object holding it under "goldens", "entries" or "files"; each entry has "file" and
 "prompt_id" or "id"). Without a manifest the files pair by name. Every reference prompt needs a test
@@ -23,6 +25,14 @@ probabilities, not logits: they do not depend on a per-row offset of the logits)
 tokens plus one bucket for the rest of the probability mass (a lower bound of the full KL), top-k
 agreement is the overlap of the full side's k best with the golden's, and the margin is a log-
 probability gap, which equals the logit gap.
+
+Any two goldens are compared at the positions both have; the report's coverage counts the positions
+only one side has, and the k of a side that lists top-k tokens only (a note line says so). Whole rows
+on both sides are compared as logits. A top-k side against whole rows is compared on its k tokens,
+as above. Two top-k sides are compared on REF's first k = min(k_ref, k_test) tokens: a token of those
+missing from TEST's list counts at TEST's smallest listed log-probability (an upper bound of its
+value there, so its difference is a lower bound), and top-k agreement is the overlap of the two
+first-k lists.
 
 Near-tie rule. A position whose top-1 differs is a near-tie when the reference's own top1-top2
 margin is below M, else a real divergence. M is, in order of preference:
@@ -68,6 +78,7 @@ import numpy as np
 
 from reference import metrics
 from reference.cli import OneLineParser, UsageError, check_output, fail, float_in, int_in
+from reference.positions import SUFFIX as POSITIONS_SUFFIX
 from reference.trace import check_npy_header, load_npy
 
 NEAR_TIE_FACTOR = 8
@@ -76,6 +87,7 @@ TYPICAL = "typical"
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
 TOPK_SUFFIX = ".topk.npz"
+GOLDEN_SUFFIXES = (TOPK_SUFFIX, POSITIONS_SUFFIX, ".npy")  # the longer suffixes first
 MANIFEST = "manifest.json"
 # --topk: the agreement is read at small k (default 5); past 100 it says little about parity and
 # argpartition's cost grows with k
@@ -104,6 +116,17 @@ class TopK:
     positions: np.ndarray     # [n] int: row r describes the choice of tokens[positions[r]]
     ids: np.ndarray           # [n, k] int, best first
     logprobs: np.ndarray      # [n, k] float64
+
+
+@dataclass
+class Positions:
+    """A golden of some prompt positions (reference.positions POSITIONS_FORMAT): whole rows of logits,
+    or the top k of each row as log-probabilities (top_logits - logsumexp)."""
+    positions: np.ndarray         # [n] int, ascending: row i holds the logits of position positions[i]
+    n_vocab: int
+    rows: np.ndarray | None       # [n, n_vocab] logits, or None
+    ids: np.ndarray | None        # [n, k] int, best first, or None
+    logprobs: np.ndarray | None   # [n, k] float64, or None
 
 
 def check_logits(a, what):  # [n_pos, n_vocab] -> None, raises UsageError
@@ -141,8 +164,8 @@ def load_logits(path):  # .npy file -> [n_pos, n_vocab]
     return a
 
 
-def load_topk(path):  # .topk.npz file -> TopK
-    read_magic(path, ZIP_MAGIC, ".topk.npz")
+def read_npz(path, suffix, keys, optional=()):  # -> {key: array} of an .npz golden; UsageError naming the file
+    read_magic(path, ZIP_MAGIC, suffix)
     try:
         with zipfile.ZipFile(path) as archive:
             # each member's header against the member's size, before np.load allocates what it claims
@@ -151,13 +174,23 @@ def load_topk(path):  # .topk.npz file -> TopK
                     with archive.open(info) as member:
                         check_npy_header(member, info.file_size)
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in ("prompt_ids", "tokens", "positions", "top_ids", "top_logprobs")}
-    except KeyError as e:
-        raise UsageError(f"{path}: no array {e} (a top-k golden holds prompt_ids, tokens, positions, top_ids, "
-                       "top_logprobs)") from None
+            missing = [k for k in keys if k not in z]
+            if missing:
+                raise UsageError(f"{path}: no array {missing[0]!r} (a {suffix} golden holds {', '.join(keys)})")
+            return {k: z[k] for k in keys + tuple(k for k in optional if k in z)}
     # NotImplementedError: a compression method zipfile cannot read
     except (ValueError, OSError, zipfile.BadZipFile, NotImplementedError) as e:
         raise UsageError(f"{path}: corrupt .npz ({e})") from None
+
+
+def check_top(path, ids, lp, name):  # top ids [n, k] and log-probabilities -> None, raises UsageError
+    # ids compared as Python ints: a uint64 id past 2^63 would wrap negative as int64
+    if not np.all(np.isfinite(lp)) or np.any(lp > 0) or ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < 2**31:
+        raise UsageError(f"{path}: {name} must be finite and <= 0, ids in [0, 2^31)")
+
+
+def load_topk(path):  # .topk.npz file -> TopK
+    arrays = read_npz(path, TOPK_SUFFIX, ("prompt_ids", "tokens", "positions", "top_ids", "top_logprobs"))
     ids, lp = arrays["top_ids"], arrays["top_logprobs"]
     positions = arrays["positions"]
     if any(arrays[k].dtype.kind not in "iu" for k in ("prompt_ids", "tokens", "positions", "top_ids")) \
@@ -170,15 +203,39 @@ def load_topk(path):  # .topk.npz file -> TopK
                        "[n_prompt], [n_gen], [n], [n, k >= 2], [n, k]")
     if np.any(np.diff(positions) <= 0) or positions[0] < 0 or positions[-1] >= arrays["tokens"].size:
         raise UsageError(f"{path}: positions must increase within the {arrays['tokens'].size} generated tokens")
-    # ids compared as Python ints: a uint64 id past 2^63 would wrap negative as int64
-    if not np.all(np.isfinite(lp)) or np.any(lp > 0) or ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < 2**31:
-        raise UsageError(f"{path}: top_logprobs must be finite and <= 0, ids in [0, 2^31)")
+    check_top(path, ids, lp, "top_logprobs")
     return TopK(arrays["prompt_ids"], arrays["tokens"], positions.astype(np.int64), ids.astype(np.int64),
                 lp.astype(np.float64))
 
 
-def load_golden(path):  # file -> [n_pos, n_vocab] | TopK
-    return load_topk(path) if str(path).endswith(TOPK_SUFFIX) else load_logits(path)
+def load_positions(path):  # .positions.npz file (reference.positions POSITIONS_FORMAT) -> Positions
+    a = read_npz(path, POSITIONS_SUFFIX, ("positions", "n_vocab"), ("logits", "top_ids", "top_logits", "logsumexp"))
+    positions, n_vocab = a["positions"], a["n_vocab"]
+    if positions.dtype.kind not in "iu" or positions.ndim != 1 or not positions.size or n_vocab.shape != () \
+            or np.any(np.diff(positions) <= 0) or positions[0] < 0:
+        raise UsageError(f"{path}: positions must be ascending integers [n], n_vocab a number")
+    if "logits" in a:
+        check_logits(a["logits"], path)
+        if a["logits"].shape[0] != positions.size:
+            raise UsageError(f"{path}: logits {list(a['logits'].shape)} for {positions.size} positions")
+        return Positions(positions.astype(np.int64), int(n_vocab), a["logits"], None, None)
+    if not all(k in a for k in ("top_ids", "top_logits", "logsumexp")):
+        raise UsageError(f"{path}: neither logits nor top_ids, top_logits and logsumexp")
+    ids, top, lse = a["top_ids"], a["top_logits"], a["logsumexp"]
+    if ids.dtype.kind not in "iu" or top.dtype.kind != "f" or lse.dtype.kind != "f" or ids.ndim != 2 \
+            or top.shape != ids.shape or lse.shape != positions.shape or ids.shape[0] != positions.size:
+        raise UsageError(f"{path}: top_ids, top_logits, logsumexp {[list(a[k].shape) for k in ('top_ids', 'top_logits', 'logsumexp')]} "
+                         f"are not integer [n, k], float [n, k], float [n] for {positions.size} positions")
+    lp = top.astype(np.float64) - lse.astype(np.float64)[:, None]
+    check_top(path, ids, lp, "top_logits - logsumexp")
+    return Positions(positions.astype(np.int64), int(n_vocab), None, ids.astype(np.int64), lp)
+
+
+def load_golden(path):  # file -> [n_pos, n_vocab] | TopK | Positions
+    path = str(path)
+    if path.endswith(TOPK_SUFFIX):
+        return load_topk(path)
+    return load_positions(path) if path.endswith(POSITIONS_SUFFIX) else load_logits(path)
 
 
 def read_manifest(directory):  # dir with manifest.json -> ({prompt_id: path}, the manifest's other fields)
@@ -213,11 +270,15 @@ def logit_files(path):  # file or dir -> ({prompt_id: path}, manifest fields)
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
     if not os.path.isdir(path):
-        return {os.path.basename(path).removesuffix(TOPK_SUFFIX).removesuffix(".npy"): path}, {}
+        return {golden_name(os.path.basename(path)): path}, {}
     if os.path.exists(os.path.join(path, MANIFEST)):
         return read_manifest(path)
-    names = sorted(n for n in os.listdir(path) if n.endswith((".npy", TOPK_SUFFIX)) and not n.startswith("."))
-    return {n.removesuffix(TOPK_SUFFIX).removesuffix(".npy"): os.path.join(path, n) for n in names}, {}
+    names = sorted(n for n in os.listdir(path) if n.endswith(GOLDEN_SUFFIXES) and not n.startswith("."))
+    return {golden_name(n): os.path.join(path, n) for n in names}, {}
+
+
+def golden_name(file):  # "len7.topk.npz" -> "len7"
+    return next((file.removesuffix(x) for x in GOLDEN_SUFFIXES if file.endswith(x)), file)
 
 
 def pair_files(ref_path, test_path):  # -> ([(prompt_id, ref file, test file)], [notes on the sources])
@@ -281,8 +342,9 @@ def make_report(ref, test, pos, near_tie_margin, n_vocab, topk):  # compared val
     }
 
 
-def diff_logits(ref, test, near_tie_margin=None, topk=5):  # [n_pos, n_vocab] x2 -> report dict
-    """Per-position metrics, aggregates and top-1 flips classified by the near-tie rule (module doc)."""
+def diff_logits(ref, test, near_tie_margin=None, topk=5, at=None):  # [n_pos, n_vocab] x2 -> report dict
+    """Per-position metrics, aggregates and top-1 flips classified by the near-tie rule (module doc);
+    `at`: the positions the rows are of (default 0, 1, ...)."""
     check_logits(ref, "reference")
     check_logits(test, "test")
     if ref.shape != test.shape:
@@ -293,19 +355,9 @@ def diff_logits(ref, test, near_tie_margin=None, topk=5):  # [n_pos, n_vocab] x2
         "top1_agree": metrics.top1_agreement(ref, test), "topk_agree": metrics.topk_agreement(ref, test, topk),
         "ref_margin": metrics.top1_margin(ref), "delta_p": metrics.delta_p(ref, test),
         "ref_top1": np.argmax(ref, axis=-1), "test_top1": np.argmax(test, axis=-1),
-        "position": np.arange(ref.shape[0]),
+        "position": np.arange(ref.shape[0]) if at is None else at,
     }
     return make_report(ref, test, pos, near_tie_margin, ref.shape[1], topk)
-
-
-def aligned_rows(full, top):  # [n_full, V], TopK -> (positions [n], full rows [n, V], ids [n, k], logprobs [n, k])
-    at = top.prompt_ids.size - 1 + top.positions
-    keep = at < full.shape[0]
-    if not keep.any():
-        raise UsageError(f"the full logits have {full.shape[0]} rows; the top-k golden starts at position {at[0]}")
-    if top.ids[keep].max() >= full.shape[1]:
-        raise UsageError(f"top-k token id {int(top.ids[keep].max())} is outside a vocabulary of {full.shape[1]}")
-    return at[keep], full[at[keep]], top.ids[keep], top.logprobs[keep]
 
 
 def bucket_kl(lp_ref, lp_test):  # [n, k] log-probabilities of the same tokens x2 -> [n]
@@ -319,44 +371,108 @@ def bucket_kl(lp_ref, lp_test):  # [n, k] log-probabilities of the same tokens x
     return np.maximum(np.sum(p * (np.log(np.maximum(p, tiny)) - np.log(np.maximum(q, tiny))), axis=-1), 0.0)
 
 
-def diff_topk(ref, test, near_tie_margin=None):  # one side TopK, the other [n_pos, n_vocab] -> report dict
-    """Compares on the top-k golden's tokens (module doc); either side may be the golden."""
-    ref_is_top = isinstance(ref, TopK)
-    top, full = (ref, test) if ref_is_top else (test, ref)
-    if isinstance(full, TopK):
-        raise UsageError("two top-k goldens: one side needs full logits")
-    check_logits(full, "reference" if not ref_is_top else "test")
-    at, rows, ids, lp_top = aligned_rows(full, top)
+def view(golden):  # logits | TopK | Positions -> (positions [n], logits [n, V] | None, ids [n, k] | None, logprobs | None)
+    """Every golden as rows of the full sequence: a top-k golden's generated token i was chosen at
+    position n_prompt - 1 + positions[i] of prompt + generated tokens."""
+    if isinstance(golden, TopK):
+        return golden.prompt_ids.size - 1 + golden.positions, None, golden.ids, golden.logprobs
+    if isinstance(golden, Positions):
+        return golden.positions, golden.rows, golden.ids, golden.logprobs
+    return np.arange(golden.shape[0]), golden, None, None
+
+
+def sparse_metrics(at, lp_ref, lp_test, ids_ref, ids_test, ref_margin, p_ref, p_test, top1):  # -> per-position dict
+    return {"nmse": metrics.nmse(lp_ref, lp_test), "max_abs": metrics.max_abs_diff(lp_ref, lp_test),
+            "cosine": metrics.cosine(lp_ref, lp_test), "kl": bucket_kl(lp_ref, lp_test),
+            "top1_agree": top1[0] == top1[1], "topk_agree": metrics.shared_fraction(ids_ref, ids_test),
+            "ref_margin": ref_margin, "delta_p": p_test - p_ref, "ref_top1": top1[0], "test_top1": top1[1],
+            "position": at}
+
+
+def gap(lp):  # [n, k] log-probabilities best first -> top1 - top2; unknown (inf: every flip real) when k = 1
+    return lp[:, 0] - lp[:, 1] if lp.shape[1] > 1 else np.full(lp.shape[0], np.inf)
+
+
+def diff_sparse_dense(at, ref, test, near_tie_margin):  # (rows, ids, logprobs) of each side, one side rows only
+    """Compares on the sparse side's k tokens (module doc); either side may be the sparse one."""
+    ref_is_top = ref[0] is None
+    full, (_, ids, lp_top) = (test[0], ref) if ref_is_top else (ref[0], test)
+    check_logits(full, "test" if ref_is_top else "reference")
     k = ids.shape[1]
     if k > full.shape[1]:
         raise UsageError(f"the top-k golden lists {k} tokens per row, more than the vocabulary of {full.shape[1]}")
-    lp_all = metrics.log_softmax(rows)
+    if ids.max() >= full.shape[1]:
+        raise UsageError(f"top-k token id {int(ids.max())} is outside a vocabulary of {full.shape[1]}")
+    lp_all = metrics.log_softmax(full)
     lp_full = np.take_along_axis(lp_all, ids, axis=-1)
-    lp_ref, lp_test = (lp_top, lp_full) if ref_is_top else (lp_full, lp_top)
-    full_top1, full_topk = np.argmax(rows, axis=-1), np.argpartition(rows, -k, axis=-1)[:, -k:]
+    full_top1, full_topk = np.argmax(full, axis=-1), np.argpartition(full, -k, axis=-1)[:, -k:]
     if ref_is_top:
-        ref_margin, p_ref, p_test = lp_top[:, 0] - lp_top[:, 1], np.exp(lp_top[:, 0]), np.exp(lp_full[:, 0])
+        pos = sparse_metrics(at, lp_top, lp_full, ids, full_topk, gap(lp_top), np.exp(lp_top[:, 0]),
+                             np.exp(lp_full[:, 0]), (ids[:, 0], full_top1))
     else:
         # the reference's top-1 may be missing from the test's k tokens: its probability there counts as 0
         in_top = ids == full_top1[:, None]
         p_test = np.where(in_top.any(-1), np.exp(np.where(in_top, lp_top, -np.inf).max(-1)), 0.0)
-        ref_margin, p_ref = metrics.top1_margin(rows), np.exp(lp_all[np.arange(len(rows)), full_top1])
-    pos = {
-        "nmse": metrics.nmse(lp_ref, lp_test), "max_abs": metrics.max_abs_diff(lp_ref, lp_test),
-        "cosine": metrics.cosine(lp_ref, lp_test), "kl": bucket_kl(lp_ref, lp_test),
-        "top1_agree": full_top1 == ids[:, 0],
-        "topk_agree": metrics.shared_fraction(full_topk, ids),
-        "ref_margin": ref_margin, "delta_p": p_test - p_ref,
-        "ref_top1": ids[:, 0] if ref_is_top else full_top1, "test_top1": full_top1 if ref_is_top else ids[:, 0],
-        "position": at,
-    }
+        pos = sparse_metrics(at, lp_full, lp_top, full_topk, ids, metrics.top1_margin(full),
+                             np.exp(lp_all[np.arange(len(full)), full_top1]), p_test, (full_top1, ids[:, 0]))
+    lp_ref, lp_test = (lp_top, lp_full) if ref_is_top else (lp_full, lp_top)
     return make_report(lp_ref, lp_test, pos, near_tie_margin, full.shape[1], k)
 
 
-def diff_pair(ref, test, near_tie_margin=None, topk=5):  # logits | TopK x2 -> report dict
-    if isinstance(ref, TopK) or isinstance(test, TopK):
-        return diff_topk(ref, test, near_tie_margin)
-    return diff_logits(ref, test, near_tie_margin, topk)
+def diff_sparse(at, ref, test, near_tie_margin, n_vocab):  # (None, ids, logprobs) of each side -> report dict
+    """Two top-k goldens, compared on the reference's first k = min(k_ref, k_test) tokens. A token of
+    those missing from the test's list counts at the test's smallest listed log-probability, an upper
+    bound of its value there, so its difference is a lower bound."""
+    (_, ids_r, lp_r), (_, ids_t, lp_t) = ref, test
+    k = min(ids_r.shape[1], ids_t.shape[1])
+    ids, lp_ref = ids_r[:, :k], lp_r[:, :k]
+    match = ids_t[:, None, :] == ids[:, :, None]                                       # [n, k, k_test]
+    lp_test = np.where(match.any(-1), np.where(match, lp_t[:, None, :], -np.inf).max(-1), lp_t[:, -1:])
+    pos = sparse_metrics(at, lp_ref, lp_test, ids, ids_t[:, :k], gap(lp_r), np.exp(lp_ref[:, 0]),
+                         np.exp(lp_test[:, 0]), (ids_r[:, 0], ids_t[:, 0]))
+    return make_report(lp_ref, lp_test, pos, near_tie_margin, n_vocab, k)
+
+
+def coverage(at, at_ref, at_test, ref, test):  # -> what of each side the comparison used
+    def k(side):  # the top-k a side lists, None for whole rows
+        return None if side[0] is not None else int(side[1].shape[1])
+    return {"positions": int(at.size), "ref_only": int(at_ref.size - at.size), "test_only": int(at_test.size - at.size),
+            "ref_k": k(ref), "test_k": k(test)}
+
+
+def diff_pair(ref, test, near_tie_margin=None, topk=5):  # logits | TopK | Positions x2 -> report dict
+    """On the positions both sides have (the others are counted in the report's coverage), on whole
+    rows where both have them, else on the tokens the sparse side lists (module doc)."""
+    if not isinstance(ref, (TopK, Positions)) and not isinstance(test, (TopK, Positions)):
+        return diff_logits(ref, test, near_tie_margin, topk)
+    (at_ref, *r), (at_test, *t) = view(ref), view(test)
+    at, i_ref, i_test = np.intersect1d(at_ref, at_test, return_indices=True)
+    if not at.size:
+        raise UsageError(f"no position in common: REF has positions {at_ref[0]}..{at_ref[-1]}, "
+                         f"TEST {at_test[0]}..{at_test[-1]}")
+    r, t = ([None if a is None else a[i] for a in side] for side, i in ((r, i_ref), (t, i_test)))
+    if r[0] is not None and t[0] is not None:
+        report = diff_logits(r[0], t[0], near_tie_margin, topk, at)
+    elif r[0] is not None or t[0] is not None:
+        report = diff_sparse_dense(at, r, t, near_tie_margin)
+    else:
+        n_vocab = max(getattr(g, "n_vocab", 0) for g in (ref, test))
+        report = diff_sparse(at, r, t, near_tie_margin, n_vocab)
+    report["coverage"] = coverage(at, at_ref, at_test, r, t)
+    return report
+
+
+def coverage_note(key, report):  # -> a line saying what a comparison left out or truncated, or None
+    c = report.get("coverage")
+    if not c:
+        return None
+    parts = [f"REF lists the top {c['ref_k']} only" if c["ref_k"] else "",
+             f"TEST lists the top {c['test_k']} only" if c["test_k"] else "",
+             f"{c['ref_only']} positions only in REF" if c["ref_only"] else "",
+             f"{c['test_only']} positions only in TEST" if c["test_only"] else ""]
+    tokens = "whole rows" if not (c["ref_k"] or c["test_k"]) else f"the top {report['topk']} tokens"
+    return f"{key}: compared at {c['positions']} positions on {tokens}; " + ", ".join(p for p in parts if p) \
+        if any(parts) else None
 
 
 def parse_gate(text):  # "nmse=1e-4,top1=0.999" -> {"nmse": 1e-4, "top1": 0.999}
@@ -548,8 +664,8 @@ def prompt_margin(args, noise, key, ref):  # -> near-tie margin M for one prompt
         return TYPICAL
     if noise is None:
         return None
-    if isinstance(ref, TopK):
-        raise UsageError(f"{args.noise_floor}: a noise floor needs full reference logits, REF is a top-k golden")
+    if not isinstance(ref, np.ndarray):
+        raise UsageError(f"{args.noise_floor}: a noise floor needs full reference logits, REF is a sparse golden")
     noise_file = noise.get(key) if os.path.isdir(args.noise_floor) else args.noise_floor
     if noise_file is None:
         raise UsageError(f"{args.noise_floor}: no float64 logits for prompt {key!r}")
@@ -577,6 +693,7 @@ def run_diff(args):  # parsed CLI args -> exit status
         except UsageError as e:
             raise UsageError(f"{test_file}: {e} ({ref_file})") from None
         runs.append((key, report, check_gate(report, gate)))
+        notes += [note for note in [coverage_note(key, report)] if note]
     print(format_report(runs, gate, rule, notes=notes, n_prompts_shown=args.worst))
     failed = any(fails for _, _, fails in runs)
     if args.json:

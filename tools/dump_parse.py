@@ -1,4 +1,6 @@
-"""Read the text tensor dump of llama.cpp's `llama-eval-callback` or `llama-debug --verbose`.
+"""Read engines' tensor dumps for tools.bisect: the text dump of llama.cpp's `llama-eval-callback` or
+`llama-debug --verbose` (and the configuration it shows), transformers' model_addition_debugger_context
+output (last sections) and the raw float32 .bin of llama.cpp's examples/model-conversion.
 
 Both print every graph node through common/debug.cpp (`common_debug_cb_eval`):
 
@@ -24,14 +26,19 @@ decode first unless given --no-warmup: each run is a pass, and a pass starts whe
 then its 3-D reshape): the last one is kept, as it is the tensor the graph callback named.
 `join_passes` concatenates the passes along the token axis.
 """
+import json
 import math
+import os
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+from .hf_names import HF_DEBUGGER_MISSING, HF_DEBUGGER_POINTS, HF_TEXT_MODULES, debugger_module, trace_layout
+
 N_SHOWN = 3  # common_debug_print_tensor(..., n = 3): first and last 3 per dimension
-HEADER = re.compile(r"^[A-Za-z_]\w*: +(?P<name>\S.*?) = \(\w+\) +(?P<op>[^\s(]+)\(.*\) = \{(?P<ne>[\d, ]+)\}\s*$")
+HEADER = re.compile(r"^[A-Za-z_]\w*: +(?P<name>\S.*?) = \((?P<type>\w+)\) +(?P<op>[^\s(]+)\(.*\) = \{(?P<ne>[\d, ]+)\}\s*$")
 MAX_ELEMENTS = 2 ** 48  # far beyond any real tensor; keeps a corrupt ne from overflowing index math
 SUM = re.compile(r"^sum = (?P<sum>\S+)$")
 
@@ -48,6 +55,7 @@ class PartialTensor:
     values: np.ndarray  # [k] float64
     sum: float | None  # float32 running sum over all elements, as printed; None if not printed
     op: str
+    type: str = "f32"  # the ggml type printed in the header: the cache views show the cache's
 
     @property
     def size(self):  # -> number of elements of the whole tensor
@@ -110,25 +118,25 @@ def read_values(ne, body, where):  # ggml ne, [(line number, text)] -> (index [k
 
 
 def parse_dump(text, source="dump"):  # text -> [pass: {name: PartialTensor}] in graph order
-    blocks = []  # (name, op, ne, [(line number, body line)])
+    blocks = []  # (name, op, type, ne, [(line number, body line)])
     for lineno, line in enumerate(text.splitlines(), 1):
         m = HEADER.match(line.strip())
         if m:
             ne = tuple(int(v) for v in m["ne"].split(",") if v.strip())
             if len(ne) != 4 or math.prod(ne) > MAX_ELEMENTS:
                 raise DumpError(f"{source}:{lineno}: ne {{{m['ne']}}} is not 4 plausible dimensions")
-            blocks.append((m["name"].strip(), m["op"], ne, []))
+            blocks.append((m["name"].strip(), m["op"], m["type"], ne, []))
         elif blocks:
-            blocks[-1][3].append((lineno, line))
+            blocks[-1][4].append((lineno, line))
     if not blocks:
         raise DumpError(f"{source}: no tensor lines found (expected llama-eval-callback or "
                         "llama-debug --verbose output)")
     passes, first = [], blocks[0][:2]
-    for name, op, ne, body in blocks:
+    for name, op, dtype, ne, body in blocks:
         if (name, op) == first:
             passes.append({})
         index, values, total = read_values(ne, body, source)
-        passes[-1][name] = PartialTensor(ne, index, values, total, op)
+        passes[-1][name] = PartialTensor(ne, index, values, total, op, dtype)
     return passes
 
 
@@ -157,7 +165,7 @@ def concat(parts, axis):  # [PartialTensor], ggml axis -> PartialTensor
     sums = [p.sum for p in parts]
     total = None if None in sums else float(sum(sums))
     values = np.concatenate([p.values for p in parts])
-    return PartialTensor(tuple(ne), np.concatenate(index), values, total, parts[-1].op)
+    return PartialTensor(tuple(ne), np.concatenate(index), values, total, parts[-1].op, parts[-1].type)
 
 
 def join_passes(passes):  # [pass] -> ({name: PartialTensor}, [names left out])
@@ -177,7 +185,7 @@ def join_passes(passes):  # [pass] -> ({name: PartialTensor}, [names left out])
     return joined, skipped
 
 
-def load_dump(path, n_tokens=None):  # dump file -> ({name: PartialTensor}, [notes])
+def load_dump(path, n_tokens=None):  # dump file -> Dump(points, notes, config)
     """Reads and joins a dump. With n_tokens (the other trace's prompt length), a first pass is
     dropped as llama-debug's warm-up when the passes after it add up to exactly n_tokens."""
     try:
@@ -195,4 +203,292 @@ def load_dump(path, n_tokens=None):  # dump file -> ({name: PartialTensor}, [not
     if skipped:
         notes.append(f"{path}: {len(skipped)} tensors left out (missing from a pass, or shaped differently "
                      f"between passes): {', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''}")
-    return points, notes
+    return Dump(points, notes, read_config(passes, text))
+
+
+class Dump(NamedTuple):
+    points: dict  # {name: PartialTensor}
+    notes: list  # [str]
+    config: "LlamaConfig"
+
+
+@dataclass
+class LlamaConfig:
+    """The part of llama.cpp's context setup a dump shows. It decides how llama.cpp rounds: an F16 or
+    Q8_0 cache rounds K and V before attention reads them, flash attention sums in another order
+    (and rounds Q to F16 for an F16 cache), and each ubatch attends over what the cache holds."""
+    cache_k: str | None  # ggml type of the cache_k_l* nodes; None where the dump shows no cache
+    cache_v: str | None
+    flash_attn: bool | None  # FLASH_ATTN_EXT nodes: True; SOFT_MAX nodes (kq_soft_max-L): False; neither shown: None
+    ubatches: list  # tokens of each pass, in order
+    prompt: list | None  # the token ids llama-eval-callback logs before its dump
+
+    @property
+    def exact(self):  # -> True when llama.cpp rounds only as float32 math does (the exact reference)
+        return self.cache_k == self.cache_v == "f32" and self.flash_attn is False
+
+    def describe(self):  # -> "K cache f16, V cache f16, flash attention on, 1 ubatch of 5 tokens"
+        cache = f"K cache {self.cache_k or '?'}, V cache {self.cache_v or '?'}"
+        passes = len(self.ubatches)
+        return (f"{cache}, flash attention {ON_OFF.get(self.flash_attn, '?')}, "
+                f"{passes} ubatch{'es' if passes > 1 else ''} of {'+'.join(map(str, self.ubatches))} tokens")
+
+    def reference_options(self):  # -> reference.run options that round as this configuration, or DumpError
+        if None in (self.cache_k, self.cache_v, self.flash_attn):
+            raise DumpError("the dump does not show its cache types and whether flash attention ran (printed with "
+                            "a --tensor-filter that leaves out cache_k_l*, cache_v_l* and the attention nodes?)")
+        if self.cache_k != self.cache_v or self.cache_k not in CACHE_TYPES:
+            raise DumpError(f"reference.run --numerics ggml-cpu has one --kv-type of {', '.join(CACHE_TYPES)} for "
+                            f"both caches; the dump's are K {self.cache_k}, V {self.cache_v}")
+        if max(self.ubatches) > MAX_UBATCH:
+            raise DumpError(f"reference.run --numerics ggml-cpu takes ubatches of at most {MAX_UBATCH} tokens; "
+                            f"the dump's hold {max(self.ubatches)}")
+        # one pass: the whole prompt was one ubatch, as reference.run's default chunk makes it
+        chunk = ["--prefill-chunk", str(self.ubatches[0])] if len(self.ubatches) > 1 else []
+        return ["--numerics", "ggml-cpu", "--kv-type", self.cache_k,
+                "--flash-attn", ON_OFF[self.flash_attn], *chunk]
+
+
+ON_OFF = {True: "on", False: "off"}
+CACHE_TYPES = ("f32", "f16", "q8_0")  # the cache types reference.run --kv-type rounds as llama.cpp does
+MAX_UBATCH = 512  # reference.run's ggml-cpu ubatch cap (llama.cpp's default -ub)
+PROMPT_COUNT = re.compile(r"number of input tokens = (?P<n>\d+)\s*$")
+PROMPT_ID = re.compile(r"\s(?P<id>\d+)\s*$")
+DEBUG_PROMPT_COUNT = re.compile(r"^Token ids \((?P<n>\d+)\):\s*$")
+DEBUG_PROMPT_ID = re.compile(r"\((\d+)\) ")  # "<|begin_of_text|>(497) the(319) "
+
+
+def cache_type(passes, prefix):  # [pass], "cache_k_l" -> ggml type of those nodes, or None
+    return next((t.type for points in passes for name, t in points.items() if name.startswith(prefix)), None)
+
+
+def logged_prompt(text):  # dump text -> the prompt's token ids as the tool logged them, or None
+    """llama-eval-callback: `number of input tokens = N`, then one id per line, before the tensors;
+    llama-debug: `Token ids (N):`, then one line of `piece(id) ` for each, after them."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        count = PROMPT_COUNT.search(line)
+        if count:
+            ids = [PROMPT_ID.search(x) for x in lines[i + 1:i + 1 + int(count["n"])]]
+            return [int(m["id"]) for m in ids] if len(ids) == int(count["n"]) and all(ids) else None
+        count = DEBUG_PROMPT_COUNT.match(line)
+        if count and i + 1 < len(lines):
+            ids = [int(m) for m in DEBUG_PROMPT_ID.findall(lines[i + 1] + " ")]
+            return ids if len(ids) == int(count["n"]) else None
+    return None
+
+
+def read_config(passes, text):  # [pass], dump text -> LlamaConfig
+    ops = {t.op for points in passes for t in points.values()}
+    flash = True if "FLASH_ATTN_EXT" in ops else False if "SOFT_MAX" in ops else None
+    return LlamaConfig(cache_type(passes, "cache_k_l"), cache_type(passes, "cache_v_l"), flash,
+                       [pass_tokens(p) for p in passes], logged_prompt(text))
+
+
+# --- transformers' model_addition_debugger_context(..., do_prune_layers=False, use_repr=False) -------
+
+DEBUG_TREE = "_debug_tree_FULL_TENSORS.json"  # the debugger's tree: one node per module call, in call order
+SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+                      "I64": np.int64, "I32": np.int32}
+TORCH_SIZE = re.compile(r"^torch\.Size\(\[(?P<dims>[\d, ]*)\]\)$")
+
+
+def read_tensor_entry(f, name, info, data_start, file_size, where):  # one safetensors header entry -> array
+    """The header gives dtype, shape and [begin, end) offsets into the data: all three must agree with
+    each other and with the file before a byte is allocated (a lying header is refused)."""
+    try:
+        dtype, shape, (begin, end) = SAFETENSORS_DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
+        n = math.prod(int(d) for d in shape) if all(isinstance(d, int) and d >= 0 for d in shape) else -1
+    except (KeyError, TypeError, ValueError):
+        raise DumpError(f"{where}: tensor {name!r} has no dtype of {'/'.join(SAFETENSORS_DTYPES)}, shape and "
+                        "data_offsets") from None
+    if n < 0 or not (isinstance(begin, int) and isinstance(end, int)) or not 0 <= begin <= end \
+            or data_start + end > file_size or end - begin != n * np.dtype(dtype).itemsize:
+        raise DumpError(f"{where}: tensor {name!r} claims shape {shape} of {info['dtype']} at bytes [{begin}, {end}) "
+                        f"of {file_size - data_start}: sizes do not agree")
+    f.seek(data_start + begin)
+    a = np.frombuffer(f.read(end - begin), dtype).reshape(shape)
+    # bfloat16 is the top half of a float32
+    return (a.astype(np.uint32) << 16).view(np.float32) if info["dtype"] == "BF16" else a
+
+
+def read_safetensors(path):  # .safetensors file -> {name: array}
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or n > size - 8:
+                raise DumpError(f"{path}: header length {n} beyond the file's {size} bytes: not a safetensors file")
+            try:
+                header = json.loads(f.read(n))
+            except ValueError:
+                raise DumpError(f"{path}: the safetensors header is not JSON") from None
+            if not isinstance(header, dict):
+                raise DumpError(f"{path}: the safetensors header is not a JSON object")
+            return {name: read_tensor_entry(f, name, info, 8 + n, size, path)
+                    for name, info in header.items() if name != "__metadata__"}
+    except OSError as e:
+        raise DumpError(f"{path}: {e.strerror or e}") from None
+
+
+def debug_tree_path(path):  # debugger directory or its *_FULL_TENSORS.json -> the JSON file, or None
+    if os.path.isdir(path):
+        trees = sorted(f for f in os.listdir(path) if f.endswith(DEBUG_TREE))
+        return os.path.join(path, trees[0]) if len(trees) == 1 else None
+    return path if path.endswith(DEBUG_TREE) else None
+
+
+def module_calls(node, calls=None):  # debugger tree -> {module path: [node per call]} in call order
+    calls = {} if calls is None else calls
+    calls.setdefault(node.get("module_path"), []).append(node)
+    for child in node.get("children") or []:
+        if isinstance(child, dict):
+            module_calls(child, calls)
+    return calls
+
+
+def recorded(node, what):  # node, "outputs" | "inputs" -> the debugger's record of that tensor, or None
+    entry = node.get(what)
+    if what == "inputs":  # the first positional argument, else the first keyword (self_attn's hidden_states)
+        args = entry.get("args") if isinstance(entry, dict) else None
+        entry = args[0] if isinstance(args, list) and args else None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("value"), str) else None
+
+
+def recorded_array(directory, entry, where):  # debugger record {shape, value: "./FILE"} -> array
+    name = os.path.normpath(entry["value"])
+    if os.path.isabs(name) or name.startswith(".."):
+        raise DumpError(f"{where}: value {entry['value']!r} is not a file beside the tree")
+    tensors = read_safetensors(os.path.join(directory, name))
+    if "data" not in tensors:
+        raise DumpError(f"{where}: {name} holds no tensor 'data'")
+    a = tensors["data"]
+    claimed = TORCH_SIZE.match(str(entry.get("shape")))
+    if claimed and [int(d) for d in claimed["dims"].split(",") if d.strip()] != list(a.shape):
+        raise DumpError(f"{where}: {name} holds shape {list(a.shape)}, the tree records {entry['shape']}")
+    if a.ndim < 2 or a.shape[0] != 1 or a.dtype.kind != "f":
+        raise DumpError(f"{where}: {name} is {a.dtype} {list(a.shape)}: a float batch of one sequence was expected")
+    return a[0]
+
+
+def read_tree(path):  # debugger tree JSON -> its root node
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DumpError(f"{path}: cannot read the debugger tree ({e})") from None
+    if not isinstance(tree, dict) or not isinstance(tree.get("module_path"), str):
+        raise DumpError(f"{path}: not a model_addition_debugger_context tree (no root module_path)")
+    return tree
+
+
+def debugger_layers(calls, root):  # -> sorted layer numbers the tree holds calls of
+    prefix = f"{root}.{HF_DEBUGGER_POINTS['result_norm'][0].rsplit('.', 1)[0]}.layers."
+    return sorted({int(p[len(prefix):]) for p in calls if p and p.startswith(prefix) and p[len(prefix):].isdigit()})
+
+
+def debugger_names(layers):  # [layer] -> trace names the debugger can hold, in forward order
+    n_layer = max(layers) + 1
+    per_layer = [op for op in HF_TEXT_MODULES if op.endswith("-{il}") and op in HF_DEBUGGER_POINTS]
+    return (["embd_norm"] + [op.format(il=il) for il in range(n_layer) for op in per_layer]
+            + ["result_norm", "result_output"])
+
+
+def debugger_entry(calls, root, name, n_layer, directory):  # -> the debugger's record of trace point name, or None
+    if name == "result_output":  # the top-level logits: written, but pruned from the tree
+        value = f"./{root}_{HF_DEBUGGER_POINTS[name][1]}.safetensors"
+        return {"value": value} if os.path.exists(os.path.join(directory, value)) else None
+    module, what = debugger_module(name, n_layer)
+    nodes = calls.get(f"{root}.{module}")
+    return recorded(nodes[-1], what) if nodes else None  # the last call: its files overwrote the others'
+
+
+def debugger_records(path):  # debugger dir or tree JSON -> (tree file, head_dim, {name: record}, [names missing])
+    tree_file = debug_tree_path(path)
+    tree, directory = read_tree(tree_file), os.path.dirname(tree_file)
+    calls, root = module_calls(tree), tree["module_path"]
+    layers = debugger_layers(calls, root)
+    if layers and layers != list(range(len(layers))):
+        # a pruned tree would leave l_out of the kept layers without their next layer's input
+        raise DumpError(f"{tree_file}: holds layers {', '.join(map(str, layers))} only: pruned "
+                        "(do_prune_layers=True, the default); rerun with do_prune_layers=False")
+    qk_norm = calls.get(f"{root}.{HF_DEBUGGER_POINTS['Kcur_normed-{il}'][0].format(il=layers[0])}") if layers else None
+    size = TORCH_SIZE.match(str((recorded(qk_norm[-1], "outputs") or {}).get("shape"))) if qk_norm else None
+    if qk_norm and isinstance((qk_norm[-1].get("outputs") or {}).get("value"), list):
+        raise DumpError(f"{tree_file}: the tree holds printed tensors (use_repr=True, the default): rerun "
+                        "model_addition_debugger_context with use_repr=False for whole tensors")
+    if not size:
+        raise DumpError(f"{tree_file}: no text-model layer with a recorded self_attn.qk_norm output: not a "
+                        "Muse-Glimmer debugger tree")
+    records = {name: debugger_entry(calls, root, name, max(layers) + 1, directory) for name in debugger_names(layers)}
+    missing = [name for name, entry in records.items() if entry is None]
+    return tree_file, int(size["dims"].split(",")[-1]), {n: e for n, e in records.items() if e}, missing
+
+
+def load_hf_debugger(path):  # debugger dir or tree JSON -> Dump(points in our layout, notes, no config)
+    tree_file, head_dim, records, missing = debugger_records(path)
+    points = {}
+    for name, entry in records.items():
+        op = name.rpartition("-")[0] or name
+        a = recorded_array(os.path.dirname(tree_file), entry, tree_file)
+        points[name] = trace_layout(op, a, head_dim, heads_first=op == "Kcur_normed")
+    notes = [f"{tree_file}: transformers' debugger holds no {', '.join(HF_DEBUGGER_MISSING)} (module outputs "
+             "and inputs only)"]
+    if missing:
+        notes.append(f"{tree_file}: {len(missing)} points not recorded: "
+                     f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    return Dump(points, notes, None)
+
+
+# --- llama.cpp examples/model-conversion: llama-debug --save-logits [--embedding] --------------------
+
+UNIT_ROW = 1e-5  # |L2 norm - 1| of every row below it: normalized embeddings, not result_norm
+
+
+def read_companion_tokens(path):  # X.bin -> the int32 ids of X-tokens.bin beside it, or None
+    tokens = path[:-len(".bin")] + "-tokens.bin"
+    if not os.path.exists(tokens):
+        return None
+    size = os.path.getsize(tokens)
+    if size % 4:
+        raise DumpError(f"{tokens}: {size} bytes are not int32 token ids")
+    return np.fromfile(tokens, np.int32).tolist()
+
+
+def check_not_normalized(rows, path):  # [rows, n] embeddings -> None, or DumpError when all have unit length
+    # common_embd_normalize in float32: a unit row is within ~1e-7 sqrt(n) of 1, a norm's output is not
+    if np.all(np.abs(np.linalg.norm(rows, axis=1) - 1) < UNIT_ROW):
+        raise DumpError(f"{path}: every row has unit L2 norm: llama-debug normalized the embeddings (its default "
+                        "--embd-normalize 2); write them with --embd-normalize -1")
+
+
+def logits_bin_point(path):  # -> the trace point a model-conversion .bin holds
+    return "result_norm" if path.endswith("-embeddings.bin") else "result_output"
+
+
+def load_logits_bin(path, other):  # .bin, the other side's {name: tensor} -> Dump({point: [rows, n]}, notes, None)
+    """save_output_data (examples/debug/debug.cpp, and scripts/utils/common.py for transformers) writes
+    raw float32 with no header: the last token's logits (result_output, one row of n_vocab), or with
+    --embedding the embeddings of every token (result_norm, rows of n_embd, no pooling). The row
+    length comes from the other side's point; the companion X-tokens.bin gives the prompt."""
+    name, size = logits_bin_point(path), os.path.getsize(path)
+    mine = other.get(name) if other else None
+    if mine is None:
+        raise DumpError(f"{path}: holds {name} only; the other side records no {name} to line it up with")
+    row = mine.shape[-1] if isinstance(mine, np.ndarray) else mine.ne[0]
+    if size == 0 or size % (4 * row):
+        raise DumpError(f"{path}: {size} bytes are not float32 rows of {row} (the other side's {name}): "
+                        "another model or not a model-conversion .bin")
+    rows, tokens = size // (4 * row), read_companion_tokens(path)
+    if name == "result_output" and rows != 1 or tokens is not None and name == "result_norm" and rows != len(tokens):
+        raise DumpError(f"{path}: {rows} rows of {row}; llama-debug writes the last token's logits "
+                        f"(1 row) or with --embedding one row per token ({len(tokens or [])} tokens)")
+    values = np.fromfile(path, np.float32).reshape(rows, row)
+    if name == "result_norm":
+        check_not_normalized(values, path)
+    n_other = mine.shape[0] if isinstance(mine, np.ndarray) and mine.ndim > 1 else None
+    if tokens is not None and n_other is not None and len(tokens) != n_other:
+        raise DumpError(f"{path}: made from {len(tokens)} tokens, the other side from {n_other}: another prompt")
+    notes = [f"{path}: {name} of {'the last token' if name == 'result_output' else f'{rows} tokens'} only"
+             + (f", prompt {','.join(map(str, tokens))}" if tokens else "")]
+    return Dump({name: values}, notes, None)

@@ -8,6 +8,8 @@ or transformers.
         [--dtype float32|float64] [--kv uniform|ring]
     python -m tools.golden --engine llama-server --server-url http://127.0.0.1:8080 \\
         --n-predict N [--n-probs K] --prompts P.jsonl --out DIR
+    python -m tools.golden --engine openai --server-url http://127.0.0.1:8000 \\
+        --n-predict N [--n-probs K] [--model M.gguf] --prompts P.jsonl --out DIR
     python -m tools.golden ... --corpus [--task-size N] [--ray | --ray-address ADDR] [--workers N]
 
 P.jsonl holds one prompt a line: {"id": ..., "token_ids": [...]} or {"id": ..., "text": ...}, and
@@ -16,7 +18,11 @@ is tokenized on its own, without BOS: give ids to score exactly what an engine e
 
 For every prompt DIR gets <id>.npy, float32 [n_tokens, n_vocab]: the logits of every position of
 one prefill of the prompt, followed by the continuation if there is one (teacher forcing: the whole
-continuation is checked in one forward, without the engine generating it). The manifest entry of a
+continuation is checked in one forward, without the engine generating it). With --logits-positions
+SPEC [--logits-topk K] it gets <id>.positions.npz instead (reference.positions: those positions of
+prompt + continuation, whole rows or their K largest logits and logsumexp; no continuation score),
+so that a 16K-token golden at a 202048 vocabulary is megabytes; the reference engine then holds one
+prefill chunk of logits at a time. The manifest entry of a
 scored prompt holds per continuation token its log-probability and rank (0 = the argmax) under the
 logits of the position before it. With --n-predict N the greedy continuation (argmax, exactly N
 tokens, no stop at end-of-generation tokens; llama-cpp also records the model's EOG ids and the
@@ -25,6 +31,13 @@ of its N-1 single-token decode steps (row i: after feeding generated token i).
 
 llama-server gives no logits, only the top n_probs log-probabilities of each generated token, so its
 golden is <id>.topk.npz (see TOPK_FORMAT); tools.diff compares one against full logits.
+
+--engine openai does the same through POST /v1/completions of any OpenAI-compatible server (llama-server,
+vLLM, SGLang, ...), token_ids prompts only (see openai_request for what is sent, and why nothing else).
+It reads llama-server's logprobs.content and OpenAI's legacy tokens/top_logprobs (vLLM, with
+return_tokens_as_token_ids). Generation stops where the server stops (end of generation): the entry's
+server_run says why and how many tokens had logprobs. A server that reports prompt logprobs (vLLM
+prompt_logprobs) also gives <id>.positions.npz (PROMPT_LOGPROBS_FORMAT).
 
 Goldens of --engine reference are made by this project's own forward: the manifest says so
 ("self_made": true). Engine projects use them as their oracle; they are never an independent golden
@@ -42,6 +55,7 @@ import argparse
 import ctypes
 import datetime
 import hashlib
+import importlib
 import json
 import os
 import sys
@@ -55,7 +69,8 @@ from typing import Callable
 import numpy as np
 
 from reference import metrics
-from reference.cli import OneLineParser, exit_status, int_in
+from reference.cli import OneLineParser, UsageError, exit_status, int_in
+from reference.positions import POSITIONS_FORMAT, SUFFIX, parse_positions, resolve, sparse_golden
 
 LLAMA_CPP_COMMIT = "0c1e570"  # vendored in llama-cpp-python 0.3.36
 REPO = Path(__file__).resolve().parent.parent
@@ -66,12 +81,18 @@ TOPK_FORMAT = ("<id>.topk.npz: prompt_ids int32 [n_prompt]; tokens int32 [n_gen]
                "that chose it, i.e. at position n_prompt - 1 + positions[r] of prompt_ids + tokens. "
                "llama-server reports no probabilities for a token after which the text ends in an "
                "incomplete UTF-8 character: such tokens have no row")
+PROMPT_LOGPROBS_FORMAT = ("<id>.positions.npz (reference.positions top-k form) of the prompt logprobs a server "
+                          "reports (vLLM prompt_logprobs): positions p = 0 .. n_prompt - 2, the top k of the "
+                          "distribution of prompt token p + 1; top_logits are log-probabilities and logsumexp "
+                          "is 0; n_vocab 0 when the server does not say")
 # What --n-ctx, --n-predict, --n-ubatch and --prefill-chunk can be bounded by before a model is read:
 # 2^20 tokens (llama.cpp's logits buffer alone is n_ctx x n_vocab floats, 2 GiB at 2^20 x 512, the
 # tiny models' vocabulary). Once the GGUF is read, its training context bounds them further.
 MAX_TOKENS = 1 << 20
 MAX_THREADS = 512    # llama.cpp's GGML_MAX_N_THREADS
 MAX_WORKERS = 1024   # Ray actors, each a process holding a model: a cluster of 1024 model slots
+EXTRAS = {"llama_cpp": "parity", "torch": "parity", "transformers": "parity", "tokenizers": "parity"}  # setup.cfg
+ENGINE_PACKAGES = {"llama-cpp": ("llama_cpp",), "transformers": ("torch", "transformers")}
 
 
 class GoldenError(Exception):
@@ -89,10 +110,25 @@ class Engine:
     # ids, n -> (generated ids, decode-step logits float32 [n-1, n_vocab])
     greedy: Callable[[list[int], int], tuple[list[int], np.ndarray]] | None = None
     topk: Callable[[list[int], int], dict] | None = None          # ids, n -> the arrays of TOPK_FORMAT
+    # ids, positions int64 [m] -> float32 [m, n_vocab], the rows of a prefill at those positions, without
+    # holding all of them at once (default: prefill's rows)
+    rows: Callable[[list[int], np.ndarray], np.ndarray] | None = None
+    keep: tuple | None = None     # (--logits-positions spec, --logits-topk k or None), set by make_engine
     n_vocab: int | None = None                                    # to refuse token ids out of range
     n_ctx: int | None = None      # positions one sequence may take (prompt, continuation, generated)
     max_batch: int | None = None  # tokens one forward may take
     extra: dict = field(default_factory=dict)
+
+
+def import_extra(module: str, user: str):  # -> the imported module; UsageError naming the extra that installs it
+    """An optional package that is absent is one line and exit status 2, not an import traceback.
+    Only the module's own absence counts: a package that is there but broken keeps its traceback."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        raise UsageError(f"{user} needs the {module} package: pip install -e \".[{EXTRAS[module]}]\"") from None
 
 
 def sha256(path: Path) -> str:
@@ -156,6 +192,8 @@ def check_checkpoint(checkpoint: str) -> Path:  # -> the directory, once it look
 def preflight(args) -> None:
     """The checks of an engine's input files and lengths that load no engine: run before Ray workers
     load it, a bad model is one line here instead of a failed task per worker."""
+    for module in ENGINE_PACKAGES.get(args.engine, ()):
+        import_extra(module, f"--engine {args.engine}")
     if args.engine in ("reference", "llama-cpp"):
         load_text_gguf(args)
     elif args.engine == "transformers":
@@ -186,6 +224,15 @@ def reference_engine(args) -> Engine:
     def prefill(ids: list[int]) -> np.ndarray:
         return lm.prefill(ids, new_cache(len(ids)), args.prefill_chunk)
 
+    def rows(ids: list[int], positions: np.ndarray) -> np.ndarray:
+        # one prefill chunk of logits at a time: a 16K prompt at a 202048 vocabulary never holds 13 GB
+        cache, kept = new_cache(len(ids)), []
+        for start in range(0, len(ids), args.prefill_chunk):
+            logits = lm.prefill(ids[start:start + args.prefill_chunk], cache, args.prefill_chunk)
+            at = positions[(positions >= start) & (positions < start + len(logits))]
+            kept.append(logits[at - start].astype(np.float32))
+        return np.concatenate(kept)
+
     def greedy(ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
         # exactly n tokens and no stop at EOG, as the other engines' goldens (decode_greedy stops)
         cache = new_cache(len(ids) + n)
@@ -207,7 +254,7 @@ def reference_engine(args) -> Engine:
         model={"file": path.name, "sha256": sha256(path)},
         options={"dtype": args.dtype, "kv": args.kv, "prefill_chunk": args.prefill_chunk, "backend": "numpy",
                  "numerics": "exact", "tokenize": "reference.tokenizer, BOS and special tokens parsed"},
-        tokenize=tokenize, prefill=prefill, greedy=greedy, n_vocab=model.config.n_vocab,
+        tokenize=tokenize, prefill=prefill, greedy=greedy, rows=rows, n_vocab=model.config.n_vocab,
         extra={"self_made": True,
                "independent": "no: made by this project's reference; an oracle for engines, never a "
                               "golden that tests the reference itself"},
@@ -233,8 +280,7 @@ def silence_llama_cpp(llama_cpp) -> None:
 def llama_cpp_engine(args) -> Engine:
     path = Path(args.model)
     load_text_gguf(args)  # llama.cpp answers a truncated file or a projector with a ValueError and log lines
-
-    import llama_cpp
+    llama_cpp = import_extra("llama_cpp", "--engine llama-cpp")
     silence_llama_cpp(llama_cpp)
     threads = args.threads or os.cpu_count() or 1
     n_ubatch = args.n_ubatch
@@ -423,13 +469,141 @@ def llama_server_engine(args) -> Engine:
 
 
 # ---------------------------------------------------------------------------------------------
+# any OpenAI-compatible completions server (llama-server, vLLM, SGLang, ...)
+
+def openai_request(model: str, ids: list[int], n_predict: int, n_probs: int) -> dict:
+    """The body of POST /v1/completions. Greedy is temperature 0 and nothing else, as in
+    completion_request: no "samplers", and no ignore_eos, which llama-server implements as a -inf
+    logit bias on the end-of-generation tokens, so a run may stop before n_predict tokens.
+    logprobs k: the top k of each generated token; prompt_logprobs k (vLLM): the top k of each
+    prompt position; return_tokens_as_token_ids (vLLM): tokens named "token_id:N", not by text;
+    cache_prompt false (llama-server): one full prefill per request, since a cached prefix was
+    computed in other batches and rounds differently (measured on glimmer-default-f16: 4.8e-7 on a
+    log-probability). A server ignores the fields it does not know."""
+    return {"model": model, "prompt": ids, "max_tokens": n_predict, "temperature": 0, "logprobs": n_probs,
+            "prompt_logprobs": n_probs, "return_tokens_as_token_ids": True, "cache_prompt": False}
+
+
+def token_id(name, where: str) -> int:  # an id or vLLM's "token_id:N" -> N
+    text = str(name)
+    try:
+        return int(text.removeprefix("token_id:"))
+    except ValueError:
+        raise GoldenError(f"{where}: token {text[:40]!r} is not an id (return_tokens_as_token_ids)") from None
+
+
+def content_steps(content: list) -> list[tuple[int, list[int], list[float]]]:
+    """llama-server's logprobs.content -> (token, top ids, top logprobs) per generated token, up to the
+    first one whose entry also carries the bytes of tokens it reported nothing for (see line_up):
+    past it the tokens' positions are not known."""
+    steps = []
+    for entry in content:
+        top = entry["top_logprobs"]
+        pieces = {int(t["id"]): token_bytes(t) for t in top}
+        if pieces.get(int(entry["id"])) != token_bytes(entry):
+            break
+        steps.append((int(entry["id"]), [int(t["id"]) for t in top], [float(t["logprob"]) for t in top]))
+    return steps
+
+
+def legacy_steps(logprobs: dict, where: str) -> list[tuple[int, list[int], list[float]]]:
+    """OpenAI's legacy completions logprobs (vLLM): tokens and top_logprobs, one {token: logprob}
+    per generated token -> (token, top ids, top logprobs) sorted best first."""
+    steps = []
+    for name, top in zip(logprobs["tokens"], logprobs["top_logprobs"]):
+        ranked = sorted(((float(lp), token_id(t, where)) for t, lp in top.items()), key=lambda x: -x[0])
+        steps.append((token_id(name, where), [t for _, t in ranked], [lp for lp, _ in ranked]))
+    return steps
+
+
+def openai_topk(reply: dict, ids: list[int], n_probs: int, where: str) -> tuple[dict, dict]:
+    """-> (the TOPK_FORMAT arrays of a /v1/completions reply, what the manifest says of the run)."""
+    try:
+        choice = reply["choices"][0]
+        logprobs = choice["logprobs"]
+        steps = content_steps(logprobs["content"]) if "content" in logprobs else legacy_steps(logprobs, where)
+        n_gen = int(reply["usage"]["completion_tokens"])
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        raise GoldenError(f"{where}: reply lacks choices[0].logprobs or usage (was logprobs > 0 sent?)") from None
+    if not steps:
+        raise GoldenError(f"{where}: no generated token with logprobs")
+    for i, (token, top_ids, _) in enumerate(steps):
+        if len(top_ids) != n_probs:
+            raise GoldenError(f"{where}: token {i} has {len(top_ids)} top logprobs, not {n_probs}")
+        if token != top_ids[0]:
+            raise GoldenError(f"{where}: token {i} ({token}) is not the top-1: not a greedy run")
+    top = {"prompt_ids": np.array(ids, np.int32), "tokens": np.array([t for t, _, _ in steps], np.int32),
+           "positions": np.arange(len(steps), dtype=np.int32),
+           "top_ids": np.array([t for _, t, _ in steps], np.int32),
+           "top_logprobs": np.array([lp for _, _, lp in steps], np.float32)}
+    if not np.all(np.isfinite(top["top_logprobs"])) or np.any(np.diff(top["top_logprobs"], axis=1) > 0):
+        raise GoldenError(f"{where}: top logprobs are not finite and sorted best first")
+    run = {"finish_reason": choice.get("finish_reason"), "n_generated": n_gen, "n_with_logprobs": len(steps)}
+    return top, run
+
+
+def openai_prompt_logprobs(reply: dict, n_prompt: int, n_probs: int, n_vocab: int, where: str) -> dict | None:
+    """vLLM's choices[0].prompt_logprobs -> the top-k arrays of POSITIONS_FORMAT, or None when the
+    server gives none (llama-server). Entry i is the distribution of prompt token i given the ones
+    before it, that is the logits of position i - 1; it holds the n_probs best by rank, and the prompt's
+    own token when that ranks lower, which is left out. Only log-probabilities are known, so top_logits
+    are the log-probabilities and logsumexp is 0: top_logits - logsumexp is the log-probability, as
+    for any top-k golden of reference.positions."""
+    rows = reply["choices"][0].get("prompt_logprobs")
+    if rows is None or n_prompt < 2:  # one prompt token: no position chooses a prompt token
+        return None
+    try:
+        ranked = [sorted((int(v["rank"]), token_id(t, where), float(v["logprob"])) for t, v in row.items()
+                         if int(v["rank"]) <= n_probs) for row in rows[1:]]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise GoldenError(f"{where}: malformed prompt_logprobs") from None
+    if len(rows) != n_prompt or any(len(r) != n_probs for r in ranked):
+        raise GoldenError(f"{where}: prompt_logprobs is not {n_prompt} entries of the {n_probs} best tokens")
+    return {"positions": np.arange(n_prompt - 1, dtype=np.int64), "n_vocab": np.int64(n_vocab),
+            "top_ids": np.array([[t for _, t, _ in r] for r in ranked], np.int32).reshape(-1, n_probs),
+            "top_logits": np.array([[lp for _, _, lp in r] for r in ranked], np.float32).reshape(-1, n_probs),
+            "logsumexp": np.zeros(len(ranked), np.float32)}
+
+
+def openai_engine(args) -> Engine:
+    url = args.server_url.rstrip("/")
+    models = http_json(f"{url}/v1/models").get("data") or [{}]
+    served = str(models[0].get("id", ""))
+    meta = models[0].get("meta") or {}  # llama-server's: n_vocab, n_ctx_train, ftype
+    model = {"file": os.path.basename(served), "served_as": served}
+    if args.model:
+        model["sha256"] = sha256(Path(args.model))
+    n_vocab = int(meta.get("n_vocab", 0))  # 0: the server does not say
+
+    def topk(ids: list[int], n: int) -> dict:
+        reply = http_json(f"{url}/v1/completions", openai_request(served, ids, n, args.n_probs))
+        where = f"{url}/v1/completions"
+        top, run = openai_topk(reply, ids, args.n_probs, where)
+        prompt = openai_prompt_logprobs(reply, len(ids), args.n_probs, n_vocab, where)
+        run["system_fingerprint"] = reply.get("system_fingerprint")  # llama-server: its build, e.g. b1-0c1e570
+        return {**top, "run": run, **({"prompt": prompt} if prompt else {})}
+
+    def tokenize(text: str, first: bool) -> list[int]:
+        raise GoldenError("--engine openai takes token_ids prompts: the OpenAI API has no tokenizer endpoint")
+
+    return Engine(
+        name="openai",
+        version=f"OpenAI-compatible server ({models[0].get('owned_by', 'owner not given')}); build per entry",
+        model=model,
+        options={"request": {k: v for k, v in openai_request(served, [], 0, args.n_probs).items()
+                             if k not in ("prompt", "max_tokens")},
+                 "server_meta": meta, "server_launch": args.server_launch or "not given", "golden": TOPK_FORMAT},
+        tokenize=tokenize, topk=topk, n_vocab=n_vocab or None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # transformers
 
 def transformers_engine(args) -> Engine:
     ckpt = check_checkpoint(args.checkpoint)  # from_pretrained answers a wrong path with a 40-line OSError
-
-    import torch
-    import transformers
+    torch = import_extra("torch", "--engine transformers")
+    transformers = import_extra("transformers", "--engine transformers")
     from transformers import AutoTokenizer, MuseGlimmerForConditionalGeneration
 
     threads = args.threads or 1  # one thread: torch's reductions then do not depend on the machine
@@ -479,8 +653,21 @@ ENGINES: dict[str, Callable[[argparse.Namespace], Engine]] = {
     "reference": reference_engine,
     "llama-cpp": llama_cpp_engine,
     "llama-server": llama_server_engine,
+    "openai": openai_engine,
     "transformers": transformers_engine,
 }
+def make_engine(args) -> Engine:  # -> the engine of --engine, keeping the rows --logits-positions asks for
+    engine = ENGINES[args.engine](args)
+    if args.logits_positions:
+        engine.keep = (args.logits_positions, args.logits_topk)
+        engine.options.update(logits_positions=args.logits_positions[0], logits_topk=args.logits_topk)
+    return engine
+
+
+def positions_spec(text: str) -> tuple:  # argparse type: --logits-positions -> (its text, parse_positions's items)
+    return text, parse_positions(text)
+
+
 ENGINE_NEEDS = {"reference": "model", "llama-cpp": "model", "transformers": "checkpoint"}
 
 
@@ -581,6 +768,8 @@ def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], l
         raise GoldenError(f"prompt {pid}: {n} tokens and {n_predict} generated do not fit --n-ctx {engine.n_ctx}")
     if engine.max_batch is not None and n > engine.max_batch:
         raise GoldenError(f"prompt {pid}: {n} tokens do not fit one ubatch of {engine.max_batch}")
+    if engine.keep:
+        kept_positions(engine, pid, n)
     return ids, continuation
 
 
@@ -596,11 +785,39 @@ def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int,
     if continuation:
         entry.update(n_prompt=len(ids), continuation_ids=continuation)
     if engine.prefill is None:
-        top = engine.topk(ids, n_predict)
-        save_atomic(out / f"{pid}.topk.npz", lambda f: np.savez(f, **top))
-        entry.update(file=f"{pid}.topk.npz", kind="topk", n_probs=int(top["top_ids"].shape[1]),
-                     greedy={"n_predict": n_predict, "tokens": top["tokens"].tolist()})
-        return entry
+        return topk_entry(engine, entry, ids, out, n_predict)
+    if engine.keep:
+        positions_entry(engine, entry, ids + continuation, out)
+    else:
+        full_entry(engine, entry, ids, continuation, out)
+    if n_predict > 0:
+        greedy_entry(engine, entry, ids + continuation, out, n_predict)
+    return entry
+
+
+def kept_positions(engine: Engine, pid: str, n: int) -> np.ndarray:  # -> int64 [m], --logits-positions of n tokens
+    spec = engine.keep[0]
+    try:
+        return resolve(spec[1], n)
+    except ValueError as e:
+        raise GoldenError(f"prompt {pid}: --logits-positions {spec[0]}: {e}") from None
+
+
+def positions_entry(engine: Engine, entry: dict, ids: list[int], out: Path) -> None:  # -> <id>.positions.npz
+    """The rows of --logits-positions, whole or their --logits-topk largest (reference.positions)."""
+    pid, k = entry["id"], engine.keep[1]
+    positions = kept_positions(engine, pid, len(ids))
+    rows = engine.rows(ids, positions) if engine.rows else engine.prefill(ids)[positions]
+    if rows.shape[0] != positions.size or not np.isfinite(rows).all():
+        raise GoldenError(f"prompt {pid}: bad logits {list(rows.shape)}")
+    sparse = sparse_golden(rows, positions, rows.shape[1], k)
+    save_atomic(out / f"{pid}{SUFFIX}", lambda f: np.savez(f, **sparse))
+    entry.update(file=f"{pid}{SUFFIX}", kind="positions", n_positions=int(positions.size))
+
+
+def full_entry(engine: Engine, entry: dict, ids: list[int], continuation: list[int], out: Path) -> None:
+    """<id>.npy, the logits of every position, and the score of the continuation."""
+    pid = entry["id"]
     logits = engine.prefill(ids + continuation)
     if logits.shape[0] != len(ids) + len(continuation) or not np.isfinite(logits).all():
         raise GoldenError(f"prompt {pid}: bad logits {list(logits.shape)}")
@@ -608,14 +825,33 @@ def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int,
     entry.update(file=f"{pid}.npy", shape=list(logits.shape))
     if continuation:
         entry["score"] = continuation_score(logits, len(ids), continuation)
-    if n_predict > 0:
-        gen, steps = engine.greedy(ids + continuation, n_predict)
-        save_atomic(out / f"{pid}.decode.npy", lambda f: np.save(f, steps, allow_pickle=False))
-        entry["greedy"] = {"n_predict": n_predict, "stop_at_eog": False, "tokens": gen,
-                           "decode_logits": f"{pid}.decode.npy"}
-        if "eog_ids" in engine.extra:
-            eog = [i for i, t in enumerate(gen) if t in engine.extra["eog_ids"]]
-            entry["greedy"]["first_eog_index"] = eog[0] if eog else None
+
+
+def greedy_entry(engine: Engine, entry: dict, ids: list[int], out: Path, n_predict: int) -> None:  # -> <id>.decode.npy
+    pid = entry["id"]
+    gen, steps = engine.greedy(ids, n_predict)
+    save_atomic(out / f"{pid}.decode.npy", lambda f: np.save(f, steps, allow_pickle=False))
+    entry["greedy"] = {"n_predict": n_predict, "stop_at_eog": False, "tokens": gen,
+                       "decode_logits": f"{pid}.decode.npy"}
+    if "eog_ids" in engine.extra:
+        eog = [i for i, t in enumerate(gen) if t in engine.extra["eog_ids"]]
+        entry["greedy"]["first_eog_index"] = eog[0] if eog else None
+
+
+def topk_entry(engine: Engine, entry: dict, ids: list[int], out: Path, n_predict: int) -> dict:
+    """A server's golden: <id>.topk.npz, and <id>.positions.npz when it reports prompt logprobs too."""
+    pid = entry["id"]
+    top = engine.topk(ids, n_predict)
+    run, prompt = top.pop("run", None), top.pop("prompt", None)
+    save_atomic(out / f"{pid}.topk.npz", lambda f: np.savez(f, **top))
+    entry.update(file=f"{pid}.topk.npz", kind="topk", n_probs=int(top["top_ids"].shape[1]),
+                 greedy={"n_predict": n_predict, "tokens": top["tokens"].tolist()})
+    if run:
+        entry["server_run"] = run
+    if prompt:
+        save_atomic(out / f"{pid}{SUFFIX}", lambda f: np.savez(f, **prompt))
+        entry["prompt_logprobs"] = {"file": f"{pid}{SUFFIX}", "k": int(prompt["top_ids"].shape[1]),
+                                    "format": PROMPT_LOGPROBS_FORMAT}
     return entry
 
 
@@ -624,7 +860,8 @@ def run_header(engine: Engine, prompts_file: Path) -> dict:  # -> the manifest f
         "engine": engine.name, "version": engine.version, "model": engine.model, "options": engine.options,
         "prompts_file": prompts_file.name, "date": today(),
         "logits": ("top-k log-probabilities of generated tokens: " + TOPK_FORMAT) if engine.prefill is None
-        else "float32 [n_tokens, n_vocab], all positions of one prefill of token_ids",
+        else ("<id>.positions.npz, the --logits-positions of one prefill of token_ids: " + POSITIONS_FORMAT)
+        if engine.keep else "float32 [n_tokens, n_vocab], all positions of one prefill of token_ids",
         **engine.extra,
     }
 
@@ -654,7 +891,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="python -m tools.golden", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", required=True, choices=sorted(ENGINES))
-    ap.add_argument("--model", help="GGUF file (reference, llama-cpp; llama-server: the served file, for its sha256)")
+    ap.add_argument("--model", help="GGUF file (reference, llama-cpp; llama-server, openai: the served file, for its sha256)")
     ap.add_argument("--checkpoint", help="HF checkpoint directory (transformers)")
     ap.add_argument("--prompts", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
@@ -670,9 +907,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="reference (float64: the noise floor for tools.diff --noise-floor)")
     ap.add_argument("--kv", choices=["uniform", "ring"], default="uniform", help="reference KV cache")
     ap.add_argument("--prefill-chunk", type=tokens, default=2048, help="reference")
-    ap.add_argument("--server-url", type=server_url, default="http://127.0.0.1:8080", help="llama-server")
-    ap.add_argument("--n-probs", type=tokens, default=10, help="llama-server: top-k per generated token")
-    ap.add_argument("--server-launch", help="llama-server: its command line, recorded in the manifest")
+    ap.add_argument("--server-url", type=server_url, default="http://127.0.0.1:8080", help="llama-server, openai")
+    ap.add_argument("--n-probs", type=tokens, default=10,
+                    help="llama-server, openai: top-k per generated token (vLLM allows at most 20)")
+    ap.add_argument("--server-launch", help="llama-server, openai: its command line, recorded in the manifest")
+    ap.add_argument("--logits-positions", type=positions_spec, metavar="SPEC",
+                    help="reference, llama-cpp, transformers: keep the logits of these prompt positions only, in "
+                         "<id>.positions.npz (last, 0,5,100:120, or with '=' when it starts with '-': "
+                         "--logits-positions=-256:; reference.positions)")
+    # k beyond the vocabulary keeps whole rows (reference.positions.top_k caps it)
+    ap.add_argument("--logits-topk", type=int_in(1, MAX_TOKENS), metavar="K",
+                    help="with --logits-positions: the K largest logits of each kept row and its logsumexp")
     corpus = ap.add_argument_group("corpus mode (tools/corpus.py)")
     corpus.add_argument("--corpus", action="store_true", help="tasks that resume; implied by --ray")
     # any size is safe: a task holds at most every prompt
@@ -690,8 +935,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     need = ENGINE_NEEDS.get(args.engine)
     if need and not getattr(args, need):
         ap.error(f"--engine {args.engine} needs --{need}")
-    if args.engine == "llama-server" and args.n_predict == 0:
-        ap.error("--engine llama-server needs --n-predict N > 0 (it scores generated tokens)")
+    if args.engine in ("llama-server", "openai") and args.n_predict == 0:
+        ap.error(f"--engine {args.engine} needs --n-predict N > 0 (it scores generated tokens)")
+    if args.logits_positions and args.engine in ("llama-server", "openai"):
+        ap.error(f"--engine {args.engine} gives no prompt logits: --logits-positions is for reference, llama-cpp, "
+                 "transformers")
+    if args.logits_topk and not args.logits_positions:
+        ap.error("--logits-topk needs --logits-positions (all positions: --logits-positions 0:)")
     args.corpus = args.corpus or args.ray or bool(args.ray_address)
     return args
 
@@ -699,7 +949,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_prompts(args: argparse.Namespace, prompts: list[dict]) -> int:  # one process, one pass -> exit status
     from tqdm import tqdm
 
-    engine = ENGINES[args.engine](args)
+    engine = make_engine(args)
     # every prompt tokenized and checked before the progress bar, so that bad input gets one clean line
     tokens = [prompt_tokens(engine, p, args.n_predict) for p in prompts]
     make_dir(args.out)

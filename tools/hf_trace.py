@@ -1,12 +1,19 @@
 """A trace of transformers' own forward, in this reference's trace format, for tools.bisect.
 
     python -m tools.hf_trace --checkpoint DIR --token-ids 1,2,3 --out TRACE_DIR [--without OP,...]
+    python -m tools.hf_trace --checkpoint DIR --token-ids 1,2,3 --out DEBUG_DIR --debugger [--only-read]
 
 Loads a Muse-Glimmer checkpoint (MuseGlimmerForConditionalGeneration, float32, eager attention, CPU),
 runs one forward over the token ids (positions 0..T-1, no cache) and writes TRACE_DIR: one f32 .npy
 per point plus index.json (reference/trace.py), with our names, shapes and layouts, and manifest.json
 (engine, versions, options, checkpoint sha256, tokens, date). The directory is a trace source for
 `python -m tools.bisect` as it stands. Needs torch and transformers (the [parity] extra).
+
+With --debugger it runs transformers' own model_addition_debugger_context on that forward instead
+(do_prune_layers=False: every layer; use_repr=False: whole tensors as safetensors files beside the
+JSON tree) and adds manifest.json; --only-read then deletes the files tools.bisect does not read.
+tools.bisect reads that directory as a trace source too (tools/dump_parse.py, HF_DEBUGGER_POINTS in
+tools/hf_names.py): 14 points per layer, as the debugger records module outputs and inputs only.
 
 Where each point comes from (tools/hf_names.py has the module paths):
 - module outputs (forward hooks): embd_norm, attn_norm, Qcur, Kcur, Vcur, attn_gate_proj,
@@ -33,17 +40,14 @@ import json
 import os
 import sys
 
-import numpy as np
-
 from reference.cli import OneLineParser, exit_status, parse_token_ids
 from reference.trace import Tracer
 
 from .golden import sha256, today
-from .hf_names import HF_TEXT_MODULES, hf_module, hf_rope_rows_to_gguf
+from .dump_parse import DumpError, debugger_records
+from .hf_names import HF_DEBUGGER_MISSING, HF_TEXT_MODULES, hf_module, trace_layout
 
 TRACE_OPS = [name.removesuffix("-{il}") for name in HF_TEXT_MODULES]  # forward order, as text.py traces
-HEADS_OPS = {"Qcur", "Kcur", "Vcur", "Qcur_normed", "Kcur_normed", "Qcur_rope", "Kcur_rope"}  # [T, H, D]
-ROPE_ROW_OPS = HEADS_OPS - {"Vcur"}  # rows in rotate_half order in HF
 OUTPUT_HOOK_OPS = ["embd_norm", "attn_norm", "Qcur", "Kcur", "Vcur", "attn_gate_proj", "attn_o_proj",
                    "attn_post_norm", "ffn_norm", "ffn_out", "ffn_post_norm", "l_out", "result_norm"]
 INPUT_HOOK_OPS = ["attn_gated", "ffn_inp"]
@@ -97,17 +101,8 @@ def load_checkpoint(checkpoint):  # checkpoint dir -> MuseGlimmerForConditionalG
     return model.eval()
 
 
-def to_trace_layout(op, x, head_dim, heads_first):  # [1, T, ...] or [1, H, T, D] -> f32 [T, ...] as we trace
-    a = x.detach().float().numpy()[0]
-    if heads_first:  # Q and K inside HF attention, between qk_norm and the attention function
-        a = a.swapaxes(0, 1)
-    if op in HEADS_OPS:
-        a = a.reshape(a.shape[0], -1, head_dim)
-    elif a.ndim == 3:
-        a = a.reshape(a.shape[0], -1)
-    if op in ROPE_ROW_OPS:
-        a = hf_rope_rows_to_gguf(a, head_dim)
-    return np.ascontiguousarray(a, dtype=np.float32)
+def to_trace_layout(op, x, head_dim, heads_first):  # torch [1, T, ...] or [1, H, T, D] -> f32 [T, ...] as we trace
+    return trace_layout(op, x.detach().float().numpy()[0], head_dim, heads_first)
 
 
 def point_name(op, il):  # "Qcur", 3 -> "Qcur-3"; layer-free ops keep their name
@@ -246,6 +241,30 @@ def hf_trace(checkpoint, token_ids, out, ops=None):  # -> {name: f32 array}, als
     return points
 
 
+def debugger_dump(checkpoint, token_ids, out, only_read=False):  # -> files written to `out`
+    """transformers' own model_addition_debugger_context on the same forward, every layer kept
+    (do_prune_layers=False) and whole tensors in safetensors files (use_repr=False), plus manifest.json.
+    only_read: keep the tree JSON and the files tools.bisect reads, delete the rest (inputs of every
+    module, masks, RoPE tables) to keep a fixture small."""
+    import torch
+    from transformers import model_addition_debugger_context
+    check_token_ids(token_ids, read_text_config(checkpoint), checkpoint)
+    model = load_checkpoint(checkpoint)
+    with model_addition_debugger_context(model, debug_path=out, do_prune_layers=False, use_repr=False):
+        model(input_ids=torch.tensor([token_ids]), use_cache=False)
+    tree_file, _, records, _ = debugger_records(out)
+    read = {os.path.basename(tree_file)} | {os.path.normpath(r["value"]) for r in records.values()}
+    for name in set(os.listdir(out)) - read if only_read else ():
+        os.remove(os.path.join(out, name))
+    about = manifest(checkpoint, token_ids, TRACE_OPS)
+    about.update(tool="transformers.model_addition_debugger_context", left_out=sorted(HF_DEBUGGER_MISSING),
+                 command="python -m tools.hf_trace --debugger" + (" --only-read" if only_read else ""))
+    about["options"].update(do_prune_layers=False, use_repr=False)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(about, f, indent=1)
+    return sorted(os.listdir(out))
+
+
 def main(argv=None):  # -> exit status
     p = OneLineParser(prog="python -m tools.hf_trace", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -253,13 +272,22 @@ def main(argv=None):  # -> exit status
     p.add_argument("--token-ids", required=True, help="comma-separated prompt token ids")
     p.add_argument("--out", required=True, help="trace directory to write")
     p.add_argument("--without", help="comma-separated ops not to record (e.g. attn_gate_sig,ffn_inp)")
+    p.add_argument("--debugger", action="store_true",
+                   help="write transformers' model_addition_debugger_context output instead (JSON + safetensors)")
+    p.add_argument("--only-read", action="store_true", help="with --debugger: keep only the files tools.bisect reads")
     args = p.parse_args(argv)
 
     def work():
+        if args.only_read and not args.debugger or args.debugger and args.without:
+            raise HFTraceError("--only-read goes with --debugger, --without without it")
+        if args.debugger:
+            files = debugger_dump(args.checkpoint, parse_token_ids(args.token_ids), args.out, args.only_read)
+            print(f"{len(files)} files written to {args.out}")
+            return 0
         points = hf_trace(args.checkpoint, parse_token_ids(args.token_ids), args.out, ops_without(args.without))
         print(f"{len(points)} trace points written to {args.out}")
         return 0
-    return exit_status("tools.hf_trace", work, (HFTraceError,))
+    return exit_status("tools.hf_trace", work, (HFTraceError, DumpError))
 
 
 if __name__ == "__main__":

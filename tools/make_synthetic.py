@@ -56,7 +56,7 @@ class TextDims:
         return [(self.n_layer - 1 - i) % 4 != 0 for i in range(self.n_layer)]
 
 
-# The release (spec/text.md §1.4): 52 layers, 6656 wide, 32/2 heads of 128, window 2048.
+# The release (docs/text.md, The release's sizes): 52 layers, 6656 wide, 32/2 heads of 128, window 2048.
 RELEASE_30B = TextDims(n_layer=52, n_embd=6656, n_ff=19968, n_head=32, n_head_kv=2, head_dim=128,
                        n_vocab=202048, n_swa=2048, logit_scale=0.19611613513818404, softcap=20.0)
 
@@ -92,7 +92,7 @@ def text_shapes(d):  # TextDims -> [(name, NumPy shape)] in the converter's orde
 
 
 def random_f32(name, shape, rng, qk_scale=3.87):  # -> f32 array of unit-scale random weights
-    if name.endswith("attn_q_norm.weight"):  # what the converter synthesizes (spec/text.md §2.2)
+    if name.endswith("attn_q_norm.weight"):  # what the converter synthesizes (docs/text.md, Tensors)
         return np.full(shape, qk_scale, np.float32)
     if name.endswith("attn_k_norm.weight"):
         return np.ones(shape, np.float32)

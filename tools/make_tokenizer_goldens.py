@@ -82,7 +82,7 @@ EXTRA_TOKENS = [
 ]
 # words joined by added merges, across a boundary one engine (or Unicode version) splits and another
 # does not: a letter and its combining mark (transformers keeps the mark in the word, llama.cpp's
-# collapsed split cuts it off, spec/text.md §4), and "a" with a letter Unicode 15.0 added (a letter in
+# collapsed split cuts it off, docs/text.md), and "a" with a letter Unicode 15.0 added (a letter in
 # llama.cpp's table, unassigned in Python 3.11's unicodedata)
 JOINED_WORDS = ["e\u0301", "a\u0300", "n\u0303", "o\u0308", "i\u0302", "a\U00011f05"]
 KEPT_SPECIALS = 16  # of the original CONTROL tokens (<|begin_of_text|>, <|end_of_text|>, ...)

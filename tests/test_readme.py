@@ -1,0 +1,140 @@
+"""Every `python -m` command the READMEs show must still parse: the module exists and its argument
+parser accepts the command's flags. The command is not run (most need minutes or files outside the
+repository): each module's own parser reads the argv and the test stops it right there, so a flag
+renamed or removed in the code fails here instead of in a reader's shell."""
+import argparse
+import importlib
+import itertools
+import pathlib
+import re
+import shlex
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+READMES = sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("**/README.md")
+                 if not {".git", "build", ".venv"} & set(p.relative_to(REPO).parts))
+OWN_PACKAGES = ("reference", "tools", "accel")  # `python -m venv`, `python -m pytest` are not ours
+METAVAR = re.compile(r"^[A-Z][A-Z0-9_]*$")
+ALTERNATIVES = re.compile(r"^[\w.-]+(\|[\w.-]+)+$")  # reference|llama-cpp|transformers: one of them
+
+
+def command_lines(text):  # README text -> shell lines shown as code (indented or fenced), continuations joined
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or line.startswith("    "):
+            if lines and lines[-1].endswith("\\"):
+                lines[-1] = lines[-1][:-1] + " " + line.strip()
+            else:
+                lines.append(line.strip())
+    return lines
+
+
+def python_m_commands(line):  # shell line -> ["python -m MOD ARGS", ...] of our modules
+    parts = [p.strip() for p in line.split("&&")]
+    return [p for p in parts if p.startswith("python -m ") and p.split()[2].split(".")[0] in OWN_PACKAGES]
+
+
+def bracket_variants(command):  # "a [--x 1 | --y] b" -> ["a --x 1 b", "a --y b"]: optional parts, each choice once
+    groups = re.findall(r"\[([^\[\]]*)\]", command)
+    template = re.sub(r"\[[^\[\]]*\]", "{}", command.replace("{", "{{").replace("}", "}}"))
+    choices = [[alt.strip() for alt in g.split(" | ")] for g in groups]
+    return [template.format(*pick) for pick in itertools.product(*choices)] if groups else [command]
+
+
+def argvs(command):  # "python -m MOD ARGS" -> (MOD, [argv, ...]) with placeholders resolved
+    module, variants = command.split()[2], []
+    for text in bracket_variants(command):
+        words = shlex.split(text, comments=True)[3:]
+        options = [w.split("|") if ALTERNATIVES.match(w) else [w] for w in words]
+        variants.extend(list(v) for v in itertools.product(*options))
+    return module, variants
+
+
+def readme_commands():  # -> [(readme, module, argv)]
+    found = []
+    for readme in READMES:
+        for line in command_lines((REPO / readme).read_text(encoding="utf-8")):
+            for command in python_m_commands(line):
+                module, variants = argvs(command)
+                found.extend((readme, module, argv) for argv in variants)
+    return found
+
+
+COMMANDS = readme_commands()
+
+
+class Parsed(Exception):
+    pass
+
+
+def option(parser, flag):  # the action of --flag in the parser or one of its sub-commands, or None
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for p in [parser] + [sub for a in subparsers for sub in a.choices.values()]:
+        if flag in p._option_string_actions:
+            return p._option_string_actions[flag]
+    return None
+
+
+def placeholders(parser, argv):  # README argv -> argv the parser can take
+    """`...` after an option that reads a value is that value, elsewhere it elides arguments; a
+    METAVAR for an option with choices (`--step STEP`) stands for any of them: the first."""
+    out = []
+    for i, word in enumerate(argv):
+        action = option(parser, argv[i - 1]) if i > 0 else None
+        if word == "..." and (action is None or action.nargs == 0):
+            continue
+        out.append(action.choices[0] if METAVAR.match(word) and action and action.choices else word)
+    return out
+
+
+def parse_only(module, argv, monkeypatch):  # -> the Namespace module.main(argv) parses, without running it
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, args=None, namespace=None):
+        raise Parsed(original(self, placeholders(self, list(args)), namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+    try:
+        importlib.import_module(module).main(argv)
+    except Parsed as done:
+        return done.args[0]
+    raise AssertionError(f"python -m {module}: main() returned without parsing its arguments")
+
+
+def test_the_readmes_show_commands():
+    # The extraction itself can regress (a changed indent rule finds nothing and every check passes):
+    # the top README alone shows dozens.
+    assert sum(r == "README.md" for r, _, _ in COMMANDS) >= 30, [c for c in COMMANDS if c[0] == "README.md"]
+    assert {"reference.run", "tools.golden", "tools.diff", "tools.bisect", "tools.bench"} <= {m for _, m, _ in COMMANDS}
+
+
+@pytest.mark.parametrize("readme, module, argv", COMMANDS, ids=[f"{r}:{m} {' '.join(a)}"[:120] for r, m, a in COMMANDS])
+def test_readme_command_parses(readme, module, argv, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    try:
+        parse_only(module, argv, monkeypatch)
+    except SystemExit as e:
+        pytest.fail(f"{readme}: python -m {module} {shlex.join(argv)}: exit {e.code}: {capsys.readouterr().err.strip()}")
+
+
+def test_a_wrong_flag_is_caught(monkeypatch, capsys):
+    # The check must be able to fail: a flag the parser lacks is refused.
+    with pytest.raises(SystemExit):
+        parse_only("reference.run", ["--no-such-flag"], monkeypatch)
+    assert "--no-such-flag" in capsys.readouterr().err
+
+
+def test_placeholders_are_resolved():
+    assert argvs("python -m tools.golden --engine reference|llama-cpp ... --out DIR")[1] == [
+        ["--engine", "reference", "...", "--out", "DIR"], ["--engine", "llama-cpp", "...", "--out", "DIR"]]
+    parser = importlib.import_module("reference.run").build_parser()
+    assert placeholders(parser, ["--token-ids", "...", "--json"]) == ["--token-ids", "...", "--json"]
+    assert placeholders(parser, ["...", "--json", "..."]) == ["--json"]
+    assert placeholders(parser, ["--kv", "KIND", "--model", "M"]) == ["--kv", "ring", "--model", "M"]
+    assert argvs("python -m tools.golden --corpus [--task-size 4] [--ray | --ray-address auto]")[1] == [
+        ["--corpus", "--task-size", "4", "--ray"], ["--corpus", "--task-size", "4", "--ray-address", "auto"]]
+    assert argvs('python -m reference.run --prompt "<|eot|>"   # comment')[1] == [["--prompt", "<|eot|>"]]
