@@ -177,7 +177,8 @@ def image_embeddings(args, lm):  # -> [[n_i, n_embd] per --image]
     check_compatible(vision, lm.cfg, args.model or DEFAULT_MODEL)
     # one trace directory per image: the tower's point names (attn_out-0, ...) are also text ones
     traces = [Tracer(os.path.join(args.trace, f"image-{i}") if args.trace else None) for i in range(len(args.image))]
-    progress = partial(tqdm, desc="tower layers", leave=False) if os.path.getsize(args.mmproj) > PROGRESS_BYTES else None
+    big = os.path.getsize(args.mmproj) > PROGRESS_BYTES
+    progress = partial(tqdm, desc="tower layers", leave=False) if big else None
     out = [vision.encode(load_rgb(path), args.image_max_tokens, trace, progress)
            for path, trace in zip(args.image, traces)]
     for trace in traces:

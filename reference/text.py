@@ -114,7 +114,8 @@ class TextModel(Blocks):
         return a
 
     def ffn_block(self, il, x, trace):  # x [T, E] -> [T, E] (to add to x)
-        f = self.norm(self.ffn(il, x, self.cfg.rms_eps, trace), f"blk.{il}.post_ffw_norm.weight", self.cfg.post_norm_eps)
+        c = self.cfg
+        f = self.norm(self.ffn(il, x, c.rms_eps, trace), f"blk.{il}.post_ffw_norm.weight", c.post_norm_eps)
         trace(point("ffn_post_norm", il), f)
         return f
 
@@ -150,7 +151,8 @@ class TextModel(Blocks):
         return self.prefill_embeddings(self.embed(np.asarray(token_ids, np.int64)), cache, chunk, trace, progress,
                                        after_chunk)
 
-    def prefill_embeddings(self, rows, cache, chunk=2048, trace=NO_TRACE, progress=None, after_chunk=None):  # [T, E] -> [T, V]
+    def prefill_embeddings(self, rows, cache, chunk=2048, trace=NO_TRACE, progress=None,
+                           after_chunk=None):  # rows [T, E] -> logits [T, V]
         """Feeds embedding rows (token rows, or image rows in their place) in chunks of at most
         `chunk` after the cache's n_past positions; after_chunk(positions) runs after each chunk's
         forward (the DFlash drafter catches up on the chunk's layer inputs there)."""
