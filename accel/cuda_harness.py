@@ -25,9 +25,10 @@ import numpy as np
 from reference import gguf, ops
 from reference.cli import OneLineParser, exit_status, int_in, output_file
 from reference.text import TextModel
-from tools.metrics import max_abs_diff, nmse
+from reference.metrics import max_abs_diff, nmse
 
 from .cupy import launch
+from .cupy.text import DeviceTextModel
 
 MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden", "models")
 TYPES = ("f32", "f16", "bf16", "q8_0", "q6_k", "q4_k_m", "iq4_xs", "iq2_xxs")
@@ -68,7 +69,7 @@ def logits_record(check, ref, got, limit):
 
 def check_model(backend, path, prompt=PROMPT, n_decode=4, chunk=3):  # -> records of one model
     model = gguf.load(path, "text")
-    ref_lm, dev_lm = TextModel(model), backend.text_model(model)
+    ref_lm, dev_lm = TextModel(model), DeviceTextModel(model, np.float32, backend)
     name, limit, out = os.path.basename(path), MODEL_GATE, []
     n_ctx = len(prompt) + n_decode + 1
     ref_logits = ref_lm.prefill(prompt, ref_lm.new_cache(n_ctx, "ring", len(prompt)), len(prompt))
@@ -120,7 +121,7 @@ def decode_run(lm, prompt, n_decode):  # -> logits [1 + n_decode, V]: the prompt
 def check_graph(backend, path, prompt=PROMPT[:8], n_decode=4):  # -> record: graph replay vs eager, bit for bit
     """The prompt (T = 8) and every decode step (T = 1) run from captured graphs, then the same
     launches eagerly on a fresh cache: the logits must be identical, bit for bit."""
-    lm = backend.text_model(gguf.load(path, "text"))
+    lm = DeviceTextModel(gguf.load(path, "text"), np.float32, backend)
     replayed = decode_run(lm, prompt, n_decode)
     lm.use_graphs = False
     eager = decode_run(lm, prompt, n_decode)
@@ -147,7 +148,7 @@ def bench(backend, path, prompt_len=512, n_decode=32, repeat=50):  # -> report d
     layers of the release widths (tools.make_synthetic --layout 30b --layers 2), the projection
     puts 52 layers of its layer 0 (products, plus its share of the rest of the step) before its head."""
     model = gguf.load(path, "text")
-    lm = backend.text_model(model)
+    lm = DeviceTextModel(model, np.float32, backend)
     c, rt = lm.cfg, backend.rt
     ids = [int(i) for i in np.random.default_rng(0).integers(0, c.n_vocab - 3, prompt_len)]
     decode_run(lm, ids[:8], 1)  # uploads the weights

@@ -1,11 +1,64 @@
-"""The backend interface: the hot ops a model forward calls. `NumpyBackend` is the reference;
-accel/ provides others (numba, CuPy) that must agree with it op by op."""
+"""The backend interface: every op a model forward (text, vision, DFlash drafter) computes through.
+`Backend` declares them; `NumpyBackend` is the reference; ggml_cpu.GgmlCpuBackend rounds as
+llama.cpp's CPU backend does, tp.TensorParallelBackend sums row-parallel products like an
+all-reduce, and accel/ provides others (numba, CuPy) that must agree with the reference op by op.
+tests/test_backend.py checks that every backend implements every op declared here.
+
+What stays outside the backend is host-side bookkeeping every engine does on the host too: RoPE
+angles, masks, the vision window permutation and the residual adds and norm-weight products (plain
+float32 element-wise arithmetic, the same on every backend).
+"""
+from typing import Protocol
+
 import numpy as np
 
 from . import ops
 
 
 STREAM_ROWS = 4096
+
+
+class Backend(Protocol):
+    name: str
+
+    def linear(self, x, weights, name):  # x [T, in], GGUF tensor name [out, in] -> [T, out]
+        ...
+
+    def matmul(self, x, w):  # x [T, in], w [out, in] (an array, not a GGUF tensor) -> [T, out]
+        ...
+
+    def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+        ...
+
+    def rms_norm(self, x, eps):  # x [..., n] -> [..., n]
+        ...
+
+    def layer_norm(self, x, w, b, eps):  # x [..., n], w [n], b [n] -> [..., n]
+        ...
+
+    def rope_norm(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]; pairs (2i, 2i+1)
+        ...
+
+    def rope_neox(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]; pairs (i, i + D/2)
+        ...
+
+    def rope_2d(self, x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]
+        ...
+
+    def sigmoid(self, x):  # [...] -> [...]
+        ...
+
+    def gelu_erf(self, x):  # [...] -> [...]
+        ...
+
+    def swiglu(self, gate, up):  # gate [T, F], up [T, F] -> [T, F]
+        ...
+
+    def softcap(self, z, cap):  # z [...] -> [...]
+        ...
+
+
+OPS = tuple(name for name in vars(Backend) if not name.startswith("_") and callable(vars(Backend)[name]))
 
 
 class NumpyBackend:
@@ -26,6 +79,9 @@ class NumpyBackend:
             out[:, rows] = ops.linear(x, weights.rows(name, rows, np.float64))
         return out
 
+    def matmul(self, x, w):  # x [T, in], w [out, in] -> [T, out]
+        return ops.linear(x, w)
+
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         return ops.attention(q, k, v, visible, scale)
 
@@ -37,6 +93,9 @@ class NumpyBackend:
 
     def rope_norm(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
         return ops.rope_norm(x, theta)
+
+    def rope_neox(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
+        return ops.rope_neox(x, theta)
 
     def rope_2d(self, x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]
         return ops.rope_2d(x, theta_a, theta_b)

@@ -32,8 +32,9 @@ import numpy as np
 from . import ops
 from .governor import Plan
 from .gguf import GGUFError
-from .kv import CacheError
-from .text import NO_TRACE
+from .kv import CacheError, forget_from, n_live
+from .text import Blocks
+from .trace import NO_TRACE, Capture, layer_input, point
 
 TOP_K = 10  # llama.cpp's draft sampler keeps the top 10 logits; p is renormalised over them
 
@@ -56,24 +57,13 @@ class DraftCache:
         return cells
 
     def n_live(self):  # -> number of cells up to the last used one
-        return int(np.flatnonzero(self.pos >= 0).max(initial=-1)) + 1
+        return n_live(self.pos)
 
     def remove_from(self, n_keep):  # forget every position >= n_keep (llama.cpp's seq_rm)
-        self.pos[self.pos >= n_keep] = -1
+        forget_from(self.pos, n_keep)
 
     def positions(self):  # -> sorted positions held
         return np.sort(self.pos[self.pos >= 0])
-
-
-def draft_visible(query_pos, key_pos, window):  # [T], [S] (-1 = empty cell), window or 0 -> [T, S] bool
-    """The drafter's mask (non-causal): every filled cell is visible, except where a sliding-window
-    layer hides it, per query row: p_q - p_k >= window (llama.cpp's rule; transformers keeps
-    |p_q - p_k| <= window, one row more)."""
-    qp, kp = np.asarray(query_pos)[:, None], np.asarray(key_pos)[None, :]
-    visible = np.broadcast_to(kp >= 0, (len(qp), kp.shape[1])).copy()
-    if window:
-        visible &= (qp - kp) < window
-    return visible
 
 
 def confidence(logits):  # [V] -> p of the top token, renormalised over the top 10 raw logits
@@ -103,16 +93,15 @@ def accept_greedy(target_logits, drafts, eog):  # [k + 1, V], k ids -> the ids t
     return ids
 
 
-class Drafter:
-    """A DFlash drafter bound to its target: it borrows the target's token_embd and output."""
+class Drafter(Blocks):
+    """A DFlash drafter bound to its target: it borrows the target's token_embd and output, and
+    computes through the target's backend."""
 
     def __init__(self, draft_model, target):  # GGUFModel (role dflash), TextModel
         check_pairing(draft_model, target)
+        super().__init__(draft_model.weights, target.dtype, target.backend)
         self.cfg = draft_model.config
-        self.weights = draft_model.weights
         self.target = target
-        self.dtype = target.dtype
-        self.backend = target.backend
 
     def clamp_n_max(self, n_max):  # llama.cpp clamps the block to the trained block_size
         return max(0, min(n_max, self.cfg.block_size - 1))
@@ -121,29 +110,27 @@ class Drafter:
         c = self.cfg
         return DraftCache(c.n_layer, n_ctx + c.block_size, c.n_head_kv, c.head_dim, self.dtype)
 
-    def norm_weight(self, name):  # [n]
-        return self.weights.get(name, self.dtype)
+    def capture(self, inner=NO_TRACE):  # -> a trace keeping the target's layer inputs this drafter reads
+        return Capture([layer_input(il) for il in self.cfg.target_layers], inner)
 
-    def features(self, layer_inputs):  # {target layer: [T, E]} -> [T, n_target_layers * E]
-        return np.concatenate([layer_inputs[il] for il in self.cfg.target_layers], axis=1)
+    def features(self, captured):  # Capture of a target forward -> [T, n_target_layers * E]
+        return np.concatenate([captured.points[layer_input(il)] for il in self.cfg.target_layers], axis=1)
 
     def encode(self, features, trace=NO_TRACE):  # [T, n_target_layers * E] -> g [T, E]
         trace("inp_target_features", features)
-        g = ops.rms_norm(self.backend.linear(features, self.weights, "fc.weight"), self.cfg.rms_eps)
-        g = g * self.norm_weight("enc.output_norm.weight")
+        g = self.norm(self.linear(features, "fc.weight"), "enc.output_norm.weight", self.cfg.rms_eps)
         trace("inp_g_embeddings", g)
         return g
 
     def heads(self, il, x, which):  # x [T, E] -> [T, H, D] ("q") or [T, Hkv, D] ("k", "v")
-        c = self.cfg
-        return self.backend.linear(x, self.weights, f"blk.{il}.attn_{which}.weight").reshape(len(x), -1, c.head_dim)
+        return self.linear(x, f"blk.{il}.attn_{which}.weight").reshape(len(x), -1, self.cfg.head_dim)
 
     def rope(self, x, positions):  # x [T, H, D] -> [T, H, D]; NeoX pairs (j, j + D/2)
         theta = ops.rope_angles(positions, self.cfg.head_dim, self.cfg.rope_base, self.dtype)
-        return ops.rope_neox(x, theta)
+        return self.backend.rope_neox(x, theta)
 
     def head_norm(self, il, x, which):  # x [T, H, D] -> [T, H, D], per-head RMSNorm
-        return ops.rms_norm(x, self.cfg.rms_eps) * self.norm_weight(f"blk.{il}.attn_{which}_norm.weight")
+        return self.norm(x, f"blk.{il}.attn_{which}_norm.weight", self.cfg.rms_eps)
 
     def inject(self, g, positions, cache, trace=NO_TRACE):  # g [T, E], positions [T] -> None
         """Context K/V of every drafter layer from the same g, at the target positions."""
@@ -151,7 +138,8 @@ class Drafter:
         for il in range(self.cfg.n_layer):
             k = self.rope(self.head_norm(il, self.heads(il, g, "k"), "k"), positions)
             v = self.heads(il, g, "v")
-            trace(f"Kcur_injected-{il}", k), trace(f"Vcur_injected-{il}", v)
+            trace(point("Kcur_injected", il), k)
+            trace(point("Vcur_injected", il), v)
             cache.k[il, cells], cache.v[il, cells] = k, v
 
     def block_logits(self, anchor, pos0, n_max, cache, trace=NO_TRACE):  # -> [n_max + 1, V]
@@ -165,11 +153,11 @@ class Drafter:
         cells = cache.allocate(positions)
         for il in range(c.n_layer):
             h = h + self.attention_block(il, h, positions, cells, cache, trace)
-            trace(f"ffn_inp-{il}", h)
-            h = h + self.ffn_block(il, h, trace)
-            trace(f"l_out-{il}", h)
+            trace(point("ffn_inp", il), h)
+            h = h + self.ffn(il, h, c.rms_eps, trace)  # the text model's FFN, without its post-norm
+            trace(point("l_out", il), h)
         cache.remove_from(pos0)
-        z = ops.rms_norm(h, c.rms_eps) * self.norm_weight("output_norm.weight")
+        z = self.norm(h, "output_norm.weight", c.rms_eps)
         trace("result_norm", z)
         logits = self.backend.linear(z, self.target.weights, "output.weight")
         trace("result_output", logits)
@@ -177,27 +165,20 @@ class Drafter:
 
     def attention_block(self, il, h, positions, cells, cache, trace):  # h [T, E] -> [T, E] (to add)
         c = self.cfg
-        x = ops.rms_norm(h, c.rms_eps) * self.norm_weight(f"blk.{il}.attn_norm.weight")
-        trace(f"noise_norm-{il}", x)
+        x = self.norm(h, f"blk.{il}.attn_norm.weight", c.rms_eps)
+        trace(point("noise_norm", il), x)
         q = self.rope(self.head_norm(il, self.heads(il, x, "q"), "q"), positions)
         k = self.rope(self.head_norm(il, self.heads(il, x, "k"), "k"), positions)
         v = self.heads(il, x, "v")
-        trace(f"Qcur-{il}", q), trace(f"Kcur-{il}", k), trace(f"Vcur-{il}", v)
+        trace(point("Qcur", il), q)
+        trace(point("Kcur", il), k)
+        trace(point("Vcur", il), v)
         cache.k[il, cells], cache.v[il, cells] = k, v
         n = cache.n_live()
-        visible = draft_visible(positions, cache.pos[:n], c.n_swa if c.swa_layers[il] else 0)
+        # no causal cut: the block's rows see each other and every context cell
+        visible = ops.causal_visible(positions, cache.pos[:n], c.n_swa if c.swa_layers[il] else 0, causal=False)
         o = self.backend.attention(q, cache.k[il, :n], cache.v[il, :n], visible, 1.0 / np.sqrt(c.head_dim))
-        return self.backend.linear(o.reshape(len(h), -1), self.weights, f"blk.{il}.attn_output.weight")
-
-    def ffn_block(self, il, h, trace):  # h [T, E] -> [T, E] (to add)
-        b = f"blk.{il}."
-        u = ops.rms_norm(h, self.cfg.rms_eps) * self.norm_weight(b + "ffn_norm.weight")
-        trace(f"ffn_norm-{il}", u)
-        f = ops.swiglu(self.backend.linear(u, self.weights, b + "ffn_gate.weight"),
-                       self.backend.linear(u, self.weights, b + "ffn_up.weight"))
-        f = self.backend.linear(f, self.weights, b + "ffn_down.weight")
-        trace(f"ffn_out-{il}", f)
-        return f
+        return self.linear(o.reshape(len(h), -1), f"blk.{il}.attn_output.weight")
 
 
 def check_pairing(draft_model, target):  # raise GGUFError (naming the drafter) if it cannot serve target
@@ -240,19 +221,13 @@ class Speculator:
         self.eog = target.tokenizer.eog_ids if target.tokenizer else frozenset()
 
     def forward(self, token_ids, trace=NO_TRACE):  # [T] after the cache's tokens -> logits [T, V]
-        """Target pass in chunks; each chunk's captured layer inputs are injected into the drafter
-        at once, so the drafter never lags behind the target."""
-        token_ids = np.asarray(token_ids, np.int64)
-        self.cache.check_room(len(token_ids), min(len(token_ids), self.chunk))
-        out = []
-        for start in range(0, len(token_ids), self.chunk):
-            ids = token_ids[start:start + self.chunk]
-            positions = np.arange(self.cache.n_past, self.cache.n_past + len(ids))
-            layer_inputs = dict.fromkeys(self.drafter.cfg.target_layers)
-            out.append(self.target.forward(self.target.embed(ids), positions, self.cache, trace,
-                                           layer_inputs=layer_inputs))
-            self.drafter.inject(self.drafter.encode(self.drafter.features(layer_inputs)), positions, self.draft_cache)
-        return np.concatenate(out) if out else np.zeros((0, self.target.cfg.n_vocab), self.target.dtype)
+        """Target prefill in chunks; each chunk's layer inputs, captured from its trace points, are
+        injected into the drafter at once, so the drafter never lags behind the target."""
+        captured = self.drafter.capture(trace)
+
+        def inject(positions):
+            self.drafter.inject(self.drafter.encode(self.drafter.features(captured)), positions, self.draft_cache)
+        return self.target.prefill(token_ids, self.cache, self.chunk, captured, after_chunk=inject)
 
     def draft(self, anchor, pos0, n_max, p_min):  # -> draft ids (at most n_max)
         if n_max == 0:

@@ -33,11 +33,19 @@ class LayerCache:
         self.k[slots], self.v[slots], self.pos[slots] = k, v, positions
 
     def live(self):  # -> k [S, Hkv, D], v [S, Hkv, D], pos [S]: rows up to the last filled one
-        end = int(np.flatnonzero(self.pos >= 0).max(initial=-1)) + 1
+        end = n_live(self.pos)
         return self.k[:end], self.v[:end], self.pos[:end]
 
     def truncate(self, n_keep):  # forget every position >= n_keep (rollback after a rejected draft)
-        self.pos[self.pos >= n_keep] = -1
+        forget_from(self.pos, n_keep)
+
+
+def n_live(pos):  # pos [rows] (-1 = empty) -> number of rows up to the last filled one
+    return int(np.flatnonzero(pos >= 0).max(initial=-1)) + 1
+
+
+def forget_from(pos, n_keep):  # pos [rows], in place: every position >= n_keep becomes empty (llama.cpp's seq_rm)
+    pos[pos >= n_keep] = -1
 
 
 def ring_size(n_swa, n_ctx, chunk):  # -> rows of a sliding-window layer's ring (module doc)

@@ -104,11 +104,13 @@ def attention(q, k, v, visible, scale):  # q [T, H, D], k/v [S, Hkv, D], visible
     return out.reshape(Hkv, group, T, D).transpose(2, 0, 1, 3).reshape(T, H, D).astype(q.dtype)
 
 
-def causal_visible(query_pos, key_pos, window):  # [T], [S] (-1 = empty slot), window or 0 -> [T, S] bool
+def causal_visible(query_pos, key_pos, window, causal=True):  # [T], [S] (-1 = empty slot), window or 0 -> [T, S] bool
     """llama.cpp's KV mask: a key is visible iff it is filled, not in the future, and on a
-    sliding-window layer closer than the window (p_q - p_k < n_swa, self included)."""
+    sliding-window layer closer than the window (p_q - p_k < n_swa, self included). causal=False
+    is the DFlash drafter's mask: no cut at the future, the window rule as it is (llama.cpp's;
+    transformers keeps |p_q - p_k| <= window, one row more)."""
     qp, kp = np.asarray(query_pos)[:, None], np.asarray(key_pos)[None, :]
-    visible = (kp >= 0) & (kp <= qp)
+    visible = (kp >= 0) & (kp <= qp) if causal else np.broadcast_to(kp >= 0, (len(qp), kp.shape[1])).copy()
     if window:
         visible &= (qp - kp) < window
     return visible

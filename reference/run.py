@@ -9,8 +9,10 @@ import os
 import resource
 import sys
 import time
+from functools import partial
 
 import numpy as np
+from tqdm import tqdm
 
 from . import gguf
 from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
@@ -175,7 +177,8 @@ def image_embeddings(args, lm):  # -> [[n_i, n_embd] per --image]
     check_compatible(vision, lm.cfg, args.model or DEFAULT_MODEL)
     # one trace directory per image: the tower's point names (attn_out-0, ...) are also text ones
     traces = [Tracer(os.path.join(args.trace, f"image-{i}") if args.trace else None) for i in range(len(args.image))]
-    progress = os.path.getsize(args.mmproj) > PROGRESS_BYTES
+    big = os.path.getsize(args.mmproj) > PROGRESS_BYTES
+    progress = partial(tqdm, desc="tower layers", leave=False) if big else None
     out = [vision.encode(load_rgb(path), args.image_max_tokens, trace, progress)
            for path, trace in zip(args.image, traces)]
     for trace in traces:
@@ -237,8 +240,11 @@ def run(args):  # parsed args -> exit status
         backend = ggml_cpu_backend(args)
     elif args.kv_type or args.flash_attn:
         raise UsageError("--kv-type and --flash-attn choose llama.cpp's cache for --numerics ggml-cpu only")
-    device_model = getattr(backend, "text_model", None)  # cupy: the whole forward on the GPU
-    lm = device_model(model, np.dtype(args.dtype)) if device_model else TextModel(model, np.dtype(args.dtype), backend)
+    if args.backend == "cupy":  # the whole text forward resident on the GPU
+        from accel.cupy.text import DeviceTextModel
+        lm = DeviceTextModel(model, np.dtype(args.dtype), backend)
+    else:
+        lm = TextModel(model, np.dtype(args.dtype), backend)
     drafter = Drafter(gguf.load(args.draft_model, "dflash"), lm) if args.draft_model else None
     timings["load"] = time.perf_counter() - t0
     tok = model.tokenizer
@@ -271,7 +277,8 @@ def run(args):  # parsed args -> exit status
     p_min, governor = spec_governor(args.spec_p_min)
     speculator = Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), args.prefill_chunk) if drafter else None
 
-    progress = os.path.getsize(model.path) > PROGRESS_BYTES  # a bar per layer where a forward takes long
+    # a bar per layer where a forward takes long
+    progress = partial(tqdm, desc="layers", leave=False) if os.path.getsize(model.path) > PROGRESS_BYTES else None
     t0 = time.perf_counter()
     if speculator:  # the drafter is caught up on every prompt row as the target prefills
         logits = speculator.forward(prompt, tracer)

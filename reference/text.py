@@ -9,139 +9,164 @@
                 x += rms(swiglu(u Wgate, u Wup) Wdown, 1e-8) * post_ffw_norm,   u = rms(x) * ffn_norm
     logits = softcap(rms(x) * output_norm Wout * logit_scale)
 
-The GGUF has already folded in what transformers applies at run time (norm +1, qk_scale_factor,
-the rotate_half row order): nothing of it is applied again here.
+TextModel.forward follows llama.cpp's graph (src/models/muse-glimmer.cpp) line by line, with its
+callback names (trace.TEXT_POINTS). The GGUF has already folded in what transformers applies at run
+time (norm +1, qk_scale_factor, the rotate_half row order): nothing of it is applied again here.
 """
 import numpy as np
-from tqdm import tqdm
 
 from . import ops
 from .backend import NumpyBackend
 from .kv import KVCache
-from .trace import Tracer
-
-NO_TRACE = Tracer()
+from .trace import NO_TRACE, layer_range, point
 
 
-class TextModel:
-    def __init__(self, gguf_model, dtype=np.float32, backend=None):
-        self.cfg = gguf_model.config
-        self.weights = gguf_model.weights
-        self.tokenizer = gguf_model.tokenizer
+class Blocks:
+    """What a stack of decoder layers computes with: its GGUF weights, through its backend. Shared
+    by the text model and the DFlash drafter, whose FFN is the text model's without the post-norm."""
+
+    def __init__(self, weights, dtype, backend):
+        self.weights = weights
         self.dtype = np.dtype(dtype)
         self.backend = backend or NumpyBackend(self.dtype)
+
+    def norm_weight(self, name):  # [n]
+        return self.weights.get(name, self.dtype)
+
+    def norm(self, x, name, eps):  # x [..., n] -> rms(x) * weight [n]
+        return self.backend.rms_norm(x, eps) * self.norm_weight(name)
+
+    def linear(self, x, name):  # x [T, in], this model's tensor [out, in] -> [T, out]
+        return self.backend.linear(x, self.weights, name)
+
+    def ffn(self, il, x, eps, trace):  # x [T, E] -> [T, E]: swiglu(u Wgate, u Wup) Wdown, u = rms(x) * ffn_norm
+        b = f"blk.{il}."
+        u = self.norm(x, b + "ffn_norm.weight", eps)
+        trace(point("ffn_norm", il), u)
+        f = self.backend.swiglu(self.linear(u, b + "ffn_gate.weight"), self.linear(u, b + "ffn_up.weight"))
+        f = self.linear(f, b + "ffn_down.weight")
+        trace(point("ffn_out", il), f)
+        return f
+
+
+class TextModel(Blocks):
+    def __init__(self, gguf_model, dtype=np.float32, backend=None):
+        super().__init__(gguf_model.weights, dtype, backend)
+        self.cfg = gguf_model.config
+        self.tokenizer = gguf_model.tokenizer
 
     def new_cache(self, n_ctx, kind="ring", chunk=2048):  # -> KVCache for one sequence
         c = self.cfg
         return KVCache(c.n_layer, c.swa_layers, c.n_swa, n_ctx, c.n_head_kv, c.head_dim,
                        self.dtype, kind, chunk)
 
-    def norm_weight(self, name):  # [n]
-        return self.weights.get(name, self.dtype)
-
     def embed(self, token_ids):  # [T] -> [T, E], the raw rows of token_embd
         return self.weights.rows("token_embd.weight", token_ids, self.dtype)
 
-    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=False, layer_inputs=None):
+    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=None):
         """embeddings [T, E] (token rows, or image rows in their place), positions [T] -> logits [T, V].
-        Appends the batch's K/V to `cache`. `layer_inputs`, a dict whose keys are layer ids, gets
-        the residual entering each of those layers ([T, E]; id n_layer is the last layer's output):
-        what a DFlash drafter reads from its target (dflash.target_layers)."""
+        Appends the batch's K/V to `cache`. `progress` wraps the layer range (tqdm, or None). The
+        residual entering layer L is the trace point trace.layer_input(L): what a DFlash drafter
+        reads from its target."""
         c = self.cfg
         x = self.backend.rms_norm(embeddings.astype(self.dtype, copy=False), c.rms_eps)
         trace("embd_norm", x)
-        for il in tqdm(range(c.n_layer), desc="layers", disable=not progress, leave=False):
-            if layer_inputs is not None and il in layer_inputs:
-                layer_inputs[il] = x
+        for il in layer_range(c.n_layer, progress):
             x = x + self.attention_block(il, x, positions, cache, trace)
-            trace(f"ffn_inp-{il}", x)
+            trace(point("ffn_inp", il), x)
             x = x + self.ffn_block(il, x, trace)
-            trace(f"l_out-{il}", x)
-        if layer_inputs is not None and c.n_layer in layer_inputs:
-            layer_inputs[c.n_layer] = x
+            trace(point("l_out", il), x)
         cache.n_past = max(cache.n_past, int(np.max(positions)) + 1)
-        y = self.backend.rms_norm(x, c.rms_eps) * self.norm_weight("output_norm.weight")
+        y = self.norm(x, "output_norm.weight", c.rms_eps)
         trace("result_norm", y)
-        logits = self.backend.softcap(
-            self.backend.linear(y, self.weights, "output.weight") * self.dtype.type(c.logit_scale), c.softcap)
+        logits = self.backend.softcap(self.linear(y, "output.weight") * self.dtype.type(c.logit_scale), c.softcap)
         trace("result_output", logits)
         return logits
+
+    def attention_block(self, il, x, positions, cache, trace):  # x [T, E] -> [T, E] (to add to x)
+        c, b = self.cfg, f"blk.{il}."
+        h = self.norm(x, b + "attn_norm.weight", c.rms_eps)
+        trace(point("attn_norm", il), h)
+        q, k, v = self.qkv(il, h)
+        trace(point("Qcur", il), q)
+        trace(point("Kcur", il), k)
+        trace(point("Vcur", il), v)
+        gate = self.linear(h, b + "attn_gate.weight")
+        trace(point("attn_gate_proj", il), gate)
+        q = self.norm(q, b + "attn_q_norm.weight", c.rms_eps)
+        k = self.norm(k, b + "attn_k_norm.weight", c.rms_eps)
+        trace(point("Qcur_normed", il), q)
+        trace(point("Kcur_normed", il), k)
+        if c.swa_layers[il]:  # RoPE on the sliding-window layers, NoPE on the full ones
+            q, k = self.rope(q, positions), self.rope(k, positions)
+            trace(point("Qcur_rope", il), q)
+            trace(point("Kcur_rope", il), k)
+        o = self.attend(il, q, k, v, positions, cache)
+        trace(point("attn_out", il), o)
+        g = self.backend.sigmoid(gate)
+        trace(point("attn_gate_sig", il), g)
+        o = o * g
+        trace(point("attn_gated", il), o)
+        a = self.linear(o, b + "attn_output.weight")
+        trace(point("attn_o_proj", il), a)
+        a = self.norm(a, b + "post_attention_norm.weight", c.post_norm_eps)
+        trace(point("attn_post_norm", il), a)
+        return a
+
+    def ffn_block(self, il, x, trace):  # x [T, E] -> [T, E] (to add to x)
+        c = self.cfg
+        f = self.norm(self.ffn(il, x, c.rms_eps, trace), f"blk.{il}.post_ffw_norm.weight", c.post_norm_eps)
+        trace(point("ffn_post_norm", il), f)
+        return f
 
     def qkv(self, il, h):  # h [T, E] -> q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]
         c, w, b = self.cfg, self.weights, f"blk.{il}."
         T, D, nq, nkv = h.shape[0], c.head_dim, c.n_head * c.head_dim, c.n_head_kv * c.head_dim
         if b + "attn_qkv.weight" in w:
-            fused = self.backend.linear(h, w, b + "attn_qkv.weight")
+            fused = self.linear(h, b + "attn_qkv.weight")
             q, k, v = fused[:, :nq], fused[:, nq:nq + nkv], fused[:, nq + nkv:]
         else:
-            q, k, v = (self.backend.linear(h, w, b + f"attn_{p}.weight") for p in "qkv")
+            q, k, v = (self.linear(h, b + f"attn_{p}.weight") for p in "qkv")
         q, k, v = (p + w.get(b + f"attn_{n}.bias", self.dtype) if b + f"attn_{n}.bias" in w else p
                    for p, n in ((q, "q"), (k, "k"), (v, "v")))
         return q.reshape(T, c.n_head, D), k.reshape(T, c.n_head_kv, D), v.reshape(T, c.n_head_kv, D)
 
-    def attention_block(self, il, x, positions, cache, trace):  # x [T, E] -> [T, E] (to add to x)
-        c, w, b = self.cfg, self.weights, f"blk.{il}."
-        T, swa = x.shape[0], c.swa_layers[il]
-        h = self.backend.rms_norm(x, c.rms_eps) * self.norm_weight(b + "attn_norm.weight")
-        trace(f"attn_norm-{il}", h)
-        q, k, v = self.qkv(il, h)
-        trace(f"Qcur-{il}", q), trace(f"Kcur-{il}", k), trace(f"Vcur-{il}", v)
-        gate = self.backend.linear(h, w, b + "attn_gate.weight")
-        trace(f"attn_gate_proj-{il}", gate)
-        q = self.backend.rms_norm(q, c.rms_eps) * self.norm_weight(b + "attn_q_norm.weight")
-        k = self.backend.rms_norm(k, c.rms_eps) * self.norm_weight(b + "attn_k_norm.weight")
-        trace(f"Qcur_normed-{il}", q), trace(f"Kcur_normed-{il}", k)
-        if swa:
-            theta = ops.rope_angles(positions, c.n_rot, c.rope_base_swa, self.dtype)
-            q, k = self.backend.rope_norm(q, theta), self.backend.rope_norm(k, theta)
-            trace(f"Qcur_rope-{il}", q), trace(f"Kcur_rope-{il}", k)
-        layer_cache = cache.layers[il]
+    def rope(self, x, positions):  # x [T, H, D] -> [T, H, D]; NORM pairs (2i, 2i+1)
+        return self.backend.rope_norm(x, ops.rope_angles(positions, self.cfg.n_rot, self.cfg.rope_base_swa, self.dtype))
+
+    def attend(self, il, q, k, v, positions, cache):  # q [T, H, D], k/v [T, Hkv, D] -> [T, H*D]
+        """Stores the batch's K/V in the layer's cache, then attends over every row it holds; the
+        mask decides what is live."""
+        c, layer_cache = self.cfg, cache.layers[il]
         layer_cache.store(positions, k, v)
         k_rows, v_rows, k_pos = layer_cache.live()
-        visible = ops.causal_visible(positions, k_pos, c.n_swa if swa else 0)
+        visible = ops.causal_visible(positions, k_pos, c.n_swa if c.swa_layers[il] else 0)
         kq_scale = self.dtype.type(1) / np.sqrt(self.dtype.type(c.head_dim))  # llama.cpp: 1.0f/sqrtf(head_dim)
-        o = self.backend.attention(q, k_rows, v_rows, visible, kq_scale).reshape(T, -1)
-        trace(f"attn_out-{il}", o)
-        g = self.backend.sigmoid(gate)
-        trace(f"attn_gate_sig-{il}", g)
-        o = o * g
-        trace(f"attn_gated-{il}", o)
-        a = self.backend.linear(o, w, b + "attn_output.weight")
-        trace(f"attn_o_proj-{il}", a)
-        a = self.backend.rms_norm(a, c.post_norm_eps) * self.norm_weight(b + "post_attention_norm.weight")
-        trace(f"attn_post_norm-{il}", a)
-        return a
-
-    def ffn_block(self, il, x, trace):  # x [T, E] -> [T, E] (to add to x)
-        c, w, b = self.cfg, self.weights, f"blk.{il}."
-        u = self.backend.rms_norm(x, c.rms_eps) * self.norm_weight(b + "ffn_norm.weight")
-        trace(f"ffn_norm-{il}", u)
-        f = self.backend.swiglu(self.backend.linear(u, w, b + "ffn_gate.weight"),
-                                self.backend.linear(u, w, b + "ffn_up.weight"))
-        f = self.backend.linear(f, w, b + "ffn_down.weight")
-        trace(f"ffn_out-{il}", f)
-        f = self.backend.rms_norm(f, c.post_norm_eps) * self.norm_weight(b + "post_ffw_norm.weight")
-        trace(f"ffn_post_norm-{il}", f)
-        return f
+        return self.backend.attention(q, k_rows, v_rows, visible, kq_scale).reshape(len(q), -1)
 
     # -----------------------------------------------------------------------------------------
     # Prefill and greedy decoding on top of either cache
 
-    def prefill(self, token_ids, cache, chunk=2048, trace=NO_TRACE, progress=False):  # [T] -> logits [T, V]
-        return self.prefill_embeddings(self.embed(np.asarray(token_ids, np.int64)), cache, chunk, trace, progress)
+    def prefill(self, token_ids, cache, chunk=2048, trace=NO_TRACE, progress=None, after_chunk=None):  # [T] -> [T, V]
+        return self.prefill_embeddings(self.embed(np.asarray(token_ids, np.int64)), cache, chunk, trace, progress,
+                                       after_chunk)
 
-    def prefill_embeddings(self, rows, cache, chunk=2048, trace=NO_TRACE, progress=False):  # [T, E] -> [T, V]
+    def prefill_embeddings(self, rows, cache, chunk=2048, trace=NO_TRACE, progress=None,
+                           after_chunk=None):  # rows [T, E] -> logits [T, V]
         """Feeds embedding rows (token rows, or image rows in their place) in chunks of at most
-        `chunk` after the cache's n_past positions."""
+        `chunk` after the cache's n_past positions; after_chunk(positions) runs after each chunk's
+        forward (the DFlash drafter catches up on the chunk's layer inputs there)."""
         cache.check_room(len(rows), min(len(rows), chunk))
         out = []
         for start in range(0, len(rows), chunk):
             batch = rows[start:start + chunk]
             positions = np.arange(cache.n_past, cache.n_past + len(batch))
             out.append(self.forward(batch, positions, cache, trace, progress))
+            if after_chunk is not None:
+                after_chunk(positions)
         return np.concatenate(out) if out else np.zeros((0, self.cfg.n_vocab), self.dtype)
 
-    def decode_greedy(self, next_logits, n_predict, cache, chunk=2048, progress=False):  # [V] -> generated ids
+    def decode_greedy(self, next_logits, n_predict, cache, chunk=2048, progress=None):  # [V] -> generated ids
         """Greedy tokens after a prefill whose last logits are `next_logits`. Stops after an
         end-of-generation token (kept in the output) or n_predict tokens, as llama.cpp does. The
         last token is never fed (its logits would go unused): the cache ends holding the prompt

@@ -6,8 +6,8 @@
   Column-parallel products are the same dot products as on one device: nothing to simulate.
 - attn_output and ffn_down are row-parallel: rank r multiplies its own input columns and the ranks'
   f32 partial products are summed (the all-reduce), in rank order, on the raw product, *before* the
-  1e-8 post-norm. The post-norm is not linear: reducing after it changes the result, which
-  `reduce_after_post_norm=True` plants on purpose so a test can show it is caught.
+  1e-8 post-norm. The post-norm is not linear: reducing after it changes the result (tests/test_tp.py
+  plants that bug and shows it is caught).
 - Norms, embeddings and the output head are replicated.
 
 On GPUs the same plan runs one process per device with the all-reduce as NCCL's ncclAllReduce
@@ -34,20 +34,19 @@ def check_tp(cfg, n_ranks):  # TextConfig, N -> None; the sharding must split he
 class TensorParallelBackend(NumpyBackend):
     """NumpyBackend whose row-parallel products are N partial products summed like an all-reduce."""
 
-    def __init__(self, dtype, n_ranks, reduce_after_post_norm=False):
+    def __init__(self, dtype, n_ranks):
         super().__init__(dtype)
         self.n_ranks = n_ranks
-        self.reduce_after_post_norm = reduce_after_post_norm
 
     def linear(self, x, weights, name):  # x [T, in] -> [T, out]
         if not name.endswith(ROW_PARALLEL):
             return super().linear(x, weights, name)
         w = weights.get(name, np.float64)
         shard = x.shape[1] // self.n_ranks  # heads (attn_output) or n_ff segments (ffn_down)
-        partials = [ops.linear(x[:, r * shard:(r + 1) * shard], w[:, r * shard:(r + 1) * shard])
-                    for r in range(self.n_ranks)]
-        if self.reduce_after_post_norm:
-            partials = [ops.rms_norm(p, 1e-8) for p in partials]
+        return self.all_reduce([ops.linear(x[:, r * shard:(r + 1) * shard], w[:, r * shard:(r + 1) * shard])
+                                for r in range(self.n_ranks)])
+
+    def all_reduce(self, partials):  # [[T, out] per rank] -> [T, out]: ncclSum, in rank order
         reduced = partials[0]
         for p in partials[1:]:
             reduced = reduced + p

@@ -1,7 +1,9 @@
 """Named trace points: one f32 .npy per point plus index.json, as docs/architecture.md describes.
 
 Names follow llama.cpp's graph-callback names (`attn_norm-3`, `l_out-3`, `result_output`) so a trace
-lines up one to one with a `llama-eval-callback` dump.
+lines up one to one with a `llama-eval-callback` dump. The text forward (reference/text.py, and the
+device forward of accel/cupy/text.py) and the DFlash drafter name their points from the tables
+below through `point`, so that a name cannot drift between them.
 """
 import json
 import math
@@ -14,8 +16,35 @@ INDEX = "index.json"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
+# The per-layer points of the text model, in llama.cpp's graph order (src/models/muse-glimmer.cpp);
+# the *_rope points exist on sliding-window layers only. The graph's other points have no layer:
+TEXT_POINTS = ("attn_norm", "Qcur", "Kcur", "Vcur", "attn_gate_proj", "Qcur_normed", "Kcur_normed",
+               "Qcur_rope", "Kcur_rope", "attn_out", "attn_gate_sig", "attn_gated", "attn_o_proj",
+               "attn_post_norm", "ffn_inp", "ffn_norm", "ffn_out", "ffn_post_norm", "l_out")
+TEXT_MODEL_POINTS = ("embd_norm", "result_norm", "result_output")
+# The DFlash drafter's (llama.cpp's dflash graph); its FFN is the text model's, so are those names.
+DFLASH_POINTS = ("Kcur_injected", "Vcur_injected", "noise_norm", "Qcur", "Kcur", "Vcur", "ffn_inp",
+                 "ffn_norm", "ffn_out", "l_out")
+DFLASH_MODEL_POINTS = ("inp_target_features", "inp_g_embeddings", "inp_noise_embd", "result_norm", "result_output")
+LAYER_POINTS = frozenset(TEXT_POINTS + DFLASH_POINTS)
+
+
 class TraceError(Exception):
     pass
+
+
+def point(op, il):  # "attn_norm", 3 -> "attn_norm-3": a per-layer point of the tables above
+    if op not in LAYER_POINTS:
+        raise TraceError(f"{op!r} is not a per-layer trace point of the text model or the drafter")
+    return f"{op}-{il}"
+
+
+def layer_input(il):  # -> the text point holding the residual entering layer il (il = n_layer: the last output)
+    return "embd_norm" if il == 0 else point("l_out", il - 1)
+
+
+def layer_range(n_layer, progress=None):  # -> the layer ids, through the caller's progress wrapper (e.g. tqdm)
+    return progress(range(n_layer)) if progress else range(n_layer)
 
 
 def check_npy_header(f, size):  # .npy stream at its start, its length in bytes -> None, or ValueError
@@ -58,6 +87,9 @@ class Tracer:
     def enabled(self):
         return self.directory is not None or self.keep_in_memory
 
+    def wants(self, name):  # -> whether __call__(name, ...) records anything (a device copies to the host only then)
+        return self.enabled
+
     def __call__(self, name, x):  # name: str, x: [...] -> None
         if not self.enabled:
             return
@@ -88,6 +120,28 @@ class Tracer:
         if self.directory is not None:
             with open(os.path.join(self.directory, INDEX), "w") as f:
                 json.dump(self.index, f, indent=1)
+
+
+NO_TRACE = Tracer()
+
+
+class Capture:
+    """A trace that keeps the latest tensor of each of `names` as computed (no copy, no float32
+    cast) and passes every point on to `inner`: how the DFlash drafter reads its target's layer
+    inputs. A chunked forward replaces the tensors chunk by chunk."""
+    enabled = True
+
+    def __init__(self, names, inner=NO_TRACE):
+        self.names, self.inner = frozenset(names), inner
+        self.points = {}  # name -> the last tensor traced under it
+
+    def wants(self, name):
+        return name in self.names or self.inner.wants(name)
+
+    def __call__(self, name, x):  # name: str, x: [...] -> None
+        if name in self.names:
+            self.points[name] = x
+        self.inner(name, x)
 
 
 def load_trace(directory):  # directory -> {name: f32 array}, in recorded order

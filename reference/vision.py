@@ -16,15 +16,12 @@ window side is the side of the position table (32 on the release, 8 on the tiny 
 import math
 
 import numpy as np
-from tqdm import tqdm
 
 from . import ops
 from .backend import NumpyBackend
 from .gguf import GGUFError
 from .image import resize_lanczos
-from .trace import Tracer
-
-NO_TRACE = Tracer()
+from .trace import NO_TRACE, layer_range
 DEFAULT_MAX_TOKENS = 4096    # llama.cpp's set_limit_image_tokens(1, 4096) for this projector
 SUPPORTED_MERGE = 2          # llama.cpp counts merged tokens with a literal 2 (clip.cpp)
 ATTENTION_SCORES_BUDGET = 1 << 25  # float64 scores per attention call (256 MiB): bounds global layers
@@ -109,10 +106,11 @@ class VisionModel:
         cols, rows = grid_size(rgb.shape[1], rgb.shape[0], self.unit, max_tokens)
         return resize_lanczos(rgb, cols * self.unit, rows * self.unit)
 
-    def encode(self, rgb, max_tokens=DEFAULT_MAX_TOKENS, trace=NO_TRACE, progress=False):  # uint8 [H, W, 3] -> [N, n_out]
+    def encode(self, rgb, max_tokens=DEFAULT_MAX_TOKENS, trace=NO_TRACE, progress=None):  # uint8 [H, W, 3] -> [N, n_out]
         return self.forward(self.preprocess(rgb, max_tokens), trace, progress)
 
-    def forward(self, resized, trace=NO_TRACE, progress=False):  # uint8 [h, w, 3] (multiples of 28) -> [h*w/784, n_out]
+    def forward(self, resized, trace=NO_TRACE, progress=None):  # uint8 [h, w, 3] (multiples of 28) -> [h*w/784, n_out]
+        """`progress` wraps the layer range (tqdm, or None)."""
         c, p = self.cfg, self.cfg.patch_size
         gh, gw = resized.shape[0] // p, resized.shape[1] // p
         if resized.shape[0] % self.unit or resized.shape[1] % self.unit or gh == 0 or gw == 0:
@@ -130,7 +128,7 @@ class VisionModel:
         theta_w = ops.rope_angles(cols + 1, c.head_dim // 2, c.rope_theta, self.dtype)
         theta_h = ops.rope_angles(rows + 1, c.head_dim // 2, c.rope_theta, self.dtype)
         windows = np.cumsum([0] + window_lengths)
-        for il in tqdm(range(c.n_layer), desc="tower layers", disable=not progress, leave=False):
+        for il in layer_range(c.n_layer, progress):
             spans = [(0, len(perm))] if self.is_global(il) else list(zip(windows[:-1], windows[1:]))
             x = self.block(il, x, theta_w, theta_h, spans, trace)
         x = self.layer_norm(x, "v.post_ln")
@@ -154,7 +152,7 @@ class VisionModel:
         if self.numerics == "ggml-cpu":
             patches = patches.astype(np.float16).astype(patches.dtype)
             kernel = kernel.astype(np.float16).astype(kernel.dtype)
-        return ops.linear(patches, kernel)
+        return self.backend.matmul(patches, kernel)
 
     def position_embed(self, gh, gw):  # -> [gh*gw, E]; table row y*side + x
         side = self.pos_side

@@ -36,11 +36,12 @@ from gguf import GGMLQuantizationType as GT, GGUFReader, GGUFWriter
 
 from accel import BackendError, cuda_harness, harness, make_backend
 from accel.cupy import CupyBackend, kernels, launch
+from accel.cupy.text import DeviceTextModel
 from reference import gguf, ops
 from reference.gguf import Weights
 from reference.text import TextModel
-from reference.trace import Tracer
-from tools.metrics import nmse
+from reference.trace import Capture, Tracer, layer_input
+from reference.metrics import nmse
 from conftest import GOLDEN, IN_CI, MODELS, run_cli
 
 NVCC = shutil.which("nvcc")
@@ -520,7 +521,7 @@ def test_logits_match_the_transformers_golden(backend, checkpoint):
         entry = next(e for e in json.load(f)["entries"] if e["id"] == "len7")
     golden = np.load(os.path.join(run_dir, entry["file"]), allow_pickle=False)
     golden_steps = np.load(os.path.join(run_dir, entry["greedy"]["decode_logits"]), allow_pickle=False)[:3]
-    lm = backend.text_model(gguf.load(os.path.join(MODELS, f"{checkpoint}-f32.gguf"), "text"))
+    lm = DeviceTextModel(gguf.load(os.path.join(MODELS, f"{checkpoint}-f32.gguf"), "text"), np.float32, backend)
     cache = lm.new_cache(16)
     logits = lm.prefill(entry["token_ids"], cache)
     steps = np.stack([lm.prefill([t], cache)[-1] for t in entry["greedy"]["tokens"][:3]])
@@ -539,7 +540,7 @@ def test_trace_points_match_the_reference(backend):
     its values (NMSE per point under the whole-model gate)."""
     model = gguf.load(os.path.join(MODELS, "tiny-b-q4_k_m.gguf"), "text")
     traces = []
-    for lm in (TextModel(model), backend.text_model(model)):
+    for lm in (TextModel(model), DeviceTextModel(model, np.float32, backend)):
         trace = Tracer(keep_in_memory=True)
         lm.prefill([497, 5, 17, 99, 123], lm.new_cache(8), trace=trace)
         traces.append(trace.points)
@@ -554,15 +555,15 @@ def test_drafter_layer_inputs_and_rollback(backend):
     """The residuals a DFlash drafter reads, and truncate() (rejected drafts): decoding again after
     a rollback gives the logits of the first time."""
     model = gguf.load(os.path.join(MODELS, "tiny-b-f32.gguf"), "text")
-    ref_lm, dev_lm = TextModel(model), backend.text_model(model)
-    wanted = {0: None, 2: None, ref_lm.cfg.n_layer: None}
+    ref_lm, dev_lm = TextModel(model), DeviceTextModel(model, np.float32, backend)
+    wanted = [layer_input(il) for il in (0, 2, ref_lm.cfg.n_layer)]
     inputs = []
     for lm in (ref_lm, dev_lm):
-        layer_inputs = dict(wanted)
-        lm.forward(lm.embed([497, 5, 17]), np.arange(3), lm.new_cache(8), layer_inputs=layer_inputs)
-        inputs.append(layer_inputs)
-    for il in wanted:
-        assert nmse(inputs[0][il].ravel(), inputs[1][il].ravel()) <= cuda_harness.MODEL_GATE, il
+        captured = Capture(wanted)
+        lm.forward(lm.embed([497, 5, 17]), np.arange(3), lm.new_cache(8), captured)
+        inputs.append(captured.points)
+    for name in wanted:
+        assert nmse(inputs[0][name].ravel(), inputs[1][name].ravel()) <= cuda_harness.MODEL_GATE, name
     cache = dev_lm.new_cache(12, "ring", 4)
     dev_lm.prefill([497, 5, 17, 99], cache, 4)
     first = [dev_lm.prefill([t], cache, 4)[-1] for t in (7, 8)]

@@ -20,7 +20,7 @@ from reference.dflash import Drafter, Speculator, acceptance
 from reference.run import DEFAULT_MODEL
 from reference.text import TextModel
 from reference.tokenizer import detokenize
-from tools.metrics import log_softmax
+from reference.metrics import log_softmax
 from conftest import GOLDEN, MODELS, run_cli
 
 NAME = "glimmer-default"

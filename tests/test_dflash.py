@@ -17,7 +17,7 @@ from reference.governor import (BACKOFF_MAX, BACKOFF_MIN, DRAFT_HOLD, FLOORS, PR
                                 FloorBandit)
 from reference.run import main as run_main
 from reference.text import TextModel
-from tools.metrics import max_abs_diff, nmse
+from reference.metrics import max_abs_diff, nmse
 from conftest import GOLDEN, MODELS
 
 DRAFTER_FILE = os.path.join(MODELS, "tiny-a-dflash-f32.gguf")
@@ -141,9 +141,9 @@ def test_encoder_output_matches_transformers(prompt_id, lm, drafter):
     _, seq = sequence(prompt_id)
     ref = np.load(os.path.join(GOLDEN_DIR, MANIFEST["sequences"][prompt_id]["g"]), allow_pickle=False)
     tracer = Tracer(keep_in_memory=True)
-    layer_inputs = dict.fromkeys(drafter.cfg.target_layers)
-    lm.forward(lm.embed(seq[:-1]), np.arange(len(seq) - 1), lm.new_cache(len(seq)), layer_inputs=layer_inputs)
-    drafter.encode(drafter.features(layer_inputs), tracer)
+    captured = drafter.capture()
+    lm.forward(lm.embed(seq[:-1]), np.arange(len(seq) - 1), lm.new_cache(len(seq)), captured)
+    drafter.encode(drafter.features(captured), tracer)
     assert_matches_golden(ref, tracer.points["inp_g_embeddings"], f"{prompt_id} g")
 
 

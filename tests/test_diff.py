@@ -1,4 +1,4 @@
-"""tools.metrics and tools.diff: the metrics, the near-tie rule, the gate and the exit statuses, on
+"""reference.metrics and tools.diff: the metrics, the near-tie rule, the gate and the exit statuses, on
 synthetic logits and on real ones (the reference against llama.cpp's committed F16-KV golden)."""
 import io
 import json
@@ -10,7 +10,8 @@ import pytest
 from reference.cli import UsageError
 from conftest import GOLDEN, MODELS, cli_error, require, run_cli
 
-from tools import diff, metrics
+from reference import metrics
+from tools import diff
 
 NEAR_TIE_POS, REAL_POS = 2, 4
 

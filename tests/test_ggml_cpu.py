@@ -21,7 +21,7 @@ from reference.ggml_cpu import UBATCH, GgmlCpuBackend, GgmlCpuError
 from reference.text import TextModel
 from tools.golden import sha256
 from tools.make_ggml_cpu_goldens import synthetic_gguf
-from tools.metrics import max_abs_diff, nmse, top1_agreement
+from reference.metrics import max_abs_diff, nmse, top1_agreement
 
 HERE = os.path.join(GOLDEN, "ggml_cpu")
 MANIFEST = json.loads(Path(HERE, "manifest.json").read_text(encoding="utf-8"))

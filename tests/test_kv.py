@@ -8,7 +8,7 @@ import pytest
 from reference import gguf
 from reference.kv import CacheError, KVCache
 from reference.text import TextModel
-from tools.metrics import nmse
+from reference.metrics import nmse
 from conftest import MODELS
 
 # The reference accumulates every product in float64 and rounds once (ops.linear, ops.attention),

@@ -27,7 +27,7 @@ from reference import gguf, ops, vision  # noqa: E402
 from reference.backend import NumpyBackend  # noqa: E402
 from reference.gguf import Weights  # noqa: E402
 from reference.text import TextModel  # noqa: E402
-from tools.metrics import nmse  # noqa: E402
+from reference.metrics import nmse  # noqa: E402
 
 TEXT_MODELS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(MODELS, "tiny-*.gguf"))
                      if "mmproj" not in p and "dflash" not in p)

@@ -182,7 +182,7 @@ def vllm_exchanges(n_probs=20):  # -> replies in vLLM's shape, made from llama.c
     return_tokens_as_token_ids, prompt_logprobs entries {id: {logprob, rank, decoded_token}}), with
     llama.cpp's logits of tiny-a-f32 as the numbers, so the golden must give them back."""
     from test_golden import llama_cpp_golden
-    from tools.metrics import log_softmax
+    from reference.metrics import log_softmax
     entry, prompt, decode = llama_cpp_golden("len7")
     lp_prompt, lp_gen = log_softmax(prompt), log_softmax(np.concatenate([prompt[-1:], decode[:7]]))
 

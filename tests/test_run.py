@@ -9,7 +9,7 @@ import pytest
 from reference import gguf
 from reference.text import TextModel
 from reference.trace import load_trace
-from tools.metrics import nmse
+from reference.metrics import nmse
 from conftest import GOLDEN, MODELS, cli_error, run_cli
 from test_gguf import A, ARR, F32, planted, planted_role, role_cli
 

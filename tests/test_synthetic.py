@@ -7,7 +7,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_SIZES, quants
 
-from reference import gguf
+from reference import gguf, random_blocks
 from tools import make_synthetic as ms
 
 
@@ -24,8 +24,8 @@ def test_release_tensor_counts():
 @pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.IQ3_XXS, Q.IQ4_XS, Q.Q4_K, Q.Q6_K, Q.Q8_0])
 def test_random_blocks_dequantize_with_the_intended_std(qtype):
     rng = np.random.default_rng(0)
-    unit = ms.block_scale_for_unit_std(qtype)
-    rows = ms.random_rows(qtype, 64, 1024, 0.03, rng, unit)
+    unit = random_blocks.block_scale_for_unit_std(qtype)
+    rows = random_blocks.random_rows(qtype, 64, 1024, 0.03, rng, unit)
     w = quants.dequantize(rows, qtype)
     assert w.shape == (64, 1024) and np.all(np.isfinite(w))
     # The scale was calibrated on 64 other random blocks (block_scale_for_unit_std), and this sample
@@ -36,7 +36,7 @@ def test_random_blocks_dequantize_with_the_intended_std(qtype):
     # 0.05 %. Gate: 4 sigma (measured at most 1.4 sigma, IQ4_XS -3.2 %).
     block = GGML_QUANT_SIZES[qtype][0]
     mean_square = (w.reshape(-1, block).astype(np.float64) ** 2).mean(-1)
-    sigma = 0.5 * mean_square.std() / mean_square.mean() * np.sqrt(1 / ms.PROBE_BLOCKS + 1 / len(mean_square))
+    sigma = 0.5 * mean_square.std() / mean_square.mean() * np.sqrt(1 / random_blocks.PROBE_BLOCKS + 1 / len(mean_square))
     assert abs(np.std(w) / 0.03 - 1) <= 4 * sigma
 
 

@@ -17,7 +17,7 @@ import pytest
 from reference import gguf
 from reference.text import TextModel
 from tools import diff
-from tools.metrics import nmse
+from reference.metrics import nmse
 from conftest import GOLDEN, MODELS
 
 pytestmark = pytest.mark.parity

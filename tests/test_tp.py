@@ -4,10 +4,10 @@ import os
 import numpy as np
 import pytest
 
-from reference import gguf
+from reference import gguf, ops
 from reference.text import TextModel
 from reference.tp import TensorParallelBackend, TPError, check_tp
-from tools.metrics import nmse
+from reference.metrics import nmse
 from conftest import MODELS, run_cli
 
 MODEL = os.path.join(MODELS, "tiny-a-f32.gguf")  # 4 heads, 2 kv heads: TP=2 is the most it allows
@@ -25,9 +25,16 @@ def test_tp2_equals_tp1():
     assert nmse(logits(m).ravel(), logits(m, TensorParallelBackend(np.float32, 2)).ravel()) <= 1e-12
 
 
+class ReduceAfterPostNorm(TensorParallelBackend):
+    """The planted bug: each rank applies the 1e-8 post-norm to its own partial before the sum."""
+
+    def all_reduce(self, partials):  # [[T, out] per rank] -> [T, out]
+        return super().all_reduce([ops.rms_norm(p, 1e-8) for p in partials])
+
+
 def test_reduction_after_post_norm_is_caught():
     m = gguf.load(MODEL, "text")
-    bad = logits(m, TensorParallelBackend(np.float32, 2, reduce_after_post_norm=True))
+    bad = logits(m, ReduceAfterPostNorm(np.float32, 2))
     assert nmse(logits(m).ravel(), bad.ravel()) > 1e-3  # measured 0.2: far outside any float noise
 
 

@@ -22,7 +22,7 @@ from reference.trace import Tracer
 from tools.make_synthetic import TextDims, write_text_gguf
 from tools.make_synthetic import VisionDims, write_mmproj_gguf
 from tools.make_vision_goldens import CASES, synthetic_image
-from tools.metrics import nmse, top1_agreement
+from reference.metrics import nmse, top1_agreement
 from conftest import GOLDEN, MODELS, run_cli
 
 VISION = os.path.join(GOLDEN, "vision")

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 
 import numpy as np
 from tqdm import tqdm
@@ -42,6 +43,7 @@ MAX_IMAGE_SIDE = 4096
 # The release tower has 50 layers (tools.make_synthetic.RELEASE_MMPROJ); a bench tower is never deeper.
 MAX_VISION_LAYERS = 50
 MAX_REPEAT = 100  # the best of more rounds than this measures the machine's noise, not the engine
+LAYER_BAR = partial(tqdm, desc="layers", leave=False)  # the progress wrapper the model forwards take
 
 
 def best_of(repeat, fn):  # -> the fastest wall time of `repeat` calls (the least disturbed run)
@@ -146,16 +148,16 @@ def bench_scale(args):  # -> report dict of one full-size run, with this process
         ids = list(np.random.default_rng(0).integers(0, lm.cfg.n_vocab, args.prompt_len))
         cache = lm.new_cache(args.prompt_len + args.n_predict, "ring")
         t0 = time.perf_counter()
-        logits = lm.prefill(ids, cache, progress=True)
+        logits = lm.prefill(ids, cache, progress=LAYER_BAR)
         t1 = time.perf_counter()
-        tokens = lm.decode_greedy(logits[-1], args.n_predict, cache, progress=True)
+        tokens = lm.decode_greedy(logits[-1], args.n_predict, cache, progress=LAYER_BAR)
         t2 = time.perf_counter()
         report.update(model=args.model, prompt_len=args.prompt_len, generated=len(tokens),
                       s_per_prefill_token=(t1 - t0) / args.prompt_len,
                       s_per_decoded_token=(t2 - t1) / max(len(tokens) - 1, 1))  # the last token is not fed
     if vision is not None:
         t0 = time.perf_counter()
-        out = vision.encode(synthetic_image(args.image_size, args.image_size, 0, "smooth"), progress=True)
+        out = vision.encode(synthetic_image(args.image_size, args.image_size, 0, "smooth"), progress=LAYER_BAR)
         report.update(mmproj=args.mmproj, image_size=args.image_size, image_tokens=len(out),
                       image_s=time.perf_counter() - t0)
     report["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -166,7 +166,7 @@ def bench_engine(make_engine, ids, n_decode, repeat):  # -> (prompt logits, {pre
 
 
 def agreement(ref, x):  # -> {nmse, max_abs_diff, top1} over all positions
-    from tools.metrics import max_abs_diff, nmse
+    from reference.metrics import max_abs_diff, nmse
     return {"nmse": float(nmse(ref.ravel(), x.ravel())), "max_abs_diff": float(np.max(max_abs_diff(ref, x))),
             "top1": float(np.mean(ref.argmax(-1) == x.argmax(-1)))}
 
@@ -240,7 +240,7 @@ def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, n
     run together: OpenBLAS threads spin for a while after a call and would slow numba's next one."""
     set_threads(args.threads)
     from accel.numba.backend import NumbaBackend
-    from tools.metrics import nmse
+    from reference.metrics import nmse
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rows.gguf")

@@ -77,10 +77,10 @@ import tempfile
 
 import numpy as np
 
+from reference import metrics
 from reference.cli import OneLineParser, UsageError, check_output, fail, float_in
 from reference.trace import INDEX, TraceError, load_trace
 
-from . import metrics
 from .diff import check_plot, pyplot, save_figure, write_text
 from .dump_parse import (DEBUG_TREE, DumpError, PartialTensor, debug_tree_path, load_dump, load_hf_debugger,
                          load_logits_bin, token_axis)

@@ -76,11 +76,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reference import metrics
 from reference.cli import OneLineParser, UsageError, check_output, fail, float_in, int_in
 from reference.positions import SUFFIX as POSITIONS_SUFFIX
 from reference.trace import check_npy_header, load_npy
-
-from . import metrics
 
 NEAR_TIE_FACTOR = 8
 TYPICAL_FACTOR = 2

@@ -68,10 +68,9 @@ from typing import Callable
 
 import numpy as np
 
+from reference import metrics
 from reference.cli import OneLineParser, UsageError, exit_status, int_in
 from reference.positions import POSITIONS_FORMAT, SUFFIX, parse_positions, resolve, sparse_golden
-
-from . import metrics
 
 LLAMA_CPP_COMMIT = "0c1e570"  # vendored in llama-cpp-python 0.3.36
 REPO = Path(__file__).resolve().parent.parent

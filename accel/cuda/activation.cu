@@ -12,11 +12,6 @@ extern "C" __global__ void sigmoid_flat(const float* x, float* out, i64 n) {
     if (i < n) out[i] = 1.0f / (1.0f + (float)exp(-(double)x[i]));
 }
 
-extern "C" __global__ void silu_flat(const float* x, float* out, i64 n) {
-    i64 i = flat_index();
-    if (i < n) out[i] = x[i] / (1.0f + (float)exp(-(double)x[i]));
-}
-
 // ops.swiglu: silu(gate) * up
 extern "C" __global__ void swiglu_flat(const float* gate, const float* up, float* out, i64 n) {
     i64 i = flat_index();

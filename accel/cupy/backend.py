@@ -1,8 +1,8 @@
 """CupyBackend: the interface of reference/backend.py NumpyBackend (linear on GGUF tensor names,
 attention over cache rows) plus the norms, RoPE and activations of reference/ops.py, each a CUDA
-kernel of accel/cuda on arrays the caller hands in and gets back on the host; and `text_model`,
-the whole text forward resident on the device with its decode step captured as a CUDA graph
-(accel/cupy/text.py).
+kernel of accel/cuda on arrays the caller hands in and gets back on the host. The whole text forward
+resident on the device, with its decode step captured as a CUDA graph, is accel/cupy/text.py's
+DeviceTextModel on this backend.
 
 Numerics (float32 activations only): products sum 8 exact weights x activations in float32 and
 the groups in float64 (accel/cuda/matmul.cu); attention, norms and their sums in float64 as the
@@ -38,10 +38,6 @@ class CupyBackend:
         self.tensors = {}   # (weights, name) -> DeviceTensor
         self.vectors = {}   # (weights, name) -> device float32 copy of a 1-D tensor
 
-    def text_model(self, gguf_model, dtype=np.float32):  # -> DeviceTextModel on this backend
-        from .text import DeviceTextModel
-        return DeviceTextModel(gguf_model, dtype, self)
-
     def tensor(self, weights, name):  # -> DeviceTensor, uploaded once; None when no kernel reads its type
         key = (weights, name)
         if key not in self.tensors:
@@ -66,6 +62,9 @@ class CupyBackend:
         y = self.rt.empty((len(x), t.n_out))
         launch.linear(self.rt, self.device(x), t, y, self.tables)
         return self.rt.to_host(y)
+
+    def matmul(self, x, w):  # x [T, in], w [out, in] (the vision patch kernel) -> [T, out]
+        return self.fallback.matmul(x, w)  # one product per image, against a kernel no tensor cache holds
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         out = self.rt.empty(q.shape)
@@ -111,9 +110,6 @@ class CupyBackend:
 
     def sigmoid(self, x):  # [...] -> [...]
         return self.elementwise("sigmoid_flat", x)
-
-    def silu(self, x):  # [...] -> [...]
-        return self.elementwise("silu_flat", x)
 
     def gelu_erf(self, x):  # [...] -> [...]
         return self.elementwise("gelu_erf_flat", x)

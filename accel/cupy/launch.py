@@ -107,7 +107,7 @@ def truncate_positions(rt, layer, n_keep):
     rt.launch("truncate_positions", (cdiv(layer.rows, 256),), (256,), layer.pos, layer.rows, n_keep)
 
 
-def elementwise(rt, kernel, out, *inputs):  # sigmoid_flat, silu_flat, gelu_erf_flat, swiglu_flat: [...] -> out
+def elementwise(rt, kernel, out, *inputs):  # sigmoid_flat, gelu_erf_flat, swiglu_flat: [...] -> out
     n = out.size
     rt.launch(kernel, (cdiv(n, 256),), (256,), *inputs, out, n)
 

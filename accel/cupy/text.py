@@ -23,7 +23,8 @@ import numpy as np
 
 from reference import ops
 from reference.kv import KVCache
-from reference.text import NO_TRACE, TextModel
+from reference.text import TextModel
+from reference.trace import NO_TRACE, point
 
 from . import launch
 
@@ -78,22 +79,19 @@ class StepBuffers:
 
 
 class Recorder:
-    """Trace points and drafter inputs of an eager step, copied to the host as they are made. The
-    inactive recorder of a captured step allocates and copies nothing."""
+    """Trace points of an eager step (a drafter's target layer inputs among them), copied to the
+    host as they are made, those the trace wants only. The inactive recorder of a captured step
+    allocates and copies nothing."""
 
-    def __init__(self, rt, trace=NO_TRACE, layer_inputs=None):
-        self.rt, self.trace, self.layer_inputs = rt, trace, layer_inputs
+    def __init__(self, rt, trace=NO_TRACE):
+        self.rt, self.trace = rt, trace
 
     def buffer(self, shape):  # a device array for a kernel's optional trace output, or None
         return self.rt.empty(shape) if self.trace.enabled else None
 
     def __call__(self, name, dev, shape=None):
-        if self.trace.enabled:
+        if self.trace.wants(name):
             self.trace(name, self.rt.to_host(dev).reshape(shape or dev.shape))
-
-    def layer_input(self, il, x):
-        if self.layer_inputs is not None and il in self.layer_inputs:
-            self.layer_inputs[il] = self.rt.to_host(x)
 
 
 class DeviceTextModel(TextModel):
@@ -123,10 +121,10 @@ class DeviceTextModel(TextModel):
             self.steps[T] = s
         return s
 
-    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=False, layer_inputs=None):
+    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=None):
         """embeddings [T, E], positions [T] -> logits [T, V], as TextModel.forward."""
         if not isinstance(cache, DeviceKVCache):
-            return super().forward(embeddings, positions, cache, trace, progress, layer_inputs)
+            return super().forward(embeddings, positions, cache, trace, progress)
         positions = np.asarray(positions)
         T = len(positions)
         s = self.buffers(T)
@@ -135,8 +133,8 @@ class DeviceTextModel(TextModel):
         self.rt.copy_in(s.step, np.concatenate([[positions.max() + 1], positions]).astype(np.int32))
         self.rt.copy_in(s.cos, np.cos(theta))
         self.rt.copy_in(s.sin, np.sin(theta))
-        if trace.enabled or layer_inputs is not None or T > GRAPH_MAX_TOKENS or not self.use_graphs:
-            self.run(s, cache, Recorder(self.rt, trace, layer_inputs))
+        if trace.enabled or T > GRAPH_MAX_TOKENS or not self.use_graphs:
+            self.run(s, cache, Recorder(self.rt, trace))
         else:
             if T not in cache.graphs:
                 self.upload()  # nothing may be copied to the device while a stream captures
@@ -171,31 +169,29 @@ class DeviceTextModel(TextModel):
         launch.residual_norm(rt, s.rows, None, c.rms_eps, None, s.x, self.norm("blk.0.attn_norm.weight"),
                              c.rms_eps, s.u)
         rec("embd_norm", s.x)
-        rec("attn_norm-0", s.u)
+        rec(point("attn_norm", 0), s.u)
         for il in range(c.n_layer):
-            rec.layer_input(il, s.x)
             b = f"blk.{il}."
             self.attention_block(il, s, cache, rec)
             a_normed = rec.buffer((s.T, c.n_embd))
             launch.residual_norm(rt, s.a, self.norm(b + "post_attention_norm.weight"), c.post_norm_eps, s.x, s.x,
                                  self.norm(b + "ffn_norm.weight"), c.rms_eps, s.u, a_normed)
-            rec(f"attn_post_norm-{il}", a_normed)
-            rec(f"ffn_inp-{il}", s.x)
-            rec(f"ffn_norm-{il}", s.u)
+            rec(point("attn_post_norm", il), a_normed)
+            rec(point("ffn_inp", il), s.x)
+            rec(point("ffn_norm", il), s.u)
             self.linear(s.u, b + "ffn_gate.weight", s.ffn_gate)
             self.linear(s.u, b + "ffn_up.weight", s.ffn_up)
             launch.elementwise(rt, "swiglu_flat", s.ffn_act, s.ffn_gate, s.ffn_up)
             self.linear(s.ffn_act, b + "ffn_down.weight", s.f)
-            rec(f"ffn_out-{il}", s.f)
+            rec(point("ffn_out", il), s.f)
             last = il == c.n_layer - 1
             f_normed = rec.buffer((s.T, c.n_embd))
             launch.residual_norm(rt, s.f, self.norm(b + "post_ffw_norm.weight"), c.post_norm_eps, s.x, s.x,
                                  self.norm("output_norm.weight" if last else f"blk.{il + 1}.attn_norm.weight"),
                                  c.rms_eps, s.u, f_normed)
-            rec(f"ffn_post_norm-{il}", f_normed)
-            rec(f"l_out-{il}", s.x)
-            rec("result_norm" if last else f"attn_norm-{il + 1}", s.u)
-        rec.layer_input(c.n_layer, s.x)
+            rec(point("ffn_post_norm", il), f_normed)
+            rec(point("l_out", il), s.x)
+            rec("result_norm" if last else point("attn_norm", il + 1), s.u)
         self.linear(s.u, "output.weight", s.raw_logits)
         launch.scale_softcap(rt, s.raw_logits, np.float32(c.logit_scale), c.softcap, s.logits)
         rec("result_output", s.logits)
@@ -211,11 +207,11 @@ class DeviceTextModel(TextModel):
         for p, y in (("q", s.q), ("k", s.k), ("v", s.v)):
             if b + f"attn_{p}.bias" in w:
                 launch.add_bias(rt, y, self.norm(b + f"attn_{p}.bias"))
-        rec(f"Qcur-{il}", s.q, (T, H, D))
-        rec(f"Kcur-{il}", s.k, (T, Hkv, D))
-        rec(f"Vcur-{il}", s.v, (T, Hkv, D))
+        rec(point("Qcur", il), s.q, (T, H, D))
+        rec(point("Kcur", il), s.k, (T, Hkv, D))
+        rec(point("Vcur", il), s.v, (T, Hkv, D))
         self.linear(s.u, b + "attn_gate.weight", s.gate)
-        rec(f"attn_gate_proj-{il}", s.gate)
+        rec(point("attn_gate_proj", il), s.gate)
         layer = cache.layers[il]
         q_normed, k_normed = rec.buffer((T, H, D)), rec.buffer((T, Hkv, D))
         k_roped = rec.buffer((T, Hkv, D)) if swa else None
@@ -223,17 +219,17 @@ class DeviceTextModel(TextModel):
                                   self.norm(b + "attn_k_norm.weight"), c.rms_eps, s.cos if swa else None,
                                   s.sin if swa else None, s.step, H, Hkv, D, s.q_rope, layer, q_normed, k_normed,
                                   k_roped)
-        rec(f"Qcur_normed-{il}", q_normed)
-        rec(f"Kcur_normed-{il}", k_normed)
+        rec(point("Qcur_normed", il), q_normed)
+        rec(point("Kcur_normed", il), k_normed)
         if swa:
-            rec(f"Qcur_rope-{il}", s.q_rope, (T, H, D))
-            rec(f"Kcur_rope-{il}", k_roped)
+            rec(point("Qcur_rope", il), s.q_rope, (T, H, D))
+            rec(point("Kcur_rope", il), k_roped)
         attn_out, gate_sig = rec.buffer((T, H * D)), rec.buffer((T, H * D))
         kq_scale = np.float32(1) / np.sqrt(np.float32(D))  # llama.cpp's 1.0f/sqrtf(head_dim), as reference/text.py
         launch.attention_cache(rt, s.q_rope, layer, s.step, H, Hkv, D, c.n_swa if swa else 0, kq_scale, s.gate,
                                s.attn, attn_out, gate_sig)
-        rec(f"attn_out-{il}", attn_out)
-        rec(f"attn_gate_sig-{il}", gate_sig)
-        rec(f"attn_gated-{il}", s.attn)
+        rec(point("attn_out", il), attn_out)
+        rec(point("attn_gate_sig", il), gate_sig)
+        rec(point("attn_gated", il), s.attn)
         self.linear(s.attn, b + "attn_output.weight", s.a)
-        rec(f"attn_o_proj-{il}", s.a)
+        rec(point("attn_o_proj", il), s.a)

@@ -49,6 +49,9 @@ class NumbaBackend:
             quant.matmul_tiles(int(qtype), blocks, x[t0:t0 + TOKEN_BLOCK], out[t0:t0 + TOKEN_BLOCK], quant.TABLES)
         return out
 
+    def matmul(self, x, w):  # x [T, in], w [out, in] (the vision patch kernel) -> [T, out]
+        return self.fallback.matmul(x, w)  # one product per image, against a kernel no tensor cache holds
+
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         return attention_kernels.attention(q, k, v, visible, scale)
 
@@ -78,11 +81,8 @@ class NumbaBackend:
     def sigmoid(self, x):  # [...] -> [...]
         return elementwise(pointwise.sigmoid_flat, x, x.dtype.type(1))
 
-    def silu(self, x):  # [...] -> [...]
-        return elementwise(pointwise.silu_flat, x, np.ones(1, x.dtype), x.dtype.type(1))
-
     def swiglu(self, gate, up):  # gate [T, F], up [T, F] -> [T, F]
-        return elementwise(pointwise.silu_flat, gate, flat(up.astype(gate.dtype, copy=False)), gate.dtype.type(1))
+        return elementwise(pointwise.swiglu_flat, gate, flat(up.astype(gate.dtype, copy=False)), gate.dtype.type(1))
 
     def softcap(self, z, cap):  # z [...] -> [...]
         if cap == 0:

@@ -69,10 +69,9 @@ def sigmoid_flat(x, one, out):  # x [n] -> out [n]
 
 
 @njit(cache=True, parallel=True)
-def silu_flat(x, up, one, out):  # x [n], up [n] or [1] of one -> out [n]: silu(x) * up (SwiGLU; SiLU with up = [1])
-    scale_by_up = up.shape[0] == x.shape[0]
-    for i in prange(x.shape[0]):
-        out[i] = x[i] / (one + np.exp(-x[i])) * (up[i] if scale_by_up else up[0])
+def swiglu_flat(gate, up, one, out):  # gate [n], up [n] -> out [n]: silu(gate) * up
+    for i in prange(gate.shape[0]):
+        out[i] = gate[i] / (one + np.exp(-gate[i])) * up[i]
 
 
 @njit(cache=True, parallel=True)

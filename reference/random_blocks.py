@@ -1,0 +1,36 @@
+"""Random but valid quantized GGUF blocks: random quant bits with the f16 scales set, so that a
+weight matrix of any quantized type has a chosen standard deviation. tools.make_synthetic writes the
+release layout from them; accel/harness.py draws its random weight tensors over the same scale
+offsets.
+"""
+import numpy as np
+from gguf import GGMLQuantizationType as Q, GGML_QUANT_SIZES
+from gguf import quants
+
+# byte offsets of the f16 super-block scales in each block (ggml-common.h block layouts)
+F16_SCALE_OFFSETS = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.IQ4_NL: (0,), Q.Q2_K: (80, 82), Q.Q3_K: (108,),
+                     Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_XS: (0,), Q.IQ3_XXS: (0,),
+                     Q.IQ2_XXS: (0,)}
+
+
+PROBE_BLOCKS = 64  # random blocks block_scale_for_unit_std calibrates on
+
+
+def block_scale_for_unit_std(qtype):  # -> f16 scale that gives random blocks of this type std 1
+    block, size = GGML_QUANT_SIZES[qtype]
+    probe = np.random.default_rng(0).integers(0, 256, (PROBE_BLOCKS, size), dtype=np.uint8)
+    set_scales(probe, qtype, 1.0)
+    return 1.0 / float(np.std(quants.dequantize(probe.reshape(1, -1), qtype)))
+
+
+def set_scales(blocks, qtype, scale):  # blocks [n, block_bytes] uint8, in place
+    f16 = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+    for off in F16_SCALE_OFFSETS[qtype]:
+        blocks[:, off:off + 2] = f16
+
+
+def random_rows(qtype, n_rows, n_cols, std, rng, unit_scale):  # -> raw rows [n_rows, row_bytes] uint8
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (n_rows * n_cols // block, size), dtype=np.uint8)
+    set_scales(blocks, qtype, std * unit_scale)
+    return blocks.reshape(n_rows, -1)

@@ -1,0 +1,97 @@
+"""The declared backend (reference/backend.py Backend): every backend class implements every op a
+model calls, with the declared parameters, and the models call no op outside the declaration; and
+the one table of text trace names (reference/trace.py) is what the text forward traces.
+
+The classes are inspected, never instantiated: the CuPy backend's class imports without CuPy or a
+GPU, so the check runs in CI for all five.
+"""
+import ast
+import inspect
+import os
+
+import pytest
+from conftest import MODELS as TEST_MODELS
+
+from accel.cupy import CupyBackend
+from accel.numba import NumbaBackend
+from reference import gguf
+from reference.backend import OPS, Backend, NumpyBackend
+from reference.ggml_cpu import GgmlCpuBackend
+from reference.text import TextModel
+from reference.tp import TensorParallelBackend
+from reference.trace import TEXT_MODEL_POINTS, TEXT_POINTS, TraceError, Tracer, point
+
+BACKENDS = [NumpyBackend, GgmlCpuBackend, NumbaBackend, CupyBackend, TensorParallelBackend]
+MODELS = ("text.py", "vision.py", "dflash.py")
+REFERENCE = os.path.join(os.path.dirname(__file__), os.pardir, "reference")
+
+# GgmlCpuBackend gains layer_norm, rope_2d and gelu_erf on the branch that turns ggml_cpu.py into a
+# package; until that is merged these three fail here, and strict=True turns the xpass into a
+# failure once it is, so that this list is then removed. rope_neox (the drafter's RoPE) and matmul
+# (the vision patch embedding) are missing from it as well and are listed for the same reason.
+GGML_CPU_PENDING = ("layer_norm", "rope_2d", "gelu_erf", "rope_neox", "matmul")
+
+
+def parameters(fn):  # -> the parameter names after self
+    return list(inspect.signature(fn).parameters)[1:]
+
+
+def case(backend, op):  # -> pytest param, xfail for an op still pending on GgmlCpuBackend
+    marks = ()
+    if backend is GgmlCpuBackend and op in GGML_CPU_PENDING:
+        marks = pytest.mark.xfail(strict=True, reason=f"GgmlCpuBackend.{op} lands with the ggml_cpu package")
+    return pytest.param(backend, op, id=f"{backend.__name__}.{op}", marks=marks)
+
+
+@pytest.mark.parametrize("backend, op", [case(backend, op) for backend in BACKENDS for op in OPS])
+def test_backend_implements_the_declared_op(backend, op):
+    fn = getattr(backend, op, None)
+    assert callable(fn), f"{backend.__name__} lacks {op}"
+    assert parameters(fn) == parameters(getattr(Backend, op)), f"{backend.__name__}.{op} parameters"
+
+
+def backend_calls(source):  # -> {op names called as self.backend.<op>(...) or be.<op> in a model file}
+    calls = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if isinstance(owner, ast.Attribute) and owner.attr == "backend":
+                calls.add(node.func.attr)
+    return calls
+
+
+def test_the_models_call_only_declared_ops_and_every_declared_op_is_called():
+    called = set()
+    for name in MODELS:
+        with open(os.path.join(REFERENCE, name)) as f:
+            called |= backend_calls(f.read())
+    assert called <= set(OPS), f"called but not declared: {sorted(called - set(OPS))}"
+    assert set(OPS) <= called, f"declared but no model calls: {sorted(set(OPS) - called)}"
+
+
+def test_the_models_compute_nothing_through_ops_directly():
+    """Only host-side bookkeeping (RoPE angles, masks, the window permutation, the position-table
+    resize, the draft sampler's softmax) may call reference.ops from a model; the math goes through
+    the backend."""
+    allowed = {"rope_angles", "causal_visible", "window_permutation", "resize_bilinear_border",
+               "pixel_shuffle_channel_outer", "softmax"}
+    for name in MODELS:
+        with open(os.path.join(REFERENCE, name)) as f:
+            tree = ast.parse(f.read())
+        direct = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                  and isinstance(n.value, ast.Name) and n.value.id == "ops"}
+        assert direct <= allowed, f"{name} computes {sorted(direct - allowed)} outside the backend"
+
+
+def test_text_forward_traces_the_table_in_graph_order():
+    """reference/text.py names its points from trace.TEXT_POINTS (accel/cupy/text.py too; tests/test_cuda.py
+    checks its names against these): llama.cpp's order, the *_rope points on sliding-window layers only."""
+    lm = TextModel(gguf.load(os.path.join(TEST_MODELS, "tiny-a-f32.gguf"), "text"))
+    tracer = Tracer(keep_in_memory=True)
+    lm.prefill([497, 5, 17], lm.new_cache(4), trace=tracer)
+    per_layer = [point(op, il) for il, swa in enumerate(lm.cfg.swa_layers)
+                 for op in TEXT_POINTS if swa or not op.endswith("_rope")]
+    assert list(tracer.points) == ["embd_norm"] + per_layer + ["result_norm", "result_output"]
+    assert TEXT_MODEL_POINTS == ("embd_norm", "result_norm", "result_output")
+    with pytest.raises(TraceError, match="not a per-layer trace point"):
+        point("attn_nrom", 0)
