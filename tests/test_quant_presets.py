@@ -20,7 +20,7 @@ import pytest
 
 from reference import gguf
 from reference.text import TextModel
-from tools.metrics import max_abs_diff, nmse
+from reference.metrics import max_abs_diff, nmse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import GOLDEN, require  # noqa: E402
