@@ -42,8 +42,9 @@ class TextModel:
     def embed(self, token_ids):  # [T] -> [T, E], the raw rows of token_embd
         return self.weights.rows("token_embd.weight", token_ids, self.dtype)
 
-    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=False, layer_inputs=None):
-        """embeddings [T, E] (token rows, or image rows in their place), positions [T] -> logits [T, V].
+    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=False, layer_inputs=None, out_rows=None):
+        """embeddings [T, E] (token rows, or image rows in their place), positions [T] -> logits [T, V],
+        or [len(out_rows), V] for the batch rows `out_rows` alone.
         Appends the batch's K/V to `cache`. `layer_inputs`, a dict whose keys are layer ids, gets
         the residual entering each of those layers ([T, E]; id n_layer is the last layer's output):
         what a DFlash drafter reads from its target (dflash.target_layers)."""
@@ -62,6 +63,8 @@ class TextModel:
         cache.n_past = max(cache.n_past, int(np.max(positions)) + 1)
         y = self.backend.rms_norm(x, c.rms_eps) * self.norm_weight("output_norm.weight")
         trace("result_norm", y)
+        if out_rows is not None:  # the output head only where logits are wanted: a row is 0.8 MB at a 202048 vocabulary
+            y = y[out_rows]
         logits = self.backend.softcap(
             self.backend.linear(y, self.weights, "output.weight") * self.dtype.type(c.logit_scale), c.softcap)
         trace("result_output", logits)
@@ -127,18 +130,21 @@ class TextModel:
     # -----------------------------------------------------------------------------------------
     # Prefill and greedy decoding on top of either cache
 
-    def prefill(self, token_ids, cache, chunk=2048, trace=NO_TRACE, progress=False):  # [T] -> logits [T, V]
-        return self.prefill_embeddings(self.embed(np.asarray(token_ids, np.int64)), cache, chunk, trace, progress)
+    def prefill(self, token_ids, cache, chunk=2048, trace=NO_TRACE, progress=False, out_rows=None):  # [T] -> [T, V]
+        return self.prefill_embeddings(self.embed(np.asarray(token_ids, np.int64)), cache, chunk, trace, progress,
+                                       out_rows)
 
-    def prefill_embeddings(self, rows, cache, chunk=2048, trace=NO_TRACE, progress=False):  # [T, E] -> [T, V]
-        """Feeds embedding rows (token rows, or image rows in their place) in chunks of at most
-        `chunk` after the cache's n_past positions."""
+    def prefill_embeddings(self, rows, cache, chunk=2048, trace=NO_TRACE, progress=False, out_rows=None):
+        """[T, E] -> logits [T, V]. Feeds embedding rows (token rows, or image rows in their place) in
+        chunks of at most `chunk` after the cache's n_past positions. With `out_rows` (ascending
+        indices into `rows`) only those rows' logits are computed: [len(out_rows), V]."""
         cache.check_room(len(rows), min(len(rows), chunk))
         out = []
         for start in range(0, len(rows), chunk):
             batch = rows[start:start + chunk]
             positions = np.arange(cache.n_past, cache.n_past + len(batch))
-            out.append(self.forward(batch, positions, cache, trace, progress))
+            keep = None if out_rows is None else out_rows[(out_rows >= start) & (out_rows < start + len(batch))] - start
+            out.append(self.forward(batch, positions, cache, trace, progress, out_rows=keep))
         return np.concatenate(out) if out else np.zeros((0, self.cfg.n_vocab), self.dtype)
 
     def decode_greedy(self, next_logits, n_predict, cache, chunk=2048, progress=False):  # [V] -> generated ids

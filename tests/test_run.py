@@ -65,7 +65,7 @@ def test_float64_is_the_noise_floor():
     (["--token-ids", "1,x"], "--token-ids must be comma-separated integers"),
     (["--token-ids", "1,2", "--ctx", "1"], "context full"),
     (["--token-ids", "1,2", "--dtype", "float16"], "invalid choice"),
-    (["--token-ids", "1,2", "--prefill-chunk", "0"], "must not be negative"),
+    (["--token-ids", "1,2", "--prefill-chunk", "0"], "argument --prefill-chunk: 0 is out of range"),
     (["--token-ids", "1,,2"], "--token-ids has an empty item: '1,,2'"),
     (["--token-ids", "1,2,"], "--token-ids has an empty item"),
     (["--token-ids", ""], "--token-ids is empty"),  # not the default prompt
