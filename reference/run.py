@@ -87,8 +87,9 @@ def add_output_flags(p):
     p.add_argument("--logits-out", help="write the float32 logits of one prefill: [n_prompt_tokens, n_vocab] "
                                         f"to a .npy path, or the kept positions to a {SUFFIX} path")
     p.add_argument("--logits-positions", type=parse_positions, metavar="SPEC",
-                   help="keep these prompt positions' logits: last, -256:, 0,5,100:120 (Python slices, "
-                        f"negative from the end); --logits-out names a {SUFFIX} file")
+                   help="keep these prompt positions' logits: last, 0,5,100:120, or --logits-positions=-256: "
+                        f"(Python slices, negative from the end; '=' before a leading '-'); "
+                        f"--logits-out names a {SUFFIX} file")
     p.add_argument("--logits-topk", type=int_in(1, MAX_TOP_K), metavar="K",
                    help="keep the K largest logits of each kept position and its logsumexp, not the whole row")
     p.add_argument("--trace", help="write one .npy per named trace point and index.json into this directory")
