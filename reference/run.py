@@ -45,6 +45,7 @@ MAX_TOKENS = 1 << 40
 MAX_DRAFT = 1 << 10  # drafted tokens a step: the drafter clamps it to its block_size - 1 anyway
 MAX_TP = 1 << 10  # simulated tensor-parallel ranks; check_tp then asks that they divide n_head_kv
 MAX_TOP_K = 1 << 31  # top-k is clamped to the vocabulary
+TOPK_BLOCK = 16  # kept rows reduced to their top-k at a time (26 MB of float64 a pass at the 30B's vocabulary)
 
 
 def p_min_type(text):  # argparse type: --spec-p-min -> a float in [0, 1] or "auto"
@@ -376,7 +377,14 @@ def write_logits(args, logits, rows, kept, n_vocab):  # prefill logits of `rows`
         np.save(args.logits_out, logits.astype(np.float32))
         return
     at = kept if rows is None else np.searchsorted(rows, kept)
-    np.savez(args.logits_out, **sparse_golden(logits[at], kept, n_vocab, args.logits_topk))
+    if args.logits_topk is None:
+        golden = sparse_golden(logits[at], kept, n_vocab)
+    else:  # block by block: top-k's index and float64 passes take 8 bytes x vocabulary a row
+        blocks = [sparse_golden(logits[at[i:i + TOPK_BLOCK]], kept[i:i + TOPK_BLOCK], n_vocab, args.logits_topk)
+                  for i in range(0, len(at), TOPK_BLOCK)]
+        golden = {key: np.concatenate([b[key] for b in blocks]) if blocks[0][key].ndim else blocks[0][key]
+                  for key in blocks[0]}
+    np.savez(args.logits_out, **golden)
 
 
 def prompt_input(args, lm, prompt, timings):  # -> (token ids or embedding rows [T, E], image embeddings)
