@@ -61,6 +61,8 @@ TARGETS = {  # name -> (call on the path, the typed errors of its contract, byte
     "image": (load_rgb, (ImageError,), 0),
     "npy": (load_logits, (UsageError,), 0),
     "chat": (chat, (ChatError,), CHAT_ALLOWANCE),
+    # the limit's own check: what a loader trusting a header that claims 3 x its file would allocate
+    "overallocate": (lambda p: np.ones(3 * os.path.getsize(p) + SLACK_BYTES, np.uint8), (), 0),
 }
 
 

@@ -4,7 +4,9 @@ mutated model, ends in its typed error or a valid result: no other exception, no
 fuzz_worker.TIMEOUT_S), and no allocation beyond twice the file's size. That bound is an
 address-space limit (RLIMIT_AS) in one child process (tests/fuzz_worker.py), set before every call
 to the address space the child holds then (its baseline: Python, NumPy, Pillow and the project
-imported, 300-400 MB of mostly untouched mappings) + 2 x the file + fuzz_worker.SLACK_BYTES.
+imported, measured 246 MB of address space of which 63 MB resident; OpenBLAS's buffer and each
+target's first-call imports, mapped by a warm-up call, add about 100 MB more) + 2 x the file +
+fuzz_worker.SLACK_BYTES. A baseline of RSS would not do: RLIMIT_AS counts mappings, touched or not.
 derandomize=True: CI draws the same examples on every run."""
 import json
 import os
@@ -101,6 +103,13 @@ def mutated_gguf(numbers, flips, cut):  # -> bytes of the committed model with t
 def test_unmodified_inputs_load(worker, tmp_path):  # the bound and slack admit every valid call
     for target, name, data in VALID:
         assert check(worker, target, tmp_path / name, data) == "ok"
+
+
+def test_the_limit_stops_an_allocation_of_three_times_the_file(worker, tmp_path):
+    (tmp_path / "m.gguf").write_bytes(ORIGINAL)
+    worker.stdin.write(json.dumps({"target": "overallocate", "path": str(tmp_path / "m.gguf")}) + "\n")
+    worker.stdin.flush()
+    assert json.loads(worker.stdout.readline())["outcome"] == "memory"
 
 
 @fuzz(150)
