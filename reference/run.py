@@ -1,9 +1,13 @@
-"""`python -m reference.run`: slow, exact runs of the reference (the command-line contract of
-docs/architecture.md; flags are extended, never renamed).
+"""`python -m reference.run`: slow, exact runs of the reference. Flags are extended, never renamed.
 
-With no arguments it runs the embedded default model from golden/ on a default prompt and prints
-a greedy continuation with timings.
+With no arguments it runs the embedded default model from golden/ on a default prompt and prints a
+greedy continuation with timings; `--model` naming that file runs the same prompt. Prompt text,
+from --prompt or --prompt-file, is read as bytes, as llama.cpp reads it (a CRLF file keeps its \\r).
+--logits-out F.npy holds the logits of every prompt position; with --logits-positions or
+--logits-topk it is F.positions.npz (reference/positions.py's POSITIONS_FORMAT), and only the kept
+positions pass through the output head, so a long prompt's golden costs megabytes.
 """
+import argparse
 import json
 import os
 import resource
@@ -16,12 +20,13 @@ from tqdm import tqdm
 
 from . import gguf
 from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
-from .cli import OneLineParser, UsageError, check_output, exit_status, parse_token_ids
+from .cli import OneLineParser, UsageError, check_output, exit_status, float_in, int_in, parse_token_ids
 from .dflash import Drafter, Speculator, acceptance
 from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
 from .governor import CostGovernor, FloorBandit
 from .image import ImageError, load_rgb
 from .kv import CacheError, layer_rows
+from .positions import SUFFIX, parse_positions, resolve, sparse_golden
 from .text import TextModel
 from .tokenizer import Tokenizer, TokenizerError, detokenize
 from .tp import TensorParallelBackend, TPError, check_tp
@@ -36,35 +41,72 @@ HINT = ("[more: --prompt TEXT | --chat --prompt TEXT | --draft-model golden/mode
         " | --model GGUF | --json | --help]")
 DEFAULT_N_PREDICT = 16
 PROGRESS_BYTES = 1 << 30
+# Token counts (--n-predict, --ctx, --prefill-chunk) beyond any machine's memory; check_context then
+# refuses a context whose KV cache would not fit here, before it is allocated.
+MAX_TOKENS = 1 << 40
+MAX_DRAFT = 1 << 10  # drafted tokens a step: the drafter clamps it to its block_size - 1 anyway
+MAX_TP = 1 << 10  # simulated tensor-parallel ranks; check_tp then asks that they divide n_head_kv
+MAX_TOP_K = 1 << 31  # top-k is clamped to the vocabulary
+TOPK_BLOCK = 16  # kept rows reduced to their top-k at a time (26 MB of float64 a pass at the 30B's vocabulary)
 
 
-def build_parser():
-    p = OneLineParser(prog="python -m reference.run", description=__doc__.splitlines()[0])
+def p_min_type(text):  # argparse type: --spec-p-min -> a float in [0, 1] or "auto"
+    if text == "auto":
+        return text
+    try:
+        return float_in(0.0, 1.0)(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}; or 'auto'") from None
+
+
+def build_parser():  # -> the parser; every number is range-checked as it is parsed, before any load
+    p = OneLineParser(prog="python -m reference.run", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="text GGUF (default: the embedded tiny model in golden/models)")
+    add_prompt_flags(p)
+    add_output_flags(p)
+    add_compute_flags(p)
+    add_draft_flags(p)
+    add_image_flags(p)
+    return p
+
+
+def add_prompt_flags(p):
     src = p.add_mutually_exclusive_group()
     src.add_argument("--token-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
     src.add_argument("--prompt", help="prompt text, tokenized with the GGUF's tokenizer")
-    src.add_argument("--prompt-file", help="file holding the prompt text (UTF-8)")
+    src.add_argument("--prompt-file", help="file holding the prompt text (its bytes as they are, as llama.cpp)")
     p.add_argument("--chat", action="store_true",
                    help="render the prompt as a user message with the GGUF's chat template")
     p.add_argument("--system", help="system message for --chat (default: the template's own system block)")
     p.add_argument("--date", help="YYYY-MM-DD the chat template sees as today (default: today): reproducible prompts")
     p.add_argument("--no-special", action="store_true", help="tokenize special-token text in the prompt as plain text")
     p.add_argument("--tokenize-only", action="store_true", help="print the JSON list of prompt token ids and exit")
-    p.add_argument("--n-predict", type=int, default=DEFAULT_N_PREDICT, help="greedy tokens to generate")
-    p.add_argument("--logits-out", help="write float32 [n_prompt_tokens, n_vocab] logits of one prefill (a .npy path)")
+
+
+def add_output_flags(p):
+    p.add_argument("--n-predict", type=int_in(0, MAX_TOKENS), default=DEFAULT_N_PREDICT,
+                   help=f"greedy tokens to generate (default {DEFAULT_N_PREDICT})")
+    p.add_argument("--logits-out", help="write the float32 logits of one prefill: [n_prompt_tokens, n_vocab] "
+                                        f"to a .npy path, or the kept positions to a {SUFFIX} path")
+    p.add_argument("--logits-positions", type=parse_positions, metavar="SPEC",
+                   help="keep these prompt positions' logits: last, 0,5,100:120, or --logits-positions=-256: "
+                        f"(Python slices, negative from the end; '=' before a leading '-'); "
+                        f"--logits-out names a {SUFFIX} file")
+    p.add_argument("--logits-topk", type=int_in(1, MAX_TOP_K), metavar="K",
+                   help="keep the K largest logits of each kept position and its logsumexp, not the whole row")
     p.add_argument("--trace", help="write one .npy per named trace point and index.json into this directory")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--kv", choices=("ring", "uniform"), default="ring")
-    p.add_argument("--prefill-chunk", type=int, default=2048)
-    p.add_argument("--ctx", type=int, default=0, help="context size (default: prompt + n-predict)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--draft-model", help="DFlash drafter GGUF: speculative greedy decoding (same tokens)")
-    p.add_argument("--spec-draft-n-max", type=int, default=3,
-                   help="draft tokens per step: a block of n + 1 rows, clamped to the drafter's block_size - 1")
-    p.add_argument("--spec-p-min", default="0.0",
-                   help="confidence floor in [0, 1], or 'auto': adaptive floor and a cost governor")
-    p.add_argument("--tp", type=int, default=1, help="simulate N-way tensor parallelism (N divides n_head_kv)")
+
+
+def add_compute_flags(p):
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--kv", choices=("ring", "uniform"), default="ring",
+                   help="ring: sliding-window layers keep their window only; uniform: every layer every position")
+    p.add_argument("--prefill-chunk", type=int_in(1, MAX_TOKENS), default=2048, help="prompt rows per forward")
+    p.add_argument("--ctx", type=int_in(0, MAX_TOKENS), default=0, help="context size (default: prompt + n-predict)")
+    p.add_argument("--tp", type=int_in(1, MAX_TP), default=1,
+                   help="simulate N-way tensor parallelism (N divides n_head_kv)")
     p.add_argument("--backend", choices=("numpy", "numba", "cupy"), default="numpy",
                    help="numba: the accel/ kernels, multiplying straight from the quantized blocks (same logits); "
                         "cupy: CUDA kernels, the text forward resident on the GPU with a captured decode graph")
@@ -76,15 +118,115 @@ def build_parser():
                         "attention on)")
     p.add_argument("--flash-attn", choices=("on", "off"),
                    help="with --numerics ggml-cpu: llama.cpp's flash attention (default off, on for --kv-type q8_0)")
+
+
+def add_draft_flags(p):
+    p.add_argument("--draft-model", help="DFlash drafter GGUF: speculative greedy decoding (same tokens)")
+    p.add_argument("--spec-draft-n-max", type=int_in(0, MAX_DRAFT), default=3,
+                   help="draft tokens per step: a block of n + 1 rows, clamped to the drafter's block_size - 1")
+    p.add_argument("--spec-p-min", type=p_min_type, default=0.0,
+                   help="confidence floor in [0, 1], or 'auto': adaptive floor and a cost governor")
+
+
+def add_image_flags(p):
     p.add_argument("--mmproj", help="vision projector GGUF (clip, projector muse-glimmer) for --image")
     p.add_argument("--image", action="append", default=[],
                    help="image file (repeatable); each <|patch|> in the prompt takes the next image, "
                         "with none they go right after BOS")
-    p.add_argument("--image-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+    p.add_argument("--image-max-tokens", type=int_in(1, MAX_TOKENS), default=DEFAULT_MAX_TOKENS,
                    help="merged-token cap per image (llama.cpp's --image-max-tokens)")
     p.add_argument("--embeddings-out",
                    help="write float32 [n_image_tokens, n_embd]: the raw image projections (a .npy path)")
-    return p
+
+
+# -------------------------------------------------------------------------------------------------
+# What the flags say together, checked before anything loads
+
+def check_flags(args):  # -> None; UsageError for flags that contradict each other
+    check_prompt_flags(args)
+    check_compute_flags(args)
+    check_output_flags(args)
+    if args.image and args.draft_model:
+        raise UsageError("--draft-model with --image is not supported")
+    if not args.image and (args.mmproj or args.embeddings_out):
+        raise UsageError("--mmproj and --embeddings-out need --image")
+    if args.image and not args.mmproj:
+        raise UsageError("--image needs --mmproj")
+
+
+def check_prompt_flags(args):
+    text = args.prompt is not None or args.prompt_file is not None
+    if (args.system is not None or args.date is not None) and not args.chat:
+        raise UsageError("--system and --date only apply with --chat")
+    if args.chat and not text:
+        raise UsageError("--chat needs --prompt or --prompt-file")
+    if args.chat and args.no_special:
+        raise UsageError("--chat parses the template's special tokens: it takes no --no-special")
+    if args.no_special and not text:
+        raise UsageError("--no-special only applies to --prompt or --prompt-file")
+
+
+def check_compute_flags(args):
+    if args.numerics == "ggml-cpu" and (args.dtype != "float32" or args.backend != "numpy" or args.tp != 1):
+        raise UsageError("--numerics ggml-cpu computes in float32 on the numpy backend, without --tp")
+    if args.numerics != "ggml-cpu" and (args.kv_type or args.flash_attn):
+        raise UsageError("--kv-type and --flash-attn choose llama.cpp's cache for --numerics ggml-cpu only")
+    if args.tp != 1 and args.backend != "numpy":
+        raise UsageError("--tp simulates tensor parallelism on the numpy backend only")
+
+
+def check_output_flags(args):
+    """np.save appends .npy to a name without it, so such a file would not be where it was asked
+    for: the name must end in its suffix. Refused before the run rather than after it."""
+    sparse = args.logits_positions is not None or args.logits_topk is not None
+    if sparse and not args.logits_out:
+        raise UsageError(f"--logits-positions and --logits-topk need --logits-out F{SUFFIX}")
+    if args.logits_out is not None:
+        check_output(args.logits_out, "--logits-out", SUFFIX if sparse else ".npy")
+    if args.embeddings_out is not None:
+        check_output(args.embeddings_out, "--embeddings-out", ".npy")
+
+
+# -------------------------------------------------------------------------------------------------
+# The prompt
+
+def utf8_code_point(data, i):  # -> (code point, bytes read) at data[i], as llama.cpp's unicode_cpt_from_utf8
+    """The lead byte says the length and the bytes after it need only be 10xxxxxx: an overlong
+    form (C1 81) is read as its code point (A). A byte that starts no such sequence is U+FFFD,
+    and the read goes on at the next byte."""
+    lead = data[i]
+    size = 1 if lead < 0x80 else 0 if lead < 0xC0 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4 if lead < 0xF8 else 0
+    tail = data[i + 1:i + size]
+    if size == 0 or len(tail) < size - 1 or any(b & 0xC0 != 0x80 for b in tail):
+        return 0xFFFD, 1
+    cpt = lead & (0x7F >> size if size > 1 else 0x7F)
+    for b in tail:
+        cpt = cpt << 6 | b & 0x3F
+    return cpt, size
+
+
+def llama_text(data, source):  # bytes -> the str llama.cpp's tokenizer sees in them
+    try:
+        return data.decode("utf-8")  # valid UTF-8 reads the same in both
+    except UnicodeDecodeError:
+        pass
+    chars, i = [], 0
+    while i < len(data):
+        cpt, size = utf8_code_point(data, i)
+        if 0xD800 <= cpt <= 0xDFFF or cpt > 0x10FFFF:  # llama.cpp aborts on the second, tokenizes the first
+            raise UsageError(f"{source}: byte {i} encodes U+{cpt:X}, a surrogate or no code point")
+        chars.append(chr(cpt))
+        i += size
+    return "".join(chars)
+
+
+def prompt_text(args):  # -> the text of --prompt or --prompt-file, from their bytes, or None
+    if args.prompt_file is not None:
+        with open(args.prompt_file, "rb") as f:  # bytes: text mode would turn CRLF into LF
+            return llama_text(f.read(), args.prompt_file)
+    if args.prompt is not None:  # argv's bytes, as the shell passed them (undecodable ones survive as escapes)
+        return llama_text(os.fsencode(args.prompt), "--prompt")
+    return None
 
 
 def default_prompt(tok, embedded):  # -> prompt ids
@@ -96,55 +238,27 @@ def default_prompt(tok, embedded):  # -> prompt ids
     return first + [i for i, t in enumerate(tok.token_types) if t == 1][:8]
 
 
-def spec_governor(p_min):  # --spec-p-min text -> (fixed floor or None, CostGovernor or None)
-    if p_min == "auto":
-        return None, CostGovernor(floors=FloorBandit())
-    try:
-        value = float(p_min)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise UsageError(f"--spec-p-min must be a number in [0, 1] or 'auto', got {p_min!r}")
-    return value, None
-
-
-def read_prompt_file(path):  # -> its text
-    with open(path, encoding="utf-8") as f:
-        try:
-            return f.read()
-        except UnicodeDecodeError as e:
-            raise UsageError(f"{path}: not UTF-8 text (byte {e.start})") from None
+def is_embedded(path):  # -> whether `path` is the embedded default model
+    return os.path.exists(path) and os.path.samefile(path, DEFAULT_MODEL)
 
 
 def prompt_tokens(args, tok):  # -> ids from --token-ids, --prompt/--prompt-file (plain or --chat), or the default
-    text = read_prompt_file(args.prompt_file) if args.prompt_file else args.prompt
-    if (args.system is not None or args.date is not None) and not args.chat:
-        raise UsageError("--system and --date only apply with --chat")
-    if args.chat and (text is None or args.no_special):
-        raise UsageError("--chat needs --prompt or --prompt-file, and parses the template's special tokens "
-                         "(no --no-special)")
-    if args.no_special and text is None:
-        raise UsageError("--no-special only applies to --prompt or --prompt-file")
+    text = prompt_text(args)
     if text is None:
         if args.token_ids is not None:
             return parse_token_ids(args.token_ids, tok.n_vocab)
-        return default_prompt(tok, not args.model)
+        return default_prompt(tok, is_embedded(model_path(args)))
     tokenizer = Tokenizer(tok)
     if not args.chat:
         return tokenizer.tokenize(text, add_special=True, parse_special=not args.no_special)
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
-    images = [{"type": "image"}] * len(args.image or [])  # before the text, where llama-mtmd-cli puts its markers
+    images = [{"type": "image"}] * len(args.image)  # before the text, where llama-mtmd-cli puts its markers
     user = {"role": "user", "content": images + [{"type": "text", "text": text}] if images else text}
     return prompt_ids(tokenizer, chat_prompt(tok, system + [user], date=args.date))
 
 
-def check_output_paths(args):  # --logits-out and --embeddings-out, refused before the run rather than after it
-    """np.save appends .npy to a name without it, so such a file would not be where it was asked
-    for: the name must end in .npy."""
-    for flag, path in (("--logits-out", args.logits_out), ("--embeddings-out", args.embeddings_out)):
-        if path is not None:
-            check_output(path, flag, ".npy")
-
+# -------------------------------------------------------------------------------------------------
+# Memory
 
 def kv_cache_bytes(cfg, n_ctx, kind, chunk, dtype):  # -> bytes the KV cache of TextModel.new_cache takes
     rows = sum(layer_rows(cfg.swa_layers, cfg.n_swa, n_ctx, kind, chunk))
@@ -157,24 +271,21 @@ def memory_bytes():  # -> what this process may allocate: the machine's memory, 
     return physical if limit == resource.RLIM_INFINITY else min(physical, limit)
 
 
-def check_context(cfg, args, n_ctx):  # refuse a context whose KV cache could never be allocated here
-    need, have = kv_cache_bytes(cfg, n_ctx, args.kv, args.prefill_chunk, args.dtype), memory_bytes()
+def check_context(cfg, n_ctx, layout, dtype):  # refuse a context whose KV cache could never be allocated here
+    need, have = kv_cache_bytes(cfg, n_ctx, *layout, dtype), memory_bytes()
     if need > have:
         raise UsageError(f"a context of {n_ctx} tokens (--ctx, or the prompt + --n-predict) needs a "
                          f"{need / 2**30:.3g} GiB KV cache, more than the {have / 2**30:.3g} GiB of memory here")
 
 
+# -------------------------------------------------------------------------------------------------
+# Images
+
 def image_embeddings(args, lm):  # -> [[n_i, n_embd] per --image]
     if not args.image:
-        if args.mmproj or args.embeddings_out:
-            raise UsageError("--mmproj and --embeddings-out need --image")
         return []
-    if not args.mmproj:
-        raise UsageError("--image needs --mmproj")
-    if args.image_max_tokens < 1:
-        raise UsageError(f"--image-max-tokens must be at least 1, got {args.image_max_tokens}")
     vision = VisionModel(gguf.load(args.mmproj, "mmproj"), dtype=lm.dtype, numerics=args.numerics)
-    check_compatible(vision, lm.cfg, args.model or DEFAULT_MODEL)
+    check_compatible(vision, lm.cfg, model_path(args))
     # one trace directory per image: the tower's point names (attn_out-0, ...) are also text ones
     traces = [Tracer(os.path.join(args.trace, f"image-{i}") if args.trace else None) for i in range(len(args.image))]
     big = os.path.getsize(args.mmproj) > PROGRESS_BYTES
@@ -201,11 +312,20 @@ def image_prompt_rows(lm, prompt, images):  # ids with <|patch|> per image -> em
     return rows
 
 
-def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend; args get llama.cpp's cache and ubatch
-    if args.dtype != "float32" or args.backend != "numpy" or args.tp != 1:
-        raise UsageError("--numerics ggml-cpu computes in float32 on the numpy backend, without --tp")
-    args.kv = "uniform"  # one cell per position, as llama.cpp's cache holds a single sequence
-    args.prefill_chunk = min(args.prefill_chunk, UBATCH)
+# -------------------------------------------------------------------------------------------------
+# The backend and the model
+
+def model_path(args):  # -> the text GGUF that runs
+    return args.model or DEFAULT_MODEL
+
+
+def cache_layout(args):  # -> (KV cache kind, prefill chunk): llama.cpp's under --numerics ggml-cpu
+    if args.numerics == "ggml-cpu":  # one cell per position, as llama.cpp's cache holds a single sequence
+        return "uniform", min(args.prefill_chunk, UBATCH)
+    return args.kv, args.prefill_chunk
+
+
+def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend with llama.cpp's cache type and attention
     for difference in host_differences():
         print(f"reference.run: warning: ggml-cpu models llama.cpp's x86-64 AVX512 build; here {difference}",
               file=sys.stderr)
@@ -217,106 +337,170 @@ def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend; args get l
 
 def accel_backend(args):  # --backend other than numpy -> backend from accel/ (imported only then)
     from accel import BackendError, make_backend
-    if args.tp != 1:
-        raise UsageError("--tp simulates tensor parallelism on the numpy backend only")
     try:
         return make_backend(args.backend, np.dtype(args.dtype))
     except BackendError as e:
         raise UsageError(str(e)) from None
 
 
-def run(args):  # parsed args -> exit status
-    check_output_paths(args)
-    timings = {}
-    t0 = time.perf_counter()
-    model = gguf.load(args.model or DEFAULT_MODEL, "text")
-    backend = None
-    if args.backend != "numpy":
-        backend = accel_backend(args)
+def build_backend(args, cfg):  # -> the backend the model computes with (None: the numpy reference)
+    if args.numerics == "ggml-cpu":  # check_flags let through at most one of these three
+        return ggml_cpu_backend(args)
     if args.tp != 1:
-        check_tp(model.config, args.tp)
-        backend = TensorParallelBackend(np.dtype(args.dtype), args.tp)
-    if args.numerics == "ggml-cpu":
-        backend = ggml_cpu_backend(args)
-    elif args.kv_type or args.flash_attn:
-        raise UsageError("--kv-type and --flash-attn choose llama.cpp's cache for --numerics ggml-cpu only")
+        check_tp(cfg, args.tp)
+        return TensorParallelBackend(np.dtype(args.dtype), args.tp)
+    if args.backend != "numpy":
+        return accel_backend(args)
+    return None
+
+
+def text_model(model, args):  # GGUFModel -> the TextModel that runs it on the chosen backend
+    backend = build_backend(args, model.config)
     if args.backend == "cupy":  # the whole text forward resident on the GPU
         from accel.cupy.text import DeviceTextModel
-        lm = DeviceTextModel(model, np.dtype(args.dtype), backend)
-    else:
-        lm = TextModel(model, np.dtype(args.dtype), backend)
+        return DeviceTextModel(model, np.dtype(args.dtype), backend)
+    return TextModel(model, np.dtype(args.dtype), backend)
+
+
+# -------------------------------------------------------------------------------------------------
+# Prefill and generation
+
+def logit_rows(args, n):  # -> (prompt rows the output head computes, None for all; positions --logits-out keeps)
+    """Decoding reads the last row, so it is always computed; a trace, a drafter and plain
+    --logits-out see every row."""
+    try:
+        kept = resolve(args.logits_positions, n) if args.logits_positions is not None else np.arange(n)
+    except ValueError as e:
+        raise UsageError(f"--logits-positions: {e}") from None
+    if args.trace or args.draft_model or (args.logits_out and args.logits_positions is None):
+        return None, kept
+    return np.union1d(kept if args.logits_out else [], [n - 1]).astype(np.int64), kept
+
+
+def write_logits(args, logits, rows, kept, n_vocab):  # prefill logits of `rows` (None: all) -> --logits-out
+    if args.logits_positions is None and args.logits_topk is None:
+        np.save(args.logits_out, logits.astype(np.float32))
+        return
+    at = kept if rows is None else np.searchsorted(rows, kept)
+    if args.logits_topk is None:
+        golden = sparse_golden(logits[at], kept, n_vocab)
+    else:  # block by block: top-k's index and float64 passes take 8 bytes x vocabulary a row
+        blocks = [sparse_golden(logits[at[i:i + TOPK_BLOCK]], kept[i:i + TOPK_BLOCK], n_vocab, args.logits_topk)
+                  for i in range(0, len(at), TOPK_BLOCK)]
+        golden = {key: np.concatenate([b[key] for b in blocks]) if blocks[0][key].ndim else blocks[0][key]
+                  for key in blocks[0]}
+    np.savez(args.logits_out, **golden)
+
+
+def prompt_input(args, lm, prompt, timings):  # -> (token ids or embedding rows [T, E], image embeddings)
+    t0 = time.perf_counter()
+    images = image_embeddings(args, lm)
+    if not images:
+        return prompt, images
+    timings["image_encode"] = time.perf_counter() - t0
+    if args.embeddings_out:
+        np.save(args.embeddings_out, np.concatenate(images).astype(np.float32))
+    return image_prompt_rows(lm, prompt, images), images
+
+
+def prefill(args, lm, speculator, cache, inputs, rows, tracer, progress):  # -> logits [len(rows) or T, V]
+    _, chunk = cache_layout(args)
+    if speculator:  # the drafter is caught up on every prompt row as the target prefills
+        return speculator.forward(inputs, tracer)
+    if isinstance(inputs, np.ndarray) and inputs.ndim == 2:
+        return lm.prefill_embeddings(inputs, cache, chunk, tracer, progress, out_rows=rows)
+    return lm.prefill(inputs, cache, chunk, tracer, progress, out_rows=rows)
+
+
+def decode(args, lm, speculator, cache, next_logits, progress):  # -> (generated ids, speculative steps)
+    if not args.n_predict:
+        return [], []
+    if speculator:
+        p_min, governor = (None, CostGovernor(floors=FloorBandit())) if args.spec_p_min == "auto" else \
+                          (args.spec_p_min, None)
+        return speculator.decode(next_logits, args.n_predict, args.spec_draft_n_max, p_min or 0.0, governor)
+    return lm.decode_greedy(next_logits, args.n_predict, cache, cache_layout(args)[1], progress), []
+
+
+def new_caches(args, lm, drafter, n_rows):  # -> (target cache, Speculator or None)
+    layout = cache_layout(args)
+    n_ctx = args.ctx or n_rows + args.n_predict
+    if not args.ctx:  # a given --ctx was checked before the images
+        check_context(lm.cfg, n_ctx, layout, args.dtype)
+    cache = lm.new_cache(n_ctx, *layout)
+    return cache, Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), layout[1]) if drafter else None
+
+
+def generate(args, lm, drafter, prompt):  # -> result: generated tokens, image token counts, steps, timings
+    if args.ctx:  # known before the images are encoded: refused before that work
+        check_context(lm.cfg, args.ctx, cache_layout(args), args.dtype)
+    timings, tracer = {}, Tracer(args.trace)
+    inputs, images = prompt_input(args, lm, prompt, timings)
+    rows, kept = logit_rows(args, len(inputs))
+    cache, speculator = new_caches(args, lm, drafter, len(inputs))
+    big = os.path.getsize(model_path(args)) > PROGRESS_BYTES  # a bar per layer where a forward takes long
+    progress = partial(tqdm, desc="layers", leave=False) if big else None
+    t0 = time.perf_counter()
+    logits = prefill(args, lm, speculator, cache, inputs, rows, tracer, progress)
+    timings["prefill"] = time.perf_counter() - t0
+    tracer.close()
+    if args.logits_out:
+        write_logits(args, logits, rows, kept, lm.cfg.n_vocab)
+    t0 = time.perf_counter()
+    tokens, steps = decode(args, lm, speculator, cache, logits[-1], progress)
+    timings["decode"] = time.perf_counter() - t0
+    return {"tokens": tokens, "image_tokens": [len(e) for e in images], "steps": steps if speculator else None,
+            "timings": timings}
+
+
+# -------------------------------------------------------------------------------------------------
+# The report
+
+def json_report(args, prompt, result, text):  # -> the --json object
+    out = {"model": {"file": os.path.basename(model_path(args)), "path": model_path(args)},
+           "prompt_tokens": prompt, "tokens": result["tokens"], "text": text, "timings": result["timings"]}
+    if result["image_tokens"]:
+        out["image_tokens"] = result["image_tokens"]
+    if result["steps"] is not None:
+        out["speculative"] = acceptance(result["steps"])
+    return out
+
+
+def print_report(args, tok, prompt, result, text):  # the prompt and its continuation on stdout, figures on stderr
+    print(detokenize(tok, prompt) + text)
+    timings, generated = result["timings"], result["tokens"]
+    rate = len(generated) / timings["decode"] if generated and timings["decode"] > 0 else 0.0
+    print(f"\n[{os.path.basename(model_path(args))} ({model_path(args)}): {len(prompt)} prompt tokens in "
+          f"{timings['prefill']:.3f} s, {len(generated)} generated at {rate:.1f} tok/s, load {timings['load']:.3f} s]",
+          file=sys.stderr)
+    if result["steps"] is not None:
+        spec = acceptance(result["steps"])
+        print(f"[speculative: {spec['accepted']} of {spec['drafted']} drafts accepted in {len(result['steps'])} "
+              "verification steps]", file=sys.stderr)
+    if not args.model:
+        print(HINT, file=sys.stderr)
+
+
+def run(args):  # parsed args -> exit status
+    check_flags(args)
+    t0 = time.perf_counter()
+    model = gguf.load(model_path(args), "text")
+    lm = text_model(model, args)
     drafter = Drafter(gguf.load(args.draft_model, "dflash"), lm) if args.draft_model else None
-    timings["load"] = time.perf_counter() - t0
-    tok = model.tokenizer
-    prompt = prompt_tokens(args, tok)
+    load_s = time.perf_counter() - t0
+    prompt = prompt_tokens(args, model.tokenizer)
     if args.tokenize_only:
         print(json.dumps(prompt))
         return 0
     if not prompt:
         raise UsageError("the prompt has no tokens")
-    if args.n_predict < 0 or args.prefill_chunk <= 0 or args.ctx < 0:
-        raise UsageError("--n-predict, --prefill-chunk and --ctx must not be negative (chunk must be positive)")
-    if args.image and drafter:
-        raise UsageError("--draft-model with --image is not supported")
-    if args.spec_draft_n_max < 0:
-        raise UsageError("--spec-draft-n-max must not be negative")
-    if args.ctx:  # known before the images are encoded: refused before that work
-        check_context(model.config, args, args.ctx)
-    tracer = Tracer(args.trace)
-    t0 = time.perf_counter()
-    images = image_embeddings(args, lm)
-    if images:
-        timings["image_encode"] = time.perf_counter() - t0
-    if args.embeddings_out:
-        np.save(args.embeddings_out, np.concatenate(images).astype(np.float32))
-    rows = image_prompt_rows(lm, prompt, images) if images else None
-    n_ctx = args.ctx or (len(prompt) if rows is None else len(rows)) + args.n_predict
-    if not args.ctx:  # a given --ctx was checked above
-        check_context(model.config, args, n_ctx)
-    cache = lm.new_cache(n_ctx, args.kv, args.prefill_chunk)
-    p_min, governor = spec_governor(args.spec_p_min)
-    speculator = Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), args.prefill_chunk) if drafter else None
-
-    # a bar per layer where a forward takes long
-    progress = partial(tqdm, desc="layers", leave=False) if os.path.getsize(model.path) > PROGRESS_BYTES else None
-    t0 = time.perf_counter()
-    if speculator:  # the drafter is caught up on every prompt row as the target prefills
-        logits = speculator.forward(prompt, tracer)
-    elif rows is not None:
-        logits = lm.prefill_embeddings(rows, cache, args.prefill_chunk, tracer, progress)
-    else:
-        logits = lm.prefill(prompt, cache, args.prefill_chunk, tracer, progress)
-    timings["prefill"] = time.perf_counter() - t0
-    tracer.close()
-    if args.logits_out:
-        np.save(args.logits_out, logits.astype(np.float32))
-
-    t0 = time.perf_counter()
-    generated, steps = [], []
-    if args.n_predict and speculator:
-        generated, steps = speculator.decode(logits[-1], args.n_predict, args.spec_draft_n_max, p_min or 0.0, governor)
-    elif args.n_predict:
-        generated = lm.decode_greedy(logits[-1], args.n_predict, cache, args.prefill_chunk, progress)
-    timings["decode"] = time.perf_counter() - t0
-    text = detokenize(tok, generated)
+    result = generate(args, lm, drafter, prompt)
+    result["timings"] = {"load": load_s, **result["timings"]}
+    text = detokenize(model.tokenizer, result["tokens"])
     if args.json:
-        result = {"prompt_tokens": prompt, "tokens": generated, "text": text, "timings": timings}
-        if images:
-            result["image_tokens"] = [len(e) for e in images]
-        if speculator:
-            result["speculative"] = acceptance(steps)
-        print(json.dumps(result))
+        print(json.dumps(json_report(args, prompt, result, text)))
     else:
-        print(detokenize(tok, prompt) + text)
-        rate = len(generated) / timings["decode"] if generated and timings["decode"] > 0 else 0.0
-        print(f"\n[{len(prompt)} prompt tokens in {timings['prefill']:.3f} s, {len(generated)} generated "
-              f"at {rate:.1f} tok/s, load {timings['load']:.3f} s]", file=sys.stderr)
-        if speculator:
-            spec = acceptance(steps)
-            print(f"[speculative: {spec['accepted']} of {spec['drafted']} drafts accepted in {len(steps)} "
-                  "verification steps]", file=sys.stderr)
-        if not args.model:
-            print(HINT, file=sys.stderr)
+        print_report(args, model.tokenizer, prompt, result, text)
     return 0
 
 

@@ -63,11 +63,11 @@ class TextModel(Blocks):
     def embed(self, token_ids):  # [T] -> [T, E], the raw rows of token_embd
         return self.weights.rows("token_embd.weight", token_ids, self.dtype)
 
-    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=None):
-        """embeddings [T, E] (token rows, or image rows in their place), positions [T] -> logits [T, V].
-        Appends the batch's K/V to `cache`. `progress` wraps the layer range (tqdm, or None). The
-        residual entering layer L is the trace point trace.layer_input(L): what a DFlash drafter
-        reads from its target."""
+    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=None, out_rows=None):
+        """embeddings [T, E] (token rows, or image rows in their place), positions [T] -> logits [T, V],
+        or [len(out_rows), V] for the batch rows `out_rows` alone. Appends the batch's K/V to `cache`.
+        `progress` wraps the layer range (tqdm, or None). The residual entering layer L is the trace
+        point trace.layer_input(L): what a DFlash drafter reads from its target."""
         c = self.cfg
         x = self.backend.rms_norm(embeddings.astype(self.dtype, copy=False), c.rms_eps)
         trace("embd_norm", x)
@@ -79,6 +79,8 @@ class TextModel(Blocks):
         cache.n_past = max(cache.n_past, int(np.max(positions)) + 1)
         y = self.norm(x, "output_norm.weight", c.rms_eps)
         trace("result_norm", y)
+        if out_rows is not None:  # the output head only where logits are wanted: a row is 0.8 MB at a 202048 vocabulary
+            y = y[out_rows]
         logits = self.backend.softcap(self.linear(y, "output.weight") * self.dtype.type(c.logit_scale), c.softcap)
         trace("result_output", logits)
         return logits
@@ -147,21 +149,24 @@ class TextModel(Blocks):
     # -----------------------------------------------------------------------------------------
     # Prefill and greedy decoding on top of either cache
 
-    def prefill(self, token_ids, cache, chunk=2048, trace=NO_TRACE, progress=None, after_chunk=None):  # [T] -> [T, V]
+    def prefill(self, token_ids, cache, chunk=2048, trace=NO_TRACE, progress=None, after_chunk=None,
+                out_rows=None):  # [T] -> [T, V]
         return self.prefill_embeddings(self.embed(np.asarray(token_ids, np.int64)), cache, chunk, trace, progress,
-                                       after_chunk)
+                                       after_chunk, out_rows)
 
     def prefill_embeddings(self, rows, cache, chunk=2048, trace=NO_TRACE, progress=None,
-                           after_chunk=None):  # rows [T, E] -> logits [T, V]
+                           after_chunk=None, out_rows=None):  # rows [T, E] -> logits [T, V]
         """Feeds embedding rows (token rows, or image rows in their place) in chunks of at most
         `chunk` after the cache's n_past positions; after_chunk(positions) runs after each chunk's
-        forward (the DFlash drafter catches up on the chunk's layer inputs there)."""
+        forward (the DFlash drafter catches up on the chunk's layer inputs there). With `out_rows`
+        (ascending indices into `rows`) only those rows' logits are computed: [len(out_rows), V]."""
         cache.check_room(len(rows), min(len(rows), chunk))
         out = []
         for start in range(0, len(rows), chunk):
             batch = rows[start:start + chunk]
             positions = np.arange(cache.n_past, cache.n_past + len(batch))
-            out.append(self.forward(batch, positions, cache, trace, progress))
+            keep = None if out_rows is None else out_rows[(out_rows >= start) & (out_rows < start + len(batch))] - start
+            out.append(self.forward(batch, positions, cache, trace, progress, out_rows=keep))
             if after_chunk is not None:
                 after_chunk(positions)
         return np.concatenate(out) if out else np.zeros((0, self.cfg.n_vocab), self.dtype)

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import tokenize
 
 import numpy as np
 
@@ -55,7 +56,10 @@ def check_npy_header(f, size):  # .npy stream at its start, its length in bytes 
     version = np.lib.format.read_magic(f)
     # format 3.0 differs from 2.0 only in the text encoding of field names, not in the layout
     read_header = np.lib.format.read_array_header_1_0 if version[0] == 1 else np.lib.format.read_array_header_2_0
-    shape, _, dtype = read_header(f)
+    try:
+        shape, _, dtype = read_header(f)
+    except tokenize.TokenError as e:  # numpy's header parser lets this one through, not as a ValueError
+        raise ValueError(f"corrupt .npy header ({e})") from None
     if dtype.hasobject:
         return  # np.load(allow_pickle=False) refuses it with its own message before reading any data
     data = size - f.tell()

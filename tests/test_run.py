@@ -65,7 +65,7 @@ def test_float64_is_the_noise_floor():
     (["--token-ids", "1,x"], "--token-ids must be comma-separated integers"),
     (["--token-ids", "1,2", "--ctx", "1"], "context full"),
     (["--token-ids", "1,2", "--dtype", "float16"], "invalid choice"),
-    (["--token-ids", "1,2", "--prefill-chunk", "0"], "must not be negative"),
+    (["--token-ids", "1,2", "--prefill-chunk", "0"], "argument --prefill-chunk: 0 is out of range"),
     (["--token-ids", "1,,2"], "--token-ids has an empty item: '1,,2'"),
     (["--token-ids", "1,2,"], "--token-ids has an empty item"),
     (["--token-ids", ""], "--token-ids is empty"),  # not the default prompt
@@ -151,3 +151,44 @@ def test_projector_and_drafter_metadata_that_would_give_nan(tmp_path, role, key,
         gguf.load(path, role)
     line = cli_error(role_cli(role, path))
     assert path in line and re.search(message, line)
+
+
+def test_model_named_is_the_default_run_and_is_reported():
+    default = json.loads(run_cli("reference.run", "--json", "--n-predict", "2").stdout)
+    path = os.path.join("golden", "models", "glimmer-default-f16.gguf")
+    named = json.loads(run_cli("reference.run", "--model", path, "--json", "--n-predict", "2").stdout)
+    assert named["prompt_tokens"] == default["prompt_tokens"] and named["tokens"] == default["tokens"]
+    assert named["model"] == {"file": "glimmer-default-f16.gguf", "path": path}
+    assert default["model"]["file"] == "glimmer-default-f16.gguf"
+    r = run_cli("reference.run", "--model", MODEL, "--token-ids", "1,2", "--n-predict", "1")
+    assert r.returncode == 0 and f"[tiny-a-f32.gguf ({MODEL}): 2 prompt tokens" in r.stderr
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--n-predict", "-1", "argument --n-predict: -1 is out of range"),
+    ("--ctx", "-1", "argument --ctx: -1 is out of range"),
+    ("--prefill-chunk", "x", "argument --prefill-chunk: expected an integer, got 'x'"),
+    ("--spec-draft-n-max", "-1", "argument --spec-draft-n-max: -1 is out of range"),
+    ("--spec-p-min", "nan", "argument --spec-p-min: nan is out of range [0.0, 1.0]; or 'auto'"),
+    ("--tp", "0", "argument --tp: 0 is out of range"),
+    ("--image-max-tokens", "0", "argument --image-max-tokens: 0 is out of range"),
+    ("--logits-topk", "-5", "argument --logits-topk: -5 is out of range"),
+])
+def test_numbers_are_refused_before_anything_loads(flag, value, message):
+    # the model does not exist: a number refused first was checked before any load
+    line = cli_error(run_cli("reference.run", "--model", "missing.gguf", f"{flag}={value}"))
+    assert message in line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kv-type", "f32"], "--kv-type and --flash-attn choose llama.cpp's cache for --numerics ggml-cpu only"),
+    (["--numerics", "ggml-cpu", "--tp", "2"], "--numerics ggml-cpu computes in float32"),
+    (["--backend", "numba", "--tp", "2"], "--tp simulates tensor parallelism on the numpy backend only"),
+    (["--system", "x", "--prompt", "y"], "--system and --date only apply with --chat"),
+    (["--chat"], "--chat needs --prompt or --prompt-file"),
+    (["--chat", "--prompt", "x", "--no-special"], "it takes no --no-special"),
+    (["--no-special"], "--no-special only applies to --prompt or --prompt-file"),
+])
+def test_contradicting_flags_are_refused_before_anything_loads(args, message):
+    line = cli_error(run_cli("reference.run", "--model", "missing.gguf", *args))
+    assert message in line

@@ -179,9 +179,9 @@ def assert_one_line_exit_2(result, *words):
 
 
 def test_cli_bad_input_is_one_line_exit_2(capsys, tmp_path):
-    bad = tmp_path / "latin1.txt"
-    bad.write_bytes(b"caf\xe9")
-    assert_one_line_exit_2(cli(capsys, "--prompt-file", str(bad)), "latin1.txt", "UTF-8")
+    bad = tmp_path / "surrogate.txt"  # invalid UTF-8 reads as llama.cpp reads it (tests/test_prompt_bytes.py)
+    bad.write_bytes(b"a\xed\xa0\x80")  # but an encoded surrogate, which llama.cpp tokenizes, is refused
+    assert_one_line_exit_2(cli(capsys, "--prompt-file", str(bad)), "surrogate.txt", "byte 1 encodes U+D800")
     assert_one_line_exit_2(cli(capsys, "--prompt", "x", "--token-ids", "1"), "not allowed")
     assert_one_line_exit_2(cli(capsys, "--no-special"), "--no-special")
     other_pre = str(tmp_path / "qwen.gguf")

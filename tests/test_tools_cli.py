@@ -66,6 +66,8 @@ def cases(*table):  # (args, expected words) rows -> pytest params, each named b
     (("text", "--model", "{tiny}", "--checkpoint", "{tmp}/none"), "--checkpoint"),
     (("text", "--model", "{tiny}", "--checkpoint", "{tmp}", "--repeat", "0"), "--repeat: 0 is out of range"),
     (("text", "--model", "{tiny}", "--checkpoint", "{tmp}", "--prompt-len", "-1"), "--prompt-len: -1 is out of range"),
+    (("scale", "--model", "{tiny}", "--prompt-len", "4097"), "--prompt-len 4097 keeps all-position logits: at most 4096"),
+    (("scale", "--model", "{tiny}", "--logits", "some"), "argument --logits: invalid choice"),
     (("vision", "--layers", "0"), "--layers: 0 is out of range"),
     (("vision", "--layers", "-1"), "--layers: -1 is out of range"),
 ))
@@ -87,6 +89,16 @@ def test_bench_scale_runs(tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
     assert report["prompt_len"] == 4 and 1 <= report["generated"] <= 2
+
+
+def test_bench_scale_last_position_lifts_the_prompt_cap(tmp_path):
+    # 4100 tokens: over the all-position cap of 4096, through the tiny model's 2048-row chunks
+    out = tmp_path / "scale.json"
+    r = run_cli("tools.bench", "scale", "--model", TINY, "--prompt-len", "4100", "--n-predict", "1",
+                "--logits", "last", "--json", out)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert report["prompt_len"] == 4100 and report["logits"] == "last"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,6 +125,8 @@ def test_bench_scale_runs(tmp_path):
     (("run", "{tiny}", "--engines", "numpy,numpy"), "an engine named twice"),
     (("run", "{tiny}", "--prompt-len", "-1"), "--prompt-len: -1 is out of range"),
     (("run", "{tiny}", "--prompt-len", "4"), "8 decode steps need a prompt of at least as many tokens"),
+    (("run", "{tiny}", "--prompt-len", "2049"), "--prompt-len 2049 keeps all-position logits of every engine"),
+    (("run", "{tiny}", "--prompt-len", "131073", "--logits", "last"), "--prompt-len: 131073 is out of range"),
     (("run", "{tiny}", "--json", "{tmp}/none/x.json"), "no such directory"),
     (("kernels", "{q4}", "--tokens", "a,b"), "--tokens: expected an integer, got 'a'"),
     (("kernels", "{q4}", "--tokens", "1,,2"), "--tokens: expected an integer, got ''"),
@@ -141,6 +155,19 @@ def test_bench_accel_run_on_a_tiny_model(tmp_path):
                 "--n-decode-numpy", "1", "--repeat", "1", "--json", out)
     assert r.returncode == 0, r.stderr
     assert list(json.loads(out.read_text())["engines"]) == ["numpy"]
+
+
+def test_bench_accel_run_last_position_agrees_with_llama_cpp(tmp_path):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("numba")
+    out = tmp_path / "run.json"
+    r = run_cli("tools.bench_accel", "run", TINY, "--engines", "numba,llama-cpp", "--prompt-len", "2100",
+                "--logits", "last", "--n-decode", "1", "--repeat", "1", "--threads", "1", "--json", out)
+    assert r.returncode == 0, r.stderr
+    agreement = json.loads(out.read_text())["logits_vs_numba"]["llama-cpp"]
+    # the last row only, after llama.cpp's two batches (2048 + 52) into its default F16 KV cache:
+    # tests/test_text_parity.py's F16-cache gate (7e-6, its tiny-a runs measured 2.0e-6); here 3.7e-6
+    assert agreement["nmse"] <= 7e-6 and agreement["top1"] == 1.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -407,7 +407,7 @@ def test_mmproj_wider_or_narrower_than_the_text_model(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--image", "x.png"], "--image needs --mmproj"),
     (["--mmproj", "m.gguf"], "need --image"),
-    (["--image", "x.png", "--mmproj", "MMPROJ", "--image-max-tokens", "0"], "at least 1"),
+    (["--image", "x.png", "--mmproj", "MMPROJ", "--image-max-tokens", "0"], "argument --image-max-tokens: 0 is out of range"),
     (["--image", "x.png", "--mmproj", "TEXT"], "expected a muse-glimmer mmproj"),
 ])
 def test_cli_bad_image_arguments(args, message):

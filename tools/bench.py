@@ -3,7 +3,7 @@
     python -m tools.bench text --model golden/models/tiny-b-f32.gguf --checkpoint build/tiny/tiny-b \
         [--prompt-len 100 --n-decode 32 --repeat 3 --json out.json]
     python -m tools.bench vision [--layers 4 --json out.json]
-    python -m tools.bench scale --model 30B.gguf [--backend numba --prompt-len 64 --n-predict 8]
+    python -m tools.bench scale --model 30B.gguf [--backend numba --prompt-len 64 --n-predict 8 --logits last]
     python -m tools.bench scale --mmproj MMPROJ.gguf [--image-size 1024]
 
 `text`: prefill and decode tokens/s of this reference vs transformers eager (CPU, float32) on the
@@ -34,6 +34,9 @@ from reference.text import TextModel
 # Prefill returns logits [prompt_len, n_vocab] float32: 4096 positions are 3.3 GB at the release's
 # vocabulary of 202048, a fair share of a 24 GiB machine beside the mapped weights.
 MAX_PROMPT = 4096
+# scale --logits last computes the last position's row only: the cap is then the KV cache's and the
+# run's time (a 16K-token prompt at full size is a run of days in numpy).
+MAX_LAST_PROMPT = 1 << 17
 # Every decode step is one pass over all the weights (minutes a step at full size in numpy), and the
 # cache grows by a position a step: 4096 steps is already a run of days there.
 MAX_DECODE = 4096
@@ -148,11 +151,12 @@ def bench_scale(args):  # -> report dict of one full-size run, with this process
         ids = list(np.random.default_rng(0).integers(0, lm.cfg.n_vocab, args.prompt_len))
         cache = lm.new_cache(args.prompt_len + args.n_predict, "ring")
         t0 = time.perf_counter()
-        logits = lm.prefill(ids, cache, progress=LAYER_BAR)
+        last = np.array([args.prompt_len - 1]) if args.logits == "last" else None
+        logits = lm.prefill(ids, cache, progress=LAYER_BAR, out_rows=last)
         t1 = time.perf_counter()
         tokens = lm.decode_greedy(logits[-1], args.n_predict, cache, progress=LAYER_BAR)
         t2 = time.perf_counter()
-        report.update(model=args.model, prompt_len=args.prompt_len, generated=len(tokens),
+        report.update(model=args.model, prompt_len=args.prompt_len, logits=args.logits, generated=len(tokens),
                       s_per_prefill_token=(t1 - t0) / args.prompt_len,
                       s_per_decoded_token=(t2 - t1) / max(len(tokens) - 1, 1))  # the last token is not fed
     if vision is not None:
@@ -197,7 +201,10 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     sc.add_argument("--model")
     sc.add_argument("--mmproj")
     sc.add_argument("--backend", default="numpy", choices=("numpy", "numba"))
-    sc.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=64)
+    sc.add_argument("--prompt-len", type=int_in(1, MAX_LAST_PROMPT), default=64,
+                    help=f"at most {MAX_PROMPT} with --logits all, {MAX_LAST_PROMPT} with --logits last")
+    sc.add_argument("--logits", choices=("all", "last"), default="all",
+                    help="the prompt positions whose logits the prefill computes")
     sc.add_argument("--n-predict", type=int_in(1, MAX_DECODE), default=8)
     sc.add_argument("--image-size", type=int_in(1, MAX_IMAGE_SIDE), default=1024)
     sc.add_argument("--json", type=output_file)
@@ -209,6 +216,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.what == "scale" and not (args.model or args.mmproj):
         p.error("scale needs --model or --mmproj")
+    if args.what == "scale" and args.logits == "all" and args.prompt_len > MAX_PROMPT:
+        p.error(f"--prompt-len {args.prompt_len} keeps all-position logits: at most {MAX_PROMPT}; "
+                "--logits last computes the last position only")
     if args.what == "text" and not os.path.isdir(args.checkpoint):  # found now, not after the reference's runs
         p.error(f"--checkpoint {args.checkpoint}: no such directory")
     bench, show = {"text": (bench_text, print_text), "vision": (bench_vision, print_vision),

@@ -47,6 +47,10 @@ MAX_THREADS = os.cpu_count() or 1
 # Every engine's prompt logits [prompt_len, n_vocab] float32 are kept for the agreement check:
 # 2048 x 202048 x 4 B = 1.65 GB each at the mid model's vocabulary, three engines beside 7.5 GB of weights.
 MAX_PROMPT = 2048
+# With --logits last only the last position's row is computed and compared; what grows is the KV
+# cache of the full layer (2 KB a position at the mid model) and the engines' time.
+MAX_LAST_PROMPT = 1 << 17
+LAST_BATCH = 2048  # llama.cpp's batch with --logits last: its logits buffer is one batch of rows
 # kernels: x is [T, n_in] and the output [T, rows]; 4096 tokens of 8192 rows is 134 MB of output.
 MAX_TOKENS = 4096
 # kernels copies at most a matrix's own rows (the release's tallest has 202048): a larger count takes it whole.
@@ -109,36 +113,43 @@ def make(args):  # -> exit status
 # ---------------------------------------------------------------------------------------------
 # Running them
 
-def reference_engine(path, backend):  # -> (prefill(ids) -> logits, decode(id) -> logits)
+def reference_engine(path, backend, last=False):  # -> (prefill(ids) -> logits, decode(id) -> logits)
+    """`last`: the prefill computes and returns the last position's logits only ([1, V])."""
     from accel import make_backend
     lm = TextModel(gguf.load(path, "text"), np.float32, make_backend(backend, np.float32))
     state = {}
 
     def prefill(ids):
         state["cache"] = lm.new_cache(len(ids) + 64, "ring", len(ids))
-        return lm.prefill(ids, state["cache"], len(ids))
+        return lm.prefill(ids, state["cache"], len(ids), out_rows=np.array([len(ids) - 1]) if last else None)
 
     def decode(token):
         return lm.prefill([token], state["cache"], 1)[-1]
     return prefill, decode
 
 
-def llama_cpp_engine(path, threads, n_batch):  # -> (prefill, decode) as reference_engine
+def llama_cpp_engine(path, threads, n_prompt, last=False):  # -> (prefill, decode) as reference_engine
+    """The prompt in one batch with logits_all; with `last`, in batches of LAST_BATCH with the last
+    row's logits only (llama-cpp-python keeps none then: they are read from the context)."""
     try:
         import llama_cpp
     except ImportError as e:
         raise UsageError(f"the llama-cpp engine needs llama-cpp-python, the parity extra ({e})") from None
-    llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=n_batch + 64,
-                          n_batch=n_batch, n_ubatch=n_batch, logits_all=True, verbose=False)
+    n_batch = min(n_prompt, LAST_BATCH) if last else n_prompt
+    llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=n_prompt + 64,
+                          n_batch=n_batch, n_ubatch=n_batch, logits_all=not last, verbose=False)
+
+    def last_row():  # -> [V] the logits of the one row the last batch computed
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
 
     def prefill(ids):
         llm.reset()
         llm.eval(ids)
-        return np.array(llm.scores[:len(ids)])
+        return last_row()[None] if last else np.array(llm.scores[:len(ids)])
 
     def decode(token):
         llm.eval([token])
-        return np.array(llm.scores[llm.n_tokens - 1])
+        return last_row() if last else np.array(llm.scores[llm.n_tokens - 1])
     return prefill, decode
 
 
@@ -165,7 +176,7 @@ def bench_engine(make_engine, ids, n_decode, repeat):  # -> (prompt logits, {pre
     return logits, {**best, "prefill_tok_s": len(ids) / best["prefill_s"], "decode_tok_s": n_decode / best["decode_s"]}
 
 
-def agreement(ref, x):  # -> {nmse, max_abs_diff, top1} over all positions
+def agreement(ref, x):  # -> {nmse, max_abs_diff, top1} over the positions both kept
     from reference.metrics import max_abs_diff, nmse
     return {"nmse": float(nmse(ref.ravel(), x.ravel())), "max_abs_diff": float(np.max(max_abs_diff(ref, x))),
             "top1": float(np.mean(ref.argmax(-1) == x.argmax(-1)))}
@@ -194,10 +205,12 @@ def prompt_ids(n_vocab, n, rng):  # -> n random ids of the vocabulary
 def run(args):  # -> report dict
     set_threads(args.threads)
     ids = prompt_ids(text_vocab(args.model), args.prompt_len, np.random.default_rng(0))
-    makers = {"numba": lambda: reference_engine(args.model, "numba"),
-              "numpy": lambda: reference_engine(args.model, "numpy"),
-              "llama-cpp": lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len)}
+    last = args.logits == "last"
+    makers = {"numba": lambda: reference_engine(args.model, "numba", last),
+              "numpy": lambda: reference_engine(args.model, "numpy", last),
+              "llama-cpp": lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len, last)}
     report = {"model": os.path.basename(args.model), "threads": args.threads, "prompt_len": args.prompt_len,
+              "logits": args.logits,
               "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]),
               "engines": {}, "logits_vs_numba": {}}
     logits = {}
@@ -372,7 +385,10 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     r.add_argument("model")
     r.add_argument("--threads", type=threads, default=2,
                    help="numba and llama.cpp threads (BLAS: OPENBLAS_NUM_THREADS)")
-    r.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=64)
+    r.add_argument("--prompt-len", type=int_in(1, MAX_LAST_PROMPT), default=64,
+                   help=f"at most {MAX_PROMPT} with --logits all, {MAX_LAST_PROMPT} with --logits last")
+    r.add_argument("--logits", choices=("all", "last"), default="all",
+                   help="the prompt positions whose logits are computed and compared")
     r.add_argument("--n-decode", type=int_in(1, MAX_PROMPT), default=8, help="at most --prompt-len")
     r.add_argument("--n-decode-numpy", type=int_in(1, MAX_PROMPT), default=2,
                    help="the numpy reference takes ~30 s a token here")
@@ -403,6 +419,9 @@ def build_parser():  # subparsers are made with the parent's class: their errors
 
 
 def check_args(args):  # what the argument types cannot see alone -> UsageError
+    if args.what == "run" and args.logits == "all" and args.prompt_len > MAX_PROMPT:
+        raise UsageError(f"--prompt-len {args.prompt_len} keeps all-position logits of every engine: at most "
+                         f"{MAX_PROMPT}; --logits last computes the last position only")
     if args.what in ("run", "ceiling"):  # the decode steps feed the prompt's tokens, one each
         engines = args.engines if args.what == "run" else ("llama-cpp", "numba")
         n_decode = max(args.n_decode_numpy if name == "numpy" else args.n_decode for name in engines)

@@ -121,10 +121,10 @@ class DeviceTextModel(TextModel):
             self.steps[T] = s
         return s
 
-    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=None):
-        """embeddings [T, E], positions [T] -> logits [T, V], as TextModel.forward."""
+    def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=None, out_rows=None):
+        """embeddings [T, E], positions [T] -> logits [T, V] (or the rows out_rows), as TextModel.forward."""
         if not isinstance(cache, DeviceKVCache):
-            return super().forward(embeddings, positions, cache, trace, progress)
+            return super().forward(embeddings, positions, cache, trace, progress, out_rows)
         positions = np.asarray(positions)
         T = len(positions)
         s = self.buffers(T)
@@ -141,7 +141,8 @@ class DeviceTextModel(TextModel):
                 cache.graphs[T] = self.rt.capture(lambda: self.run(s, cache, Recorder(self.rt)))
             cache.graphs[T].replay()
         cache.n_past = max(cache.n_past, int(positions.max()) + 1)
-        return self.rt.to_host(s.logits)
+        logits = self.rt.to_host(s.logits)
+        return logits if out_rows is None else logits[out_rows]
 
     def upload(self):  # every matrix and vector a step reads -> device (once; later calls find them there)
         for name in self.weights.tensors:
