@@ -260,6 +260,62 @@ def test_fwht_is_the_normalised_sylvester_hadamard(n):  # against scipy's matrix
     assert np.max(np.abs(ggml_cpu.fwht(x, n) - want)) < tol
 
 
+U = 2.0 ** -24  # float32 unit roundoff: each rounding moves a value by at most U times its magnitude
+
+
+def test_layer_norm_against_float64():  # ggml_norm, mul, add on rows of widths with and without a 16-lane tail
+    rng = np.random.default_rng(1)
+    for n in (48, 70):
+        x = (rng.standard_normal((5, n)) * 3 + 2).astype(np.float32)  # a mean away from 0 exercises x - mean
+        w, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        x64 = x.astype(np.float64)
+        centered = x64 - x64.mean(-1, keepdims=True)
+        scale = 1 / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 1e-6)
+        want = centered * scale * w + b
+        got = ggml_cpu.layer_norm(x, w, b, 1e-6)
+        # the f32 mean is off by 2U|mean| (sum, division): that moves every centred value by it; the
+        # subtraction, the variance (squares, block sums, division: relative 4U, halved by the sqrt),
+        # 1/sqrtf, the scaling, the weight and the bias each round once: 8U of the scaled term, U of b
+        scaled = np.abs(centered * scale * w)
+        tol = (8 * U * scaled + 2 * U * np.abs(x64.mean(-1, keepdims=True)) * scale * np.abs(w)
+               + 2 * U * np.abs(want))
+        assert np.all(np.abs(got - want) <= tol)
+
+
+def test_gelu_erf_against_float64():
+    from scipy.special import erf
+    x = np.linspace(-6, 6, 2001).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want = 0.5 * x64 * (1 + erf(x64 / np.sqrt(2)))
+    got = ggml_cpu.gelu_erf(x)
+    # z = x*SQRT_2_INV is off by 2U|z| (the f32 constant, the product); erf' <= 2/sqrt(pi) turns that into
+    # 2.3U|z| in erf, glibc erff adds an ulp (2U); 1 + erf and the two products round once each (U of 2
+    # and of the result)
+    z = np.abs(x64) / np.sqrt(2)
+    tol = 0.5 * np.abs(x64) * (2.3 * U * z + 2 * U + 2 * U) + 3 * U * np.abs(want)
+    assert np.all(np.abs(got - want) <= tol)
+
+
+def test_rope_2d_against_float64():  # the first half of each head by theta_a, the second by theta_b
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((6, 3, 40)).astype(np.float32)  # 10 pairs per half: the FMA and the plain tail
+    theta_a = ops.rope_angles(np.arange(6), 20, 10000.0, np.float32)
+    theta_b = ops.rope_angles(np.arange(6)[::-1].copy(), 20, 10000.0, np.float32)
+    want = np.concatenate([ops.rope_norm(x[..., :20].astype(np.float64), theta_a.astype(np.float64)),
+                           ops.rope_norm(x[..., 20:].astype(np.float64), theta_b.astype(np.float64))], axis=-1)
+    got = ggml_cpu.rope_2d(x, theta_a, theta_b)
+    # cosf/sinf within an ulp (2U), the products and the sum (or FMA) one rounding each: 4U of |x0| + |x1|
+    pair = np.repeat(np.abs(x[..., 0::2]) + np.abs(x[..., 1::2]), 2, axis=-1).astype(np.float64)
+    assert np.all(np.abs(got - want) <= 4 * U * pair)
+
+
+def test_backend_has_the_vision_hooks_of_numpy_backend():  # the tower calls them on any backend
+    import inspect
+    from reference.backend import NumpyBackend
+    for hook in ("layer_norm", "rope_2d", "gelu_erf"):
+        assert inspect.signature(getattr(GgmlCpuBackend, hook)) == inspect.signature(getattr(NumpyBackend, hook))
+
+
 # ---------------------------------------------------------------------------------------------
 # Wiring, CLI and bad input
 

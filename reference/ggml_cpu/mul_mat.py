@@ -1,0 +1,71 @@
+"""Which kernel a matmul takes (ggml_compute_forward_mul_mat and the CPU extra buffer types)."""
+import numpy as np
+
+from .blocks import DECODERS, decode
+from .build import GgmlCpuError
+from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
+from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
+from .quantize import quantize_q8_0, quantize_q8_k
+from .rounding import F32, round_bf16, round_f16
+
+
+FLOAT_KERNELS = {  # type -> (activation rounding, (tinyBLAS kernel, its K step), vec_dot kernel)
+    "F32": (lambda x: x, (tinyblas, 16), vec_dot_f32),
+    "F16": (round_f16, (tinyblas, 16), vec_dot_f16),
+    "BF16": (round_bf16, (tinyblas_bf16, 32), vec_dot_bf16),
+}
+
+
+REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K")  # repacked when the row count is a multiple of 8 (AVX512)
+REPACK_GEMM_ELEMENTS = {"Q4_K": 64, "Q2_K": 128}  # elements per FMA step of the repacked gemm
+TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "IQ3_XXS")  # tiled kernel from 8 rows
+TILED_MIN_ROWS = 8
+
+
+def mul_mat(x, weights, name, cache):  # x [T, K] f32 -> [T, O]; cache: dict for decoded weights
+    kind = weights.type_name(name)
+    T = len(x)
+    if kind in FLOAT_KERNELS:
+        if name not in cache:
+            cache[name] = weights.get(name, F32)
+        return float_mul_mat(FLOAT_KERNELS[kind][0](x), cache[name], kind)
+    if kind not in DECODERS:
+        raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
+    if name not in cache:
+        cache[name] = decode(weights, name)
+    w = cache[name]
+    repacked = kind in REPACKED and len(w.values) % 8 == 0
+    if kind in REPACK_GEMM_ELEMENTS and repacked:
+        return k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind])
+    if kind in ("Q4_0", "IQ4_NL") and repacked:
+        return q0_repacked(w, quantize_q8_0(x))
+    if kind in ("Q8_0", "Q5_0", "Q4_0", "IQ4_NL"):
+        return q0_lanes(w, quantize_q8_0(x), 2 if kind == "IQ4_NL" and T == 1 else 1)
+    if kind == "Q5_1":
+        return q5_1_vec_dot(w, quantize_q8_0(x))
+    if kind in TILED and T >= TILED_MIN_ROWS:
+        return tiled(w, quantize_q8_k(x))
+    if kind == "Q2_K":
+        raise GgmlCpuError(f"{name}: the Q2_K vec_dot (fewer than 8 rows, not repacked) is not emulated")
+    return k_vec_dot(w, quantize_q8_k(x))
+
+
+def float_mul_mat(x, w, kind):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]
+    """tinyBLAS when llamafile_sgemm takes it (2+ rows, O a multiple of 4, K of its vector step),
+    else ggml_vec_dot_* row by row."""
+    _, (batched, k_step), single = FLOAT_KERNELS[kind]
+    if len(x) >= 2 and len(w) % 4 == 0 and w.shape[1] % k_step == 0:
+        return batched(x, w)
+    return single(w[None], x[:, None, :])
+
+
+def k_repacked(x, w, gemm_elements):  # x [T, K] f32, Q4_K/Q2_K rows (repacked) -> [T, O]
+    """Rows in groups of 4 take the gemm (activations through the 4x8 quantizer), the last T mod 4
+    rows the gemv (activations through quantize_row_q8_K)."""
+    n4 = len(x) - len(x) % 4
+    parts = []
+    if n4:
+        parts.append(k_repacked_rows(w, quantize_q8_k(x[:n4], prefer_positive=True), gemm_elements))
+    if n4 < len(x):
+        parts.append(k_repacked_rows(w, quantize_q8_k(x[n4:]), 256))
+    return np.concatenate(parts)
