@@ -199,8 +199,8 @@ def image_prompt_rows(lm, prompt, images):  # ids with <|patch|> per image -> em
 
 
 def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend; args get llama.cpp's cache and ubatch
-    if args.dtype != "float32" or args.backend != "numpy" or args.tp != 1:
-        raise UsageError("--numerics ggml-cpu computes in float32 on the numpy backend, without --tp")
+    if args.dtype != "float32" or args.backend not in ("numpy", "numba") or args.tp != 1:
+        raise UsageError("--numerics ggml-cpu computes in float32 on the numpy or numba backend, without --tp")
     args.kv = "uniform"  # one cell per position, as llama.cpp's cache holds a single sequence
     args.prefill_chunk = min(args.prefill_chunk, UBATCH)
     for difference in host_differences():
@@ -209,6 +209,9 @@ def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend; args get l
     kv_type = args.kv_type or "f16"
     # a quantized V cache needs flash attention: llama.cpp's "auto" turns it on, "off" refuses the context
     flash_attn = args.flash_attn == "on" if args.flash_attn else kv_type == "q8_0"
+    if args.backend == "numba":
+        from accel.numba.ggml import GgmlCpuNumbaBackend
+        return GgmlCpuNumbaBackend(kv_type, flash_attn, check_host=False)
     return GgmlCpuBackend(kv_type, flash_attn, check_host=False)
 
 
@@ -228,7 +231,7 @@ def run(args):  # parsed args -> exit status
     t0 = time.perf_counter()
     model = gguf.load(args.model or DEFAULT_MODEL, "text")
     backend = None
-    if args.backend != "numpy":
+    if args.backend != "numpy" and args.numerics != "ggml-cpu":
         backend = accel_backend(args)
     if args.tp != 1:
         check_tp(model.config, args.tp)

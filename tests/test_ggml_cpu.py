@@ -33,8 +33,8 @@ def model(rel):  # path under golden/ -> GGUFModel (loaded once per test run)
     return gguf.load(os.path.join(GOLDEN, rel), "text")
 
 
-def ggml_logits(text_model, ids, fed, kv_type, flash_attn):  # GGUFModel -> [len(ids) + len(fed), V]: prefill, decodes
-    lm = TextModel(text_model, backend=GgmlCpuBackend(kv_type, flash_attn, check_host=False))
+def ggml_logits(text_model, ids, fed, kv_type, flash_attn, backend=GgmlCpuBackend):  # -> [len(ids) + len(fed), V]
+    lm = TextModel(text_model, backend=backend(kv_type, flash_attn, check_host=False))
     cache = lm.new_cache(len(ids) + len(fed), "uniform")
     rows = [lm.prefill(ids, cache, UBATCH)] + [lm.prefill([t], cache, UBATCH) for t in fed]
     return np.concatenate(rows)
@@ -48,10 +48,10 @@ def assert_identical(ref, got, what):  # bit-identical logits, with the figures 
                          f"{float(np.mean(top1_agreement(ref, got))):.3f} (expected bit-identical)")
 
 
-def check_run(run, text_model):  # a manifest run: its prompt rows and decode rows against the ggml-cpu mode
+def check_run(run, text_model, backend=GgmlCpuBackend):  # a manifest run: its prompt and decode rows
     ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)
     ids, fed = MANIFEST["prompt"]["token_ids"], run["generated"]
-    got = ggml_logits(text_model, ids, fed, run["kv_type"], run["flash_attn"])
+    got = ggml_logits(text_model, ids, fed, run["kv_type"], run["flash_attn"], backend)
     assert_identical(ref[:len(ids)], got[:len(ids)], f"{run['file']} prefill")
     assert_identical(ref[len(ids):], got[len(ids):], f"{run['file']} decode")
 
@@ -73,11 +73,15 @@ def test_q8_0_kv_logits_bit_identical(run):  # tiny-a (head_dim 32: Q8_0 rows, n
 def test_q8_0_kv_rotated_logits_bit_identical(run, tmp_path):  # head sizes 64, 128: q, k, v and output rotated
     """The synthetic models are not committed: rebuilt from the manifest's fields and seed, they must be
     the very file llama.cpp ran before their logits mean anything."""
+    check_rotated(run, tmp_path)
+
+
+def check_rotated(run, tmp_path, backend=GgmlCpuBackend):  # a synthetic model rebuilt, then its run
     path = tmp_path / f"{run['type']}.gguf"
     synthetic_gguf(path, run["fields"], run["seed"])
     assert sha256(path) == run["sha256"], \
         f"{run['type']}: the rebuilt GGUF is not the one llama.cpp ran (tools.make_synthetic or gguf-py changed)"
-    check_run(run, gguf.load(str(path), "text"))
+    check_run(run, gguf.load(str(path), "text"), backend)
 
 
 SHARED = [  # (model, run directory, prompt id): goldens of golden/logits/llama-cpp, same engine and options
@@ -91,6 +95,10 @@ SHARED = [  # (model, run directory, prompt id): goldens of golden/logits/llama-
 
 @pytest.mark.parametrize("name,run,prompt", SHARED, ids=[f"{m}-{r}-{p}" for m, r, p in SHARED])
 def test_shared_llama_cpp_goldens(name, run, prompt):
+    check_shared(name, run, prompt)
+
+
+def check_shared(name, run, prompt, backend=GgmlCpuBackend):  # one golden of golden/logits/llama-cpp
     folder = os.path.join(GOLDEN, "logits", "llama-cpp", name, run)
     manifest = json.loads(Path(folder, "manifest.json").read_text(encoding="utf-8"))
     entry = next(e for e in manifest["entries"] if e["id"] == prompt)
@@ -98,7 +106,7 @@ def test_shared_llama_cpp_goldens(name, run, prompt):
     assert (options["n_ubatch"], options["n_threads"], options["backend"]) == (512, 2, "cpu")
     ref = np.load(os.path.join(folder, entry["file"]), allow_pickle=False)
     got = ggml_logits(model(f"models/{name}.gguf"), entry["token_ids"], [], options["kv_type"],
-                      options["flash_attn"] == "on")
+                      options["flash_attn"] == "on", backend)
     assert_identical(ref, got, f"{name}/{run}/{prompt}")
 
 

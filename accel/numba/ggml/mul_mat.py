@@ -1,0 +1,84 @@
+"""reference/ggml_cpu/mul_mat.py's dispatch onto the numba kernels: the same kernel for the same
+weight type, batch rows and repacking. Float weights (F32/F16/BF16) keep the NumPy tinyBLAS and
+vec_dot emulation."""
+import numpy as np
+
+from reference.ggml_cpu.blocks import DECODERS, decode
+from reference.ggml_cpu.build import GgmlCpuError
+from reference.ggml_cpu.mul_mat import FLOAT_KERNELS, REPACK_GEMM_ELEMENTS, REPACKED, TILED, TILED_MIN_ROWS
+from reference.ggml_cpu.mul_mat import float_mul_mat
+
+from . import int_dots
+from .quantize import quantize_q8_0, quantize_q8_k
+
+F32 = np.float32
+NONE_INT, NONE_F32 = np.zeros((0, 0, 0), np.int64), np.zeros((0, 0), F32)
+
+
+class KernelRows:
+    """A decoded QuantRows with every field as a contiguous array the kernels take (empty when absent)."""
+
+    def __init__(self, w):
+        self.values = np.ascontiguousarray(w.values)
+        self.d = np.ascontiguousarray(w.d, F32)
+        self.scales = NONE_INT if w.scales is None else np.ascontiguousarray(w.scales, np.int64)
+        self.mins = NONE_INT if w.mins is None else np.ascontiguousarray(w.mins, np.int64)
+        self.dmin = NONE_F32 if w.dmin is None else np.ascontiguousarray(w.dmin, F32)
+        self.m = NONE_F32 if w.m is None else np.ascontiguousarray(w.m, F32)
+        self.d0 = (self.d * F32(w.post)).astype(F32)  # the tiled kernel's d times the IQ power of two
+        self.sub, self.post, self.offset, self.min_lanes = w.sub, F32(w.post), w.unsigned_offset, w.min_lanes
+
+
+def tiled(w, a):  # KernelRows, Q8_K acts -> [T, O]
+    return int_dots.tiled(w.values, w.offset, w.scales, w.sub, w.d0, w.dmin, w.mins, a.q, a.d, a.bsums)
+
+
+def k_vec_dot(w, a):  # KernelRows, Q8_K acts -> [T, O]
+    return int_dots.k_vec_dot(w.values, w.offset, w.scales, w.sub, w.d, w.dmin, w.mins, w.min_lanes, w.post,
+                              a.q, a.d, a.bsums)
+
+
+def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K acts -> [T, O]
+    return int_dots.k_repacked_rows(w.values, w.scales, w.sub, w.d, w.dmin, w.mins, a.q, a.d, a.bsums,
+                                    elements_per_fma)
+
+
+def k_repacked(x, w, gemm_elements):  # x [T, K] f32 -> [T, O]: gemm for rows in fours, gemv for the rest
+    n4 = len(x) - len(x) % 4
+    parts = []
+    if n4:
+        parts.append(k_repacked_rows(w, quantize_q8_k(x[:n4], prefer_positive=True), gemm_elements))
+    if n4 < len(x):
+        parts.append(k_repacked_rows(w, quantize_q8_k(x[n4:]), 256))
+    return np.concatenate(parts)
+
+
+def mul_mat(x, weights, name, cache):  # x [T, K] f32 -> [T, O]: reference mul_mat on the numba kernels
+    kind = weights.type_name(name)
+    T = len(x)
+    if kind in FLOAT_KERNELS:
+        if name not in cache:
+            cache[name] = weights.get(name, F32)
+        return float_mul_mat(FLOAT_KERNELS[kind][0](x), cache[name], kind)
+    if kind not in DECODERS:
+        raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
+    if name not in cache:
+        cache[name] = KernelRows(decode(weights, name))
+    w = cache[name]
+    repacked = kind in REPACKED and len(w.values) % 8 == 0
+    if kind in REPACK_GEMM_ELEMENTS and repacked:
+        return k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind])
+    if kind in ("Q4_0", "IQ4_NL") and repacked:
+        a = quantize_q8_0(x)
+        return int_dots.q0_repacked(w.values, w.d, a.q, a.d)
+    if kind in ("Q8_0", "Q5_0", "Q4_0", "IQ4_NL"):
+        a = quantize_q8_0(x)
+        return int_dots.q0_lanes(w.values, w.d, a.q, a.d, 2 if kind == "IQ4_NL" and T == 1 else 1)
+    if kind == "Q5_1":
+        a = quantize_q8_0(x)
+        return int_dots.q5_1_vec_dot(w.values, w.d, w.m, a.q, a.d, a.s)
+    if kind in TILED and T >= TILED_MIN_ROWS:
+        return tiled(w, quantize_q8_k(x))
+    if kind == "Q2_K":
+        raise GgmlCpuError(f"{name}: the Q2_K vec_dot (fewer than 8 rows, not repacked) is not emulated")
+    return k_vec_dot(w, quantize_q8_k(x))

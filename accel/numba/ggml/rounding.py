@@ -1,0 +1,27 @@
+"""Scalar float rounding of reference/ggml_cpu/rounding.py inside numba kernels."""
+import numba
+import numpy as np
+
+MIDPOINT_BITS = np.uint64(1 << 63)
+SHIFT = np.uint64(35)
+
+
+@numba.njit(cache=True, inline="always")
+def fma32(a, b, c):  # f32 scalars -> f32 a*b + c rounded once, as reference fma32 (float64, midpoint nudge)
+    p = np.float64(a) * np.float64(b)  # exact: 24 x 24 bits
+    s = p + np.float64(c)
+    bits = np.array([s]).view(np.uint64)[0]
+    if bits << SHIFT == MIDPOINT_BITS:  # on a float32 midpoint: round towards the exact sum first
+        v = s - p
+        err = (p - (s - v)) + (np.float64(c) - v)
+        if err > 0:
+            s = np.nextafter(s, np.inf)
+        elif err < 0:
+            s = np.nextafter(s, -np.inf)
+    return np.float32(s)
+
+
+@numba.njit(cache=True, inline="always")
+def hsum8(v):  # f32 [8] -> f32: hsum_float_8, (0+4, 1+5, 2+6, 3+7) then (0+2) + (1+3)
+    t0, t1, t2, t3 = v[4] + v[0], v[5] + v[1], v[6] + v[2], v[7] + v[3]
+    return (t0 + t2) + (t1 + t3)
