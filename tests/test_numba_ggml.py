@@ -16,7 +16,7 @@ from conftest import GOLDEN, require, run_cli
 require("numba")  # the [accel] extra
 
 from accel.numba.ggml import GgmlCpuNumbaBackend, mul_mat as numba_mul_mat  # noqa: E402
-from accel.numba.ggml import quantize as numba_quantize  # noqa: E402
+from accel.numba.ggml import elementwise as numba_elementwise, quantize as numba_quantize  # noqa: E402
 from reference import ggml_cpu  # noqa: E402
 from test_ggml_cpu import (HERE, MANIFEST, OPS, SHARED, assert_identical, check_rotated, check_run,  # noqa: E402
                            check_shared, fixture, model)
@@ -44,6 +44,16 @@ def test_quantize_q8_0_is_its_numpy_twin():
     x = activations(6, 512, 1)
     ref, got = ggml_cpu.quantize_q8_0(x), numba_quantize.quantize_q8_0(x)
     assert np.array_equal(ref.d, got.d) and np.array_equal(ref.q, got.q) and np.array_equal(ref.s, got.s)
+
+
+@pytest.mark.parametrize("op", ["sigmoid", "softcap", "gelu_erf"])
+def test_elementwise_ops_are_their_numpy_twins(op):  # glibc from numba: every bit, NaN and infinities too
+    x = np.concatenate([np.random.default_rng(3).standard_normal(5192).astype(np.float32) * 30,
+                        np.float32([0, -0.0, np.inf, -np.inf, np.nan, 1e-45, 88.8, -104])]).reshape(-1, 13)
+    args = (x, 30.0) if op == "softcap" else (x,)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref, got = getattr(ggml_cpu, op)(*args), getattr(numba_elementwise, op)(*args)
+    assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
 
 
 @pytest.mark.parametrize("kind", QUANT_TYPES)

@@ -164,9 +164,19 @@ DECODERS = {  # type -> (bytes per block, decoder)
 }
 
 
+DECODE_ROWS = 4096  # rows decoded at a time: the decoders' int64 intermediates stay small for a 202048-row head
+
+
 def decode(weights, name):  # GGUF tensor -> QuantRows with arrays [O, nb, ...]
     n_bytes, decoder = DECODERS[weights.type_name(name)]
     raw = np.asarray(weights.raw(name)).view(np.uint8)
-    rows = decoder(raw.reshape(len(raw), -1, n_bytes))
-    rows.values = rows.values.astype(np.int16)  # every code fits; a quarter of the int64 memory
+    raw = raw.reshape(len(raw), -1, n_bytes)
+    parts = [decoder(raw[start:start + DECODE_ROWS]) for start in range(0, len(raw), DECODE_ROWS)]
+    rows = parts[0]
+    for field in ("d", "values", "scales", "mins", "dmin", "m"):
+        if getattr(rows, field) is not None:
+            # every code and scale fits in int8 (the widest: Q8_0's int8, IQ4_NL's -127..113, Q6_K's 0..63)
+            arrays = [getattr(part, field) for part in parts]
+            setattr(rows, field, np.concatenate(arrays).astype(np.int8 if field in ("values", "scales", "mins")
+                                                                 else arrays[0].dtype))
     return rows

@@ -11,10 +11,10 @@ F32 = np.float32
 
 
 @numba.njit(cache=True, inline="always")
-def block_dot(values, offset, aq, t, o, b, start, stop):  # exact sum of (value - offset) * q over [start, stop)
+def block_dot(values, aq, t, o, b, start, stop):  # exact sum of value * q over [start, stop)
     total = 0
     for k in range(start, stop):
-        total += (np.int64(values[o, b, k]) - offset) * np.int64(aq[t, b, k])
+        total += np.int64(values[o, b, k]) * np.int64(aq[t, b, k])
     return total
 
 
@@ -22,27 +22,37 @@ def block_dot(values, offset, aq, t, o, b, start, stop):  # exact sum of (value 
 def bsum_of(bsums, t, b, s, sub):  # the activation sum of sub-block s (width sub) from the 16-sums
     total = 0
     for i in range(s * sub // 16, (s + 1) * sub // 16):
-        total += bsums[t, b, i]
+        total += np.int64(bsums[t, b, i])
     return total
 
 
+@numba.njit(cache=True, inline="always")
+def offset_part(offset, scales, sub, bsums, t, o, b):  # offset * sum(scale * bsum): Q6_K's 32 the kernels remove
+    total = 0
+    for s in range(scales.shape[2]):
+        total += np.int64(scales[o, b, s]) * bsum_of(bsums, t, b, s, sub)
+    return offset * total
+
+
 @numba.njit(cache=True, parallel=True)
-def tiled(values, offset, scales, sub, d0, dmin, mins, aq, ad, bsums):  # -> [T, O]: reference tiled
-    O, nb, bs = values.shape
+def tiled(vs, offset, scales, sub, d0, dmin, mins, aq, ad, bsums):  # -> [T, O]: reference tiled
+    """vs [O, nb, 256] int16: each value times its sub-block's scale, so s1 = sum(scale * dot) is one
+    dot product; the unsigned offset comes off through the activation sums (the same integer)."""
+    O, nb, bs = vs.shape
     T = aq.shape[0]
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
         for t in range(T):
             buf = F32(0)
             for b in range(nb):
-                s1 = 0
-                for s in range(bs // sub):
-                    s1 += block_dot(values, offset, aq, t, o, b, s * sub, (s + 1) * sub) * scales[o, b, s]
+                s1 = block_dot(vs, aq, t, o, b, 0, bs)
+                if offset:
+                    s1 -= offset_part(offset, scales, sub, bsums, t, o, b)
                 r = F32(s1) * d0[o, b]
                 if mins.size:
                     s2 = 0
                     for s in range(bs // sub):
-                        s2 += mins[o, b, s] * bsum_of(bsums, t, b, s, sub)
+                        s2 += np.int64(mins[o, b, s]) * bsum_of(bsums, t, b, s, sub)
                     r = fma32(-dmin[o, b], F32(s2), r)
                 buf = fma32(r, ad[t, b], buf)
             out[t, o] = buf
@@ -50,8 +60,8 @@ def tiled(values, offset, scales, sub, d0, dmin, mins, aq, ad, bsums):  # -> [T,
 
 
 @numba.njit(cache=True, parallel=True)
-def k_repacked_rows(values, scales, sub, d, dmin, mins, aq, ad, bsums, elements_per_fma):  # -> [T, O]
-    O, nb, bs = values.shape
+def k_repacked_rows(vs, sub, d, dmin, mins, aq, ad, bsums, elements_per_fma):  # -> [T, O]
+    O, nb, bs = vs.shape
     T = aq.shape[0]
     step = elements_per_fma // sub
     out = np.zeros((T, O), F32)
@@ -61,10 +71,10 @@ def k_repacked_rows(values, scales, sub, d, dmin, mins, aq, ad, bsums, elements_
             for b in range(nb):
                 scale, scale_min = d[o, b] * ad[t, b], dmin[o, b] * ad[t, b]
                 for p in range(bs // elements_per_fma):
-                    dots, mn = 0, 0
+                    dots = block_dot(vs, aq, t, o, b, p * elements_per_fma, (p + 1) * elements_per_fma)
+                    mn = 0
                     for s in range(p * step, (p + 1) * step):
-                        dots += block_dot(values, 0, aq, t, o, b, s * sub, (s + 1) * sub) * scales[o, b, s]
-                        mn += bsum_of(bsums, t, b, s, sub) * mins[o, b, s]
+                        mn += bsum_of(bsums, t, b, s, sub) * np.int64(mins[o, b, s])
                     acc = fma32(F32(dots), scale, acc)
                     acc_min = fma32(F32(mn), scale_min, acc_min)
             out[t, o] = acc - acc_min
@@ -72,25 +82,30 @@ def k_repacked_rows(values, scales, sub, d, dmin, mins, aq, ad, bsums, elements_
 
 
 @numba.njit(cache=True, inline="always")
-def vec_dot_lanes(values, offset, scales, sub, aq, bsums, t, o, b, lanes):  # int64 [8] <- the 8 lane sums
-    per_scale = 8 * sub // 32  # lanes sharing one scale
+def vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes):  # int64 [8] <- the 8 lane sums
+    """Lane l holds elements 4l..4l+3 of every 32-element chunk: the chunks are summed element-wise
+    into chunk [32] (one vector loop), then each lane's 4 neighbours; Q6_K's offset comes off lane p
+    through the activation sums of the 16-groups 2p and 2p+1."""
+    for i in range(32):
+        total = 0
+        for c in range(8):
+            total += np.int64(vs[o, b, c * 32 + i]) * np.int64(aq[t, b, c * 32 + i])
+        chunk[i] = total
     for lane in range(8):
-        lanes[lane] = 0
-    for c in range(8):
-        for lane in range(8):
-            start = c * 32 + lane * 4
-            lanes[lane] += block_dot(values, 0, aq, t, o, b, start, start + 4) * scales[o, b, (c * 8 + lane) // per_scale]
+        lanes[lane] = chunk[4 * lane] + chunk[4 * lane + 1] + chunk[4 * lane + 2] + chunk[4 * lane + 3]
     if offset:
         for p in range(8):
-            lanes[p] -= offset * (bsums[t, b, 2 * p] * scales[o, b, 2 * p] + bsums[t, b, 2 * p + 1] * scales[o, b, 2 * p + 1])
+            lanes[p] -= offset * (np.int64(bsums[t, b, 2 * p]) * scales[o, b, 2 * p]
+                                  + np.int64(bsums[t, b, 2 * p + 1]) * scales[o, b, 2 * p + 1])
 
 
 @numba.njit(cache=True, parallel=True)
-def k_vec_dot(values, offset, scales, sub, d, dmin, mins, min_lanes, post, aq, ad, bsums):  # -> [T, O]
-    O, nb, _ = values.shape
+def k_vec_dot(vs, offset, scales, d, dmin, mins, min_lanes, post, aq, ad, bsums):  # -> [T, O]
+    O, nb, _ = vs.shape
     T = aq.shape[0]
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
+        chunk = np.zeros(32, np.int64)
         lanes = np.zeros(8, np.int64)
         acc = np.zeros(8, F32)
         summs = np.zeros(4, F32)
@@ -98,14 +113,14 @@ def k_vec_dot(values, offset, scales, sub, d, dmin, mins, min_lanes, post, aq, a
             acc[:] = 0
             summs[:] = 0
             for b in range(nb):
-                vec_dot_lanes(values, offset, scales, sub, aq, bsums, t, o, b, lanes)
+                vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes)
                 if mins.size:
                     dm = -ad[t, b] * dmin[o, b]
                     per = 8 // min_lanes
                     for j in range(min_lanes):
                         mn = 0
                         for s in range(j * per, (j + 1) * per):
-                            mn += bsum_of(bsums, t, b, s, 32) * mins[o, b, s]
+                            mn += bsum_of(bsums, t, b, s, 32) * np.int64(mins[o, b, s])
                         summs[j] = fma32(dm, F32(mn), summs[j])
                 scale = d[o, b] * ad[t, b]
                 for lane in range(8):
@@ -132,11 +147,11 @@ def q0_lanes(values, d, aq, ad, accumulators):  # 32-blocks -> [T, O]: reference
             for b in range(paired):
                 scale = d[o, b] * ad[t, b]
                 for lane in range(8):
-                    lane_sum = block_dot(values, 0, aq, t, o, b, lane * 4, lane * 4 + 4)
+                    lane_sum = block_dot(values, aq, t, o, b, lane * 4, lane * 4 + 4)
                     acc[b % accumulators, lane] = fma32(scale, F32(lane_sum), acc[b % accumulators, lane])
             r = hsum8(acc[0] + acc[1]) if accumulators == 2 else hsum8(acc[0])
             for b in range(paired, nb):
-                r = fma32(d[o, b] * ad[t, b], F32(block_dot(values, 0, aq, t, o, b, 0, 32)), r)
+                r = fma32(d[o, b] * ad[t, b], F32(block_dot(values, aq, t, o, b, 0, 32)), r)
             out[t, o] = r
     return out
 
@@ -150,7 +165,7 @@ def q0_repacked(values, d, aq, ad):  # 32-blocks -> [T, O]: per block fma(f32(is
         for t in range(T):
             acc = F32(0)
             for b in range(nb):
-                acc = fma32(F32(block_dot(values, 0, aq, t, o, b, 0, 32)), d[o, b] * ad[t, b], acc)
+                acc = fma32(F32(block_dot(values, aq, t, o, b, 0, 32)), d[o, b] * ad[t, b], acc)
             out[t, o] = acc
     return out
 
@@ -169,6 +184,6 @@ def q5_1_vec_dot(values, d, m, aq, ad, a_s):  # Q5_1 rows, Q8_1 acts -> [T, O]: 
                 summs = fma32(m[o, b], a_s[t, b], summs)
                 scale = d[o, b] * ad[t, b]
                 for lane in range(8):
-                    acc[lane] = fma32(F32(block_dot(values, 0, aq, t, o, b, lane * 4, lane * 4 + 4)), scale, acc[lane])
+                    acc[lane] = fma32(F32(block_dot(values, aq, t, o, b, lane * 4, lane * 4 + 4)), scale, acc[lane])
             out[t, o] = hsum8(acc) + summs
     return out

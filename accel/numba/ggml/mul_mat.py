@@ -12,17 +12,20 @@ from . import int_dots
 from .quantize import quantize_q8_0, quantize_q8_k
 
 F32 = np.float32
-NONE_INT, NONE_F32 = np.zeros((0, 0, 0), np.int64), np.zeros((0, 0), F32)
+NONE_INT, NONE_F32 = np.zeros((0, 0, 0), np.int8), np.zeros((0, 0), F32)
 
 
 class KernelRows:
     """A decoded QuantRows with every field as a contiguous array the kernels take (empty when absent)."""
 
     def __init__(self, w):
-        self.values = np.ascontiguousarray(w.values)
+        self.values = np.ascontiguousarray(w.values)  # int8
+        # the K-quant and IQ kernels read each value times its sub-block's scale: int16, |v * s| <= 127 * 63
+        self.vs = self.values if w.scales is None else np.ascontiguousarray(
+            w.values.astype(np.int16) * np.repeat(w.scales, w.sub, axis=-1).astype(np.int16))
         self.d = np.ascontiguousarray(w.d, F32)
-        self.scales = NONE_INT if w.scales is None else np.ascontiguousarray(w.scales, np.int64)
-        self.mins = NONE_INT if w.mins is None else np.ascontiguousarray(w.mins, np.int64)
+        self.scales = NONE_INT if w.scales is None else np.ascontiguousarray(w.scales)
+        self.mins = NONE_INT if w.mins is None else np.ascontiguousarray(w.mins)
         self.dmin = NONE_F32 if w.dmin is None else np.ascontiguousarray(w.dmin, F32)
         self.m = NONE_F32 if w.m is None else np.ascontiguousarray(w.m, F32)
         self.d0 = (self.d * F32(w.post)).astype(F32)  # the tiled kernel's d times the IQ power of two
@@ -30,17 +33,15 @@ class KernelRows:
 
 
 def tiled(w, a):  # KernelRows, Q8_K acts -> [T, O]
-    return int_dots.tiled(w.values, w.offset, w.scales, w.sub, w.d0, w.dmin, w.mins, a.q, a.d, a.bsums)
+    return int_dots.tiled(w.vs, w.offset, w.scales, w.sub, w.d0, w.dmin, w.mins, a.q, a.d, a.bsums)
 
 
 def k_vec_dot(w, a):  # KernelRows, Q8_K acts -> [T, O]
-    return int_dots.k_vec_dot(w.values, w.offset, w.scales, w.sub, w.d, w.dmin, w.mins, w.min_lanes, w.post,
-                              a.q, a.d, a.bsums)
+    return int_dots.k_vec_dot(w.vs, w.offset, w.scales, w.d, w.dmin, w.mins, w.min_lanes, w.post, a.q, a.d, a.bsums)
 
 
 def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K acts -> [T, O]
-    return int_dots.k_repacked_rows(w.values, w.scales, w.sub, w.d, w.dmin, w.mins, a.q, a.d, a.bsums,
-                                    elements_per_fma)
+    return int_dots.k_repacked_rows(w.vs, w.sub, w.d, w.dmin, w.mins, a.q, a.d, a.bsums, elements_per_fma)
 
 
 def k_repacked(x, w, gemm_elements):  # x [T, K] f32 -> [T, O]: gemm for rows in fours, gemv for the rest

@@ -8,10 +8,10 @@ from reference.ggml_cpu.rounding import round_f16
 
 
 @numba.njit(cache=True)
-def q8_0_blocks(x):  # x f32 [T, nb, 32] -> (d f32 [T, nb] unrounded, q int32 [T, nb, 32], sum q [T, nb])
+def q8_0_blocks(x):  # x f32 [T, nb, 32] -> (d f32 [T, nb] unrounded, q int8 [T, nb, 32], sum q [T, nb])
     T, nb, _ = x.shape
     d = np.zeros((T, nb), np.float32)
-    q = np.zeros((T, nb, 32), np.int32)
+    q = np.zeros((T, nb, 32), np.int8)
     sums = np.zeros((T, nb), np.int32)
     for t in range(T):
         for b in range(nb):
@@ -21,7 +21,7 @@ def q8_0_blocks(x):  # x f32 [T, nb, 32] -> (d f32 [T, nb] unrounded, q int32 [T
             d[t, b] = amax / np.float32(127)
             inv = np.float32(127) / amax if amax != 0 else np.float32(0)
             for i in range(32):
-                q[t, b, i] = np.int32(np.rint(x[t, b, i] * inv))
+                q[t, b, i] = np.int8(np.rint(x[t, b, i] * inv))  # |q| <= 127
                 sums[t, b] += q[t, b, i]
     return d, q, sums
 
@@ -32,10 +32,10 @@ def quantize_q8_0(x):  # x [T, K] f32 -> QuantActs: as reference quantize_q8_0
 
 
 @numba.njit(cache=True)
-def q8_k_blocks(x, prefer_positive):  # x f32 [T, nb, 256] -> (d [T, nb], q int32 [T, nb, 256], bsums [T, nb, 16])
+def q8_k_blocks(x, prefer_positive):  # x f32 [T, nb, 256] -> (d [T, nb], q int8 [T, nb, 256], bsums [T, nb, 16])
     T, nb, _ = x.shape
     d = np.zeros((T, nb), np.float32)
-    q = np.zeros((T, nb, 256), np.int32)
+    q = np.zeros((T, nb, 256), np.int8)
     bsums = np.zeros((T, nb, 16), np.int32)
     for t in range(T):
         for b in range(nb):
@@ -52,7 +52,7 @@ def q8_k_blocks(x, prefer_positive):  # x f32 [T, nb, 256] -> (d [T, nb], q int3
             iscale = np.float32(-127) / signed_max
             d[t, b] = np.float32(1) / iscale
             for i in range(256):
-                q[t, b, i] = min(127, np.int32(np.rint(x[t, b, i] * iscale)))
+                q[t, b, i] = min(127, np.int32(np.rint(x[t, b, i] * iscale)))  # >= -127: |x| <= |max|
                 bsums[t, b, i // 16] += q[t, b, i]
     return d, q, bsums
 
