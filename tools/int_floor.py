@@ -1,7 +1,7 @@
 """The integer-path floor of the ggml-cpu numba kernels: the least work a quantized product on
-decoded int8 weights and int8 activations does, as numba compiles it. One exact int64 sum of
-value * q per weight row, no scales and no epilogue, over the same [rows, n_in] int8 layout the
-kernels read (accel/numba/ggml keeps weights decoded to one int8 per value). Its speed bounds what
+decoded weights and int8 activations does, as numba compiles it. One exact int64 sum of
+value * q per weight row, no scales and no epilogue, over the same [rows, n_in] int16 layout the
+K-quant kernels read (accel/numba/ggml keeps each value times its scale). Its speed bounds what
 those kernels can reach here; the measured kernel beside it says what the scales and the float
 epilogues cost.
 
@@ -19,7 +19,7 @@ from reference.ggml_cpu.blocks import QuantRows
 
 
 @numba.njit(parallel=True, cache=True)
-def int_floor(values, aq):  # values int8 [O, K], aq int8 [T, K] -> int64 [T, O]: sum of products, nothing else
+def int_floor(values, aq):  # values int16 [O, K], aq int8 [T, K] -> int64 [T, O]: sums of products only
     O, K = values.shape
     out = np.zeros((aq.shape[0], O), np.int64)
     for o in numba.prange(O):
@@ -66,7 +66,7 @@ def main(argv=None):
         for tokens in args.tokens:
             a = quantize_q8_k(rng.standard_normal((tokens, n_in)).astype(np.float32))
             aq = np.ascontiguousarray(a.q.reshape(tokens, -1).astype(np.int8))
-            floor = best_seconds(lambda: int_floor(w.values.reshape(args.rows, -1), aq), args.repeat)
+            floor = best_seconds(lambda: int_floor(w.vs.reshape(args.rows, -1), aq), args.repeat)
             kernel = (ggml_mul_mat.k_vec_dot if tokens < 8 else ggml_mul_mat.tiled)
             used = best_seconds(lambda: kernel(w, a), args.repeat)
             macs = args.rows * n_in * tokens / 1e9

@@ -19,9 +19,9 @@ class KernelRows:
     """A decoded QuantRows with every field as a contiguous array the kernels take (empty when absent)."""
 
     def __init__(self, w):
-        self.values = np.ascontiguousarray(w.values)  # int8
-        # the K-quant and IQ kernels read each value times its sub-block's scale: int16, |v * s| <= 127 * 63
-        self.vs = self.values if w.scales is None else np.ascontiguousarray(
+        # each value times its sub-block's scale (int16, |v * s| <= 127 * 63), which the K-quant and IQ
+        # kernels read in place of the int8 values; types without scales keep the values themselves
+        self.vs = np.ascontiguousarray(w.values) if w.scales is None else np.ascontiguousarray(
             w.values.astype(np.int16) * np.repeat(w.scales, w.sub, axis=-1).astype(np.int16))
         self.d = np.ascontiguousarray(w.d, F32)
         self.scales = NONE_INT if w.scales is None else np.ascontiguousarray(w.scales)
@@ -66,18 +66,18 @@ def mul_mat(x, weights, name, cache):  # x [T, K] f32 -> [T, O]: reference mul_m
     if name not in cache:
         cache[name] = KernelRows(decode(weights, name))
     w = cache[name]
-    repacked = kind in REPACKED and len(w.values) % 8 == 0
+    repacked = kind in REPACKED and len(w.vs) % 8 == 0
     if kind in REPACK_GEMM_ELEMENTS and repacked:
         return k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind])
     if kind in ("Q4_0", "IQ4_NL") and repacked:
         a = quantize_q8_0(x)
-        return int_dots.q0_repacked(w.values, w.d, a.q, a.d)
+        return int_dots.q0_repacked(w.vs, w.d, a.q, a.d)
     if kind in ("Q8_0", "Q5_0", "Q4_0", "IQ4_NL"):
         a = quantize_q8_0(x)
-        return int_dots.q0_lanes(w.values, w.d, a.q, a.d, 2 if kind == "IQ4_NL" and T == 1 else 1)
+        return int_dots.q0_lanes(w.vs, w.d, a.q, a.d, 2 if kind == "IQ4_NL" and T == 1 else 1)
     if kind == "Q5_1":
         a = quantize_q8_0(x)
-        return int_dots.q5_1_vec_dot(w.values, w.d, w.m, a.q, a.d, a.s)
+        return int_dots.q5_1_vec_dot(w.vs, w.d, w.m, a.q, a.d, a.s)
     if kind in TILED and T >= TILED_MIN_ROWS:
         return tiled(w, quantize_q8_k(x))
     if kind == "Q2_K":
