@@ -7,8 +7,6 @@ epilogues cost.
 
     python -m tools.int_floor [--rows 8192 --n-in 6656 --tokens 1,64 --threads 2 --repeat 3]
 """
-import time
-
 import numba
 import numpy as np
 
@@ -16,6 +14,7 @@ from accel.numba.ggml import mul_mat as ggml_mul_mat
 from accel.numba.ggml.quantize import quantize_q8_k
 from reference.cli import OneLineParser, exit_status, int_in
 from reference.ggml_cpu.blocks import QuantRows
+from tools.bench import best_of
 
 
 @numba.njit(parallel=True, cache=True)
@@ -31,14 +30,9 @@ def int_floor(values, aq):  # values int16 [O, K], aq int8 [T, K] -> int64 [T, O
     return out
 
 
-def best_seconds(fn, repeat):  # -> the least wall seconds of repeat calls (after one warm-up call)
+def best_seconds(fn, repeat):  # -> the least wall seconds of repeat calls, after one warm-up (compilation)
     fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return best_of(repeat, fn)
 
 
 def q4_k_rows(rows, n_in, rng):  # -> KernelRows of a random Q4_K-shaped matrix (codes 0..15, 6-bit scales)

@@ -1,4 +1,6 @@
 """Which kernel a matmul takes (ggml_compute_forward_mul_mat and the CPU extra buffer types)."""
+import sys
+
 import numpy as np
 
 from .blocks import DECODERS, decode
@@ -22,32 +24,50 @@ TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "
 TILED_MIN_ROWS = 8
 
 
-def mul_mat(x, weights, name, cache):  # x [T, K] f32 -> [T, O]; cache: dict for decoded weights
-    kind = weights.type_name(name)
-    T = len(x)
+def kernel_path(kind, n_rows, weights, name):  # -> the name of the kernel a matmul of n_rows rows takes
+    """"float", "k_repacked", "q0_repacked", "q0_lanes", "q5_1_vec_dot", "tiled" or "k_vec_dot"; one
+    decision for this emulation and its numba twin."""
     if kind in FLOAT_KERNELS:
-        if name not in cache:
-            cache[name] = weights.get(name, F32)
-        return float_mul_mat(FLOAT_KERNELS[kind][0](x), cache[name], kind)
+        return "float"
     if kind not in DECODERS:
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
-    if name not in cache:
-        cache[name] = decode(weights, name)
-    w = cache[name]
-    repacked = kind in REPACKED and len(w.values) % 8 == 0
+    repacked = kind in REPACKED and len(weights.raw(name)) % 8 == 0  # rows of blocks
     if kind in REPACK_GEMM_ELEMENTS and repacked:
-        return k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind])
+        return "k_repacked"
     if kind in ("Q4_0", "IQ4_NL") and repacked:
-        return q0_repacked(w, quantize_q8_0(x))
+        return "q0_repacked"
     if kind in ("Q8_0", "Q5_0", "Q4_0", "IQ4_NL"):
-        return q0_lanes(w, quantize_q8_0(x), 2 if kind == "IQ4_NL" and T == 1 else 1)
+        return "q0_lanes"
     if kind == "Q5_1":
-        return q5_1_vec_dot(w, quantize_q8_0(x))
-    if kind in TILED and T >= TILED_MIN_ROWS:
-        return tiled(w, quantize_q8_k(x))
+        return "q5_1_vec_dot"
+    if kind in TILED and n_rows >= TILED_MIN_ROWS:
+        return "tiled"
     if kind == "Q2_K":
         raise GgmlCpuError(f"{name}: the Q2_K vec_dot (fewer than 8 rows, not repacked) is not emulated")
-    return k_vec_dot(w, quantize_q8_k(x))
+    return "k_vec_dot"
+
+
+def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel path: (x, rows, type) -> [T, O]}
+    """The call each path makes; the numba twin (accel/numba/ggml/mul_mat.py) passes its own module."""
+    k = kernels
+    return {
+        "k_repacked": lambda x, w, kind: k.k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind]),
+        "q0_repacked": lambda x, w, kind: k.q0_repacked(w, k.quantize_q8_0(x)),
+        "q0_lanes": lambda x, w, kind: k.q0_lanes(w, k.quantize_q8_0(x), 2 if kind == "IQ4_NL" and len(x) == 1 else 1),
+        "q5_1_vec_dot": lambda x, w, kind: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
+        "tiled": lambda x, w, kind: k.tiled(w, k.quantize_q8_k(x)),
+        "k_vec_dot": lambda x, w, kind: k.k_vec_dot(w, k.quantize_q8_k(x)),
+    }
+
+
+def mul_mat(x, weights, name, cache):  # x [T, K] f32 -> [T, O]; cache: dict for decoded weights
+    kind = weights.type_name(name)
+    path = kernel_path(kind, len(x), weights, name)
+    if name not in cache:
+        cache[name] = weights.get(name, F32) if path == "float" else decode(weights, name)
+    if path == "float":
+        return float_mul_mat(FLOAT_KERNELS[kind][0](x), cache[name], kind)
+    return QUANT_PATHS[path](x, cache[name], kind)
 
 
 def float_mul_mat(x, w, kind):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]
@@ -69,3 +89,6 @@ def k_repacked(x, w, gemm_elements):  # x [T, K] f32, Q4_K/Q2_K rows (repacked) 
     if n4 < len(x):
         parts.append(k_repacked_rows(w, quantize_q8_k(x[n4:]), 256))
     return np.concatenate(parts)
+
+
+QUANT_PATHS = quant_paths(sys.modules[__name__])

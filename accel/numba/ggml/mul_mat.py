@@ -1,12 +1,13 @@
 """reference/ggml_cpu/mul_mat.py's dispatch onto the numba kernels: the same kernel for the same
 weight type, batch rows and repacking. Float weights (F32/F16/BF16) keep the NumPy tinyBLAS and
 vec_dot emulation."""
+import sys
+
 import numpy as np
 
-from reference.ggml_cpu.blocks import DECODERS, decode
-from reference.ggml_cpu.build import GgmlCpuError
-from reference.ggml_cpu.mul_mat import FLOAT_KERNELS, REPACK_GEMM_ELEMENTS, REPACKED, TILED, TILED_MIN_ROWS
-from reference.ggml_cpu.mul_mat import float_mul_mat
+from reference.ggml_cpu.blocks import decode
+from reference.ggml_cpu.mul_mat import kernel_path, quant_paths
+from reference.ggml_cpu.mul_mat import mul_mat as reference_mul_mat
 
 from . import int_dots
 from .quantize import quantize_q8_0, quantize_q8_k
@@ -30,6 +31,18 @@ class KernelRows:
         self.m = NONE_F32 if w.m is None else np.ascontiguousarray(w.m, F32)
         self.d0 = (self.d * F32(w.post)).astype(F32)  # the tiled kernel's d times the IQ power of two
         self.sub, self.post, self.offset, self.min_lanes = w.sub, F32(w.post), w.unsigned_offset, w.min_lanes
+
+
+def q0_repacked(w, a):  # KernelRows (Q4_0/IQ4_NL, repacked), Q8_0 acts -> [T, O]
+    return int_dots.q0_repacked(w.vs, w.d, a.q, a.d)
+
+
+def q0_lanes(w, a, accumulators):  # KernelRows (32-blocks), Q8_0 acts -> [T, O]
+    return int_dots.q0_lanes(w.vs, w.d, a.q, a.d, accumulators)
+
+
+def q5_1_vec_dot(w, a):  # KernelRows (Q5_1), Q8_1 acts -> [T, O]
+    return int_dots.q5_1_vec_dot(w.vs, w.d, w.m, a.q, a.d, a.s)
 
 
 def tiled(w, a):  # KernelRows, Q8_K acts -> [T, O]
@@ -56,30 +69,12 @@ def k_repacked(x, w, gemm_elements):  # x [T, K] f32 -> [T, O]: gemm for rows in
 
 def mul_mat(x, weights, name, cache):  # x [T, K] f32 -> [T, O]: reference mul_mat on the numba kernels
     kind = weights.type_name(name)
-    T = len(x)
-    if kind in FLOAT_KERNELS:
-        if name not in cache:
-            cache[name] = weights.get(name, F32)
-        return float_mul_mat(FLOAT_KERNELS[kind][0](x), cache[name], kind)
-    if kind not in DECODERS:
-        raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
+    path = kernel_path(kind, len(x), weights, name)
+    if path == "float":
+        return reference_mul_mat(x, weights, name, cache)
     if name not in cache:
         cache[name] = KernelRows(decode(weights, name))
-    w = cache[name]
-    repacked = kind in REPACKED and len(w.vs) % 8 == 0
-    if kind in REPACK_GEMM_ELEMENTS and repacked:
-        return k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind])
-    if kind in ("Q4_0", "IQ4_NL") and repacked:
-        a = quantize_q8_0(x)
-        return int_dots.q0_repacked(w.vs, w.d, a.q, a.d)
-    if kind in ("Q8_0", "Q5_0", "Q4_0", "IQ4_NL"):
-        a = quantize_q8_0(x)
-        return int_dots.q0_lanes(w.vs, w.d, a.q, a.d, 2 if kind == "IQ4_NL" and T == 1 else 1)
-    if kind == "Q5_1":
-        a = quantize_q8_0(x)
-        return int_dots.q5_1_vec_dot(w.vs, w.d, w.m, a.q, a.d, a.s)
-    if kind in TILED and T >= TILED_MIN_ROWS:
-        return tiled(w, quantize_q8_k(x))
-    if kind == "Q2_K":
-        raise GgmlCpuError(f"{name}: the Q2_K vec_dot (fewer than 8 rows, not repacked) is not emulated")
-    return k_vec_dot(w, quantize_q8_k(x))
+    return QUANT_PATHS[path](x, cache[name], kind)
+
+
+QUANT_PATHS = quant_paths(sys.modules[__name__])
