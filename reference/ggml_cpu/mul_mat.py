@@ -51,7 +51,7 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
     """The call each path makes; the numba twin (accel/numba/ggml/mul_mat.py) passes its own module."""
     k = kernels
     return {
-        "k_repacked": lambda x, w, kind: k.k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind]),
+        "k_repacked": lambda x, w, kind: k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind], k),
         "q0_repacked": lambda x, w, kind: k.q0_repacked(w, k.quantize_q8_0(x)),
         "q0_lanes": lambda x, w, kind: k.q0_lanes(w, k.quantize_q8_0(x), 2 if kind == "IQ4_NL" and len(x) == 1 else 1),
         "q5_1_vec_dot": lambda x, w, kind: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
@@ -79,15 +79,15 @@ def float_mul_mat(x, w, kind):  # x [T, K] (already in the weight's type), w [O,
     return single(w[None], x[:, None, :])
 
 
-def k_repacked(x, w, gemm_elements):  # x [T, K] f32, Q4_K/Q2_K rows (repacked) -> [T, O]
+def k_repacked(x, w, gemm_elements, kernels):  # x [T, K] f32, Q4_K/Q2_K rows (repacked) -> [T, O]
     """Rows in groups of 4 take the gemm (activations through the 4x8 quantizer), the last T mod 4
-    rows the gemv (activations through quantize_row_q8_K)."""
+    rows the gemv (activations through quantize_row_q8_K); kernels: the module of both."""
     n4 = len(x) - len(x) % 4
     parts = []
     if n4:
-        parts.append(k_repacked_rows(w, quantize_q8_k(x[:n4], prefer_positive=True), gemm_elements))
+        parts.append(kernels.k_repacked_rows(w, kernels.quantize_q8_k(x[:n4], prefer_positive=True), gemm_elements))
     if n4 < len(x):
-        parts.append(k_repacked_rows(w, quantize_q8_k(x[n4:]), 256))
+        parts.append(kernels.k_repacked_rows(w, kernels.quantize_q8_k(x[n4:]), 256))
     return np.concatenate(parts)
 
 

@@ -57,16 +57,6 @@ def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K act
     return int_dots.k_repacked_rows(w.vs, w.sub, w.d, w.dmin, w.mins, a.q, a.d, a.bsums, elements_per_fma)
 
 
-def k_repacked(x, w, gemm_elements):  # x [T, K] f32 -> [T, O]: gemm for rows in fours, gemv for the rest
-    n4 = len(x) - len(x) % 4
-    parts = []
-    if n4:
-        parts.append(k_repacked_rows(w, quantize_q8_k(x[:n4], prefer_positive=True), gemm_elements))
-    if n4 < len(x):
-        parts.append(k_repacked_rows(w, quantize_q8_k(x[n4:]), 256))
-    return np.concatenate(parts)
-
-
 def mul_mat(x, weights, name, cache):  # x [T, K] f32 -> [T, O]: reference mul_mat on the numba kernels
     kind = weights.type_name(name)
     path = kernel_path(kind, len(x), weights, name)
