@@ -171,12 +171,20 @@ def decode(weights, name):  # GGUF tensor -> QuantRows with arrays [O, nb, ...]
     n_bytes, decoder = DECODERS[weights.type_name(name)]
     raw = np.asarray(weights.raw(name)).view(np.uint8)
     raw = raw.reshape(len(raw), -1, n_bytes)
-    parts = [decoder(raw[start:start + DECODE_ROWS]) for start in range(0, len(raw), DECODE_ROWS)]
+    parts = [narrow(decoder(raw[start:start + DECODE_ROWS])) for start in range(0, len(raw), DECODE_ROWS)]
     rows = parts[0]
-    for field in ("d", "values", "scales", "mins", "dmin", "m"):
+    for field in INT_FIELDS + ("d", "dmin", "m"):
         if getattr(rows, field) is not None:
-            # every code and scale fits in int8 (the widest: Q8_0's int8, IQ4_NL's -127..113, Q6_K's 0..63)
-            arrays = [getattr(part, field) for part in parts]
-            setattr(rows, field, np.concatenate(arrays).astype(np.int8 if field in ("values", "scales", "mins")
-                                                                 else arrays[0].dtype))
+            setattr(rows, field, np.concatenate([getattr(part, field) for part in parts]))
+    return rows
+
+
+INT_FIELDS = ("values", "scales", "mins")
+
+
+def narrow(rows):  # QuantRows -> the same with int8 codes and scales
+    # every code and scale fits in int8 (the widest: Q8_0's int8, IQ4_NL's -127..113, Q6_K's 0..63)
+    for field in INT_FIELDS:
+        if getattr(rows, field) is not None:
+            setattr(rows, field, getattr(rows, field).astype(np.int8))
     return rows
