@@ -167,8 +167,9 @@ def check_prompt_flags(args):
 
 
 def check_compute_flags(args):
-    if args.numerics == "ggml-cpu" and (args.dtype != "float32" or args.backend != "numpy" or args.tp != 1):
-        raise UsageError("--numerics ggml-cpu computes in float32 on the numpy backend, without --tp")
+    if args.numerics == "ggml-cpu" and (args.dtype != "float32" or args.backend not in ("numpy", "numba")
+                                        or args.tp != 1):
+        raise UsageError("--numerics ggml-cpu computes in float32 on the numpy or numba backend, without --tp")
     if args.numerics != "ggml-cpu" and (args.kv_type or args.flash_attn):
         raise UsageError("--kv-type and --flash-attn choose llama.cpp's cache for --numerics ggml-cpu only")
     if args.tp != 1 and args.backend != "numpy":
@@ -332,6 +333,9 @@ def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend with llama.
     kv_type = args.kv_type or "f16"
     # a quantized V cache needs flash attention: llama.cpp's "auto" turns it on, "off" refuses the context
     flash_attn = args.flash_attn == "on" if args.flash_attn else kv_type == "q8_0"
+    if args.backend == "numba":
+        from accel.numba.ggml import GgmlCpuNumbaBackend
+        return GgmlCpuNumbaBackend(kv_type, flash_attn, check_host=False)
     return GgmlCpuBackend(kv_type, flash_attn, check_host=False)
 
 

@@ -14,6 +14,7 @@ from conftest import MODELS as TEST_MODELS
 
 from accel.cupy import CupyBackend
 from accel.numba import NumbaBackend
+from accel.numba.ggml import GgmlCpuNumbaBackend
 from reference import gguf
 from reference.backend import OPS, Backend, NumpyBackend
 from reference.ggml_cpu import GgmlCpuBackend
@@ -21,26 +22,17 @@ from reference.text import TextModel
 from reference.tp import TensorParallelBackend
 from reference.trace import TEXT_MODEL_POINTS, TEXT_POINTS, TraceError, Tracer, point
 
-BACKENDS = [NumpyBackend, GgmlCpuBackend, NumbaBackend, CupyBackend, TensorParallelBackend]
+BACKENDS = [NumpyBackend, GgmlCpuBackend, GgmlCpuNumbaBackend, NumbaBackend, CupyBackend, TensorParallelBackend]
 MODELS = ("text.py", "vision.py", "dflash.py")
 REFERENCE = os.path.join(os.path.dirname(__file__), os.pardir, "reference")
-
-# GgmlCpuBackend gains layer_norm, rope_2d and gelu_erf on the branch that turns ggml_cpu.py into a
-# package; until that is merged these three fail here, and strict=True turns the xpass into a
-# failure once it is, so that this list is then removed. rope_neox (the drafter's RoPE) and matmul
-# (the vision patch embedding) are missing from it as well and are listed for the same reason.
-GGML_CPU_PENDING = ("layer_norm", "rope_2d", "gelu_erf", "rope_neox", "matmul")
 
 
 def parameters(fn):  # -> the parameter names after self
     return list(inspect.signature(fn).parameters)[1:]
 
 
-def case(backend, op):  # -> pytest param, xfail for an op still pending on GgmlCpuBackend
-    marks = ()
-    if backend is GgmlCpuBackend and op in GGML_CPU_PENDING:
-        marks = pytest.mark.xfail(strict=True, reason=f"GgmlCpuBackend.{op} lands with the ggml_cpu package")
-    return pytest.param(backend, op, id=f"{backend.__name__}.{op}", marks=marks)
+def case(backend, op):  # -> pytest param
+    return pytest.param(backend, op, id=f"{backend.__name__}.{op}")
 
 
 @pytest.mark.parametrize("backend, op", [case(backend, op) for backend in BACKENDS for op in OPS])

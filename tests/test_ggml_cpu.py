@@ -33,8 +33,8 @@ def model(rel):  # path under golden/ -> GGUFModel (loaded once per test run)
     return gguf.load(os.path.join(GOLDEN, rel), "text")
 
 
-def ggml_logits(text_model, ids, fed, kv_type, flash_attn):  # GGUFModel -> [len(ids) + len(fed), V]: prefill, decodes
-    lm = TextModel(text_model, backend=GgmlCpuBackend(kv_type, flash_attn, check_host=False))
+def ggml_logits(text_model, ids, fed, kv_type, flash_attn, backend=GgmlCpuBackend):  # -> [len(ids) + len(fed), V]
+    lm = TextModel(text_model, backend=backend(kv_type, flash_attn, check_host=False))
     cache = lm.new_cache(len(ids) + len(fed), "uniform")
     rows = [lm.prefill(ids, cache, UBATCH)] + [lm.prefill([t], cache, UBATCH) for t in fed]
     return np.concatenate(rows)
@@ -48,10 +48,10 @@ def assert_identical(ref, got, what):  # bit-identical logits, with the figures 
                          f"{float(np.mean(top1_agreement(ref, got))):.3f} (expected bit-identical)")
 
 
-def check_run(run, text_model):  # a manifest run: its prompt rows and decode rows against the ggml-cpu mode
+def check_run(run, text_model, backend=GgmlCpuBackend):  # a manifest run: its prompt and decode rows
     ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)
     ids, fed = MANIFEST["prompt"]["token_ids"], run["generated"]
-    got = ggml_logits(text_model, ids, fed, run["kv_type"], run["flash_attn"])
+    got = ggml_logits(text_model, ids, fed, run["kv_type"], run["flash_attn"], backend)
     assert_identical(ref[:len(ids)], got[:len(ids)], f"{run['file']} prefill")
     assert_identical(ref[len(ids):], got[len(ids):], f"{run['file']} decode")
 
@@ -73,11 +73,15 @@ def test_q8_0_kv_logits_bit_identical(run):  # tiny-a (head_dim 32: Q8_0 rows, n
 def test_q8_0_kv_rotated_logits_bit_identical(run, tmp_path):  # head sizes 64, 128: q, k, v and output rotated
     """The synthetic models are not committed: rebuilt from the manifest's fields and seed, they must be
     the very file llama.cpp ran before their logits mean anything."""
+    check_rotated(run, tmp_path)
+
+
+def check_rotated(run, tmp_path, backend=GgmlCpuBackend):  # a synthetic model rebuilt, then its run
     path = tmp_path / f"{run['type']}.gguf"
     synthetic_gguf(path, run["fields"], run["seed"])
     assert sha256(path) == run["sha256"], \
         f"{run['type']}: the rebuilt GGUF is not the one llama.cpp ran (tools.make_synthetic or gguf-py changed)"
-    check_run(run, gguf.load(str(path), "text"))
+    check_run(run, gguf.load(str(path), "text"), backend)
 
 
 SHARED = [  # (model, run directory, prompt id): goldens of golden/logits/llama-cpp, same engine and options
@@ -91,6 +95,10 @@ SHARED = [  # (model, run directory, prompt id): goldens of golden/logits/llama-
 
 @pytest.mark.parametrize("name,run,prompt", SHARED, ids=[f"{m}-{r}-{p}" for m, r, p in SHARED])
 def test_shared_llama_cpp_goldens(name, run, prompt):
+    check_shared(name, run, prompt)
+
+
+def check_shared(name, run, prompt, backend=GgmlCpuBackend):  # one golden of golden/logits/llama-cpp
     folder = os.path.join(GOLDEN, "logits", "llama-cpp", name, run)
     manifest = json.loads(Path(folder, "manifest.json").read_text(encoding="utf-8"))
     entry = next(e for e in manifest["entries"] if e["id"] == prompt)
@@ -98,7 +106,7 @@ def test_shared_llama_cpp_goldens(name, run, prompt):
     assert (options["n_ubatch"], options["n_threads"], options["backend"]) == (512, 2, "cpu")
     ref = np.load(os.path.join(folder, entry["file"]), allow_pickle=False)
     got = ggml_logits(model(f"models/{name}.gguf"), entry["token_ids"], [], options["kv_type"],
-                      options["flash_attn"] == "on")
+                      options["flash_attn"] == "on", backend)
     assert_identical(ref, got, f"{name}/{run}/{prompt}")
 
 
@@ -258,6 +266,62 @@ def test_fwht_is_the_normalised_sylvester_hadamard(n):  # against scipy's matrix
     # relative, 2^-23 to be safe) on values at most sqrt(n) * max|x|
     tol = (np.log2(n) + 1) * np.sqrt(n) * 2.0 ** -23 * np.max(np.abs(x))
     assert np.max(np.abs(ggml_cpu.fwht(x, n) - want)) < tol
+
+
+U = 2.0 ** -24  # float32 unit roundoff: each rounding moves a value by at most U times its magnitude
+
+
+def test_layer_norm_against_float64():  # ggml_norm, mul, add on rows of widths with and without a 16-lane tail
+    rng = np.random.default_rng(1)
+    for n in (48, 70):
+        x = (rng.standard_normal((5, n)) * 3 + 2).astype(np.float32)  # a mean away from 0 exercises x - mean
+        w, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        x64 = x.astype(np.float64)
+        centered = x64 - x64.mean(-1, keepdims=True)
+        scale = 1 / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 1e-6)
+        want = centered * scale * w + b
+        got = ggml_cpu.layer_norm(x, w, b, 1e-6)
+        # the f32 mean is off by 2U|mean| (sum, division): that moves every centred value by it; the
+        # subtraction, the variance (squares, block sums, division: relative 4U, halved by the sqrt),
+        # 1/sqrtf, the scaling, the weight and the bias each round once: 8U of the scaled term, U of b
+        scaled = np.abs(centered * scale * w)
+        tol = (8 * U * scaled + 2 * U * np.abs(x64.mean(-1, keepdims=True)) * scale * np.abs(w)
+               + 2 * U * np.abs(want))
+        assert np.all(np.abs(got - want) <= tol)
+
+
+def test_gelu_erf_against_float64():
+    from scipy.special import erf
+    x = np.linspace(-6, 6, 2001).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want = 0.5 * x64 * (1 + erf(x64 / np.sqrt(2)))
+    got = ggml_cpu.gelu_erf(x)
+    # z = x*SQRT_2_INV is off by 2U|z| (the f32 constant, the product); erf' <= 2/sqrt(pi) turns that into
+    # 2.3U|z| in erf, glibc erff adds an ulp (2U); 1 + erf and the two products round once each (U of 2
+    # and of the result)
+    z = np.abs(x64) / np.sqrt(2)
+    tol = 0.5 * np.abs(x64) * (2.3 * U * z + 2 * U + 2 * U) + 3 * U * np.abs(want)
+    assert np.all(np.abs(got - want) <= tol)
+
+
+def test_rope_2d_against_float64():  # the first half of each head by theta_a, the second by theta_b
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((6, 3, 40)).astype(np.float32)  # 10 pairs per half: the FMA and the plain tail
+    theta_a = ops.rope_angles(np.arange(6), 20, 10000.0, np.float32)
+    theta_b = ops.rope_angles(np.arange(6)[::-1].copy(), 20, 10000.0, np.float32)
+    want = np.concatenate([ops.rope_norm(x[..., :20].astype(np.float64), theta_a.astype(np.float64)),
+                           ops.rope_norm(x[..., 20:].astype(np.float64), theta_b.astype(np.float64))], axis=-1)
+    got = ggml_cpu.rope_2d(x, theta_a, theta_b)
+    # cosf/sinf within an ulp (2U), the products and the sum (or FMA) one rounding each: 4U of |x0| + |x1|
+    pair = np.repeat(np.abs(x[..., 0::2]) + np.abs(x[..., 1::2]), 2, axis=-1).astype(np.float64)
+    assert np.all(np.abs(got - want) <= 4 * U * pair)
+
+
+def test_backend_has_the_vision_hooks_of_numpy_backend():  # the tower calls them on any backend
+    import inspect
+    from reference.backend import NumpyBackend
+    for hook in ("layer_norm", "rope_2d", "gelu_erf"):
+        assert inspect.signature(getattr(GgmlCpuBackend, hook)) == inspect.signature(getattr(NumpyBackend, hook))
 
 
 # ---------------------------------------------------------------------------------------------

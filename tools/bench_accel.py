@@ -39,7 +39,7 @@ from tools.make_synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, EditingKeys,
 
 MID = replace(RELEASE_30B, n_layer=2)  # one sliding-window layer, one full layer
 QUANTS = (("q4_k_m", "Q4_K_M"), ("iq2_xxs", "IQ2_XXS"))
-ENGINES = ("numba", "numpy", "llama-cpp")
+ENGINES = ("numba", "numba-ggml", "numpy", "llama-cpp")  # numba-ggml: --numerics ggml-cpu on numba
 
 # Bounds of the size arguments, checked as they are parsed.
 # numba's pool has one thread per core (NUMBA_NUM_THREADS) and set_num_threads refuses more.
@@ -128,6 +128,20 @@ def reference_engine(path, backend, last=False):  # -> (prefill(ids) -> logits, 
     return prefill, decode
 
 
+def ggml_engine(path, last=False):  # -> (prefill, decode): GgmlCpuNumbaBackend, llama.cpp's F16 cache, one ubatch
+    from accel.numba.ggml import GgmlCpuNumbaBackend
+    lm = TextModel(gguf.load(path, "text"), np.float32, GgmlCpuNumbaBackend(check_host=False))
+    state = {}
+
+    def prefill(ids):
+        state["cache"] = lm.new_cache(len(ids) + 64, "uniform")
+        return lm.prefill(ids, state["cache"], len(ids), out_rows=np.array([len(ids) - 1]) if last else None)
+
+    def decode(token):
+        return lm.prefill([token], state["cache"], 1)[-1]
+    return prefill, decode
+
+
 def llama_cpp_engine(path, threads, n_prompt, last=False):  # -> (prefill, decode) as reference_engine
     """The prompt in one batch with logits_all; with `last`, in batches of LAST_BATCH with the last
     row's logits only (llama-cpp-python keeps none then: they are read from the context)."""
@@ -207,6 +221,7 @@ def run(args):  # -> report dict
     ids = prompt_ids(text_vocab(args.model), args.prompt_len, np.random.default_rng(0))
     last = args.logits == "last"
     makers = {"numba": lambda: reference_engine(args.model, "numba", last),
+              "numba-ggml": lambda: ggml_engine(args.model, last),
               "numpy": lambda: reference_engine(args.model, "numpy", last),
               "llama-cpp": lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len, last)}
     report = {"model": os.path.basename(args.model), "threads": args.threads, "prompt_len": args.prompt_len,
@@ -224,6 +239,11 @@ def run(args):  # -> report dict
     for name in logits:
         if name != "numba" and "numba" in logits:
             report["logits_vs_numba"][name] = agreement(logits[name], logits["numba"])
+    if "numba-ggml" in logits and "llama-cpp" in logits:  # the ggml-cpu mode's goal is 0
+        report["logits_vs_numba"]["llama-cpp vs numba-ggml"] = agreement(logits["llama-cpp"], logits["numba-ggml"])
+        ggml, lcpp = report["engines"]["numba-ggml"], report["engines"]["llama-cpp"]
+        print(f"numba-ggml/llama-cpp: prefill x{ggml['prefill_tok_s'] / lcpp['prefill_tok_s']:.3f}, "
+              f"decode x{ggml['decode_tok_s'] / lcpp['decode_tok_s']:.3f}")
     ours = report["engines"].get("numba")
     report["ratios"] = {f"numba/{name}": {"prefill_tok_s": ours["prefill_tok_s"] / r["prefill_tok_s"],
                                           "decode_tok_s": ours["decode_tok_s"] / r["decode_tok_s"],
@@ -393,7 +413,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     r.add_argument("--n-decode-numpy", type=int_in(1, MAX_PROMPT), default=2,
                    help="the numpy reference takes ~30 s a token here")
     r.add_argument("--repeat", type=repeat, default=3, help="rounds per engine, the best counts (numpy: one)")
-    r.add_argument("--engines", type=names_in(ENGINES, "engine", once=True), default=list(ENGINES))
+    r.add_argument("--engines", type=names_in(ENGINES, "engine", once=True), default=["numba", "numpy", "llama-cpp"])
     r.add_argument("--json", type=output_file)
     k = sub.add_parser("kernels", help="numba's product against the reference's, per weight type of one GGUF")
     k.add_argument("model")

@@ -48,9 +48,9 @@ def main(argv=None):
     a = p.parse_args(argv)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        import_extra("tokenizers", "its Rust side")
         vocab = read_vocab(a.model)
         pre_tokenizer(vocab)  # a tokenizer the reference does not implement is refused before either side runs
+        import_extra("tokenizers", "its Rust side")  # after the arguments: their errors are the user's first
     except (UsageError, GGUFError, TokenizerError) as e:
         return fail("tools.bench_tokenizer", e)
     text = bench_text()

@@ -1,0 +1,47 @@
+"""The `ggml-cpu` numerics mode: what llama.cpp's CPU backend rounds, emulated in NumPy so that the
+reference reproduces its logits bit for bit (docs/ggml-cpu-numerics.md).
+
+The build it models (BUILD): llama.cpp 0c1e570 as llama-cpp-python 0.3.36 compiles it on x86-64
+with GGML_NATIVE (GCC, -march=native on an AVX512 F/BW/DQ/VL/VNNI/BF16 CPU), llamafile tinyBLAS and
+CPU repack on, glibc 2.36 libm, 2 threads. The emulation itself runs anywhere; `host_differences`
+says where this machine's own llama.cpp build would round differently.
+
+Each llama.cpp kernel is one function doing the same float32 operations in the same order: every
+rounding is explicit (float32 arrays, `fma32` for a fused multiply-add, the lane layout and the
+reduction tree of each SIMD kernel), every integer dot product is exact. Which kernel a matmul takes
+depends on the weight type, on the number of rows in the batch (the ubatch) and on whether the
+weight was repacked at load time: `mul_mat` chooses as ggml_compute_forward_mul_mat does.
+
+The model calls it through `GgmlCpuBackend`: linear and attention as every backend, plus the
+element-wise hooks rms_norm, rope_norm, sigmoid, swiglu and softcap. Attention reads cache row j as
+llama.cpp's KV cell j (one sequence from position 0, so cell = position) and applies the cache type
+when it reads K and V, which is the same as rounding them when they are stored.
+
+A q8_0 cache (K and V) is llama.cpp's quantized cache: V quantized forces flash attention, K and V
+rows are stored as Q8_0 blocks, Q is converted to Q8_0 for the K dot products, and for head sizes
+that are multiples of 64 q, k, v and the attention output are rotated by Walsh-Hadamard transforms
+(llama-kv-cache.cpp attn_rot_k / attn_rot_v).
+
+Not modelled (GgmlCpuError): other quantized KV types, weight types without a decoder below, the
+Q2_K vec_dot (a Q2_K matrix whose row count is not a multiple of 8, in batches of fewer than 8
+rows).
+
+The package maps llama.cpp's CPU backend file by file: `rounding` (f16/bf16, fma32, SIMD horizontal
+sums), `libm` (glibc through ctypes, ggml's vectorised expf and silu), `elementwise` (norms, RoPE,
+activations, softmax), `float_dots` (tinyBLAS and vec_dot for F32/F16/BF16 weights), `blocks` (the
+block decoders), `quantize` (the activation quantizers), `int_dots` (the integer kernels and their
+float epilogues), `mul_mat` (the kernel dispatch), `attention` and `backend`. accel/numba/ggml
+mirrors it with the same file and function names.
+"""
+from .attention import (attention_flash, attention_mul_mat, attention_q8_0, flash_chunk, flash_split, flash_tiled,
+                        fwht, hadamard_sizes, n_kv_cells, pad_cells)
+from .backend import GgmlCpuBackend
+from .blocks import DECODERS, QuantRows, decode
+from .build import BUILD, KV_TYPES, UBATCH, GgmlCpuError, host_differences
+from .elementwise import gelu_erf, layer_norm, rms_norm, rope_2d, rope_norm, sigmoid, soft_max, softcap, swiglu
+from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
+from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled, vec_dot_q8_0
+from .libm import libm, silu_rows, v_expf, v_silu
+from .mul_mat import float_mul_mat, mul_mat
+from .quantize import QuantActs, quantize_q8_0, quantize_q8_k
+from .rounding import fma32, hsum8, hsum16, round_bf16, round_f16

@@ -1,0 +1,205 @@
+"""Attention over the KV cells (llama-graph.cpp build_attn_mha, ops.cpp flash_attn_ext): the
+mul_mat path, the flash-attention kernels, and the Q8_0 cache with its Hadamard rotation."""
+import numpy as np
+
+from .build import GgmlCpuError
+from .elementwise import soft_max
+from .float_dots import vec_dot_f16, vec_dot_f32
+from .int_dots import vec_dot_q8_0
+from .libm import libm, v_expf
+from .mul_mat import float_mul_mat
+from .quantize import QuantActs, quantize_q8_0
+from .rounding import F32, F64, fma32, hsum16, round_f16
+
+
+def n_kv_cells(n_rows):  # rows a layer has filled -> the n_kv the graph reads (llama_kv_cache::get_n_kv)
+    return max(256, -(-n_rows // 256) * 256)
+
+
+def pad_cells(a, n_kv):  # [S, ...] -> [n_kv, ...], zero cells past the filled ones (the cleared buffer)
+    return np.concatenate([a, np.zeros((n_kv - len(a),) + a.shape[1:], a.dtype)]) if n_kv > len(a) else a
+
+
+def attention_mul_mat(q, k, v, visible, scale, kv_type):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    """Flash attention off: kq = K.Q (mul_mat), soft_max_ext(kq, F32 mask, scale), kqv = V^T.P."""
+    H = q.shape[1]
+    group = H // k.shape[1]
+    n_kv = n_kv_cells(len(k))
+    visible = pad_cells(visible.T, n_kv).T
+    if kv_type == "f16":
+        k, v = round_f16(k), round_f16(v)
+    k, v = pad_cells(k, n_kv), pad_cells(v, n_kv)
+    out = np.empty_like(q)
+    for h in range(H):
+        kh, vh, qh = k[:, h // group], v[:, h // group], q[:, h]
+        if kv_type == "f16":  # Q converted to f16 first, then contiguous: the F16 matmul
+            kq = float_mul_mat(round_f16(qh), kh, "F16")
+        else:  # the permuted Q is not contiguous, so llamafile refuses it: vec_dot_f32 row by row
+            kq = vec_dot_f32(qh[:, None, :], kh[None])
+        p = soft_max(kq, visible, scale)
+        out[:, h] = float_mul_mat(round_f16(p), vh.T, "F16") if kv_type == "f16" else float_mul_mat(p, vh.T, "F32")
+    return out
+
+
+def hadamard_sizes(head_dim):  # -> (K rotation size, V rotation size), or None: llama.cpp's attn_rot
+    """A quantized cache rotates when the head size is a multiple of 64: K (and q) by the largest
+    power-of-two Hadamard that divides it, V (and the attention output) by 64-element blocks."""
+    if head_dim % 64:
+        return None
+    n_k = 64
+    while head_dim % (2 * n_k) == 0:
+        n_k *= 2
+    return n_k, 64
+
+
+def fwht(x, n):  # x [..., D] f32, n a power of two dividing D -> [..., D]: each n-element block times H_n
+    """ggml_compute_forward_fwht (the CPU's llama_mul_mat_hadamard): the block times 1.0f/sqrtf(n)
+    first, then the butterflies (u + v, u - v) with the half-width growing from 1."""
+    y = np.asarray(x, F32).reshape(-1, n) * (F32(1) / np.sqrt(F32(n)))
+    half = 1
+    while half < n:
+        y = y.reshape(len(y), n // (2 * half), 2, half)
+        y = np.stack([y[:, :, 0] + y[:, :, 1], y[:, :, 0] - y[:, :, 1]], axis=2)
+        half *= 2
+    return y.reshape(np.shape(x))
+
+
+def attention_q8_0(q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    """A Q8_0 cache (flash attention on): q, k, v rotated (head sizes multiple of 64), K and V rows
+    stored through quantize_row_q8_0, the one-chunk kernel (tiled and KV-split kernels take only F16/F32
+    caches) with Q in Q8_0 and V dequantized exactly, the output rotated back."""
+    H, D = q.shape[1:]
+    if D % 32:
+        raise GgmlCpuError(f"a q8_0 KV cache needs a head size that is a multiple of 32, not {D}")
+    rotation = hadamard_sizes(D)
+    if rotation:
+        q, k, v = fwht(q, rotation[0]), fwht(k, rotation[0]), fwht(v, rotation[1])
+    heads = np.arange(H) // (H // k.shape[1])
+    k_rows = quantize_q8_0(k[:, heads].reshape(-1, D))
+    v_rows = quantize_q8_0(v[:, heads].reshape(-1, D))
+    # dequantize_row_q8_0: f16 scale times int8 is exact in float32
+    v_values = (v_rows.d[..., None] * v_rows.q.astype(F32)).reshape(len(v), H, D).astype(F32)
+    out = flash_chunk(q, (k_rows.d.reshape(len(k), H, -1), k_rows.q.reshape(len(k), H, -1, 32)), v_values,
+                      visible, scale, range(len(k)), "q8_0")
+    return fwht(out, rotation[1]) if rotation else out
+
+
+FA_TILE = 64  # GGML_FA_TILE_Q = GGML_FA_TILE_KV
+FA_SPLIT_MIN_CELLS = 512  # decode rows read cells split across threads from this n_kv on
+
+
+def attention_flash(q, k, v, visible, scale, n_threads):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    """ggml_compute_forward_flash_attn_ext_f16 with K and V in F16 (an F32 cache is cast): the tiled
+    kernel for ubatches of 64+ rows, the KV-split one for a single row over 512+ cells, else the
+    one-chunk kernel."""
+    T, H, D = q.shape
+    n_kv = n_kv_cells(len(k))
+    heads = np.arange(H) // (H // k.shape[1])
+    k, v = round_f16(pad_cells(k, n_kv))[:, heads], round_f16(pad_cells(v, n_kv))[:, heads]  # [n_kv, H, D]
+    visible = pad_cells(visible.T, n_kv).T
+    if T >= FA_TILE:
+        return flash_tiled(q, k, v, visible, scale)
+    if T == 1 and n_kv >= FA_SPLIT_MIN_CELLS:
+        return flash_split(q, k, v, visible, scale, n_threads)
+    return flash_chunk(q, k, v, visible, scale, range(n_kv), "f16")
+
+
+def flash_normalise(s_sum, acc):  # S [T, H], VKQ [T, H, D] -> [T, H, D]: VKQ * (S == 0 ? 0 : 1/S)
+    return acc * np.where(s_sum == 0, F32(0), F32(1) / np.where(s_sum == 0, F32(1), s_sum))[..., None]
+
+
+def flash_chunk(q, k, v, visible, scale, cells, kv_type, partial=False):  # q [T, H, D] -> [T, H, D]
+    """The one-chunk kernel over v [n_kv, H, D] (partial: M [T, H], S [T, H] and the unnormalised
+    VKQ [T, H, D]). Cells are visited in order skipping masked ones; the score is the K row's
+    vec_dot with Q converted to K's vec_dot type, times scale; an online softmax with glibc expf.
+    F16 cache (k [n_kv, H, D]): Q rounded to f16, vec_dot_f16, an f16 V accumulator scaled
+    (vec_scale_f16) and accumulated (vec_mad_f16, fused) with a rounding to f16 at every step.
+    Q8_0 cache (k = (d [n_kv, H, nb], q [n_kv, H, nb, 32])): Q through quantize_row_q8_0,
+    vec_dot_q8_0_q8_0, an f32 accumulator (vec_scale_f32, vec_mad_f32 fused)."""
+    T, H, D = q.shape
+    if kv_type == "f16":
+        q16 = round_f16(q)
+        rounding = round_f16
+    else:
+        q8 = quantize_q8_0(q.reshape(T * H, D))
+        q8 = QuantActs(q8.d.reshape(T, H, -1), q8.q.reshape(T, H, -1, 32))
+        rounding = np.asarray  # the f32 accumulator keeps every FMA's float32 result
+    acc = np.zeros((T, H, v.shape[-1]), F32)
+    m = np.full((T, H), -np.inf, F32)
+    s_sum = np.zeros((T, H), F32)
+    for j in cells:
+        live = np.repeat(visible[:, j, None], H, axis=1)
+        if not live.any():
+            continue
+        if kv_type == "f16":
+            s = vec_dot_f16(k[j][None], q16) * F32(scale)
+        else:
+            s = vec_dot_q8_0(QuantActs(k[0][j][None], k[1][j][None]), q8) * F32(scale)
+        new_max = live & (s > m)
+        grow = live & ~new_max
+        with np.errstate(invalid="ignore"):
+            ms = np.where(new_max, libm("expf", np.where(new_max, m - s, 0)), F32(1))
+            vs = np.where(grow, libm("expf", np.where(grow, s - m, 0)), F32(1))
+        m = np.where(new_max, s, m)
+        acc = np.where(new_max[..., None], rounding(acc * ms[..., None]), acc)
+        acc = np.where(live[..., None], rounding(fma32(v[j][None], vs[..., None], acc)), acc)
+        s_sum = np.where(live, fma32(s_sum, ms, vs), s_sum)
+    return (m, s_sum, acc) if partial else flash_normalise(s_sum, acc)
+
+
+def flash_split(q, k, v, visible, scale, n_threads):  # one query row over n_kv >= 512 cells -> [1, H, D]
+    """Each thread runs the one-chunk kernel over ceil(n_kv/n_threads) cells; the partials are merged
+    with glibc expf and the contracted products VKQ*scale_old + VKQ_chunk*scale_new."""
+    n_kv = len(k)
+    size = -(-n_kv // n_threads)
+    m_all = np.full(q.shape[:2], -np.inf, F32)
+    s_all = np.zeros(q.shape[:2], F32)
+    acc_all = np.zeros(q.shape[:2] + (v.shape[-1],), F32)
+    for start in range(0, n_kv, size):
+        m, s_sum, acc = flash_chunk(q, k, v, visible, scale, range(start, min(start + size, n_kv)), "f16", True)
+        use = s_sum != 0
+        m_new = np.maximum(m_all, m)
+        with np.errstate(invalid="ignore"):
+            old = libm("expf", np.where(use, m_all - m_new, 0))
+            new = libm("expf", np.where(use, m - m_new, 0))
+        acc_all = np.where(use[..., None], fma32(acc_all, old[..., None], acc * new[..., None]), acc_all)
+        s_all = np.where(use, fma32(s_all, old, s_sum * new), s_all)
+        m_all = np.where(use, m_new, m_all)
+    return acc_all * np.where(s_all != 0, F32(1) / np.where(s_all != 0, s_all, F32(1)), F32(1))[..., None]
+
+
+def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 values), [T, n_kv] -> [T, H, D]
+    """The tiled kernel: per 64-cell tile, KQ = f32 Q times the K tile by FMA chains over the head
+    dimension (simd_gemm), times scale, plus the mask; the online softmax takes the tile max, rescales
+    by glibc expf when it grows, adds the tile's ggml_vec_soft_max_f32 sum (double) to S, and
+    VKQ += P.V by FMA chains over the 64 cells."""
+    T, H, D = q.shape
+    m = np.full((T, H), -np.inf, F32)
+    s_sum = np.zeros((T, H), F32)
+    acc = np.zeros((T, H, v.shape[-1]), F32)
+    for start in range(0, len(k), FA_TILE):
+        tile = slice(start, start + FA_TILE)
+        live = visible[:, tile]  # [T, 64]
+        if not live.any():
+            continue
+        kq = np.zeros((T, H, FA_TILE), F32)
+        for dk in range(D):
+            kq = fma32(k[tile, :, dk].T[None], q[:, :, dk, None], kq)
+        kq = np.where(live[:, None, :], kq * F32(scale), F32(-np.inf))
+        tile_max = kq.max(-1)
+        rows = tile_max > -np.inf
+        m_new = np.where(rows, np.maximum(m, tile_max), m)
+        grow = rows & (m_new > m)
+        with np.errstate(invalid="ignore"):
+            ms = libm("expf", np.where(grow, m - m_new, 0))
+        acc = np.where(grow[..., None], acc * ms[..., None], acc)
+        s_sum = np.where(grow, s_sum * ms, s_sum)
+        m = m_new
+        with np.errstate(invalid="ignore"):
+            p = v_expf(kq - np.where(rows, m, 0)[..., None])
+        block_sums = hsum16(p.reshape(T, H, -1, 16)).astype(F64)
+        total = np.cumsum(block_sums, axis=-1)[..., -1]
+        s_sum = np.where(rows, (s_sum.astype(F64) + total).astype(F32), s_sum)
+        for kk in range(FA_TILE):
+            acc = np.where(rows[..., None], fma32(v[start + kk][None], p[:, :, kk, None], acc), acc)
+    return flash_normalise(s_sum, acc)

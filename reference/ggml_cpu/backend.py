@@ -1,0 +1,79 @@
+"""The backend: the model's hooks mapped onto the emulated kernels."""
+import warnings
+
+import numpy as np
+
+from .attention import attention_flash, attention_mul_mat, attention_q8_0
+from .elementwise import gelu_erf, layer_norm, rms_norm, rope_2d, rope_neox, rope_norm, sigmoid, softcap, swiglu
+from .build import BUILD, KV_TYPES, GgmlCpuError, host_differences
+from .mul_mat import float_mul_mat, mul_mat
+from .rounding import F32
+
+
+class GgmlCpuBackend:
+    """The backend interface of reference/backend.py plus the element-wise hooks, computing what
+    llama.cpp's CPU backend computes. kv_type: "f16" (llama.cpp's default), "f32" or "q8_0" (needs
+    flash attention, as in llama.cpp); flash_attn as the llama.cpp context had it (llama-cpp-python's
+    default: off); n_threads matters only for the KV-split flash-attention decode. Use a uniform cache
+    and prompt chunks of at most UBATCH rows:
+
+        lm = TextModel(gguf.load(path, "text"), backend=GgmlCpuBackend())
+        logits = lm.prefill(ids, lm.new_cache(n_ctx, "uniform"), chunk=UBATCH)
+
+    With check_host it warns when this machine's llama.cpp build would round differently."""
+    name = "ggml-cpu"
+
+    def __init__(self, kv_type="f16", flash_attn=False, n_threads=2, check_host=True):
+        if kv_type not in KV_TYPES:
+            raise GgmlCpuError(f"KV cache type {kv_type!r} is not emulated ({', '.join(KV_TYPES)})")
+        if kv_type == "q8_0" and not flash_attn:
+            raise GgmlCpuError("a q8_0 KV cache needs flash attention "
+                               "(llama.cpp refuses a quantized V cache without it)")
+        for difference in host_differences() if check_host else ():
+            warnings.warn(f"ggml-cpu numerics model {BUILD}; this machine's llama.cpp differs: {difference}",
+                          stacklevel=2)
+        self.dtype = np.dtype(F32)
+        self.kv_type, self.flash_attn, self.n_threads = kv_type, flash_attn, n_threads
+        self.decoded = {}  # Weights -> {tensor name: decoded}: a drafter's blk.* names are also its target's
+
+    def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
+        return mul_mat(np.ascontiguousarray(x, F32), weights, name, self.decoded.setdefault(weights, {}))
+
+    def matmul(self, x, w):  # x [T, in], w [out, in] f32 array -> [T, out]: an F32 GGML_OP_MUL_MAT
+        return float_mul_mat(np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32), "F32")
+
+    def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+        # scale is used as a float32: llama.cpp's kq_scale is 1.0f/sqrtf(head_dim), computed in float32
+        q, k, v = (np.asarray(a, F32) for a in (q, k, v))
+        if self.kv_type == "q8_0":
+            return attention_q8_0(q, k, v, visible, scale)
+        if self.flash_attn:
+            return attention_flash(q, k, v, visible, scale, self.n_threads)
+        return attention_mul_mat(q, k, v, visible, scale, self.kv_type)
+
+    def rms_norm(self, x, eps):  # x [..., n] -> [..., n]
+        return rms_norm(np.asarray(x, F32), eps)
+
+    def layer_norm(self, x, w, b, eps):  # x [..., n], w [n], b [n] -> [..., n]
+        return layer_norm(np.asarray(x, F32), w, b, eps)
+
+    def rope_norm(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
+        return rope_norm(np.asarray(x, F32), theta)
+
+    def rope_neox(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
+        return rope_neox(np.asarray(x, F32), theta)
+
+    def rope_2d(self, x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]
+        return rope_2d(np.asarray(x, F32), theta_a, theta_b)
+
+    def sigmoid(self, x):  # [...] -> [...]
+        return sigmoid(x)
+
+    def gelu_erf(self, x):  # [...] -> [...]
+        return gelu_erf(x)
+
+    def swiglu(self, gate, up):  # gate [T, F], up [T, F] -> [T, F]
+        return swiglu(np.asarray(gate, F32), np.asarray(up, F32))
+
+    def softcap(self, z, cap):  # z [...] -> [...]
+        return softcap(np.asarray(z, F32), cap)

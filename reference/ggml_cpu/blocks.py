@@ -1,0 +1,190 @@
+"""Weights as integers: each block format decoded to its f16 scales and integer values."""
+import numpy as np
+
+from .rounding import F32
+
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int64)
+
+
+class QuantRows:
+    """One quantized matrix [O, K] as ggml's kernels see it: w = d * post * scale * value - dmin * min
+    per element, with d/dmin/m the f16 block fields widened to f32 and value an integer. `sub` is the
+    width of a scale's sub-block; `post` the exact power of two some IQ kernels apply at the end;
+    `unsigned_offset` the bias a kernel removes through the activation sums (Q6_K's 32); `min_lanes`
+    how many float lanes the vec_dot accumulates the min part in (Q4_K 4, Q5_K 1)."""
+
+    def __init__(self, d, values, scales=None, mins=None, dmin=None, m=None, sub=32, post=1.0, unsigned_offset=0,
+                 min_lanes=1):
+        self.d, self.values, self.scales, self.mins, self.dmin, self.m = d, values, scales, mins, dmin, m
+        self.sub, self.post, self.unsigned_offset, self.min_lanes = sub, post, unsigned_offset, min_lanes
+
+
+def f16_at(blocks, offset):  # uint8 [..., nbytes] -> f32 [...]: the little-endian half at byte offset
+    return np.ascontiguousarray(blocks[..., offset:offset + 2]).view(np.float16)[..., 0].astype(F32)
+
+
+def bits_at(blocks, offset, n_bytes):  # uint8 [..., nbytes] -> uint8 [..., 8*n_bytes]: bit i of the little-endian field
+    return np.unpackbits(blocks[..., offset:offset + n_bytes], axis=-1, bitorder="little")
+
+
+def nibbles(qs):  # uint8 [..., n] -> int [..., 2n]: low nibbles of all bytes, then high nibbles
+    return np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int64)
+
+
+def k_scale_min(scales):  # uint8 [..., 12] -> (scale [..., 8], min [..., 8]): get_scale_min_k4
+    s = scales.astype(np.int64)
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def iq_grid(qtype):  # gguf.quants class -> int [entries, 4 or 8]: the IQ lattice as integers
+    qtype.init_grid()
+    return qtype.grid.reshape(qtype.grid_shape).astype(np.int64)
+
+
+def iq_signs(sign_index):  # int [...] (7 bits) -> +-1 [..., 8]: ksigns_iq2xs, bit 7 makes the parity even
+    from gguf.quants import IQ2_XXS
+    ksigns = np.frombuffer(IQ2_XXS.ksigns, np.uint8)[sign_index]
+    return 1 - 2 * np.unpackbits(ksigns[..., None], axis=-1, bitorder="little").astype(np.int64)
+
+
+def decode_q8_0(b):  # [O, nb, 34]
+    return QuantRows(f16_at(b, 0), b[..., 2:34].view(np.int8).astype(np.int64))
+
+
+def decode_q4_0(b):  # [O, nb, 18]
+    return QuantRows(f16_at(b, 0), nibbles(b[..., 2:18]) - 8)
+
+
+def decode_q5_0(b):  # [O, nb, 22]
+    return QuantRows(f16_at(b, 0), nibbles(b[..., 6:22]) + 16 * bits_at(b, 2, 4) - 16)
+
+
+def decode_q5_1(b):  # [O, nb, 24]: w = d * value + m
+    return QuantRows(f16_at(b, 0), nibbles(b[..., 8:24]) + 16 * bits_at(b, 4, 4), m=f16_at(b, 2))
+
+
+def decode_iq4_nl(b):  # [O, nb, 18]
+    return QuantRows(f16_at(b, 0), KVALUES_IQ4NL[nibbles(b[..., 2:18])])
+
+
+def decode_q4_k(b):  # [O, nb, 144]: d, dmin, 12 scale bytes, 128 nibble bytes (64 elements per 32 bytes)
+    qs = b[..., 16:144].reshape(b.shape[:-1] + (4, 32))
+    sc, mn = k_scale_min(b[..., 4:16])
+    return QuantRows(f16_at(b, 0), nibbles(qs).reshape(b.shape[:-1] + (256,)), sc, mn, f16_at(b, 2), min_lanes=4)
+
+
+def decode_q5_k(b):  # [O, nb, 176]: as Q4_K plus 32 bytes of fifth bits (bit 2j: low half of chunk j)
+    qs = b[..., 48:176].reshape(b.shape[:-1] + (4, 32))
+    high = np.unpackbits(b[..., 16:48, None], axis=-1, bitorder="little").astype(np.int64)  # [..., 32, 8]
+    high = high.transpose(tuple(range(high.ndim - 2)) + (high.ndim - 1, high.ndim - 2))  # [..., 8, 32]
+    sc, mn = k_scale_min(b[..., 4:16])
+    values = nibbles(qs).reshape(b.shape[:-1] + (256,)) + 16 * high.reshape(b.shape[:-1] + (256,))
+    return QuantRows(f16_at(b, 0), values, sc, mn, f16_at(b, 2))
+
+
+def decode_q6_k(b):  # [O, nb, 210]: ql[128], qh[64], int8 scales[16], d; unsigned 6-bit codes, offset 32
+    ql = b[..., 0:128].reshape(b.shape[:-1] + (2, 64)).astype(np.int64)
+    qh = b[..., 128:192].reshape(b.shape[:-1] + (2, 32)).astype(np.int64)
+    parts = [(ql[..., 0:32] & 15) | ((qh & 3) << 4), (ql[..., 32:64] & 15) | (((qh >> 2) & 3) << 4),
+             (ql[..., 0:32] >> 4) | (((qh >> 4) & 3) << 4), (ql[..., 32:64] >> 4) | (((qh >> 6) & 3) << 4)]
+    codes = np.concatenate(parts, axis=-1).reshape(b.shape[:-1] + (256,))
+    scales = b[..., 192:208].view(np.int8).astype(np.int64)
+    return QuantRows(f16_at(b, 208), codes, scales, sub=16, unsigned_offset=32)
+
+
+def decode_q2_k(b):  # [O, nb, 84]: 16 scale bytes (scale | min << 4), 64 bytes of 2-bit codes, d, dmin
+    qs = b[..., 16:80].reshape(b.shape[:-1] + (2, 1, 32)).astype(np.int64)
+    codes = (qs >> (2 * np.arange(4))[:, None]) & 3  # [..., 2, 4, 32]
+    s = b[..., 0:16].astype(np.int64)
+    return QuantRows(f16_at(b, 80), codes.reshape(b.shape[:-1] + (256,)), s & 15, s >> 4, f16_at(b, 82), sub=16)
+
+
+def decode_q3_k(b):  # [O, nb, 110]: hmask[32], qs[64], 12 scale bytes (6-bit, minus 32), d
+    qs = b[..., 32:96].reshape(b.shape[:-1] + (2, 1, 32)).astype(np.int64)
+    low = (qs >> (2 * np.arange(4))[:, None]) & 3  # [..., 2, 4, 32]
+    high = np.unpackbits(b[..., 0:32, None], axis=-1, bitorder="little").astype(np.int64)  # [..., 32, 8]
+    high = np.moveaxis(high, -1, -2).reshape(b.shape[:-1] + (2, 4, 32))
+    s = b[..., 96:108].astype(np.int64)
+    i = np.arange(16)
+    low4 = np.where(i < 8, s[..., i % 8] & 15, s[..., i % 8] >> 4)
+    scales = (low4 | (((s[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)) - 32
+    return QuantRows(f16_at(b, 108), (low + 4 * high - 4).reshape(b.shape[:-1] + (256,)), scales, sub=16)
+
+
+def decode_iq2_xxs(b):  # [O, nb, 66]: per 32: 4 grid bytes, then 4x7 sign bits + 4-bit scale
+    from gguf.quants import IQ2_XXS
+    q = b[..., 2:66].reshape(b.shape[:-1] + (8, 8))
+    aux = np.ascontiguousarray(q[..., 4:8]).view(np.uint32)[..., 0].astype(np.int64)
+    grid = iq_grid(IQ2_XXS)[q[..., 0:4]]  # [..., 8, 4, 8]
+    signs = iq_signs((aux[..., None] >> (7 * np.arange(4))) & 127)
+    values = (grid * signs).reshape(b.shape[:-1] + (256,))
+    return QuantRows(f16_at(b, 0), values, 2 * (aux >> 28) + 1, post=0.125)
+
+
+def decode_iq2_s(b):  # [O, nb, 82]: qs[32] grid low bytes, signs[32], qh[8], scales[8] (two 4-bit per 32)
+    from gguf.quants import IQ2_S
+    qs = b[..., 2:34].reshape(b.shape[:-1] + (8, 4)).astype(np.int64)
+    qh = b[..., 66:74].astype(np.int64)[..., None]
+    index = qs | ((qh << (8 - 2 * np.arange(4))) & 0x300)
+    grid = iq_grid(IQ2_S)[index]  # [..., 8, 4, 8]
+    signs = 1 - 2 * np.unpackbits(b[..., 34:66, None], axis=-1, bitorder="little").astype(np.int64)
+    values = (grid * signs.reshape(grid.shape)).reshape(b.shape[:-1] + (256,))
+    s = b[..., 74:82].astype(np.int64)
+    scales = np.stack([2 * (s & 15) + 1, 2 * (s >> 4) + 1], axis=-1).reshape(b.shape[:-1] + (16,))
+    return QuantRows(f16_at(b, 0), values, scales, sub=16, post=0.125)
+
+
+def decode_iq3_xxs(b):  # [O, nb, 98]: 64 grid bytes (4 values each), then per 32 a word of signs + scale
+    from gguf.quants import IQ3_XXS
+    grid = iq_grid(IQ3_XXS)[b[..., 2:66].reshape(b.shape[:-1] + (8, 8))]  # [..., 8, 8, 4]
+    aux = np.ascontiguousarray(b[..., 66:98]).view(np.uint32).astype(np.int64)  # [..., 8]
+    signs = iq_signs((aux[..., None] >> (7 * np.arange(4))) & 127)  # [..., 8, 4, 8]
+    values = (grid.reshape(signs.shape) * signs).reshape(b.shape[:-1] + (256,))
+    return QuantRows(f16_at(b, 0), values, 2 * (aux >> 28) + 1, post=0.25)
+
+
+def decode_iq4_xs(b):  # [O, nb, 136]: d, scales_h (u16), scales_l[4], qs[128] (16 bytes per 32)
+    sh = np.ascontiguousarray(b[..., 2:4]).view(np.uint16)[..., 0].astype(np.int64)[..., None]
+    sl = b[..., 4:8].astype(np.int64)
+    j = np.arange(8)
+    ls = ((sl[..., j // 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
+    values = KVALUES_IQ4NL[nibbles(b[..., 8:136].reshape(b.shape[:-1] + (8, 16)))].reshape(b.shape[:-1] + (256,))
+    return QuantRows(f16_at(b, 0), values, ls - 32)
+
+
+DECODERS = {  # type -> (bytes per block, decoder)
+    "Q8_0": (34, decode_q8_0), "Q4_0": (18, decode_q4_0), "Q5_0": (22, decode_q5_0),
+    "Q5_1": (24, decode_q5_1), "IQ4_NL": (18, decode_iq4_nl),
+    "Q2_K": (84, decode_q2_k), "Q3_K": (110, decode_q3_k), "Q4_K": (144, decode_q4_k),
+    "Q5_K": (176, decode_q5_k), "Q6_K": (210, decode_q6_k),
+    "IQ2_XXS": (66, decode_iq2_xxs), "IQ2_S": (82, decode_iq2_s),
+    "IQ3_XXS": (98, decode_iq3_xxs), "IQ4_XS": (136, decode_iq4_xs),
+}
+
+
+DECODE_ROWS = 4096  # rows decoded at a time: the decoders' int64 intermediates stay small for a 202048-row head
+
+
+def decode(weights, name):  # GGUF tensor -> QuantRows with arrays [O, nb, ...]
+    n_bytes, decoder = DECODERS[weights.type_name(name)]
+    raw = np.asarray(weights.raw(name)).view(np.uint8)
+    raw = raw.reshape(len(raw), -1, n_bytes)
+    parts = [narrow(decoder(raw[start:start + DECODE_ROWS])) for start in range(0, len(raw), DECODE_ROWS)]
+    rows = parts[0]
+    for field in INT_FIELDS + ("d", "dmin", "m"):
+        if getattr(rows, field) is not None:
+            setattr(rows, field, np.concatenate([getattr(part, field) for part in parts]))
+    return rows
+
+
+INT_FIELDS = ("values", "scales", "mins")
+
+
+def narrow(rows):  # QuantRows -> the same with int8 codes and scales
+    # every code and scale fits in int8 (the widest: Q8_0's int8, IQ4_NL's -127..113, Q6_K's 0..63)
+    for field in INT_FIELDS:
+        if getattr(rows, field) is not None:
+            setattr(rows, field, getattr(rows, field).astype(np.int8))
+    return rows

@@ -1,0 +1,139 @@
+"""Quantized dot products: exact integer sums, then each kernel family's float epilogue in its own
+lane and accumulation order."""
+import numpy as np
+
+from .rounding import F32, F64, fma32, hsum8
+
+
+def int_dot(w, a, width):  # w [O, nb, bs], a [T, nb, bs] int -> [T, O, nb, bs/width]: exact partial sums
+    O, nb, bs = w.shape
+    wf = w.reshape(O, nb, bs // width, width).astype(F64)
+    af = a.reshape(len(a), nb, bs // width, width).astype(F64)
+    return np.einsum("onsw,tnsw->tons", wf, af).astype(np.int64)  # integers < 2^53: exact
+
+
+def f32_of(i):  # int [...] -> f32 [...]: vcvtdq2ps, round to nearest even
+    return np.asarray(i).astype(F32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantized dot products, one function per kernel family
+
+def q0_lanes(w, a, accumulators=1):  # QuantRows/QuantActs 32-blocks -> [T, O]
+    """tinyBLAS_Q0_AVX and ggml_vec_dot_{q8_0,q5_0,q4_0,iq4_nl}_q8_0 (AVX2), every row against every
+    activation row."""
+    return q0_accumulate(int_dot(w.values, a.q, 4), w.d[None] * a.d[:, None], accumulators)
+
+
+def q0_accumulate(lanes, scale, accumulators=1):  # lanes [..., nb, 8] int, scale [..., nb] f32 -> [...]
+    """8 lanes, each the exact sum of 4 neighbouring products of a block, fma(f32(d_w*d_a), f32(lane),
+    acc) block after block, then hsum_float_8. The IQ4_NL vec_dot takes blocks in pairs into two
+    accumulators, summed before the hsum, and an odd last block as a scalar fma(d, f32(isum), sum)."""
+    nb = lanes.shape[-2]
+    paired = nb - nb % accumulators
+    acc = np.zeros((accumulators,) + lanes.shape[:-2] + (8,), F32)
+    for b in range(paired):
+        acc[b % accumulators] = fma32(scale[..., b, None], f32_of(lanes[..., b, :]), acc[b % accumulators])
+    out = hsum8(acc[0] + acc[1] if accumulators == 2 else acc[0])
+    for b in range(paired, nb):
+        out = fma32(scale[..., b], f32_of(lanes[..., b, :].sum(-1)), out)
+    return out
+
+
+def vec_dot_q8_0(k, q):  # QuantActs k, q of matching (broadcast) leading shapes, [..., nb, 32] -> [...]
+    """ggml_vec_dot_q8_0_q8_0 of one K row and one Q row: the q0_lanes arithmetic, pairwise."""
+    products = k.q * q.q
+    lanes = products.reshape(products.shape[:-1] + (8, 4)).sum(-1)
+    return q0_accumulate(lanes, k.d * q.d)
+
+
+def q0_repacked(w, a):  # QuantRows/QuantActs 32-blocks -> [T, O]
+    """CPU repack q4_0_8x8 / iq4_nl_8x8, gemm and gemv alike: per block fma(f32(isum), f32(d_w*d_a), acc)."""
+    sums = f32_of(int_dot(w.values, a.q, 32)[..., 0])  # [T, O, nb]
+    scale = w.d[None] * a.d[:, None]
+    acc = np.zeros(sums.shape[:2], F32)
+    for b in range(sums.shape[2]):
+        acc = fma32(sums[:, :, b], scale[:, :, b], acc)
+    return acc
+
+
+def q5_1_vec_dot(w, a):  # Q5_1 rows, Q8_1 acts -> [T, O]: ggml_vec_dot_q5_1_q8_1 (AVX2)
+    """Unsigned 5-bit values times int8: 8 lanes fma(f32(lane), f32(d_w*d_a), acc); the block
+    minimums add m_w*s_a into a scalar (contracted to FMA), added after hsum_float_8."""
+    lanes = f32_of(int_dot(w.values, a.q, 4))
+    scale = (w.d[None] * a.d[:, None])[..., None]
+    acc = np.zeros(lanes.shape[:2] + (8,), F32)
+    summs = np.zeros(lanes.shape[:2], F32)
+    for b in range(lanes.shape[2]):
+        summs = fma32(w.m[None, :, b], a.s[:, None, b], summs)
+        acc = fma32(lanes[:, :, b], scale[:, :, b], acc)
+    return hsum8(acc) + summs
+
+
+def sub_block_sums(a, width):  # QuantActs (Q8_K) -> int [T, nb, 256/width]: activation sums per sub-block
+    return a.bsums.reshape(a.bsums.shape[:-1] + (-1, width // 16)).sum(-1)
+
+
+def k_repacked_rows(w, a, elements_per_fma):  # Q4_K/Q2_K rows, Q8_K acts -> [T, O]
+    """CPU repack q4_K_8x8 / q2_K_8x8: the scale part sum(scale*dot) and the min part sum(min*bsum)
+    go through two FMA accumulators, d_w*d_a and dmin_w*d_a, once per `elements_per_fma` (the gemm:
+    64 for Q4_K, 128 for Q2_K; the gemv: a whole 256-block); out = acc - acc_min."""
+    dots = int_dot(w.values, a.q, w.sub) * w.scales[None]  # [T, O, nb, nsub]
+    mins = sub_block_sums(a, w.sub)[:, None] * w.mins[None]
+    step = elements_per_fma // w.sub
+    dots = dots.reshape(dots.shape[:3] + (-1, step)).sum(-1)
+    mins = mins.reshape(mins.shape[:3] + (-1, step)).sum(-1)
+    scale, scale_min = w.d[None] * a.d[:, None], w.dmin[None] * a.d[:, None]
+    acc = np.zeros(dots.shape[:2], F32)
+    acc_min = np.zeros(dots.shape[:2], F32)
+    for b in range(dots.shape[2]):
+        for p in range(dots.shape[3]):
+            acc = fma32(f32_of(dots[:, :, b, p]), scale[:, :, b], acc)
+            acc_min = fma32(f32_of(mins[:, :, b, p]), scale_min[:, :, b], acc_min)
+    return acc - acc_min
+
+
+def tiled(w, a):  # K-quant/IQ rows, Q8_K acts -> [T, O]: the tiled AVX512-VNNI kernel (tiled/)
+    """Per 256-slab: s1 = sum(scale * dot) exact, r = f32(s1) * d0 (d0 = f16 d times the IQ power of
+    two), minus dmin*f32(s2) by one fnmadd for types with mins, then buf = fma(r, d_act, buf)."""
+    dots = int_dot(w.values - w.unsigned_offset, a.q, w.sub) * w.scales[None]  # [T, O, nb, nsub]
+    s1 = f32_of(dots.sum(-1))
+    d0 = (w.d * F32(w.post)).astype(F32)
+    buf = np.zeros(s1.shape[:2], F32)
+    s2 = None if w.mins is None else f32_of((sub_block_sums(a, w.sub)[:, None] * w.mins[None]).sum(-1))
+    for b in range(s1.shape[2]):
+        r = s1[:, :, b] * d0[None, :, b]
+        if s2 is not None:
+            r = fma32(-w.dmin[None, :, b], s2[:, :, b], r)
+        buf = fma32(r, a.d[:, None, b], buf)
+    return buf
+
+
+def k_vec_dot(w, a):  # K-quant/IQ rows, Q8_K acts -> [T, O]: ggml_vec_dot_*_q8_K (AVX2 builds)
+    """8 int32 lanes, lane l holding 4 neighbouring products of every 32-element chunk times that
+    chunk's (or 16-half's) scale; per block fma(d_w*d_a, f32(lane), acc), then hsum_float_8 times the
+    IQ power of two. Q6_K takes its unsigned codes and subtracts 32*scale*bsum per lane pair of
+    16-sums; the min part sum(min*bsum) * (-dmin*d_a) goes by FMA into a scalar (Q5_K, contracted)
+    or into 4 lanes of sub-block pairs (Q4_K), added after the hsum."""
+    T, O, nb = len(a.q), len(w.values), w.values.shape[1]
+    products = int_dot(w.values, a.q, 4).reshape(T, O, nb, 8, 8)  # [.., chunk, lane]
+    lane_scale = np.repeat(w.scales, 8 * w.sub // 32, axis=-1).reshape(O, nb, 8, 8)  # scale per (chunk, lane)
+    lanes = (products * lane_scale[None]).sum(3)  # [T, O, nb, 8]
+    if w.unsigned_offset:
+        pairs = (a.bsums[:, None] * w.scales[None]).reshape(T, O, nb, 8, 2).sum(-1)
+        lanes = lanes - w.unsigned_offset * pairs
+    scale = w.d[None] * a.d[:, None]
+    acc = np.zeros((T, O, 8), F32)
+    summs = np.zeros((T, O, w.min_lanes), F32)
+    for b in range(nb):
+        if w.mins is not None:
+            dmin = -a.d[:, None, b] * w.dmin[None, :, b]
+            mins = (sub_block_sums(a, 32)[:, None, b] * w.mins[None, :, b]).reshape(T, O, w.min_lanes, -1).sum(-1)
+            summs = fma32(dmin[..., None], f32_of(mins), summs)
+        acc = fma32(scale[:, :, b, None], f32_of(lanes[:, :, b]), acc)
+    out = F32(w.post) * hsum8(acc)
+    if w.mins is None:
+        return out
+    if w.min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
+        return out + ((summs[..., 0] + summs[..., 2]) + (summs[..., 1] + summs[..., 3]))
+    return out + summs[..., 0]

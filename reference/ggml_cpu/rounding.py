@@ -1,0 +1,42 @@
+"""Float rounding exactly as the hardware does it: f16/bf16 conversion, the fused multiply-add,
+and the horizontal sums of the SIMD registers."""
+import numpy as np
+
+F32, F64 = np.float32, np.float64
+
+
+def round_f16(x):  # [...] f32 -> [...] f32 holding the nearest-even IEEE half (F16C, _cvtss_sh)
+    return np.asarray(x, F32).astype(np.float16).astype(F32)
+
+
+def round_bf16(x):  # [...] f32 -> [...] f32 holding the nearest-even bfloat16 (vcvtneps2bf16)
+    u = np.asarray(x, F32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16
+    return u.astype(np.uint32).view(F32)
+
+
+def fma32(a, b, c):  # f32 arrays (broadcast) -> f32 a*b + c rounded once, as vfmadd does
+    """a*b is exact in float64; a*b + c is then rounded twice (to float64, then float32), which is
+    wrong only when the float64 sum lands exactly on a float32 midpoint (its 29 low bits 100...0)
+    while the exact sum does not: there it is moved one float64 step towards the exact sum first."""
+    s = np.multiply(a, b, dtype=F64)
+    if s.shape == np.broadcast_shapes(s.shape, np.shape(c)):
+        s += c
+    else:
+        s = s + c
+    if (s.view(np.uint64) << np.uint64(35) == np.uint64(1 << 63)).any():
+        p, c = np.broadcast_arrays(np.multiply(a, b, dtype=F64), np.asarray(c, F64))
+        v = s - p
+        err = (p - (s - v)) + (c - v)  # TwoSum: s + err == p + c exactly
+        midpoint = (s.view(np.uint64) << np.uint64(35) == np.uint64(1 << 63)) & (err != 0)
+        s = np.where(midpoint, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(F32)
+
+
+def hsum8(v):  # [..., 8] f32 -> [...]: hsum_float_8 / tinyBLAS hsum(__m256): (0+4, 1+5, ...) then pairs
+    t = v[..., 4:] + v[..., :4]
+    return (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
+
+
+def hsum16(v):  # [..., 16] f32 -> [...]: GCC's _mm512_reduce_add_ps, halves folded 8, 4, then pairs
+    return hsum8(v[..., 8:] + v[..., :8])
