@@ -342,27 +342,23 @@ def test_text_model_routes_elementwise_ops_through_the_backend():
         "reference/text.py must call backend.rms_norm/rope_norm/sigmoid/swiglu/softcap for the ggml-cpu mode"
 
 
-def test_cli_logits_bit_identical(tmp_path):
-    run = next(r for r in MANIFEST["runs"] if r["type"] == "q4_0" and r["kv_type"] == "f16" and not r["flash_attn"])
+def check_cli_run(tmp_path, run, *flags):  # reference.run --numerics ggml-cpu FLAGS: logits equal to llama.cpp's run
     ids = MANIFEST["prompt"]["token_ids"]
     out = tmp_path / "logits.npy"
-    done = run_cli("reference.run", "--model", os.path.join(GOLDEN, run["model"]), "--numerics", "ggml-cpu",
+    done = run_cli("reference.run", "--model", os.path.join(GOLDEN, run["model"]), "--numerics", "ggml-cpu", *flags,
                    "--token-ids", ",".join(map(str, ids)), "--n-predict", "0", "--logits-out", str(out))
     assert done.returncode == 0, done.stderr
     ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)[:len(ids)]
-    assert_identical(ref, np.load(out, allow_pickle=False), "reference.run --numerics ggml-cpu")
+    assert_identical(ref, np.load(out, allow_pickle=False), " ".join(("reference.run --numerics ggml-cpu",) + flags))
+
+
+def test_cli_logits_bit_identical(tmp_path):
+    run = next(r for r in MANIFEST["runs"] if r["type"] == "q4_0" and r["kv_type"] == "f16" and not r["flash_attn"])
+    check_cli_run(tmp_path, run)
 
 
 def test_cli_q8_0_kv_logits_bit_identical(tmp_path):  # --kv-type q8_0 turns flash attention on
-    run = next(r for r in MANIFEST["kv_q8_0"]["runs"] if r["type"] == "q8_0")
-    ids = MANIFEST["prompt"]["token_ids"]
-    out = tmp_path / "logits.npy"
-    done = run_cli("reference.run", "--model", os.path.join(GOLDEN, run["model"]), "--numerics", "ggml-cpu",
-                   "--kv-type", "q8_0", "--token-ids", ",".join(map(str, ids)), "--n-predict", "0",
-                   "--logits-out", str(out))
-    assert done.returncode == 0, done.stderr
-    ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)[:len(ids)]
-    assert_identical(ref, np.load(out, allow_pickle=False), "reference.run --numerics ggml-cpu --kv-type q8_0")
+    check_cli_run(tmp_path, next(r for r in MANIFEST["kv_q8_0"]["runs"] if r["type"] == "q8_0"), "--kv-type", "q8_0")
 
 
 @pytest.mark.parametrize("args, message", [

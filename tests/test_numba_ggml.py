@@ -11,14 +11,14 @@ import os
 import numpy as np
 import pytest
 
-from conftest import GOLDEN, require, run_cli
+from conftest import require
 
 require("numba")  # the [accel] extra
 
 from accel.numba.ggml import GgmlCpuNumbaBackend, mul_mat as numba_mul_mat  # noqa: E402
 from accel.numba.ggml import elementwise as numba_elementwise, quantize as numba_quantize  # noqa: E402
 from reference import ggml_cpu  # noqa: E402
-from test_ggml_cpu import (HERE, MANIFEST, OPS, SHARED, assert_identical, check_rotated, check_run,  # noqa: E402
+from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,  # noqa: E402
                            check_shared, fixture, model)
 
 QUANT_TYPES = [f["type"] for f in OPS["files"] if not f["type"].startswith(("f", "bf"))]
@@ -99,11 +99,4 @@ def test_shared_llama_cpp_goldens(name, run, prompt):  # BF16, the tiled flash a
 
 def test_cli_backend_numba_numerics_ggml_cpu(tmp_path):
     run = next(r for r in MANIFEST["runs"] if r["type"] == "q4_k_m" and r["kv_type"] == "f16" and not r["flash_attn"])
-    ids = MANIFEST["prompt"]["token_ids"]
-    out = tmp_path / "logits.npy"
-    done = run_cli("reference.run", "--model", os.path.join(GOLDEN, run["model"]), "--backend", "numba",
-                   "--numerics", "ggml-cpu", "--token-ids", ",".join(map(str, ids)), "--n-predict", "0",
-                   "--logits-out", str(out))
-    assert done.returncode == 0, done.stderr
-    ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)[:len(ids)]
-    assert_identical(ref, np.load(out, allow_pickle=False), "reference.run --backend numba --numerics ggml-cpu")
+    check_cli_run(tmp_path, run, "--backend", "numba")
