@@ -118,6 +118,9 @@ def add_compute_flags(p):
                         "attention on)")
     p.add_argument("--flash-attn", choices=("on", "off"),
                    help="with --numerics ggml-cpu: llama.cpp's flash attention (default off, on for --kv-type q8_0)")
+    p.add_argument("--repack", choices=("on", "off"),
+                   help="with --numerics ggml-cpu: llama.cpp's CPU repack of Q4_0/IQ4_NL/Q4_K/Q2_K weights "
+                        "(default on; off as llama-cpp-python's use_extra_bufts=False or the tools' --no-repack)")
 
 
 def add_draft_flags(p):
@@ -170,8 +173,8 @@ def check_compute_flags(args):
     if args.numerics == "ggml-cpu" and (args.dtype != "float32" or args.backend not in ("numpy", "numba")
                                         or args.tp != 1):
         raise UsageError("--numerics ggml-cpu computes in float32 on the numpy or numba backend, without --tp")
-    if args.numerics != "ggml-cpu" and (args.kv_type or args.flash_attn):
-        raise UsageError("--kv-type and --flash-attn choose llama.cpp's cache for --numerics ggml-cpu only")
+    if args.numerics != "ggml-cpu" and (args.kv_type or args.flash_attn or args.repack):
+        raise UsageError("--kv-type, --flash-attn and --repack choose llama.cpp's build for --numerics ggml-cpu only")
     if args.tp != 1 and args.backend != "numpy":
         raise UsageError("--tp simulates tensor parallelism on the numpy backend only")
 
@@ -333,10 +336,11 @@ def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend with llama.
     kv_type = args.kv_type or "f16"
     # a quantized V cache needs flash attention: llama.cpp's "auto" turns it on, "off" refuses the context
     flash_attn = args.flash_attn == "on" if args.flash_attn else kv_type == "q8_0"
+    repack = args.repack != "off"
     if args.backend == "numba":
         from accel.numba.ggml import GgmlCpuNumbaBackend
-        return GgmlCpuNumbaBackend(kv_type, flash_attn, check_host=False)
-    return GgmlCpuBackend(kv_type, flash_attn, check_host=False)
+        return GgmlCpuNumbaBackend(kv_type, flash_attn, check_host=False, repack=repack)
+    return GgmlCpuBackend(kv_type, flash_attn, check_host=False, repack=repack)
 
 
 def accel_backend(args):  # --backend other than numpy -> backend from accel/ (imported only then)

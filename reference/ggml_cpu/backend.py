@@ -14,7 +14,8 @@ class GgmlCpuBackend:
     """The backend interface of reference/backend.py plus the element-wise hooks, computing what
     llama.cpp's CPU backend computes. kv_type: "f16" (llama.cpp's default), "f32" or "q8_0" (needs
     flash attention, as in llama.cpp); flash_attn as the llama.cpp context had it (llama-cpp-python's
-    default: off); n_threads matters only for the KV-split flash-attention decode. Use a uniform cache
+    default: off); repack: whether llama.cpp's CPU_REPACK buffer holds the weights (its default;
+off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_threads matters only for the KV-split flash-attention decode. Use a uniform cache
     and prompt chunks of at most UBATCH rows:
 
         lm = TextModel(gguf.load(path, "text"), backend=GgmlCpuBackend())
@@ -23,7 +24,7 @@ class GgmlCpuBackend:
     With check_host it warns when this machine's llama.cpp build would round differently."""
     name = "ggml-cpu"
 
-    def __init__(self, kv_type="f16", flash_attn=False, n_threads=2, check_host=True):
+    def __init__(self, kv_type="f16", flash_attn=False, n_threads=2, check_host=True, repack=True):
         if kv_type not in KV_TYPES:
             raise GgmlCpuError(f"KV cache type {kv_type!r} is not emulated ({', '.join(KV_TYPES)})")
         if kv_type == "q8_0" and not flash_attn:
@@ -33,11 +34,11 @@ class GgmlCpuBackend:
             warnings.warn(f"ggml-cpu numerics model {BUILD}; this machine's llama.cpp differs: {difference}",
                           stacklevel=2)
         self.dtype = np.dtype(F32)
-        self.kv_type, self.flash_attn, self.n_threads = kv_type, flash_attn, n_threads
+        self.kv_type, self.flash_attn, self.n_threads, self.repack = kv_type, flash_attn, n_threads, repack
         self.decoded = {}  # Weights -> {tensor name: decoded}: a drafter's blk.* names are also its target's
 
     def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
-        return mul_mat(np.ascontiguousarray(x, F32), weights, name, self.decoded.setdefault(weights, {}))
+        return mul_mat(np.ascontiguousarray(x, F32), weights, name, self.decoded.setdefault(weights, {}), self.repack)
 
     def matmul(self, x, w):  # x [T, in], w [out, in] f32 array -> [T, out]: an F32 GGML_OP_MUL_MAT
         return float_mul_mat(np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32), "F32")

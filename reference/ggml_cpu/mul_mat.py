@@ -24,14 +24,16 @@ TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "
 TILED_MIN_ROWS = 8
 
 
-def kernel_path(kind, n_rows, weights, name):  # -> the name of the kernel a matmul of n_rows rows takes
+def kernel_path(kind, n_rows, weights, name, repack=True):  # -> the name of the kernel a matmul of n_rows rows takes
     """"float", "k_repacked", "q0_repacked", "q0_lanes", "q5_1_vec_dot", "tiled" or "k_vec_dot"; one
-    decision for this emulation and its numba twin."""
+    decision for this emulation and its numba twin. repack: whether llama.cpp loaded the weights into
+    its CPU_REPACK extra buffer (the default; llama-cpp-python's use_extra_bufts=False and the tools'
+    --no-repack keep them in plain buffers)."""
     if kind in FLOAT_KERNELS:
         return "float"
     if kind not in DECODERS:
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
-    repacked = kind in REPACKED and len(weights.raw(name)) % 8 == 0  # rows of blocks
+    repacked = repack and kind in REPACKED and len(weights.raw(name)) % 8 == 0  # rows of blocks
     if kind in REPACK_GEMM_ELEMENTS and repacked:
         return "k_repacked"
     if kind in ("Q4_0", "IQ4_NL") and repacked:
@@ -60,9 +62,9 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
     }
 
 
-def mul_mat(x, weights, name, cache):  # x [T, K] f32 -> [T, O]; cache: dict for decoded weights
+def mul_mat(x, weights, name, cache, repack=True):  # x [T, K] f32 -> [T, O]; cache: dict for decoded weights
     kind = weights.type_name(name)
-    path = kernel_path(kind, len(x), weights, name)
+    path = kernel_path(kind, len(x), weights, name, repack)
     if name not in cache:
         cache[name] = weights.get(name, F32) if path == "float" else decode(weights, name)
     if path == "float":
