@@ -20,6 +20,7 @@ from accel.numba.ggml import elementwise as numba_elementwise, quantize as numba
 from reference import ggml_cpu  # noqa: E402
 from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,  # noqa: E402
                            check_shared, fixture, model)
+from test_ggml_presets import text_model as preset_model  # noqa: E402
 
 QUANT_TYPES = [f["type"] for f in OPS["files"] if not f["type"].startswith(("f", "bf"))]
 
@@ -102,12 +103,9 @@ def test_cli_backend_numba_numerics_ggml_cpu(tmp_path):
     check_cli_run(tmp_path, run, "--backend", "numba")
 
 
-PRESET_TYPES = {"Q4_1": "Q4_1", "Q1_0": "Q1_0", "Q2_0": "Q2_0", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "Q2_K": "Q2_K_S"}
-
-
 class JoinedRows:
     """A preset's weights with each pair of rows of one tensor joined into one: K = 512, so every kernel
-    accumulates over more than one 256-block (the tiny models' K is 256 throughout)."""
+    accumulates over more than one 256-block (the tiny models' K is at most 256)."""
 
     def __init__(self, weights, name):
         self.weights, self.name = weights, name
@@ -120,12 +118,11 @@ class JoinedRows:
         return raw.reshape(len(raw) // 2, -1) if name == self.name else raw
 
 
-@pytest.mark.parametrize("kind", sorted(PRESET_TYPES))
+@pytest.mark.parametrize("kind", ["Q4_1", "Q1_0", "Q2_0", "TQ1_0", "TQ2_0", "Q2_K"])  # presets of these names
 @pytest.mark.parametrize("rows", [1, 3, 8, 10])  # vec_dot; from 8 rows Q2_K's tiled kernel, the others' vec_dot still
 @pytest.mark.parametrize("joined", [False, True])
-def test_preset_type_kernels_are_their_numpy_twins(kind, rows, joined):  # Q4_1 Q1_0 Q2_0 TQ1_0 TQ2_0, Q2_K's vec_dot
-    from test_ggml_presets import text_model
-    weights, name = text_model(PRESET_TYPES[kind]).weights, "blk.0.ffn_up.weight"
+def test_preset_type_kernels_are_their_numpy_twins(kind, rows, joined):  # the vec_dot-only types, Q2_K's vec_dot
+    weights, name = preset_model(kind).weights, "blk.0.ffn_up.weight"
     assert weights.type_name(name) == kind
     x = activations(rows, weights.shape(name)[1] * (2 if joined else 1), rows)
     if joined:

@@ -213,26 +213,28 @@ def wide_block_vec_dot(values, d, aq, ad, lanes):  # Q1_0/Q2_0 rows, Q8_0 acts -
     return out
 
 
+@numba.njit(cache=True, inline="always")
+def q2_k_block(vs, d, dmin, mins, aq, ad, bsums, t, o, b, chunk, lanes, acc):  # acc [8] <- block b: mins, then codes
+    vec_dot_lanes(vs, 0, mins, aq, bsums, t, o, b, chunk, lanes)
+    dm = -ad[t, b] * dmin[o, b]
+    for lane in range(8):
+        mn = np.int64(mins[o, b, 2 * lane]) * bsums[t, b, 2 * lane] \
+            + np.int64(mins[o, b, 2 * lane + 1]) * bsums[t, b, 2 * lane + 1]
+        acc[lane] = fma32(dm, F32(mn), acc[lane])
+    scale = ad[t, b] * d[o, b]
+    for lane in range(8):
+        acc[lane] = fma32(scale, F32(lanes[lane]), acc[lane])
+
+
 @numba.njit(cache=True, parallel=True)
 def q2_k_vec_dot(vs, d, dmin, mins, aq, ad, bsums):  # Q2_K rows (vs: codes times scales), Q8_K acts -> [T, O]
     O, nb, _ = vs.shape
-    T = aq.shape[0]
-    out = np.zeros((T, O), F32)
+    out = np.zeros((aq.shape[0], O), F32)
     for o in numba.prange(O):
-        chunk = np.zeros(32, np.int64)
-        lanes = np.zeros(8, np.int64)
-        acc = np.zeros(8, F32)
-        for t in range(T):
+        chunk, lanes, acc = np.zeros(32, np.int64), np.zeros(8, np.int64), np.zeros(8, F32)
+        for t in range(aq.shape[0]):
             acc[:] = 0
             for b in range(nb):
-                vec_dot_lanes(vs, 0, mins, aq, bsums, t, o, b, chunk, lanes)
-                dm = -ad[t, b] * dmin[o, b]
-                for lane in range(8):
-                    mn = np.int64(mins[o, b, 2 * lane]) * bsums[t, b, 2 * lane] \
-                        + np.int64(mins[o, b, 2 * lane + 1]) * bsums[t, b, 2 * lane + 1]
-                    acc[lane] = fma32(dm, F32(mn), acc[lane])
-                scale = ad[t, b] * d[o, b]
-                for lane in range(8):
-                    acc[lane] = fma32(scale, F32(lanes[lane]), acc[lane])
+                q2_k_block(vs, d, dmin, mins, aq, ad, bsums, t, o, b, chunk, lanes, acc)
             out[t, o] = hsum8(acc)
     return out
