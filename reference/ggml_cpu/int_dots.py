@@ -145,7 +145,7 @@ def wide_block_vec_dot(w, a, lanes):  # Q1_0/Q2_0 rows (blocks of 128/64), Q8_0 
     block the Q8_0 blocks it spans go into inner = d_a*f32(lane), then fma(d_a, f32(lane), inner);
     then acc = fma(d_w, inner, acc); at the end hsum_float_8 (Q1_0). The scalar code starts inner at
     fma(d_a, f32(sum), 0), which differs from the product only in the sign of a zero, and a zero's
-    sign cannot reach acc: acc starts at +0, so it is -0 never."""
+    sign cannot reach acc, which starts at +0 and so is never -0."""
     T, (O, nb, bs) = len(a.q), w.values.shape
     spans = bs // 32
     sums = int_dot(w.values, a.q.reshape(T, nb, bs), 32 // lanes).reshape(T, O, nb, spans, lanes)
@@ -160,7 +160,7 @@ def wide_block_vec_dot(w, a, lanes):  # Q1_0/Q2_0 rows (blocks of 128/64), Q8_0 
 
 
 def q2_k_vec_dot(w, a):  # Q2_K rows, Q8_K acts -> [T, O]: ggml_vec_dot_q2_K_q8_K (AVX2 builds)
-    """One 8-lane accumulator per row pair. Per block first the mins: lane l = min_2l*bsum_2l +
+    """One 8-lane accumulator per weight and activation row. Per block first the mins: lane l = min_2l*bsum_2l +
     min_2l+1*bsum_2l+1 (madd of the 16-sums), acc = fma(-d_a*dmin_w, f32(lane), acc); then the scaled
     codes, lane l holding 4 neighbouring products of every 32-chunk times its 16-half's scale (the
     k_vec_dot lanes), acc = fma(d_a*d_w, f32(lane), acc); hsum_float_8 at the end."""
