@@ -20,6 +20,7 @@ from accel.numba.ggml import elementwise as numba_elementwise, quantize as numba
 from reference import ggml_cpu  # noqa: E402
 from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,  # noqa: E402
                            check_shared, fixture, model)
+from test_ggml_presets import text_model as preset_model  # noqa: E402
 
 QUANT_TYPES = [f["type"] for f in OPS["files"] if not f["type"].startswith(("f", "bf"))]
 
@@ -100,3 +101,31 @@ def test_shared_llama_cpp_goldens(name, run, prompt):  # BF16, the tiled flash a
 def test_cli_backend_numba_numerics_ggml_cpu(tmp_path):
     run = next(r for r in MANIFEST["runs"] if r["type"] == "q4_k_m" and r["kv_type"] == "f16" and not r["flash_attn"])
     check_cli_run(tmp_path, run, "--backend", "numba")
+
+
+class JoinedRows:
+    """A preset's weights with each pair of rows of one tensor joined into one: K = 512, so every kernel
+    accumulates over more than one 256-block (the tiny models' K is at most 256)."""
+
+    def __init__(self, weights, name):
+        self.weights, self.name = weights, name
+
+    def type_name(self, name):
+        return self.weights.type_name(name)
+
+    def raw(self, name):
+        raw = np.asarray(self.weights.raw(name))
+        return raw.reshape(len(raw) // 2, -1) if name == self.name else raw
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q1_0", "Q2_0", "TQ1_0", "TQ2_0", "Q2_K"])  # presets of these names
+@pytest.mark.parametrize("rows", [1, 3, 8, 10])  # vec_dot; from 8 rows Q2_K's tiled kernel, the others' vec_dot still
+@pytest.mark.parametrize("joined", [False, True])
+def test_preset_type_kernels_are_their_numpy_twins(kind, rows, joined):  # the vec_dot-only types, Q2_K's vec_dot
+    weights, name = preset_model(kind).weights, "blk.0.ffn_up.weight"
+    assert weights.type_name(name) == kind
+    x = activations(rows, weights.shape(name)[1] * (2 if joined else 1), rows)
+    if joined:
+        weights = JoinedRows(weights, name)
+    ref = ggml_cpu.mul_mat(x, weights, name, {}, repack=False)
+    assert_identical(ref, numba_mul_mat.mul_mat(x, weights, name, {}, repack=False), f"{kind}, {rows} rows")

@@ -188,3 +188,47 @@ def narrow(rows):  # QuantRows -> the same with int8 codes and scales
         if getattr(rows, field) is not None:
             setattr(rows, field, getattr(rows, field).astype(np.int8))
     return rows
+
+
+def decode_q4_1(b):  # [O, nb, 20]: w = d * value + m, as Q5_1 without the fifth bits
+    return QuantRows(f16_at(b, 0), nibbles(b[..., 4:20]), m=f16_at(b, 2))
+
+
+def decode_q1_0(b):  # [O, nb, 18]: 128 sign bits, value j = +1 where bit j of qs is set, else -1
+    return QuantRows(f16_at(b, 0), 2 * bits_at(b, 2, 16).astype(np.int64) - 1)
+
+
+def decode_q2_0(b):  # [O, nb, 18]: 64 2-bit codes (value j in bits 2(j%4) of byte j/4), value = code - 1
+    codes = (b[..., 2:18, None].astype(np.int64) >> (2 * np.arange(4))) & 3
+    return QuantRows(f16_at(b, 0), codes.reshape(b.shape[:-1] + (64,)) - 1)
+
+
+def trits(qs, n):  # uint8 [...] -> int [..., n]: base-3 digits 0..2 of each byte (byte * 3^i mod 256, times 3, >> 8)
+    q = (qs[..., None].astype(np.int64) * 3 ** np.arange(n)) & 255
+    return (3 * q) >> 8
+
+
+def ternary_rows(d, codes):  # f32 [O, nb], codes 0..2 [O, nb, 256] -> QuantRows
+    """The ternary vec_dots multiply the unsigned codes and subtract the 1 through the activation
+    sums of 16 (lane l takes the sums 2l and 2l+1), as Q6_K removes its 32: unit scales of 16."""
+    return QuantRows(d, codes, np.ones(codes.shape[:-1] + (16,), np.int64), sub=16, unsigned_offset=1)
+
+
+def decode_tq1_0(b):  # [O, nb, 54]: qs[48] five trits a byte, qh[4] four trits a byte, d
+    lead = np.moveaxis(trits(b[..., 0:32], 5), -1, -2)  # value 32n + m: trit n of byte m
+    tail = np.moveaxis(trits(b[..., 32:48], 5), -1, -2)  # value 160 + 16n + m
+    high = np.moveaxis(trits(b[..., 48:52], 4), -1, -2)  # value 240 + 4n + j: trit n of qh[j]
+    codes = np.concatenate([part.reshape(b.shape[:-1] + (-1,)) for part in (lead, tail, high)], axis=-1)
+    return ternary_rows(f16_at(b, 52), codes)
+
+
+def decode_tq2_0(b):  # [O, nb, 66]: qs[64] four 2-bit codes a byte (value 128j + 32l + m: bits 2l of byte 32j + m), d
+    qs = b[..., 0:64].reshape(b.shape[:-1] + (2, 1, 32)).astype(np.int64)
+    codes = (qs >> (2 * np.arange(4))[:, None]) & 3  # [..., 2, 4, 32]
+    return ternary_rows(f16_at(b, 64), codes.reshape(b.shape[:-1] + (256,)))
+
+
+DECODERS.update({  # Q4_1, the pinned ggml's own Q1_0 and Q2_0, the ternary TQ1_0 and TQ2_0
+    "Q4_1": (20, decode_q4_1), "Q1_0": (18, decode_q1_0), "Q2_0": (18, decode_q2_0),
+    "TQ1_0": (54, decode_tq1_0), "TQ2_0": (66, decode_tq2_0),
+})

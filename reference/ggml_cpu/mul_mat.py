@@ -7,6 +7,7 @@ from .blocks import DECODERS, decode
 from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
+from .int_dots import q2_k_vec_dot, wide_block_vec_dot
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import F32, round_bf16, round_f16
 
@@ -25,10 +26,10 @@ TILED_MIN_ROWS = 8
 
 
 def kernel_path(kind, n_rows, weights, name, repack=True):  # -> the name of the kernel a matmul of n_rows rows takes
-    """"float", "k_repacked", "q0_repacked", "q0_lanes", "q5_1_vec_dot", "tiled" or "k_vec_dot"; one
-    decision for this emulation and its numba twin. repack: whether llama.cpp loaded the weights into
-    its CPU_REPACK extra buffer (the default; llama-cpp-python's use_extra_bufts=False and the tools'
-    --no-repack keep them in plain buffers)."""
+    """"float", "k_repacked", "q0_repacked", "q0_lanes", "q5_1_vec_dot", "wide_block_vec_dot", "tiled",
+    "q2_k_vec_dot" or "k_vec_dot"; one decision for this emulation and its numba twin. repack: whether
+    llama.cpp loaded the weights into its CPU_REPACK extra buffer (the default; llama-cpp-python's
+    use_extra_bufts=False and the tools' --no-repack keep them in plain buffers)."""
     if kind in FLOAT_KERNELS:
         return "float"
     if kind not in DECODERS:
@@ -40,12 +41,14 @@ def kernel_path(kind, n_rows, weights, name, repack=True):  # -> the name of the
         return "q0_repacked"
     if kind in ("Q8_0", "Q5_0", "Q4_0", "IQ4_NL"):
         return "q0_lanes"
-    if kind == "Q5_1":
+    if kind in ("Q5_1", "Q4_1"):  # neither tinyBLAS nor the CPU repack takes them: vec_dot at every batch size
         return "q5_1_vec_dot"
+    if kind in ("Q1_0", "Q2_0"):  # vec_dot at every batch size too (Q1_0 is repacked on ARM only)
+        return "wide_block_vec_dot"
     if kind in TILED and n_rows >= TILED_MIN_ROWS:
         return "tiled"
     if kind == "Q2_K":
-        raise GgmlCpuError(f"{name}: the Q2_K vec_dot (fewer than 8 rows, not repacked) is not emulated")
+        return "q2_k_vec_dot"
     return "k_vec_dot"
 
 
@@ -57,6 +60,9 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
         "q0_repacked": lambda x, w, kind: k.q0_repacked(w, k.quantize_q8_0(x)),
         "q0_lanes": lambda x, w, kind: k.q0_lanes(w, k.quantize_q8_0(x), 2 if kind == "IQ4_NL" and len(x) == 1 else 1),
         "q5_1_vec_dot": lambda x, w, kind: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
+        "wide_block_vec_dot": lambda x, w, kind: k.wide_block_vec_dot(w, k.quantize_q8_0(x),
+                                                                      8 if kind == "Q1_0" else 1),
+        "q2_k_vec_dot": lambda x, w, kind: k.q2_k_vec_dot(w, k.quantize_q8_k(x)),
         "tiled": lambda x, w, kind: k.tiled(w, k.quantize_q8_k(x)),
         "k_vec_dot": lambda x, w, kind: k.k_vec_dot(w, k.quantize_q8_k(x)),
     }

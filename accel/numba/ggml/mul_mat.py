@@ -68,3 +68,11 @@ def mul_mat(x, weights, name, cache, repack=True):  # x [T, K] f32 -> [T, O]: re
 
 
 QUANT_PATHS = quant_paths(sys.modules[__name__])
+
+
+def wide_block_vec_dot(w, a, lanes):  # KernelRows (Q1_0/Q2_0), Q8_0 acts -> [T, O]
+    return int_dots.wide_block_vec_dot(w.vs, w.d, a.q, a.d, lanes)
+
+
+def q2_k_vec_dot(w, a):  # KernelRows (Q2_K), Q8_K acts -> [T, O]
+    return int_dots.q2_k_vec_dot(w.vs, w.d, w.dmin, w.mins, a.q, a.d, a.bsums)
