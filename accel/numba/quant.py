@@ -37,11 +37,15 @@ Q4_0, Q5_0, Q8_0, IQ4_NL = int(GT.Q4_0), int(GT.Q5_0), int(GT.Q8_0), int(GT.IQ4_
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = int(GT.Q2_K), int(GT.Q3_K), int(GT.Q4_K), int(GT.Q5_K), int(GT.Q6_K)
 IQ4_XS, IQ3_XXS, IQ2_XXS = int(GT.IQ4_XS), int(GT.IQ3_XXS), int(GT.IQ2_XXS)
 Q1_0, Q2_0 = int(GT.Q1_0), int(GgmlType.Q2_0)  # the pinned ggml's; Q2_0 is not in gguf-py
+Q4_1, Q5_1, TQ1_0, TQ2_0 = int(GT.Q4_1), int(GT.Q5_1), int(GT.TQ1_0), int(GT.TQ2_0)
+IQ1_S, IQ1_M, IQ2_XS, IQ2_S, IQ3_S = int(GT.IQ1_S), int(GT.IQ1_M), int(GT.IQ2_XS), int(GT.IQ2_S), int(GT.IQ3_S)
 
 KERNEL_TYPES = frozenset([*(GT(t) for t in (F32, F16, BF16, Q4_0, Q5_0, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K,
-                                            Q5_K, Q6_K, IQ4_XS, IQ3_XXS, IQ2_XXS, Q1_0)), GgmlType.Q2_0])
+                                            Q5_K, Q6_K, IQ4_XS, IQ3_XXS, IQ2_XXS, Q1_0, Q4_1, Q5_1, IQ1_S,
+                                            IQ1_M, IQ2_XS, IQ2_S, IQ3_S, TQ1_0, TQ2_0)), GgmlType.Q2_0])
 
-Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xxs_signed")
+Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xxs_signed "
+                               "bit_signs iq1s_grid iq2xs_grid iq2s_grid iq3s_grid")
 
 
 def lookup_tables():  # -> Tables, every entry a float32/int8/uint8 array
@@ -60,7 +64,18 @@ def lookup_tables():  # -> Tables, every entry a float32/int8/uint8 array
                   # gives 8 signed values (IQ2_XXS: row 128 * grid byte + 7 sign bits) or 4 (IQ3_XXS:
                   # row 16 * grid byte + 4 sign bits), and the tables (256 KB, 16 KB) stay in L2
                   iq2xxs_signed=(iq2xxs_grid[:, None] * sign_rows[None]).reshape(-1, 8).astype(np.int8),
-                  iq3xxs_signed=(iq3xxs_grid[:, None] * nibble_signs[None]).reshape(-1, 4).astype(np.int8))
+                  iq3xxs_signed=(iq3xxs_grid[:, None] * nibble_signs[None]).reshape(-1, 4).astype(np.int8),
+                  **iq_grids())
+
+
+def iq_grids():  # -> the grids of IQ1_S/M, IQ2_XS, IQ2_S, IQ3_S as int8 [rows, values] and bit_signs
+    grids = {}
+    for name, cls in (("iq1s_grid", quants.IQ1_S), ("iq2xs_grid", quants.IQ2_XS), ("iq2s_grid", quants.IQ2_S),
+                      ("iq3s_grid", quants.IQ3_S)):
+        cls.init_grid()
+        grids[name] = cls.grid.reshape(cls.grid_shape).astype(np.int8)  # values -1..1 or <= 43: exact
+    bits = np.arange(256)[:, None] >> np.arange(8)
+    return dict(grids, bit_signs=np.where(bits & 1, -1, 1).astype(np.int8))  # [256, 8]: bit j set -> -1
 
 
 TABLES = lookup_tables()
@@ -332,6 +347,8 @@ def decode_chunk(qtype, row, start, n, out, tab):  # the decoder of qtype
         decode_q1_0(row, start, n, out, tab)
     elif qtype == Q2_0:
         decode_q2_0(row, start, n, out, tab)
+    else:
+        decode_more(qtype, row, start, n, out, tab)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -658,6 +675,8 @@ def row_dot(qtype, row, x, xsum16, tab):  # one weight row [row_bytes] . x [n_in
         return row_q1_0(row, x, tab)
     if qtype == Q2_0:
         return row_q2_0(row, x, tab)
+    if qtype != IQ2_XXS:
+        return row_more(qtype, row, x, xsum16, tab)
     return row_iq2_xxs(row, x, tab)
 
 
@@ -746,3 +765,256 @@ def dequantize_rows(qtype, blocks, n_in, first, out, tab):  # rows first.. of bl
     for i in prange(out.shape[0]):
         for start in range(0, n_in, CHUNK):
             decode_chunk(qtype, blocks[first + i], start, min(CHUNK, n_in - start), out[i, start:], tab)
+
+
+# ---------------------------------------------------------------------------------------------
+# Q4_1, Q5_1, TQ1_0, TQ2_0 and the IQ types with grids of 512 rows and more (IQ1_S, IQ1_M,
+# IQ2_XS, IQ2_S, IQ3_S): decoders and row kernels as above. Their weights are exact products of
+# an f16 scale, a small integer scale and a small grid value (IQ1_S/M: grid + delta = k/8), as
+# above, except Q4_1/Q5_1's d q + m, whose addition rounds in gguf-py only where m and d differ
+# by more than about 2^8 (as the K-quants' mins). The rows sum in the activations' dtype within a
+# 32-value block (Q4_1, Q5_1, IQ1_S, IQ3_S), 16 values (IQ1_M, IQ2_XS, IQ2_S) or a 256-value
+# super-block (TQ1_0, TQ2_0), and in float64 across them.
+
+@njit(cache=True)
+def decode_q45_1(qtype, row, start, n, out, tab):  # Q4_1 20 / Q5_1 24 bytes: f16 d, f16 m, (Q5_1: u32 qh), qs[16]; w = d q + m
+    size, qs_at = (20, 4) if qtype == Q4_1 else (24, 8)
+    for b in range(n // 32):
+        o = (start // 32 + b) * size
+        d, m = tab.halves[u16(row, o)], tab.halves[u16(row, o + 2)]
+        qh = u32(row, o + 4) if qtype == Q5_1 else 0  # bit j: the fifth bit of value j
+        for j in range(32):
+            q = ((np.int64(row[o + qs_at + j % 16]) >> (4 * (j // 16))) & 15) | (((qh >> j) & 1) << 4)
+            out[b * 32 + j] = d * np.float32(q) + m
+
+
+@njit(cache=True)
+def trit(byte, power):  # TQ1_0: a byte holding five base-3 digits -> the digit that power (3^k) brings to the top
+    return (((np.int64(byte) * power) & 255) * 3 >> 8) - 1  # q - 1 in -1, 0, 1
+
+
+# TQ1_0's 54 bytes: qs[48], qh[4], f16 d. Parts (first byte, bytes, digits): digit k of byte at + l
+# is value 5 at + k bytes + l (qs[0:32] holds values 0..159, qs[32:48] 160..239, qh 240..255).
+TQ1_0_PARTS = ((0, 32, 5), (32, 16, 5), (48, 4, 4))
+
+
+@njit(cache=True)
+def tq2_0_q(blk, h, k, l):  # TQ2_0 (66 bytes: qs[64], f16 d) -> q - 1 of value 128 h + 32 k + l
+    return ((np.int64(blk[32 * h + l]) >> (2 * k)) & 3) - 1
+
+
+@njit(cache=True)
+def decode_tq(qtype, row, start, n, out, tab):  # TQ1_0 54 / TQ2_0 66 bytes: w = d (q - 1)
+    size = 54 if qtype == TQ1_0 else 66
+    blk = row.reshape(-1, size)[start // 256]
+    d = tab.halves[u16(blk, size - 2)]
+    if qtype == TQ1_0:
+        for at, nbytes, digits in TQ1_0_PARTS:
+            for k in range(digits):
+                for l in range(nbytes):
+                    out[5 * at + k * nbytes + l] = d * np.float32(trit(blk[at + l], 3 ** k))
+        return
+    for h in range(2):
+        for k in range(4):
+            for l in range(32):
+                out[128 * h + 32 * k + l] = d * np.float32(tq2_0_q(blk, h, k, l))
+
+
+@njit(cache=True)
+def iq1_scale(d, s):  # f16 d, 3-bit scale -> d (2 s + 1)
+    return d * np.float32(2 * s + 1)
+
+
+@njit(cache=True)
+def iq1_delta(bit):  # the sign bit of an IQ1 group -> its float32 shift of the grid values
+    return np.float32(-0.125) if bit else np.float32(0.125)
+
+
+@njit(cache=True)
+def iq1_m_d(blk):  # IQ1_M block -> its f16 d, stored as the top nibbles of the four u16 scales
+    return (u16(blk, 48) >> 12) | ((u16(blk, 50) >> 12) << 4) | ((u16(blk, 52) >> 12) << 8) | ((u16(blk, 54) >> 12) << 12)
+
+
+@njit(cache=True)
+def iq1_group(qtype, blk, g, tab):  # group g of 8 values -> (grid row, dl, delta) of IQ1_S 50 / IQ1_M 56 bytes
+    if qtype == IQ1_S:  # f16 d, qs[32], u16 qh[8]: qh of 32-value block ib = 3 high grid bits x 4, scale, sign
+        qh = u16(blk, 34 + 2 * (g // 4))
+        dl = iq1_scale(tab.halves[u16(blk, 0)], (qh >> 12) & 7)
+        return tab.iq1s_grid[np.int64(blk[2 + g]) | (((qh >> (3 * (g % 4))) & 7) << 8)], dl, iq1_delta(qh & 0x8000)
+    # IQ1_M: qs[32], qh[16] (a nibble per group: 3 high grid bits, sign), u16 scales[4]: 3 bits per 16 values
+    qh = (np.int64(blk[32 + g // 2]) >> (4 * (g % 2))) & 15
+    s = (u16(blk, 48 + 2 * (g // 8)) >> (3 * (g // 2 % 4))) & 7
+    dl = iq1_scale(tab.halves[iq1_m_d(blk)], s)
+    return tab.iq1s_grid[np.int64(blk[g]) | ((qh & 7) << 8)], dl, iq1_delta(qh & 8)
+
+
+@njit(cache=True)
+def decode_iq1(qtype, row, start, n, out, tab):  # IQ1_S, IQ1_M: w = dl (grid + delta)
+    blk = row.reshape(-1, 50 if qtype == IQ1_S else 56)[start // 256]
+    for g in range(32):
+        grid, dl, delta = iq1_group(qtype, blk, g, tab)
+        for j in range(8):
+            out[8 * g + j] = dl * (np.float32(grid[j]) + delta)
+
+
+@njit(cache=True)
+def iq2_group(qtype, blk, g, tab):  # group g of 8 values -> (grid row, sign row, db) of IQ2_XS 74 / IQ2_S 82 bytes
+    if qtype == IQ2_XS:  # f16 d, u16 qs[32] (9-bit grid row, 7 sign bits), 4-bit scales[16] (per 16 values)
+        q = u16(blk, 2 + 2 * g)
+        grid, signs, scales_at = tab.iq2xs_grid[q & 511], tab.bit_signs[tab.ksigns[q >> 9]], 66
+    else:  # f16 d, qs[32], signs[32], qh[8] (2 high grid bits per group), 4-bit scales[16]
+        high = (np.int64(blk[66 + g // 4]) >> (2 * (g % 4))) & 3
+        grid, signs, scales_at = tab.iq2s_grid[np.int64(blk[2 + g]) | (high << 8)], tab.bit_signs[blk[34 + g]], 74
+    s = (np.int64(blk[scales_at + g // 4]) >> (4 * (g // 2 % 2))) & 15
+    return grid, signs, xxs_scale(tab.halves[u16(blk, 0)], s << 28, 0.25)  # gguf-py's d (1/2 + s) / 4
+
+
+@njit(cache=True)
+def decode_iq2(qtype, row, start, n, out, tab):  # IQ2_XS, IQ2_S: w = db grid sign
+    blk = row.reshape(-1, 74 if qtype == IQ2_XS else 82)[start // 256]
+    for g in range(32):
+        grid, signs, db = iq2_group(qtype, blk, g, tab)
+        for j in range(8):  # db * (grid * sign) is gguf-py's (db * grid) * sign
+            out[8 * g + j] = db * np.float32(grid[j] * signs[j])
+
+
+@njit(cache=True)
+def iq3_s_rows(blk, g, tab):  # IQ3_S group g of 8 values -> (grid row of 0..3, of 4..7, their 8 signs)
+    qh = np.int64(blk[66 + g // 4])  # bit i % 8: the ninth grid bit of row i = 2 g, 2 g + 1
+    lo = tab.iq3s_grid[np.int64(blk[2 + 2 * g]) | (((qh >> (2 * g % 8)) & 1) << 8)]
+    hi = tab.iq3s_grid[np.int64(blk[3 + 2 * g]) | (((qh >> (2 * g % 8 + 1)) & 1) << 8)]
+    return lo, hi, tab.bit_signs[blk[74 + g]]
+
+
+@njit(cache=True)
+def iq3_s_scale(blk, ib, tab):  # IQ3_S 32-value block ib -> d (1 + 2 s)
+    s = (np.int64(blk[106 + ib // 2]) >> (4 * (ib % 2))) & 15
+    return tab.halves[u16(blk, 0)] * np.float32(1 + 2 * s)
+
+
+@njit(cache=True)
+def decode_iq3_s(row, start, n, out, tab):  # 110 bytes: f16 d, qs[64], qh[8], signs[32], 4-bit scales[8]
+    blk = row.reshape(-1, 110)[start // 256]
+    for g in range(32):
+        db = iq3_s_scale(blk, g // 4, tab)
+        lo, hi, signs = iq3_s_rows(blk, g, tab)
+        for j in range(4):
+            out[8 * g + j] = db * np.float32(lo[j] * signs[j])
+            out[8 * g + 4 + j] = db * np.float32(hi[j] * signs[4 + j])
+
+
+@njit(cache=True)
+def decode_more(qtype, row, start, n, out, tab):  # the decoders of the types above
+    if qtype == Q4_1 or qtype == Q5_1:
+        decode_q45_1(qtype, row, start, n, out, tab)
+    elif qtype == TQ1_0 or qtype == TQ2_0:
+        decode_tq(qtype, row, start, n, out, tab)
+    elif qtype == IQ1_S or qtype == IQ1_M:
+        decode_iq1(qtype, row, start, n, out, tab)
+    elif qtype == IQ2_XS or qtype == IQ2_S:
+        decode_iq2(qtype, row, start, n, out, tab)
+    elif qtype == IQ3_S:
+        decode_iq3_s(row, start, n, out, tab)
+
+
+@njit(cache=True, fastmath=FAST)
+def row_q45_1(qtype, row, x, xsum16, tab):  # Q4_1 / Q5_1: sum (d q + m) x = d sum q x + m sum x per block
+    size, qs_at = (20, 4) if qtype == Q4_1 else (24, 8)
+    nb = x.shape[0] // 32
+    blk, xs, sums = row.reshape(nb, size), x.reshape(nb, 2, 16), xsum16.reshape(nb, 2)
+    acc = 0.0
+    for b in range(nb):
+        qh = u32(blk[b], 4) if qtype == Q5_1 else 0
+        s = x.dtype.type(0)
+        for l in range(16):
+            q = np.int64(blk[b, qs_at + l])
+            lo, hi = (q & 15) | (((qh >> l) & 1) << 4), (q >> 4) | (((qh >> (l + 16)) & 1) << 4)
+            s += x.dtype.type(lo) * xs[b, 0, l] + x.dtype.type(hi) * xs[b, 1, l]
+        acc += (np.float64(half_at(blk, b, 0, tab.halves)) * s
+                + np.float64(half_at(blk, b, 2, tab.halves)) * (sums[b, 0] + sums[b, 1]))
+    return acc
+
+
+@njit(cache=True, fastmath=FAST)
+def row_tq(qtype, row, x, tab):  # TQ1_0 54 / TQ2_0 66 bytes: w = d (q - 1)
+    size = 54 if qtype == TQ1_0 else 66
+    nsb = x.shape[0] // 256
+    blk, xs = row.reshape(nsb, size), x.reshape(nsb, 256)
+    acc = 0.0
+    for sb in range(nsb):
+        s = x.dtype.type(0)
+        if qtype == TQ1_0:
+            for at, nbytes, digits in TQ1_0_PARTS:
+                for k in range(digits):
+                    for l in range(nbytes):
+                        s += x.dtype.type(trit(blk[sb, at + l], 3 ** k)) * xs[sb, 5 * at + k * nbytes + l]
+        else:
+            for h in range(2):
+                for k in range(4):
+                    for l in range(32):
+                        s += x.dtype.type(tq2_0_q(blk[sb], h, k, l)) * xs[sb, 128 * h + 32 * k + l]
+        acc += np.float64(half_at(blk, sb, size - 2, tab.halves)) * s
+    return acc
+
+
+@njit(cache=True, fastmath=FAST)
+def row_iq1(qtype, row, x, tab):  # IQ1_S 50 / IQ1_M 56 bytes: sum dl (grid + delta) x per 16 values
+    nsb = x.shape[0] // 256
+    blk, xs = row.reshape(nsb, 50 if qtype == IQ1_S else 56), x.reshape(nsb, 32, 8)
+    acc = 0.0
+    for sb in range(nsb):
+        for g in range(0, 32, 2):  # two groups share dl (IQ1_S: four)
+            grid0, dl, delta0 = iq1_group(qtype, blk[sb], g, tab)
+            grid1, _, delta1 = iq1_group(qtype, blk[sb], g + 1, tab)
+            s = x.dtype.type(0)
+            for j in range(grid0.shape[0]):
+                s += (np.float32(grid0[j]) + delta0) * xs[sb, g, j] + (np.float32(grid1[j]) + delta1) * xs[sb, g + 1, j]
+            acc += np.float64(dl) * s
+    return acc
+
+
+@njit(cache=True, fastmath=FAST)
+def row_iq2(qtype, row, x, tab):  # IQ2_XS 74 / IQ2_S 82 bytes: sum db grid sign x per 16 values
+    nsb = x.shape[0] // 256
+    blk, xs = row.reshape(nsb, 74 if qtype == IQ2_XS else 82), x.reshape(nsb, 32, 8)
+    acc = 0.0
+    for sb in range(nsb):
+        for g in range(0, 32, 2):  # two groups of 8 share a scale
+            grid0, signs0, db = iq2_group(qtype, blk[sb], g, tab)
+            grid1, signs1, _ = iq2_group(qtype, blk[sb], g + 1, tab)
+            s = x.dtype.type(0)
+            for j in range(grid0.shape[0]):
+                s += (x.dtype.type(grid0[j] * signs0[j]) * xs[sb, g, j]
+                      + x.dtype.type(grid1[j] * signs1[j]) * xs[sb, g + 1, j])
+            acc += np.float64(db) * s
+    return acc
+
+
+@njit(cache=True, fastmath=FAST)
+def row_iq3_s(row, x, tab):  # 110 bytes: f16 d, qs[64], qh[8], signs[32], 4-bit scales[8]
+    nsb = x.shape[0] // 256
+    blk, xs = row.reshape(nsb, 110), x.reshape(nsb, 8, 4, 2, 4)
+    acc = 0.0
+    for sb in range(nsb):
+        for ib in range(8):
+            s = x.dtype.type(0)
+            for l in range(4):
+                lo, hi, signs = iq3_s_rows(blk[sb], 4 * ib + l, tab)
+                for j in range(lo.shape[0]):
+                    s += (x.dtype.type(lo[j] * signs[j]) * xs[sb, ib, l, 0, j]
+                          + x.dtype.type(hi[j] * signs[4 + j]) * xs[sb, ib, l, 1, j])
+            acc += np.float64(iq3_s_scale(blk[sb], ib, tab)) * s
+    return acc
+
+
+@njit(cache=True)
+def row_more(qtype, row, x, xsum16, tab):  # the row kernels of the types above
+    if qtype == Q4_1 or qtype == Q5_1:
+        return row_q45_1(qtype, row, x, xsum16, tab)
+    if qtype == TQ1_0 or qtype == TQ2_0:
+        return row_tq(qtype, row, x, tab)
+    if qtype == IQ1_S or qtype == IQ1_M:
+        return row_iq1(qtype, row, x, tab)
+    if qtype == IQ2_XS or qtype == IQ2_S:
+        return row_iq2(qtype, row, x, tab)
+    return row_iq3_s(row, x, tab)
