@@ -10,7 +10,8 @@ from gguf import quants
 # byte offsets of the f16 super-block scales in each block (ggml-common.h block layouts)
 F16_SCALE_OFFSETS = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.IQ4_NL: (0,), Q.Q2_K: (80, 82), Q.Q3_K: (108,),
                      Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_XS: (0,), Q.IQ3_XXS: (0,),
-                     Q.IQ2_XXS: (0,)}
+                     Q.IQ2_XXS: (0,), Q.Q4_1: (0, 2), Q.Q5_1: (0, 2), Q.IQ1_S: (0,), Q.IQ2_XS: (0,), Q.IQ2_S: (0,),
+                     Q.IQ3_S: (0,), Q.TQ1_0: (52,), Q.TQ2_0: (64,)}
 
 
 PROBE_BLOCKS = 64  # random blocks block_scale_for_unit_std calibrates on
