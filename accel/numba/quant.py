@@ -46,7 +46,7 @@ KERNEL_TYPES = frozenset([*(GT(t) for t in (F32, F16, BF16, Q4_0, Q5_0, Q8_0, IQ
                                             IQ1_M, IQ2_XS, IQ2_S, IQ3_S, TQ1_0, TQ2_0)), GgmlType.Q2_0])
 
 Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xxs_signed "
-                               "bit_signs iq1s_grid iq2xs_grid iq2s_grid iq3s_grid")
+                               "bit_signs iq1s_grid iq2xs_signed iq2s_signed iq3s_grid")
 
 
 def lookup_tables():  # -> Tables, every entry a float32/int8/uint8 array
@@ -69,14 +69,17 @@ def lookup_tables():  # -> Tables, every entry a float32/int8/uint8 array
                   **iq_grids())
 
 
-def iq_grids():  # -> the grids of IQ1_S/M, IQ2_XS, IQ2_S, IQ3_S as int8 [rows, values] and bit_signs
-    grids = {}
-    for name, cls in (("iq1s_grid", quants.IQ1_S), ("iq2xs_grid", quants.IQ2_XS), ("iq2s_grid", quants.IQ2_S),
-                      ("iq3s_grid", quants.IQ3_S)):
+def iq_grids():  # -> the tables of IQ1_S/M, IQ2_XS, IQ2_S, IQ3_S, all int8 (grid values -1..1 or <= 43)
+    for cls in (quants.IQ1_S, quants.IQ2_XS, quants.IQ2_S, quants.IQ3_S):
         cls.init_grid()
-        grids[name] = cls.grid.reshape(cls.grid_shape).astype(np.int8)  # values -1..1 or <= 43: exact
-    bits = np.arange(256)[:, None] >> np.arange(8)
-    return dict(grids, bit_signs=np.where(bits & 1, -1, 1).astype(np.int8))  # [256, 8]: bit j set -> -1
+    grid = lambda cls: cls.grid.reshape(cls.grid_shape).astype(np.int8)  # noqa: E731
+    bit_signs = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, -1, 1).astype(np.int8)  # bit j set -> -1
+    ksign_rows = bit_signs[np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8)]  # [128, 8]: 7 sign bits -> 8 signs
+    # every grid row with every sign pattern, as for IQ2_XXS: row u16 q of IQ2_XS (sign bits 9.., grid
+    # row 0..8), row 256 grid + sign byte of IQ2_S (512 KB, 2 MB)
+    return dict(bit_signs=bit_signs, iq1s_grid=grid(quants.IQ1_S), iq3s_grid=grid(quants.IQ3_S),
+                iq2xs_signed=(ksign_rows[:, None] * grid(quants.IQ2_XS)[None]).reshape(-1, 8),
+                iq2s_signed=(grid(quants.IQ2_S)[:, None] * bit_signs[None]).reshape(-1, 8))
 
 
 TABLES = lookup_tables()
@@ -859,24 +862,44 @@ def decode_iq1(qtype, row, start, n, out, tab):  # IQ1_S, IQ1_M: w = dl (grid + 
 
 
 @njit(cache=True)
-def iq2_group(qtype, blk, g, tab):  # group g of 8 values -> (grid row, sign row, db) of IQ2_XS 74 / IQ2_S 82 bytes
-    if qtype == IQ2_XS:  # f16 d, u16 qs[32] (9-bit grid row, 7 sign bits), 4-bit scales[16] (per 16 values)
-        q = u16(blk, 2 + 2 * g)
-        grid, signs, scales_at = tab.iq2xs_grid[q & 511], tab.bit_signs[tab.ksigns[q >> 9]], 66
-    else:  # f16 d, qs[32], signs[32], qh[8] (2 high grid bits per group), 4-bit scales[16]
-        high = (np.int64(blk[66 + g // 4]) >> (2 * (g % 4))) & 3
-        grid, signs, scales_at = tab.iq2s_grid[np.int64(blk[2 + g]) | (high << 8)], tab.bit_signs[blk[34 + g]], 74
-    s = (np.int64(blk[scales_at + g // 4]) >> (4 * (g // 2 % 2))) & 15
-    return grid, signs, xxs_scale(tab.halves[u16(blk, 0)], s << 28, 0.25)  # gguf-py's d (1/2 + s) / 4
+def iq2_xs_signed(blk, g, tab):  # IQ2_XS group g of 8 values -> its grid row times signs
+    # 74 bytes: f16 d, u16 qs[32] (9-bit grid row, 7 sign bits), 4-bit scales[16] (per 16 values)
+    return tab.iq2xs_signed[u16(blk, 2 + 2 * g)]
 
 
 @njit(cache=True)
-def decode_iq2(qtype, row, start, n, out, tab):  # IQ2_XS, IQ2_S: w = db grid sign
-    blk = row.reshape(-1, 74 if qtype == IQ2_XS else 82)[start // 256]
+def iq2_s_signed(blk, g, tab):  # IQ2_S group g of 8 values -> its grid row times signs
+    # 82 bytes: f16 d, qs[32], signs[32], qh[8] (2 high grid bits per group), 4-bit scales[16]
+    high = (np.int64(blk[66 + g // 4]) >> (2 * (g % 4))) & 3
+    return tab.iq2s_signed[(np.int64(blk[2 + g]) | (high << 8)) * 256 + np.int64(blk[34 + g])]
+
+
+@njit(cache=True)
+def iq2_scales(blk, scales_at, ib, tab):  # 32-value block ib -> gguf-py's d (1/2 + s) / 4 of its two halves
+    d, scales = tab.halves[u16(blk, 0)], np.int64(blk[scales_at + ib])
+    return xxs_scale(d, (scales & 15) << 28, 0.25), xxs_scale(d, (scales >> 4) << 28, 0.25)
+
+
+# IQ2_XS and IQ2_S each have their own loops: a qtype branch around the table rows cost 15x there.
+
+@njit(cache=True)
+def scaled_group(db, signed, out):  # out[:8] = db * (grid * sign), which is gguf-py's (db * grid) * sign
+    for j in range(8):
+        out[j] = db * np.float32(signed[j])
+
+
+@njit(cache=True)
+def decode_iq2_xs(row, start, n, out, tab):  # 74 bytes: w = db grid sign
+    blk = row.reshape(-1, 74)[start // 256]
     for g in range(32):
-        grid, signs, db = iq2_group(qtype, blk, g, tab)
-        for j in range(8):  # db * (grid * sign) is gguf-py's (db * grid) * sign
-            out[8 * g + j] = db * np.float32(grid[j] * signs[j])
+        scaled_group(iq2_scales(blk, 66, g // 4, tab)[g // 2 % 2], iq2_xs_signed(blk, g, tab), out[8 * g:])
+
+
+@njit(cache=True)
+def decode_iq2_s(row, start, n, out, tab):  # 82 bytes: w = db grid sign
+    blk = row.reshape(-1, 82)[start // 256]
+    for g in range(32):
+        scaled_group(iq2_scales(blk, 74, g // 4, tab)[g // 2 % 2], iq2_s_signed(blk, g, tab), out[8 * g:])
 
 
 @njit(cache=True)
@@ -912,8 +935,10 @@ def decode_more(qtype, row, start, n, out, tab):  # the decoders of the types ab
         decode_tq(qtype, row, start, n, out, tab)
     elif qtype == IQ1_S or qtype == IQ1_M:
         decode_iq1(qtype, row, start, n, out, tab)
-    elif qtype == IQ2_XS or qtype == IQ2_S:
-        decode_iq2(qtype, row, start, n, out, tab)
+    elif qtype == IQ2_XS:
+        decode_iq2_xs(row, start, n, out, tab)
+    elif qtype == IQ2_S:
+        decode_iq2_s(row, start, n, out, tab)
     elif qtype == IQ3_S:
         decode_iq3_s(row, start, n, out, tab)
 
@@ -937,6 +962,16 @@ def row_q45_1(qtype, row, x, xsum16, tab):  # Q4_1 / Q5_1: sum (d q + m) x = d s
 
 
 @njit(cache=True, fastmath=FAST)
+def trit_dot(qs, xs):  # TQ1_0 bytes [n], x [digits, n] -> sum of (digit k of qs[l] - 1) xs[k, l]
+    s = xs.dtype.type(0)
+    for k in range(xs.shape[0]):
+        power = 3 ** k
+        for l in range(qs.shape[0]):
+            s += xs.dtype.type(trit(qs[l], power)) * xs[k, l]
+    return s
+
+
+@njit(cache=True, fastmath=FAST)
 def row_tq(qtype, row, x, tab):  # TQ1_0 54 / TQ2_0 66 bytes: w = d (q - 1)
     size = 54 if qtype == TQ1_0 else 66
     nsb = x.shape[0] // 256
@@ -946,9 +981,7 @@ def row_tq(qtype, row, x, tab):  # TQ1_0 54 / TQ2_0 66 bytes: w = d (q - 1)
         s = x.dtype.type(0)
         if qtype == TQ1_0:
             for at, nbytes, digits in TQ1_0_PARTS:
-                for k in range(digits):
-                    for l in range(nbytes):
-                        s += x.dtype.type(trit(blk[sb, at + l], 3 ** k)) * xs[sb, 5 * at + k * nbytes + l]
+                s += trit_dot(blk[sb, at:at + nbytes], xs[sb, 5 * at:5 * at + digits * nbytes].reshape(digits, nbytes))
         else:
             for h in range(2):
                 for k in range(4):
@@ -974,20 +1007,41 @@ def row_iq1(qtype, row, x, tab):  # IQ1_S 50 / IQ1_M 56 bytes: sum dl (grid + de
     return acc
 
 
+@njit(cache=True, fastmath=FAST, inline="always")
+def iq2_block_dot(g0, g1, g2, g3, xs, db_lo, db_hi):  # 4 grid rows times signs [8], xs [4, 8] -> float64
+    # the four groups of a 32-value block side by side in one loop, as in row_iq2_xxs; a scale per two
+    lo = hi = xs.dtype.type(0)
+    for j in range(g0.shape[0]):
+        lo += np.float32(g0[j]) * xs[0, j] + np.float32(g1[j]) * xs[1, j]
+        hi += np.float32(g2[j]) * xs[2, j] + np.float32(g3[j]) * xs[3, j]
+    return np.float64(db_lo) * lo + np.float64(db_hi) * hi
+
+
 @njit(cache=True, fastmath=FAST)
-def row_iq2(qtype, row, x, tab):  # IQ2_XS 74 / IQ2_S 82 bytes: sum db grid sign x per 16 values
+def row_iq2_xs(row, x, tab):  # 74 bytes: sum db grid sign x per 16 values
     nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, 74 if qtype == IQ2_XS else 82), x.reshape(nsb, 32, 8)
+    blk, xs = row.reshape(nsb, 74), x.reshape(nsb, 8, 4, 8)
     acc = 0.0
     for sb in range(nsb):
-        for g in range(0, 32, 2):  # two groups of 8 share a scale
-            grid0, signs0, db = iq2_group(qtype, blk[sb], g, tab)
-            grid1, signs1, _ = iq2_group(qtype, blk[sb], g + 1, tab)
-            s = x.dtype.type(0)
-            for j in range(grid0.shape[0]):
-                s += (x.dtype.type(grid0[j] * signs0[j]) * xs[sb, g, j]
-                      + x.dtype.type(grid1[j] * signs1[j]) * xs[sb, g + 1, j])
-            acc += np.float64(db) * s
+        for ib in range(8):
+            b, g = blk[sb], 4 * ib
+            db_lo, db_hi = iq2_scales(b, 66, ib, tab)
+            acc += iq2_block_dot(iq2_xs_signed(b, g, tab), iq2_xs_signed(b, g + 1, tab), iq2_xs_signed(b, g + 2, tab),
+                                 iq2_xs_signed(b, g + 3, tab), xs[sb, ib], db_lo, db_hi)
+    return acc
+
+
+@njit(cache=True, fastmath=FAST)
+def row_iq2_s(row, x, tab):  # 82 bytes: sum db grid sign x per 16 values
+    nsb = x.shape[0] // 256
+    blk, xs = row.reshape(nsb, 82), x.reshape(nsb, 8, 4, 8)
+    acc = 0.0
+    for sb in range(nsb):
+        for ib in range(8):
+            b, g = blk[sb], 4 * ib
+            db_lo, db_hi = iq2_scales(b, 74, ib, tab)
+            acc += iq2_block_dot(iq2_s_signed(b, g, tab), iq2_s_signed(b, g + 1, tab), iq2_s_signed(b, g + 2, tab),
+                                 iq2_s_signed(b, g + 3, tab), xs[sb, ib], db_lo, db_hi)
     return acc
 
 
@@ -1016,6 +1070,8 @@ def row_more(qtype, row, x, xsum16, tab):  # the row kernels of the types above
         return row_tq(qtype, row, x, tab)
     if qtype == IQ1_S or qtype == IQ1_M:
         return row_iq1(qtype, row, x, tab)
-    if qtype == IQ2_XS or qtype == IQ2_S:
-        return row_iq2(qtype, row, x, tab)
+    if qtype == IQ2_XS:
+        return row_iq2_xs(row, x, tab)
+    if qtype == IQ2_S:
+        return row_iq2_s(row, x, tab)
     return row_iq3_s(row, x, tab)
