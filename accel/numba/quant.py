@@ -6,7 +6,7 @@ IQ3_XXS, IQ2_XXS; 32 values for Q8_0, 128 for Q1_0, 64 for Q2_0; the types at th
 say theirs) or a 1024-column tile (every type)
 and in float64 across them; the other row kernels (F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K)
 sum in float64, and float64 activations sum in float64 everywhere. Against reference/ops.py linear (float64 sums) only the
-summation differs: NMSE <= 5.5e-14 per product in the op harness on random inputs (more where a
+summation differs: NMSE <= 3.6e-14 per product in the op harness on random inputs (more where a
 row's sum cancels: the error is relative to sum |w x|), 1.8e-13 .. 8.6e-13 on whole tiny models.
 The float32 lanes follow the CPU's vector width, so the last bits may differ between machines.
 
