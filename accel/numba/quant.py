@@ -46,7 +46,7 @@ KERNEL_TYPES = frozenset([*(GT(t) for t in (F32, F16, BF16, Q4_0, Q5_0, Q8_0, IQ
                                             IQ1_M, IQ2_XS, IQ2_S, IQ3_S, TQ1_0, TQ2_0)), GgmlType.Q2_0])
 
 Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xxs_signed "
-                               "bit_signs iq1s_grid iq2xs_signed iq2s_signed iq3s_grid")
+                               "iq1s_grid iq2xs_signed iq2s_signed iq3s_signed")
 
 
 def lookup_tables():  # -> Tables, every entry a float32/int8/uint8 array
@@ -76,10 +76,11 @@ def iq_grids():  # -> the tables of IQ1_S/M, IQ2_XS, IQ2_S, IQ3_S, all int8 (gri
     bit_signs = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, -1, 1).astype(np.int8)  # bit j set -> -1
     ksign_rows = bit_signs[np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8)]  # [128, 8]: 7 sign bits -> 8 signs
     # every grid row with every sign pattern, as for IQ2_XXS: row u16 q of IQ2_XS (sign bits 9.., grid
-    # row 0..8), row 256 grid + sign byte of IQ2_S (512 KB, 2 MB)
-    return dict(bit_signs=bit_signs, iq1s_grid=grid(quants.IQ1_S), iq3s_grid=grid(quants.IQ3_S),
+    # row 0..8), row 256 grid + sign byte of IQ2_S, row 16 grid + 4 sign bits of IQ3_S (512, 2048, 32 KB)
+    return dict(iq1s_grid=grid(quants.IQ1_S),
                 iq2xs_signed=(ksign_rows[:, None] * grid(quants.IQ2_XS)[None]).reshape(-1, 8),
-                iq2s_signed=(grid(quants.IQ2_S)[:, None] * bit_signs[None]).reshape(-1, 8))
+                iq2s_signed=(grid(quants.IQ2_S)[:, None] * bit_signs[None]).reshape(-1, 8),
+                iq3s_signed=(grid(quants.IQ3_S)[:, None] * bit_signs[:16, :4][None]).reshape(-1, 4))
 
 
 TABLES = lookup_tables()
@@ -904,11 +905,11 @@ def decode_iq2_s(row, start, n, out, tab):  # 82 bytes: w = db grid sign
 
 
 @njit(cache=True)
-def iq3_s_rows(blk, g, tab):  # IQ3_S group g of 8 values -> (grid row of 0..3, of 4..7, their 8 signs)
-    qh = np.int64(blk[66 + g // 4])  # bit i % 8: the ninth grid bit of row i = 2 g, 2 g + 1
-    lo = tab.iq3s_grid[np.int64(blk[2 + 2 * g]) | (((qh >> (2 * g % 8)) & 1) << 8)]
-    hi = tab.iq3s_grid[np.int64(blk[3 + 2 * g]) | (((qh >> (2 * g % 8 + 1)) & 1) << 8)]
-    return lo, hi, tab.bit_signs[blk[74 + g]]
+def iq3_s_rows(blk, g, tab):  # IQ3_S group g of 8 values -> grid rows times signs of values 0..3, 4..7
+    qh, signs = np.int64(blk[66 + g // 4]), np.int64(blk[74 + g])  # qh bit i % 8: the ninth bit of row i
+    lo = tab.iq3s_signed[(np.int64(blk[2 + 2 * g]) | (((qh >> (2 * g % 8)) & 1) << 8)) * 16 + (signs & 15)]
+    hi = tab.iq3s_signed[(np.int64(blk[3 + 2 * g]) | (((qh >> (2 * g % 8 + 1)) & 1) << 8)) * 16 + (signs >> 4)]
+    return lo, hi
 
 
 @njit(cache=True)
@@ -922,10 +923,10 @@ def decode_iq3_s(row, start, n, out, tab):  # 110 bytes: f16 d, qs[64], qh[8], s
     blk = row.reshape(-1, 110)[start // 256]
     for g in range(32):
         db = iq3_s_scale(blk, g // 4, tab)
-        lo, hi, signs = iq3_s_rows(blk, g, tab)
-        for j in range(4):
-            out[8 * g + j] = db * np.float32(lo[j] * signs[j])
-            out[8 * g + 4 + j] = db * np.float32(hi[j] * signs[4 + j])
+        lo, hi = iq3_s_rows(blk, g, tab)
+        for j in range(4):  # db * (grid * sign) is gguf-py's (db * grid) * sign
+            out[8 * g + j] = db * np.float32(lo[j])
+            out[8 * g + 4 + j] = db * np.float32(hi[j])
 
 
 @njit(cache=True)
@@ -1055,10 +1056,9 @@ def row_iq3_s(row, x, tab):  # 110 bytes: f16 d, qs[64], qh[8], signs[32], 4-bit
         for ib in range(8):
             s = x.dtype.type(0)
             for l in range(4):
-                lo, hi, signs = iq3_s_rows(blk[sb], 4 * ib + l, tab)
-                for j in range(lo.shape[0]):
-                    s += (x.dtype.type(lo[j] * signs[j]) * xs[sb, ib, l, 0, j]
-                          + x.dtype.type(hi[j] * signs[4 + j]) * xs[sb, ib, l, 1, j])
+                lo, hi = iq3_s_rows(blk[sb], 4 * ib + l, tab)
+                for j in range(lo.shape[0]):  # a runtime length (4), as in row_iq2_xxs
+                    s += np.float32(lo[j]) * xs[sb, ib, l, 0, j] + np.float32(hi[j]) * xs[sb, ib, l, 1, j]
             acc += np.float64(iq3_s_scale(blk[sb], ib, tab)) * s
     return acc
 
