@@ -881,8 +881,8 @@ def iq2_scales(blk, scales_at, ib, tab):  # 32-value block ib -> gguf-py's d (1/
     return xxs_scale(d, (scales & 15) << 28, 0.25), xxs_scale(d, (scales >> 4) << 28, 0.25)
 
 
-# IQ2_XS and IQ2_S each have their own loops: with a qtype branch around the table rows, the rows
-# ran 15-40x slower (measured; IQ1's branch picks rows of one table and costs nothing measurable).
+# The IQ2_XS and IQ2_S row helpers are inlined into row_iq2 (inline="always"): as calls behind a
+# qtype branch per group of 8 they made the rows 15-40x slower (measured).
 
 @njit(cache=True)
 def scaled_group(db, signed, out):  # out[:8] = db * (grid * sign), which is gguf-py's (db * grid) * sign
@@ -1019,31 +1019,33 @@ def iq2_block_dot(g0, g1, g2, g3, xs, db_lo, db_hi):  # 4 grid rows times signs 
     return np.float64(db_lo) * lo + np.float64(db_hi) * hi
 
 
-@njit(cache=True, fastmath=FAST)
-def row_iq2_xs(row, x, tab):  # 74 bytes: sum db grid sign x per 16 values
-    nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, 74), x.reshape(nsb, 8, 4, 8)
-    acc = 0.0
-    for sb in range(nsb):
-        for ib in range(8):
-            b, g = blk[sb], 4 * ib
-            db_lo, db_hi = iq2_scales(b, 66, ib, tab)
-            acc += iq2_block_dot(iq2_xs_signed(b, g, tab), iq2_xs_signed(b, g + 1, tab), iq2_xs_signed(b, g + 2, tab),
-                                 iq2_xs_signed(b, g + 3, tab), xs[sb, ib], db_lo, db_hi)
-    return acc
+@njit(cache=True, fastmath=FAST, inline="always")
+def iq2_xs_block(b, ib, xs, tab):  # IQ2_XS super-block b, 32-value block ib . xs [4, 8] -> float64
+    db_lo, db_hi = iq2_scales(b, 66, ib, tab)
+    g = 4 * ib
+    return iq2_block_dot(iq2_xs_signed(b, g, tab), iq2_xs_signed(b, g + 1, tab), iq2_xs_signed(b, g + 2, tab),
+                         iq2_xs_signed(b, g + 3, tab), xs, db_lo, db_hi)
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def iq2_s_block(b, ib, xs, tab):  # IQ2_S super-block b, 32-value block ib . xs [4, 8] -> float64
+    db_lo, db_hi = iq2_scales(b, 74, ib, tab)
+    g = 4 * ib
+    return iq2_block_dot(iq2_s_signed(b, g, tab), iq2_s_signed(b, g + 1, tab), iq2_s_signed(b, g + 2, tab),
+                         iq2_s_signed(b, g + 3, tab), xs, db_lo, db_hi)
 
 
 @njit(cache=True, fastmath=FAST)
-def row_iq2_s(row, x, tab):  # 82 bytes: sum db grid sign x per 16 values
+def row_iq2(qtype, row, x, tab):  # IQ2_XS 74 / IQ2_S 82 bytes: sum db grid sign x per 16 values
     nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, 82), x.reshape(nsb, 8, 4, 8)
+    blk, xs = row.reshape(nsb, 74 if qtype == IQ2_XS else 82), x.reshape(nsb, 8, 4, 8)
     acc = 0.0
     for sb in range(nsb):
         for ib in range(8):
-            b, g = blk[sb], 4 * ib
-            db_lo, db_hi = iq2_scales(b, 74, ib, tab)
-            acc += iq2_block_dot(iq2_s_signed(b, g, tab), iq2_s_signed(b, g + 1, tab), iq2_s_signed(b, g + 2, tab),
-                                 iq2_s_signed(b, g + 3, tab), xs[sb, ib], db_lo, db_hi)
+            if qtype == IQ2_XS:
+                acc += iq2_xs_block(blk[sb], ib, xs[sb, ib], tab)
+            else:
+                acc += iq2_s_block(blk[sb], ib, xs[sb, ib], tab)
     return acc
 
 
@@ -1071,8 +1073,6 @@ def row_more(qtype, row, x, xsum16, tab):  # the row kernels of the types above
         return row_tq(qtype, row, x, tab)
     if qtype == IQ1_S or qtype == IQ1_M:
         return row_iq1(qtype, row, x, tab)
-    if qtype == IQ2_XS:
-        return row_iq2_xs(row, x, tab)
-    if qtype == IQ2_S:
-        return row_iq2_s(row, x, tab)
+    if qtype == IQ2_XS or qtype == IQ2_S:
+        return row_iq2(qtype, row, x, tab)
     return row_iq3_s(row, x, tab)
