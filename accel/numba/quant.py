@@ -352,8 +352,18 @@ def decode_chunk(qtype, row, start, n, out, tab):  # the decoder of qtype
         decode_q1_0(row, start, n, out, tab)
     elif qtype == Q2_0:
         decode_q2_0(row, start, n, out, tab)
-    else:
-        decode_more(qtype, row, start, n, out, tab)
+    elif qtype == Q4_1 or qtype == Q5_1:
+        decode_q45_1(qtype, row, start, n, out, tab)
+    elif qtype == TQ1_0 or qtype == TQ2_0:
+        decode_tq(qtype, row, start, n, out, tab)
+    elif qtype == IQ1_S or qtype == IQ1_M:
+        decode_iq1(qtype, row, start, n, out, tab)
+    elif qtype == IQ2_XS:
+        decode_iq2_xs(row, start, n, out, tab)
+    elif qtype == IQ2_S:
+        decode_iq2_s(row, start, n, out, tab)
+    elif qtype == IQ3_S:
+        decode_iq3_s(row, start, n, out, tab)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -680,8 +690,16 @@ def row_dot(qtype, row, x, xsum16, tab):  # one weight row [row_bytes] . x [n_in
         return row_q1_0(row, x, tab)
     if qtype == Q2_0:
         return row_q2_0(row, x, tab)
-    if qtype != IQ2_XXS:
-        return row_more(qtype, row, x, xsum16, tab)
+    if qtype == Q4_1 or qtype == Q5_1:
+        return row_q45_1(qtype, row, x, xsum16, tab)
+    if qtype == TQ1_0 or qtype == TQ2_0:
+        return row_tq(qtype, row, x, tab)
+    if qtype == IQ1_S or qtype == IQ1_M:
+        return row_iq1(qtype, row, x, tab)
+    if qtype == IQ2_XS or qtype == IQ2_S:
+        return row_iq2(qtype, row, x, tab)
+    if qtype == IQ3_S:
+        return row_iq3_s(row, x, tab)
     return row_iq2_xxs(row, x, tab)
 
 
@@ -929,22 +947,6 @@ def decode_iq3_s(row, start, n, out, tab):  # 110 bytes: f16 d, qs[64], qh[8], s
             out[8 * g + 4 + j] = db * np.float32(hi[j])
 
 
-@njit(cache=True)
-def decode_more(qtype, row, start, n, out, tab):  # the decoders of the types above
-    if qtype == Q4_1 or qtype == Q5_1:
-        decode_q45_1(qtype, row, start, n, out, tab)
-    elif qtype == TQ1_0 or qtype == TQ2_0:
-        decode_tq(qtype, row, start, n, out, tab)
-    elif qtype == IQ1_S or qtype == IQ1_M:
-        decode_iq1(qtype, row, start, n, out, tab)
-    elif qtype == IQ2_XS:
-        decode_iq2_xs(row, start, n, out, tab)
-    elif qtype == IQ2_S:
-        decode_iq2_s(row, start, n, out, tab)
-    elif qtype == IQ3_S:
-        decode_iq3_s(row, start, n, out, tab)
-
-
 @njit(cache=True, fastmath=FAST)
 def row_q45_1(qtype, row, x, xsum16, tab):  # Q4_1 / Q5_1: sum (d q + m) x = d sum q x + m sum x per block
     size, qs_at = (20, 4) if qtype == Q4_1 else (24, 8)
@@ -1064,15 +1066,3 @@ def row_iq3_s(row, x, tab):  # 110 bytes: f16 d, qs[64], qh[8], signs[32], 4-bit
             acc += np.float64(iq3_s_scale(blk[sb], ib, tab)) * s
     return acc
 
-
-@njit(cache=True)
-def row_more(qtype, row, x, xsum16, tab):  # the row kernels of the types above
-    if qtype == Q4_1 or qtype == Q5_1:
-        return row_q45_1(qtype, row, x, xsum16, tab)
-    if qtype == TQ1_0 or qtype == TQ2_0:
-        return row_tq(qtype, row, x, tab)
-    if qtype == IQ1_S or qtype == IQ1_M:
-        return row_iq1(qtype, row, x, tab)
-    if qtype == IQ2_XS or qtype == IQ2_S:
-        return row_iq2(qtype, row, x, tab)
-    return row_iq3_s(row, x, tab)
