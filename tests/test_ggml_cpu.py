@@ -384,7 +384,7 @@ def test_unmodelled_requests_raise_typed_errors():
 
     class Weights:  # a weight type the emulation has no kernel for
         def type_name(self, name):
-            return "IQ1_M"
+            return "MXFP4"
 
-    with pytest.raises(GgmlCpuError, match="IQ1_M"):
+    with pytest.raises(GgmlCpuError, match="MXFP4"):
         ggml_cpu.mul_mat(np.zeros((1, 256), np.float32), Weights(), "blk.0.ffn_up.weight", {})

@@ -100,3 +100,32 @@ def test_shared_llama_cpp_goldens(name, run, prompt):  # BF16, the tiled flash a
 def test_cli_backend_numba_numerics_ggml_cpu(tmp_path):
     run = next(r for r in MANIFEST["runs"] if r["type"] == "q4_k_m" and r["kv_type"] == "f16" and not r["flash_attn"])
     check_cli_run(tmp_path, run, "--backend", "numba")
+
+
+class Regrouped:  # a GGUF tensor's blocks, row_blocks of them to a row: [O, nb] blocks -> [O * nb / row_blocks, row_blocks]
+    def __init__(self, weights, name, row_blocks):
+        self.kind = weights.type_name(name)
+        n_bytes = ggml_cpu.DECODERS[self.kind][0]
+        self.blocks = np.asarray(weights.raw(name)).view(np.uint8).reshape(-1, row_blocks * n_bytes)
+
+    def type_name(self, name):
+        return self.kind
+
+    def raw(self, name):
+        return self.blocks
+
+
+IQ_PRESET_TYPES = {"IQ1_S": "iq1_s", "IQ1_M": "iq1_m", "IQ2_XS": "iq2_xs", "IQ3_S": "iq3_s"}  # type -> preset model
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_PRESET_TYPES))
+@pytest.mark.parametrize("rows", [1, 3, 8, 10])  # the vec_dot (IQ1: iq1_vec_dot) and the tiled kernel
+@pytest.mark.parametrize("row_blocks", [1, 4])  # the presets' 256-wide rows, and 4 blocks regrouped into one row
+def test_iq_mul_mat_kernels_are_their_numpy_twins(kind, rows, row_blocks):
+    from reference import gguf
+    path = os.path.join(os.path.dirname(__file__), "..", "golden", "presets", "models", f"tiny-b-{IQ_PRESET_TYPES[kind]}.gguf")
+    weights = Regrouped(gguf.load(path, "text").weights, "blk.0.ffn_up.weight", row_blocks)
+    x = activations(rows, 256 * row_blocks, rows)
+    x[:, 256:] *= np.float32(1e-3)  # later blocks of another magnitude
+    ref = ggml_cpu.mul_mat(x, weights, kind, {}, repack=False)
+    assert_identical(ref, numba_mul_mat.mul_mat(x, weights, kind, {}, repack=False), f"{kind}, {rows} rows")

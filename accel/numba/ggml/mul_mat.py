@@ -68,3 +68,7 @@ def mul_mat(x, weights, name, cache, repack=True):  # x [T, K] f32 -> [T, O]: re
 
 
 QUANT_PATHS = quant_paths(sys.modules[__name__])
+
+
+def iq1_vec_dot(w, a, delta_lanes):  # KernelRows (IQ1_S/IQ1_M), Q8_K acts -> [T, O]
+    return int_dots.iq1_vec_dot(w.vs, w.scales, w.sub, w.d, a.q, a.d, delta_lanes)
