@@ -20,6 +20,7 @@ from accel.numba.ggml import elementwise as numba_elementwise, quantize as numba
 from reference import ggml_cpu  # noqa: E402
 from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,  # noqa: E402
                            check_shared, fixture, model)
+from test_ggml_cpu import IQ_KERNELS, check_iq_kernel, iq_block_rows  # noqa: E402
 
 QUANT_TYPES = [f["type"] for f in OPS["files"] if not f["type"].startswith(("f", "bf"))]
 
@@ -102,30 +103,19 @@ def test_cli_backend_numba_numerics_ggml_cpu(tmp_path):
     check_cli_run(tmp_path, run, "--backend", "numba")
 
 
-class Regrouped:  # a GGUF tensor's blocks, row_blocks of them to a row: [O, nb] blocks -> [O * nb / row_blocks, row_blocks]
-    def __init__(self, weights, name, row_blocks):
-        self.kind = weights.type_name(name)
-        n_bytes = ggml_cpu.DECODERS[self.kind][0]
-        self.blocks = np.asarray(weights.raw(name)).view(np.uint8).reshape(-1, row_blocks * n_bytes)
 
-    def type_name(self, name):
-        return self.kind
-
-    def raw(self, name):
-        return self.blocks
-
-
-IQ_PRESET_TYPES = {"IQ1_S": "iq1_s", "IQ1_M": "iq1_m", "IQ2_XS": "iq2_xs", "IQ3_S": "iq3_s"}  # type -> preset model
-
-
-@pytest.mark.parametrize("kind", sorted(IQ_PRESET_TYPES))
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
 @pytest.mark.parametrize("rows", [1, 3, 8, 10])  # the vec_dot (IQ1: iq1_vec_dot) and the tiled kernel
 @pytest.mark.parametrize("row_blocks", [1, 4])  # the presets' 256-wide rows, and 4 blocks regrouped into one row
 def test_iq_mul_mat_kernels_are_their_numpy_twins(kind, rows, row_blocks):
-    from reference import gguf
-    path = os.path.join(os.path.dirname(__file__), "..", "golden", "presets", "models", f"tiny-b-{IQ_PRESET_TYPES[kind]}.gguf")
-    weights = Regrouped(gguf.load(path, "text").weights, "blk.0.ffn_up.weight", row_blocks)
+    weights = iq_block_rows(kind, row_blocks)
     x = activations(rows, 256 * row_blocks, rows)
     x[:, 256:] *= np.float32(1e-3)  # later blocks of another magnitude
     ref = ggml_cpu.mul_mat(x, weights, kind, {}, repack=False)
     assert_identical(ref, numba_mul_mat.mul_mat(x, weights, kind, {}, repack=False), f"{kind}, {rows} rows")
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
+@pytest.mark.parametrize("rows", IQ_KERNELS["rows"])
+def test_iq_kernels_bit_identical_to_llama_cpp(kind, rows):  # golden/ggml_cpu/kernels: rows of 4 blocks
+    check_iq_kernel(kind, rows, numba_mul_mat.mul_mat)
