@@ -38,17 +38,24 @@ class InitParams(ctypes.Structure):  # ggml.h struct ggml_init_params
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
 
 
-def ggml_libs():  # -> (libggml-base, libggml-cpu) of llama-cpp-python, the calls used here typed
-    import llama_cpp
+P, I64 = ctypes.c_void_p, ctypes.c_int64
+SIGNATURES = [  # (library, function, restype, argtypes) of ggml.h and ggml-cpu.h
+    ("base", "ggml_init", P, [InitParams]), ("base", "ggml_new_tensor_2d", P, [P, ctypes.c_int, I64, I64]),
+    ("base", "ggml_mul_mat", P, [P, P, P]), ("base", "ggml_new_graph", P, [P]),
+    ("base", "ggml_build_forward_expand", None, [P, P]), ("base", "ggml_free", None, [P]),
+    ("cpu", "ggml_graph_compute_with_ctx", ctypes.c_int, [P, P, ctypes.c_int])]
 
+
+def ggml_libs():  # -> (libggml-base, libggml-cpu) of llama-cpp-python, the calls used here typed
+    try:
+        import llama_cpp
+    except ImportError:
+        raise UsageError("needs llama-cpp-python 0.3.36 (its libggml-cpu computes the goldens)") from None
     where = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
     base, cpu = (ctypes.CDLL(os.path.join(where, f)) for f in ("libggml-base.so", "libggml-cpu.so"))
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    for name, restype, argtypes in (("ggml_init", p, [InitParams]), ("ggml_new_tensor_2d", p, [p, ctypes.c_int, i64, i64]),
-                                    ("ggml_mul_mat", p, [p, p, p]), ("ggml_new_graph", p, [p]),
-                                    ("ggml_build_forward_expand", None, [p, p]), ("ggml_free", None, [p])):
-        getattr(base, name).restype, getattr(base, name).argtypes = restype, argtypes
-    cpu.ggml_graph_compute_with_ctx.restype, cpu.ggml_graph_compute_with_ctx.argtypes = ctypes.c_int, [p, p, ctypes.c_int]
+    for lib, name, restype, argtypes in SIGNATURES:
+        function = getattr(base if lib == "base" else cpu, name)
+        function.restype, function.argtypes = restype, argtypes
     cpu.ggml_cpu_init()
     return base, cpu
 
@@ -97,6 +104,7 @@ def regrouped(model, kind, row_blocks=ROW_BLOCKS):  # -> uint8 [rows * nb / row_
 def make(out: Path) -> None:  # kernels.npz and manifest.json written to out
     from tqdm import tqdm
 
+    out.mkdir(parents=True, exist_ok=True)
     x, models = activations(256 * ROW_BLOCKS), {}
     arrays = {"x": x}
     for kind in tqdm(TYPES, desc="types", unit="type"):
@@ -105,14 +113,19 @@ def make(out: Path) -> None:  # kernels.npz and manifest.json written to out
         for rows in ROWS:
             arrays[f"{kind}.out{rows}"] = ggml_mul_mat(gguf.GGMLQuantizationType[kind].value, blocks, x[:rows])
         models[kind] = {"file": f"presets/models/{model.name}", "sha256": golden.sha256(model)}
-    out.mkdir(parents=True, exist_ok=True)
     np.savez(out / "kernels.npz", **arrays)
-    golden.save_json(out / "manifest.json", {
-        "engine": "llama.cpp", "version": f"llama.cpp {golden.LLAMA_CPP_COMMIT} (llama-cpp-python 0.3.36 libggml-cpu)",
-        "date": golden.today(), "file": "kernels.npz", "models": models, "weights": "every tensor of the type, in name order", "row_blocks": ROW_BLOCKS,
-        "rows": list(ROWS), "options": {"call": "ggml_mul_mat, ggml_graph_compute_with_ctx", "threads": N_THREADS,
-                                        "buffers": "plain ggml context (no repack, no AMX)"},
-        "activations": "numpy default_rng(0) standard normal [10, 1024]; row 1 columns 256: times 1e-3, row 2 columns 256:512 zero"})
+    golden.save_json(out / "manifest.json", manifest(models))
+
+
+def manifest(models):  # {type: model file and sha256} -> the manifest of kernels.npz
+    version = f"llama.cpp {golden.LLAMA_CPP_COMMIT} (llama-cpp-python 0.3.36 libggml-cpu)"
+    return {"engine": "llama.cpp", "version": version,
+            "date": golden.today(), "file": "kernels.npz", "models": models,
+            "weights": "every tensor of the type, in name order", "row_blocks": ROW_BLOCKS, "rows": list(ROWS),
+            "options": {"call": "ggml_mul_mat, ggml_graph_compute_with_ctx", "threads": N_THREADS,
+                        "buffers": "plain ggml context (no repack, no AMX)"},
+            "activations": "numpy default_rng(0) standard normal [10, 1024]; row 1 columns 256: times 1e-3, "
+                           "row 2 columns 256:512 zero"}
 
 
 def main(argv=None) -> int:
