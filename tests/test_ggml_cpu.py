@@ -8,6 +8,7 @@ flips an int8 activation rounding and spreads to ~1e-4). Failures report NMSE
 input tensors to one emulated op, so a failure names the op.
 """
 import functools
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -384,7 +385,63 @@ def test_unmodelled_requests_raise_typed_errors():
 
     class Weights:  # a weight type the emulation has no kernel for
         def type_name(self, name):
-            return "IQ1_M"
+            return "MXFP4"
 
-    with pytest.raises(GgmlCpuError, match="IQ1_M"):
+    with pytest.raises(GgmlCpuError, match="MXFP4"):
         ggml_cpu.mul_mat(np.zeros((1, 256), np.float32), Weights(), "blk.0.ffn_up.weight", {})
+
+
+# IQ1_S, IQ1_M, IQ2_XS, IQ3_S: rows of several blocks (the presets' logits only hold one per row)
+
+IQ_KERNELS = json.loads(Path(HERE, "kernels", "manifest.json").read_text(encoding="utf-8"))
+
+
+class BlockRows:  # the weights mul_mat reads: one matrix of raw blocks of one type, under any name
+    def __init__(self, kind, blocks):
+        self.kind, self.blocks = kind, blocks
+
+    def type_name(self, name):
+        return self.kind
+
+    def raw(self, name):
+        return self.blocks
+
+
+def iq_block_rows(kind, row_blocks=None):  # -> BlockRows of every `kind` tensor of its preset model, regrouped
+    from tools.make_iq_kernel_goldens import ROW_BLOCKS, regrouped
+    entry = IQ_KERNELS["models"][kind]
+    path = os.path.join(GOLDEN, entry["file"])
+    assert sha256(Path(path)) == entry["sha256"], path
+    return BlockRows(kind, regrouped(Path(path), kind, row_blocks or ROW_BLOCKS))
+
+
+def check_iq_kernel(kind, rows, mul_mat):  # llama.cpp's product (golden/ggml_cpu/kernels) against mul_mat's
+    golden = np.load(os.path.join(HERE, "kernels", IQ_KERNELS["file"]), allow_pickle=False)
+    got = mul_mat(golden["x"][:rows], iq_block_rows(kind), kind, {}, repack=False)
+    assert_identical(golden[f"{kind}.out{rows}"], got, f"{kind} x {rows} rows of 4 blocks")
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
+@pytest.mark.parametrize("rows", IQ_KERNELS["rows"])  # the vec_dot below 8 rows, the tiled kernel from 8
+def test_iq_kernels_bit_identical_to_llama_cpp(kind, rows):
+    check_iq_kernel(kind, rows, ggml_cpu.mul_mat)
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
+def test_iq_decoders_are_ggml_to_float(kind):  # every tensor: d * post * scale * value is ggml's float, bit for bit
+    """The products are exact in float32 (an f16 d, a scale of at most 4 bits, a code of at most 6),
+    as in dequantize_row_*, so one rounding of the float64 product is ggml's value; the digests are
+    llama-quantize's F32 requantization (golden/presets/manifest.json)."""
+    from test_quant_presets import preset_entry
+    entry = preset_entry(kind)
+    weights = gguf.load(os.path.join(GOLDEN, "presets", entry["file"]), "text").weights
+    for name in [n for n, t in entry["tensor_types"].items() if t == kind]:
+        rows = ggml_cpu.decode(weights, name)
+        scales = np.repeat(rows.scales, rows.sub, axis=-1).astype(np.float64)
+        values = rows.d.astype(np.float64)[..., None] * rows.post * scales * rows.values
+        floats = values.astype(np.float32).reshape(len(values), -1)
+        assert sha256_of(floats) == entry["ggml_f32_sha256"][name], name
+
+
+def sha256_of(array):  # -> hex sha256 of the little-endian float32 bytes
+    return hashlib.sha256(np.ascontiguousarray(array, "<f4").tobytes()).hexdigest()

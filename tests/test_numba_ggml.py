@@ -21,6 +21,7 @@ from reference import ggml_cpu  # noqa: E402
 from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,  # noqa: E402
                            check_shared, fixture, model)
 from test_ggml_presets import text_model as preset_model  # noqa: E402
+from test_ggml_cpu import IQ_KERNELS, check_iq_kernel, iq_block_rows  # noqa: E402
 
 QUANT_TYPES = [f["type"] for f in OPS["files"] if not f["type"].startswith(("f", "bf"))]
 
@@ -129,3 +130,20 @@ def test_preset_type_kernels_are_their_numpy_twins(kind, rows, joined):  # the v
         weights = JoinedRows(weights, name)
     ref = ggml_cpu.mul_mat(x, weights, name, {}, repack=False)
     assert_identical(ref, numba_mul_mat.mul_mat(x, weights, name, {}, repack=False), f"{kind}, {rows} rows")
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
+@pytest.mark.parametrize("rows", [1, 3, 8, 10])  # the vec_dot (IQ1: iq1_vec_dot) and the tiled kernel
+@pytest.mark.parametrize("row_blocks", [1, 4])  # the presets' 256-wide rows, and 4 blocks regrouped into one row
+def test_iq_mul_mat_kernels_are_their_numpy_twins(kind, rows, row_blocks):
+    weights = iq_block_rows(kind, row_blocks)
+    x = activations(rows, 256 * row_blocks, rows)
+    x[:, 256:] *= np.float32(1e-3)  # later blocks of another magnitude
+    ref = ggml_cpu.mul_mat(x, weights, kind, {}, repack=False)
+    assert_identical(ref, numba_mul_mat.mul_mat(x, weights, kind, {}, repack=False), f"{kind}, {rows} rows")
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
+@pytest.mark.parametrize("rows", IQ_KERNELS["rows"])
+def test_iq_kernels_bit_identical_to_llama_cpp(kind, rows):  # golden/ggml_cpu/kernels: rows of 4 blocks
+    check_iq_kernel(kind, rows, numba_mul_mat.mul_mat)

@@ -8,6 +8,7 @@ from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
 from .int_dots import q2_k_vec_dot, wide_block_vec_dot
+from .int_dots import iq1_vec_dot
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import F32, round_bf16, round_f16
 
@@ -21,15 +22,16 @@ FLOAT_KERNELS = {  # type -> (activation rounding, (tinyBLAS kernel, its K step)
 
 REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K")  # repacked when the row count is a multiple of 8 (AVX512)
 REPACK_GEMM_ELEMENTS = {"Q4_K": 64, "Q2_K": 128}  # elements per FMA step of the repacked gemm
-TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "IQ3_XXS")  # tiled kernel from 8 rows
+TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "IQ3_XXS",  # tiled kernel from 8 rows
+         "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M")
 TILED_MIN_ROWS = 8
 
 
 def kernel_path(kind, n_rows, weights, name, repack=True):  # -> the name of the kernel a matmul of n_rows rows takes
     """"float", "k_repacked", "q0_repacked", "q0_lanes", "q5_1_vec_dot", "wide_block_vec_dot", "tiled",
-    "q2_k_vec_dot" or "k_vec_dot"; one decision for this emulation and its numba twin. repack: whether
-    llama.cpp loaded the weights into its CPU_REPACK extra buffer (the default; llama-cpp-python's
-    use_extra_bufts=False and the tools' --no-repack keep them in plain buffers)."""
+    "q2_k_vec_dot", "iq1_vec_dot" or "k_vec_dot"; one decision for this emulation and its numba twin.
+    repack: whether llama.cpp loaded the weights into its CPU_REPACK extra buffer (the default;
+    llama-cpp-python's use_extra_bufts=False and the tools' --no-repack keep them in plain buffers)."""
     if kind in FLOAT_KERNELS:
         return "float"
     if kind not in DECODERS:
@@ -49,6 +51,8 @@ def kernel_path(kind, n_rows, weights, name, repack=True):  # -> the name of the
         return "tiled"
     if kind == "Q2_K":
         return "q2_k_vec_dot"
+    if kind in ("IQ1_S", "IQ1_M"):
+        return "iq1_vec_dot"
     return "k_vec_dot"
 
 
@@ -65,6 +69,7 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
         "q2_k_vec_dot": lambda x, w, kind: k.q2_k_vec_dot(w, k.quantize_q8_k(x)),
         "tiled": lambda x, w, kind: k.tiled(w, k.quantize_q8_k(x)),
         "k_vec_dot": lambda x, w, kind: k.k_vec_dot(w, k.quantize_q8_k(x)),
+        "iq1_vec_dot": lambda x, w, kind: k.iq1_vec_dot(w, k.quantize_q8_k(x), 8 if kind == "IQ1_M" else 1),
     }
 
 

@@ -76,3 +76,7 @@ def wide_block_vec_dot(w, a, lanes):  # KernelRows (Q1_0/Q2_0), Q8_0 acts -> [T,
 
 def q2_k_vec_dot(w, a):  # KernelRows (Q2_K), Q8_K acts -> [T, O]
     return int_dots.q2_k_vec_dot(w.vs, w.d, w.dmin, w.mins, a.q, a.d, a.bsums)
+
+
+def iq1_vec_dot(w, a, delta_lanes):  # KernelRows (IQ1_S/IQ1_M), Q8_K acts -> [T, O]
+    return int_dots.iq1_vec_dot(w.vs, w.scales, w.sub, w.d, a.q, a.d, delta_lanes)
