@@ -3,7 +3,7 @@ import sys
 
 import numpy as np
 
-from .blocks import DECODERS, decode
+from .blocks import DECODERS, decode_rows
 from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
@@ -62,14 +62,17 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
     }
 
 
-def mul_mat(x, weights, name, cache, repack=True):  # x [T, K] f32 -> [T, O]; cache: dict for decoded weights
+def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K] f32 -> [T, O]
+    """cache: dict for decoded weights, at most cache_bytes of quantized ones (None: DECODED_CACHE_BYTES)."""
     kind = weights.type_name(name)
     path = kernel_path(kind, len(x), weights, name, repack)
-    if name not in cache:
-        cache[name] = weights.get(name, F32) if path == "float" else decode(weights, name)
     if path == "float":
+        if name not in cache:
+            cache[name] = weights.get(name, F32)
         return float_mul_mat(FLOAT_KERNELS[kind][0](x), cache[name], kind)
-    return QUANT_PATHS[path](x, cache[name], kind)
+    return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
+                           lambda start, stop: decode_rows(weights, name, start, stop),
+                           lambda rows: QUANT_PATHS[path](x, rows, kind))
 
 
 def float_mul_mat(x, w, kind):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]
@@ -94,3 +97,33 @@ def k_repacked(x, w, gemm_elements, kernels):  # x [T, K] f32, Q4_K/Q2_K rows (r
 
 
 QUANT_PATHS = quant_paths(sys.modules[__name__])
+
+
+DECODED_CACHE_BYTES = 5 << 30  # the mid-size benchmark models fit; with the 30B model's 9 GB mapped, RSS stays under 16 GB
+STREAM_ROWS = 1024  # rows decoded at a time for a matrix beyond the cache: a multiple of the repacked 8-row groups
+STREAMED = "streamed"  # the cache's entry for a matrix decoded per call
+
+
+def bounded_mul_mat(n_rows, name, cache, cache_bytes, decode, multiply):  # -> [T, n_rows]
+    """decode(start, stop) -> the decoded rows [start, stop); multiply(rows) -> [T, stop - start].
+    A matrix is decoded once and kept while the cache has room for it (first come, first kept: a
+    forward reads the matrices in order, so evicting would only make every later one miss too);
+    one that does not fit is decoded STREAM_ROWS rows at a time on every call. Every kernel path
+    computes each output column from its own weight row alone (a repacked group of 8 rows stays
+    whole), so both ways give the same bits."""
+    entry = cache.get(name)
+    if entry is None:
+        probe = min(n_rows, 8)
+        need = decoded_bytes(decode(0, probe)) * n_rows // probe
+        room = (DECODED_CACHE_BYTES if cache_bytes is None else cache_bytes) - sum(map(decoded_bytes, cache.values()))
+        entry = cache[name] = decode(0, n_rows) if need <= room else STREAMED
+    if entry is not STREAMED:
+        return multiply(entry)
+    return np.concatenate([multiply(decode(start, min(start + STREAM_ROWS, n_rows)))  # one block alive at a time
+                           for start in range(0, n_rows, STREAM_ROWS)], axis=1)
+
+
+def decoded_bytes(entry):  # a cache entry (array, decoded rows or STREAMED) -> the bytes its arrays hold
+    if isinstance(entry, np.ndarray):
+        return entry.nbytes
+    return sum(a.nbytes for a in vars(entry).values() if isinstance(a, np.ndarray)) if entry is not STREAMED else 0
