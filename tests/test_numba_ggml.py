@@ -6,6 +6,7 @@
   flash attention off and on): the same check test_ggml_cpu.py makes of the NumPy emulation;
 - `python -m reference.run --backend numba --numerics ggml-cpu`.
 """
+import importlib
 import os
 
 import numpy as np
@@ -100,3 +101,104 @@ def test_shared_llama_cpp_goldens(name, run, prompt):  # BF16, the tiled flash a
 def test_cli_backend_numba_numerics_ggml_cpu(tmp_path):
     run = next(r for r in MANIFEST["runs"] if r["type"] == "q4_k_m" and r["kv_type"] == "f16" and not r["flash_attn"])
     check_cli_run(tmp_path, run, "--backend", "numba")
+
+
+# ---------------------------------------------------------------------------------------------
+# The block decoders of the 30B UD-IQ2_XXS mix, and the bounded weight cache
+
+from gguf import GGMLQuantizationType, quants  # noqa: E402
+
+from accel.numba.ggml import blocks as numba_blocks  # noqa: E402
+from reference.ggml_cpu import blocks as reference_blocks  # noqa: E402
+from reference.ggml_cpu.mul_mat import decoded_bytes  # noqa: E402
+
+DECODED_TYPES = {  # type -> a committed GGUF that holds tensors of it (llama-quantize's blocks)
+    "IQ2_XXS": "models/tiny-a-iq2_xxs.gguf", "IQ3_XXS": "ggml_cpu/models/tiny-b-iq3_xxs.gguf",
+    "IQ4_XS": "models/tiny-a-iq4_xs.gguf", "Q4_K": "ggml_cpu/models/tiny-b-iq3_xxs.gguf",
+    "Q6_K": "models/tiny-b-q6_k.gguf",
+}
+QUANT_ROWS_FIELDS = ("d", "values", "scales", "mins", "dmin", "m", "sub", "post", "unsigned_offset", "min_lanes")
+
+
+def assert_same_rows(ref, got, what):  # two QuantRows: every field of the same dtype, shape and bits
+    for field in QUANT_ROWS_FIELDS:
+        a, b = getattr(ref, field), getattr(got, field)
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {field}"
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{what}: {field}"
+        else:
+            assert type(a) is type(b) and a == b, f"{what}: {field}"
+
+
+def weight_terms(rows):  # QuantRows -> (d * post * scale * (value - offset), dmin * min + m) in float64 [O, K]
+    v = rows.values.astype(np.float64) - rows.unsigned_offset
+    if rows.scales is not None:
+        v *= np.repeat(rows.scales, rows.sub, axis=-1)
+    scaled = rows.d[..., None].astype(np.float64) * rows.post * v
+    shift = np.zeros_like(scaled)
+    if rows.mins is not None:
+        shift -= rows.dmin[..., None].astype(np.float64) * np.repeat(rows.mins, rows.sub, axis=-1)
+    return scaled.reshape(len(v), -1), shift.reshape(len(v), -1)
+
+
+@pytest.mark.parametrize("kind", sorted(DECODED_TYPES))
+def test_block_decoders_are_their_numpy_twins_on_committed_tensors(kind):
+    weights = model(DECODED_TYPES[kind]).weights
+    names = [n for n in weights.tensors if weights.type_name(n) == kind]
+    assert names, f"{DECODED_TYPES[kind]} holds no {kind} tensor"
+    for name in names:
+        n_rows = len(weights.raw(name))
+        ref = reference_blocks.decode_rows(weights, name, 0, n_rows)
+        got = reference_blocks.decode_rows(weights, name, 0, n_rows, numba_blocks.DECODERS)
+        assert_same_rows(ref, got, f"{kind} {name}")
+        # and against gguf-py's float32 dequantization: each weight is at most two float32 products
+        # and a difference, so it is within 3 float32 roundings (2^-24 relative) of its terms
+        scaled, shift = weight_terms(got)
+        theirs = quants.dequantize(np.asarray(weights.raw(name)), GGMLQuantizationType[kind]).astype(np.float64)
+        bound = 3 * 2.0 ** -24 * (np.abs(scaled) + np.abs(shift))
+        assert np.all(np.abs(scaled + shift - theirs) <= bound), f"{kind} {name} against gguf-py"
+
+
+@pytest.mark.parametrize("kind", sorted(DECODED_TYPES))
+def test_block_decoders_are_their_numpy_twins_on_random_bytes(kind):  # every bit of every field set somewhere
+    n_bytes = reference_blocks.DECODERS[kind][0]
+    raw = np.random.default_rng(len(kind)).integers(0, 256, (40, 3, n_bytes), dtype=np.uint8)
+    ref = reference_blocks.narrow(reference_blocks.DECODERS[kind][1](raw))
+    assert_same_rows(ref, numba_blocks.DECODERS[kind][1](raw), f"{kind} random blocks")
+
+
+STREAM_MODELS = ["q4_k_m", "iq2_xxs", "q6_k", "iq4_xs", "q8_0", "q4_0"]  # repacked Q4_K and Q4_0, tiled, lanes
+
+
+@pytest.mark.parametrize("kind", STREAM_MODELS)
+@pytest.mark.parametrize("step", ["", "decode."])
+@pytest.mark.parametrize("engine", ["numpy", "numba"])
+def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, engine, monkeypatch):  # no cache, 8-row blocks
+    monkeypatch.setattr(importlib.import_module("reference.ggml_cpu.mul_mat"), "STREAM_ROWS", 8)
+    entry, t = fixture(kind)
+    x, ref = t[f"{step}ffn_up.in"], t[f"{step}ffn_up.out"]  # llama.cpp's first 32 outputs: 4 blocks
+    mul_mat = ggml_cpu.mul_mat if engine == "numpy" else numba_mul_mat.mul_mat
+    weights, cache = model(entry["model"]).weights, {}
+    got = mul_mat(x, weights, "blk.0.ffn_up.weight", cache, cache_bytes=0)
+    assert cache == {"blk.0.ffn_up.weight": "streamed"}
+    assert_identical(ref, got[:, :ref.shape[1]], f"streamed {engine} mul_mat {kind} with {len(x)} rows")
+    assert_identical(mul_mat(x, weights, "blk.0.ffn_up.weight", {}), got, f"streamed {engine} {kind}, all rows")
+
+
+@pytest.mark.parametrize("run", [r for r in MANIFEST["runs"] if r["kv_type"] == "f16" and not r["flash_attn"]
+                                 and r["type"] in ("q4_k_m", "iq2_xxs")], ids=run_id)
+@pytest.mark.parametrize("engine", ["numpy", "numba"])
+def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, engine, monkeypatch):
+    """A budget that keeps the first matrices (decoded whole in 64-row blocks) and streams the rest."""
+    monkeypatch.setattr(importlib.import_module("reference.ggml_cpu.mul_mat"), "STREAM_ROWS", 64)
+    made = []
+
+    def backend(*args, **kwargs):  # the run's backend with the budget, kept to look into its cache
+        made.append((ggml_cpu.GgmlCpuBackend if engine == "numpy" else GgmlCpuNumbaBackend)(
+            *args, cache_bytes=600_000, **kwargs))
+        return made[-1]
+
+    check_run(run, model(run["model"]), backend)
+    entries = [entry for cache in made[0].decoded.values() for entry in cache.values()]
+    kept = sum(map(decoded_bytes, entries))
+    assert "streamed" in entries and 0 < kept <= 600_000, f"{kept} bytes kept"

@@ -1,4 +1,5 @@
 """Which kernel a matmul takes (ggml_compute_forward_mul_mat and the CPU extra buffer types)."""
+import copy
 import sys
 
 import numpy as np
@@ -116,7 +117,7 @@ def bounded_mul_mat(n_rows, name, cache, cache_bytes, decode, multiply):  # -> [
         probe = min(n_rows, 8)
         need = decoded_bytes(decode(0, probe)) * n_rows // probe
         room = (DECODED_CACHE_BYTES if cache_bytes is None else cache_bytes) - sum(map(decoded_bytes, cache.values()))
-        entry = cache[name] = decode(0, n_rows) if need <= room else STREAMED
+        entry = cache[name] = decode_whole(decode, n_rows) if need <= room else STREAMED
     if entry is not STREAMED:
         return multiply(entry)
     return np.concatenate([multiply(decode(start, min(start + STREAM_ROWS, n_rows)))  # one block alive at a time
@@ -127,3 +128,22 @@ def decoded_bytes(entry):  # a cache entry (array, decoded rows or STREAMED) -> 
     if isinstance(entry, np.ndarray):
         return entry.nbytes
     return sum(a.nbytes for a in vars(entry).values() if isinstance(a, np.ndarray)) if entry is not STREAMED else 0
+
+
+def decode_whole(decode, n_rows):  # -> the decoded matrix, filled in STREAM_ROWS row blocks
+    """Decoding 200k rows in one call would hold the decoders' temporaries (wider integer copies of
+    every code) for all of them: several times the result. The arrays whose first axis is the
+    block's rows are allocated once and filled block by block; the rest are the first block's."""
+    first = decode(0, min(STREAM_ROWS, n_rows))
+    if n_rows <= STREAM_ROWS:
+        return first
+    whole = copy.copy(first)
+    keys = [key for key, a in vars(first).items() if isinstance(a, np.ndarray) and a.ndim and len(a) == STREAM_ROWS]
+    for key in keys:
+        a = getattr(first, key)
+        setattr(whole, key, np.empty((n_rows,) + a.shape[1:], a.dtype))
+    for start in range(0, n_rows, STREAM_ROWS):
+        block = first if start == 0 else decode(start, min(start + STREAM_ROWS, n_rows))
+        for key in keys:
+            getattr(whole, key)[start:start + STREAM_ROWS] = getattr(block, key)
+    return whole
