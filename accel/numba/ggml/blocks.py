@@ -7,12 +7,11 @@ import numba
 import numpy as np
 
 from reference.ggml_cpu import blocks as reference
-from reference.ggml_cpu.blocks import KVALUES_IQ4NL, QuantRows, f16_at, iq_grid
+from reference.ggml_cpu.blocks import KVALUES_IQ4NL, QuantRows, f16_at, iq_grid, iq_signs
 
 
-def iq_tables(qtype):  # gguf.quants class -> (grid int8 [entries, 4 or 8], ksigns uint8 [128])
-    from gguf.quants import IQ2_XXS
-    return iq_grid(qtype).astype(np.int8), np.frombuffer(IQ2_XXS.ksigns, np.uint8).copy()
+def iq_tables(qtype):  # gguf.quants class -> (grid int8 [entries, 4 or 8], signs int8 [128, 8] of +-1)
+    return iq_grid(qtype).astype(np.int8), iq_signs(np.arange(128)).astype(np.int8)
 
 
 @numba.njit(cache=True, inline="always")
@@ -21,13 +20,8 @@ def u32_at(block, offset):  # uint8 [n] -> the little-endian uint32 at byte offs
             | (np.int64(block[offset + 3]) << 24))
 
 
-@numba.njit(cache=True, inline="always")
-def signed(value, ksigns, sign_index, j):  # value times the sign of bit j of ksigns[sign_index]
-    return -value if (ksigns[sign_index] >> j) & 1 else value
-
-
 @numba.njit(cache=True, parallel=True)
-def iq2_xxs_fields(b, grid, ksigns):  # [O, nb, 66] -> (values [O, nb, 256], scales [O, nb, 8])
+def iq2_xxs_fields(b, grid, signs):  # [O, nb, 66] -> (values [O, nb, 256], scales [O, nb, 8])
     O, nb, _ = b.shape
     values, scales = np.empty((O, nb, 256), np.int8), np.empty((O, nb, 8), np.int8)
     for o in numba.prange(O):
@@ -38,12 +32,12 @@ def iq2_xxs_fields(b, grid, ksigns):  # [O, nb, 66] -> (values [O, nb, 256], sca
                 for l in range(4):
                     entry, sign_index = b[o, k, 2 + 8 * ib + l], (aux >> (7 * l)) & 127
                     for j in range(8):
-                        values[o, k, 32 * ib + 8 * l + j] = signed(grid[entry, j], ksigns, sign_index, j)
+                        values[o, k, 32 * ib + 8 * l + j] = grid[entry, j] * signs[sign_index, j]
     return values, scales
 
 
 @numba.njit(cache=True, parallel=True)
-def iq3_xxs_fields(b, grid, ksigns):  # [O, nb, 98] -> (values [O, nb, 256], scales [O, nb, 8])
+def iq3_xxs_fields(b, grid, signs):  # [O, nb, 98] -> (values [O, nb, 256], scales [O, nb, 8])
     O, nb, _ = b.shape
     values, scales = np.empty((O, nb, 256), np.int8), np.empty((O, nb, 8), np.int8)
     for o in numba.prange(O):
@@ -51,9 +45,11 @@ def iq3_xxs_fields(b, grid, ksigns):  # [O, nb, 98] -> (values [O, nb, 256], sca
             for ib in range(8):
                 aux = u32_at(b[o, k], 66 + 4 * ib)
                 scales[o, k, ib] = 2 * (aux >> 28) + 1
-                for m in range(32):  # 8 grid bytes of 4 values; sign word l covers values 8l..8l+7
-                    value = grid[b[o, k, 2 + 8 * ib + m // 4], m % 4]
-                    values[o, k, 32 * ib + m] = signed(value, ksigns, (aux >> (7 * (m // 8))) & 127, m % 8)
+                for l in range(4):  # 2 grid bytes of 4 values under each 7-bit sign index
+                    sign_index = (aux >> (7 * l)) & 127
+                    for j in range(8):
+                        value = grid[b[o, k, 2 + 8 * ib + 2 * l + j // 4], j % 4]
+                        values[o, k, 32 * ib + 8 * l + j] = value * signs[sign_index, j]
     return values, scales
 
 
