@@ -3,6 +3,8 @@ UD-IQ2_XXS files (IQ2_XXS, IQ3_XXS, IQ4_XS, Q4_K, Q6_K): a model too big for the
 decoded again on every forward, so these run per call. Each fills the int8 fields of the reference
 QuantRows (after its int8 narrowing) loop by loop; the f16 block scales are NumPy's f16_at (numba
 has no float16). The other types keep the NumPy decoders."""
+import functools
+
 import numba
 import numpy as np
 
@@ -10,6 +12,7 @@ from reference.ggml_cpu import blocks as reference
 from reference.ggml_cpu.blocks import KVALUES_IQ4NL, QuantRows, f16_at, iq_grid, iq_signs
 
 
+@functools.lru_cache(maxsize=None)
 def iq_tables(qtype):  # gguf.quants class -> (grid int8 [entries, 4 or 8], signs int8 [128, 8] of +-1)
     return iq_grid(qtype).astype(np.int8), iq_signs(np.arange(128)).astype(np.int8)
 
