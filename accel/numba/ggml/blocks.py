@@ -23,37 +23,29 @@ def u32_at(block, offset):  # uint8 [n] -> the little-endian uint32 at byte offs
             | (np.int64(block[offset + 3]) << 24))
 
 
-@numba.njit(cache=True, parallel=True)
-def iq2_xxs_fields(b, grid, signs):  # [O, nb, 66] -> (values [O, nb, 256], scales [O, nb, 8])
-    O, nb, _ = b.shape
-    values, scales = np.empty((O, nb, 256), np.int8), np.empty((O, nb, 8), np.int8)
-    for o in numba.prange(O):
-        for k in range(nb):
-            for ib in range(8):
-                aux = u32_at(b[o, k], 2 + 8 * ib + 4)
-                scales[o, k, ib] = 2 * (aux >> 28) + 1
-                for l in range(4):
-                    entry, sign_index = b[o, k, 2 + 8 * ib + l], (aux >> (7 * l)) & 127
-                    for j in range(8):
-                        values[o, k, 32 * ib + 8 * l + j] = grid[entry, j] * signs[sign_index, j]
-    return values, scales
+def iq_xxs_kernel(width, aux_offset, aux_step):  # -> the fields kernel of IQ2_XXS (8, 6, 8) or IQ3_XXS (4, 66, 4)
+    """Per 32 values: 8 grid bytes from byte 2 (entries of `width` values), and a word of four
+    7-bit sign indices (one per 8 values) and a 4-bit scale at aux_offset + aux_step * ib. The
+    layout numbers are compile-time constants of each kernel (as runtime values they halve its speed)."""
+    @numba.njit(cache=True, parallel=True)
+    def fields(b, grid, signs):  # [O, nb, bytes] -> (values [O, nb, 256], scales [O, nb, 8])
+        O, nb, _ = b.shape
+        values, scales = np.empty((O, nb, 256), np.int8), np.empty((O, nb, 8), np.int8)
+        for o in numba.prange(O):
+            for k in range(nb):
+                for ib in range(8):
+                    aux = u32_at(b[o, k], aux_offset + aux_step * ib)
+                    scales[o, k, ib] = 2 * (aux >> 28) + 1
+                    for g in range(32 // width):
+                        entry, sign_index = b[o, k, 2 + 8 * ib + g], (aux >> (7 * (width * g // 8))) & 127
+                        for i in range(width):
+                            m = width * g + i
+                            values[o, k, 32 * ib + m] = grid[entry, i] * signs[sign_index, m % 8]
+        return values, scales
+    return fields
 
 
-@numba.njit(cache=True, parallel=True)
-def iq3_xxs_fields(b, grid, signs):  # [O, nb, 98] -> (values [O, nb, 256], scales [O, nb, 8])
-    O, nb, _ = b.shape
-    values, scales = np.empty((O, nb, 256), np.int8), np.empty((O, nb, 8), np.int8)
-    for o in numba.prange(O):
-        for k in range(nb):
-            for ib in range(8):
-                aux = u32_at(b[o, k], 66 + 4 * ib)
-                scales[o, k, ib] = 2 * (aux >> 28) + 1
-                for l in range(4):  # 2 grid bytes of 4 values under each 7-bit sign index
-                    sign_index = (aux >> (7 * l)) & 127
-                    for j in range(8):
-                        value = grid[b[o, k, 2 + 8 * ib + 2 * l + j // 4], j % 4]
-                        values[o, k, 32 * ib + 8 * l + j] = value * signs[sign_index, j]
-    return values, scales
+iq2_xxs_fields, iq3_xxs_fields = iq_xxs_kernel(8, 6, 8), iq_xxs_kernel(4, 66, 4)
 
 
 @numba.njit(cache=True, parallel=True)
