@@ -8,6 +8,7 @@ flips an int8 activation rounding and spreads to ~1e-4). Failures report NMSE
 input tensors to one emulated op, so a failure names the op.
 """
 import functools
+import importlib
 import json
 import os
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from conftest import GOLDEN, run_cli
 from reference import ggml_cpu, gguf, ops
 from reference.ggml_cpu import UBATCH, GgmlCpuBackend, GgmlCpuError
+from reference.ggml_cpu.mul_mat import decoded_bytes
 from reference.text import TextModel
 from tools.golden import sha256
 from tools.make_ggml_cpu_goldens import synthetic_gguf
@@ -388,3 +390,48 @@ def test_unmodelled_requests_raise_typed_errors():
 
     with pytest.raises(GgmlCpuError, match="IQ1_M"):
         ggml_cpu.mul_mat(np.zeros((1, 256), np.float32), Weights(), "blk.0.ffn_up.weight", {})
+
+
+# ---------------------------------------------------------------------------------------------
+# The bounded weight cache: a matrix past the budget is decoded in row blocks on every call
+
+STREAM_MODELS = ["q4_k_m", "iq2_xxs", "q6_k", "iq4_xs", "q8_0", "q4_0"]  # repacked Q4_K and Q4_0, tiled, lanes
+BOUNDED_RUNS = [r for r in MANIFEST["runs"] if r["kv_type"] == "f16" and not r["flash_attn"]
+                and r["type"] in ("q4_k_m", "iq2_xxs")]
+BOUNDED_BYTES = 600_000  # keeps the first few of tiny-b's decoded matrices (262 kB for an int16 ffn_up)
+
+
+def check_streamed_mul_mat(kind, step, mul_mat, monkeypatch):  # no cache, 8-row blocks: llama.cpp's outputs
+    monkeypatch.setattr(importlib.import_module("reference.ggml_cpu.mul_mat"), "STREAM_ROWS", 8)
+    entry, t = fixture(kind)
+    x, ref = t[f"{step}ffn_up.in"], t[f"{step}ffn_up.out"]  # llama.cpp's first 32 outputs: 4 blocks
+    weights, cache = model(entry["model"]).weights, {}
+    got = mul_mat(x, weights, "blk.0.ffn_up.weight", cache, cache_bytes=0)
+    assert cache == {"blk.0.ffn_up.weight": "streamed"}
+    assert_identical(ref, got[:, :ref.shape[1]], f"streamed mul_mat {kind} with {len(x)} rows")
+    assert_identical(mul_mat(x, weights, "blk.0.ffn_up.weight", {}), got, f"streamed {kind}, all rows")
+
+
+def check_bounded_logits(run, backend_class, monkeypatch):  # a manifest run under BOUNDED_BYTES, 64-row blocks
+    monkeypatch.setattr(importlib.import_module("reference.ggml_cpu.mul_mat"), "STREAM_ROWS", 64)
+    made = []
+
+    def backend(*args, **kwargs):  # the run's backend with the budget, kept to look into its cache
+        made.append(backend_class(*args, cache_bytes=BOUNDED_BYTES, **kwargs))
+        return made[-1]
+
+    check_run(run, model(run["model"]), backend)
+    entries = [entry for cache in made[0].decoded.values() for entry in cache.values()]
+    kept = sum(map(decoded_bytes, entries))
+    assert "streamed" in entries and 0 < kept <= BOUNDED_BYTES, f"{kept} bytes kept"
+
+
+@pytest.mark.parametrize("kind", STREAM_MODELS)
+@pytest.mark.parametrize("step", ["", "decode."])
+def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, monkeypatch):  # no cache, 8-row blocks
+    check_streamed_mul_mat(kind, step, ggml_cpu.mul_mat, monkeypatch)
+
+
+@pytest.mark.parametrize("run", BOUNDED_RUNS, ids=lambda r: r["file"][len("logits/"):-len(".npy")])
+def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, monkeypatch):  # some matrices kept, the rest streamed
+    check_bounded_logits(run, GgmlCpuBackend, monkeypatch)

@@ -6,7 +6,6 @@
   flash attention off and on): the same check test_ggml_cpu.py makes of the NumPy emulation;
 - `python -m reference.run --backend numba --numerics ggml-cpu`.
 """
-import importlib
 import os
 
 import numpy as np
@@ -21,6 +20,7 @@ from accel.numba.ggml import elementwise as numba_elementwise, quantize as numba
 from reference import ggml_cpu  # noqa: E402
 from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,  # noqa: E402
                            check_shared, fixture, model)
+from test_ggml_cpu import BOUNDED_RUNS, STREAM_MODELS, check_bounded_logits, check_streamed_mul_mat  # noqa: E402
 
 QUANT_TYPES = [f["type"] for f in OPS["files"] if not f["type"].startswith(("f", "bf"))]
 
@@ -110,7 +110,6 @@ from gguf import GGMLQuantizationType, quants  # noqa: E402
 
 from accel.numba.ggml import blocks as numba_blocks  # noqa: E402
 from reference.ggml_cpu import blocks as reference_blocks  # noqa: E402
-from reference.ggml_cpu.mul_mat import decoded_bytes  # noqa: E402
 
 DECODED_TYPES = {  # type -> a committed GGUF that holds tensors of it (llama-quantize's blocks)
     "IQ2_XXS": "models/tiny-a-iq2_xxs.gguf", "IQ3_XXS": "ggml_cpu/models/tiny-b-iq3_xxs.gguf",
@@ -167,38 +166,12 @@ def test_block_decoders_are_their_numpy_twins_on_random_bytes(kind):  # every bi
     assert_same_rows(ref, numba_blocks.DECODERS[kind][1](raw), f"{kind} random blocks")
 
 
-STREAM_MODELS = ["q4_k_m", "iq2_xxs", "q6_k", "iq4_xs", "q8_0", "q4_0"]  # repacked Q4_K and Q4_0, tiled, lanes
-
-
 @pytest.mark.parametrize("kind", STREAM_MODELS)
 @pytest.mark.parametrize("step", ["", "decode."])
-@pytest.mark.parametrize("engine", ["numpy", "numba"])
-def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, engine, monkeypatch):  # no cache, 8-row blocks
-    monkeypatch.setattr(importlib.import_module("reference.ggml_cpu.mul_mat"), "STREAM_ROWS", 8)
-    entry, t = fixture(kind)
-    x, ref = t[f"{step}ffn_up.in"], t[f"{step}ffn_up.out"]  # llama.cpp's first 32 outputs: 4 blocks
-    mul_mat = ggml_cpu.mul_mat if engine == "numpy" else numba_mul_mat.mul_mat
-    weights, cache = model(entry["model"]).weights, {}
-    got = mul_mat(x, weights, "blk.0.ffn_up.weight", cache, cache_bytes=0)
-    assert cache == {"blk.0.ffn_up.weight": "streamed"}
-    assert_identical(ref, got[:, :ref.shape[1]], f"streamed {engine} mul_mat {kind} with {len(x)} rows")
-    assert_identical(mul_mat(x, weights, "blk.0.ffn_up.weight", {}), got, f"streamed {engine} {kind}, all rows")
+def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, monkeypatch):  # no cache, 8-row blocks
+    check_streamed_mul_mat(kind, step, numba_mul_mat.mul_mat, monkeypatch)
 
 
-@pytest.mark.parametrize("run", [r for r in MANIFEST["runs"] if r["kv_type"] == "f16" and not r["flash_attn"]
-                                 and r["type"] in ("q4_k_m", "iq2_xxs")], ids=run_id)
-@pytest.mark.parametrize("engine", ["numpy", "numba"])
-def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, engine, monkeypatch):
-    """A budget that keeps the first matrices (decoded whole in 64-row blocks) and streams the rest."""
-    monkeypatch.setattr(importlib.import_module("reference.ggml_cpu.mul_mat"), "STREAM_ROWS", 64)
-    made = []
-
-    def backend(*args, **kwargs):  # the run's backend with the budget, kept to look into its cache
-        made.append((ggml_cpu.GgmlCpuBackend if engine == "numpy" else GgmlCpuNumbaBackend)(
-            *args, cache_bytes=600_000, **kwargs))
-        return made[-1]
-
-    check_run(run, model(run["model"]), backend)
-    entries = [entry for cache in made[0].decoded.values() for entry in cache.values()]
-    kept = sum(map(decoded_bytes, entries))
-    assert "streamed" in entries and 0 < kept <= 600_000, f"{kept} bytes kept"
+@pytest.mark.parametrize("run", BOUNDED_RUNS, ids=run_id)
+def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, monkeypatch):  # some matrices kept, the rest streamed
+    check_bounded_logits(run, GgmlCpuNumbaBackend, monkeypatch)
