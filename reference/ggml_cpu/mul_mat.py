@@ -64,7 +64,8 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
 
 
 def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K] f32 -> [T, O]
-    """cache: dict for decoded weights, at most cache_bytes of quantized ones (None: DECODED_CACHE_BYTES)."""
+    """cache: dict of decoded weights; a quantized matrix is kept in it while the dict would hold at
+    most cache_bytes (None: DECODED_CACHE_BYTES), else decoded per call; float ones are always kept."""
     kind = weights.type_name(name)
     path = kernel_path(kind, len(x), weights, name, repack)
     if path == "float":
@@ -100,7 +101,9 @@ def k_repacked(x, w, gemm_elements, kernels):  # x [T, K] f32, Q4_K/Q2_K rows (r
 QUANT_PATHS = quant_paths(sys.modules[__name__])
 
 
-DECODED_CACHE_BYTES = 5 << 30  # the mid-size benchmark models fit; with the 30B model's 9 GB mapped, RSS stays under 16 GB
+# Decoded weights kept between calls: the mid-size benchmark models (4.5 GiB decoded) fit, and beside the
+# 30B model's 9 GB file, mapped, the process stays under 16 GB.
+DECODED_CACHE_BYTES = 5 << 30
 # Rows decoded at a time, a multiple of the repacked 8-row groups. A block's int16 arrays (256 x 19968 x 2 B =
 # 10 MB) stay under glibc's 32 MB mmap threshold, so the allocator reuses them instead of mapping and
 # faulting in fresh pages on every call: 1024-row blocks took 1.6x as long per decoded token.

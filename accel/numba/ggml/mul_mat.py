@@ -58,7 +58,7 @@ def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K act
     return int_dots.k_repacked_rows(w.vs, w.sub, w.d, w.dmin, w.mins, a.q, a.d, a.bsums, elements_per_fma)
 
 
-def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K] f32 -> [T, O]: reference mul_mat on the numba kernels
+def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K] f32 -> [T, O] on the numba kernels
     kind = weights.type_name(name)
     path = kernel_path(kind, len(x), weights, name, repack)
     if path == "float":
