@@ -168,15 +168,7 @@ DECODE_ROWS = 4096  # rows decoded at a time: the decoders' int64 intermediates 
 
 
 def decode(weights, name):  # GGUF tensor -> QuantRows with arrays [O, nb, ...]
-    n_bytes, decoder = DECODERS[weights.type_name(name)]
-    raw = np.asarray(weights.raw(name)).view(np.uint8)
-    raw = raw.reshape(len(raw), -1, n_bytes)
-    parts = [narrow(decoder(raw[start:start + DECODE_ROWS])) for start in range(0, len(raw), DECODE_ROWS)]
-    rows = parts[0]
-    for field in INT_FIELDS + ("d", "dmin", "m"):
-        if getattr(rows, field) is not None:
-            setattr(rows, field, np.concatenate([getattr(part, field) for part in parts]))
-    return rows
+    return decode_rows(weights, name, 0, len(weights.raw(name)))
 
 
 INT_FIELDS = ("values", "scales", "mins")
@@ -186,7 +178,20 @@ def narrow(rows):  # QuantRows -> the same with int8 codes and scales
     # every code and scale fits in int8 (the widest: Q8_0's int8, IQ4_NL's -127..113, Q6_K's 0..63)
     for field in INT_FIELDS:
         if getattr(rows, field) is not None:
-            setattr(rows, field, getattr(rows, field).astype(np.int8))
+            setattr(rows, field, getattr(rows, field).astype(np.int8, copy=False))
+    return rows
+
+
+def decode_rows(weights, name, start, stop, decoders=DECODERS):  # GGUF tensor -> QuantRows of rows [start, stop)
+    """decoders: {type: (bytes per block, decoder)}, these or the numba twins'."""
+    n_bytes, decoder = decoders[weights.type_name(name)]
+    raw = np.asarray(weights.raw(name)[start:stop]).view(np.uint8)
+    raw = raw.reshape(len(raw), -1, n_bytes)
+    parts = [narrow(decoder(raw[i:i + DECODE_ROWS])) for i in range(0, len(raw), DECODE_ROWS)]
+    rows = parts[0]
+    for field in INT_FIELDS + ("d", "dmin", "m") if len(parts) > 1 else ():
+        if getattr(rows, field) is not None:
+            setattr(rows, field, np.concatenate([getattr(part, field) for part in parts]))
     return rows
 
 
