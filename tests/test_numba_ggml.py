@@ -206,3 +206,32 @@ def test_harness_cli_numerics_ggml_cpu():
 ])
 def test_harness_cli_refuses(args, words):
     assert words in cli_error(run_cli("accel.harness", *args))
+
+
+@numba.njit
+def fused(a, b, c, lanes):  # f32 [n] x3 -> [n] through numba fma32 (lanes False) or fma32_lanes
+    out = np.empty_like(a)
+    for i in range(a.size):
+        out[i] = numba_rounding.fma32_lanes(a[i], b[i], c[i]) if lanes else numba_rounding.fma32(a[i], b[i], c[i])
+    return out
+
+
+def midpoint_operands(n, seed):  # a, b, c f32 whose a*b + c lands on (or a hair off) a float32 midpoint
+    """a*b = h (1 - 2^-2k) or h (1 - 2^-k)(1 + 2^-k) with h half an ulp of c: in float64 the sum rounds
+    onto the midpoint c + h, while the exact sum is just below it (the double-rounding trap)."""
+    rng = np.random.default_rng(seed)
+    c = (rng.uniform(1, 2, n) * 2.0 ** rng.integers(-20, 20, n) * rng.choice([-1, 1], n)).astype(np.float32)
+    h = np.spacing(np.abs(c)) / 2
+    k = rng.integers(8, 23, n)
+    a = (h * (1 - 2.0 ** -k) * rng.choice([-1, 1], n)).astype(np.float32)
+    b = np.where(rng.random(n) < 0.9, 1 + 2.0 ** -k, 1.0).astype(np.float32)  # b = 1: an exact midpoint, a tie
+    return a, b, c
+
+
+def test_fma32_lanes_is_fma32_on_midpoints():  # the branchless fma of tinyBLAS against reference fma32
+    a, b, c = midpoint_operands(200000, 21)
+    ref = ggml_cpu.fma32(a, b, c)
+    naive = (a.astype(np.float64) * b + c).astype(np.float32)
+    assert np.count_nonzero(ref != naive) > 10000  # the operands do reach the midpoint correction
+    for lanes in (False, True):
+        assert np.array_equal(ref.view(np.uint32), fused(a, b, c, lanes).view(np.uint32))

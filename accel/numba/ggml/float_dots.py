@@ -4,7 +4,7 @@ as the NumPy statement has it; plus float_mul_mat, reference mul_mat.py's choice
 import numba
 import numpy as np
 
-from .rounding import fma32, hsum16
+from .rounding import fma32, fma32_lanes, hsum16
 
 F32, F64 = np.float32, np.float64
 F32_DOT, F16_DOT, BF16_DOT = 0, 1, 2  # which ggml_vec_dot_* a kernel runs
@@ -110,36 +110,38 @@ def vec_dot_bf16(x, y):  # x [..., n], y [..., n] f32 (bf16 values) -> [...]: re
 
 
 @numba.njit(cache=True, parallel=True)
-def tinyblas_kernel(x, w, bf16):  # x [T, K], w [O, K] f32 -> [T, O]: reference tinyblas / tinyblas_bf16
+def tinyblas_kernel(x, w_t, bf16):  # x [T, K], w_t [K, O] f32 (the weight transposed) -> [T, O]: reference tinyblas(_bf16)
     """Lane l of each output: FMAs over k = l (mod 16) in k order (F32/F16), or the bf16 pairs
-    (32 l + 2l + 1, then 32 s + 2l) of every 32-element step as vdpbf16ps adds them."""
+    (32s + 2l + 1, then 32s + 2l) of every 32-element step as vdpbf16ps adds them. Each lane's
+    chain runs for all outputs at once (acc [16, O]), so the loop over outputs vectorises."""
     T, K = x.shape
-    O = w.shape[0]
+    O = w_t.shape[1]
     out = np.empty((T, O), F32)
-    for o in numba.prange(O):
-        acc = np.empty(16, F32)
-        for t in range(T):
-            acc[:] = 0
-            if bf16:
-                for s in range(0, K, 32):
-                    for lane in range(16):
-                        e = s + 2 * lane
-                        acc[lane] = acc[lane] + x[t, e + 1] * w[o, e + 1]
-                        acc[lane] = acc[lane] + x[t, e] * w[o, e]
-            else:
-                for s in range(0, K, 16):
-                    for lane in range(16):
-                        acc[lane] = fma32(x[t, s + lane], w[o, s + lane], acc[lane])
-            out[t, o] = hsum16(acc)
+    for t in numba.prange(T):
+        acc = np.zeros((16, O), F32)
+        for s in range(0, K, 32 if bf16 else 16):
+            for lane in range(16):
+                a = acc[lane]
+                if bf16:
+                    e = s + 2 * lane
+                    odd, even, w_odd, w_even = x[t, e + 1], x[t, e], w_t[e + 1], w_t[e]
+                    for o in range(O):
+                        a[o] = (a[o] + odd * w_odd[o]) + even * w_even[o]
+                else:
+                    xv, w_row = x[t, s + lane], w_t[s + lane]
+                    for o in range(O):
+                        a[o] = fma32_lanes(xv, w_row[o], a[o])
+        for o in range(O):
+            out[t, o] = hsum16(acc[:, o])
     return out
 
 
 def tinyblas(x, w):  # x [T, K], w [O, K] f32 (values of the weight's type) -> [T, O]: reference tinyblas
-    return tinyblas_kernel(np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32), False)
+    return tinyblas_kernel(np.ascontiguousarray(x, F32), np.ascontiguousarray(np.asarray(w, F32).T), False)
 
 
 def tinyblas_bf16(x, w):  # x [T, K], w [O, K] f32 (bf16 values) -> [T, O]: reference tinyblas_bf16
-    return tinyblas_kernel(np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32), True)
+    return tinyblas_kernel(np.ascontiguousarray(x, F32), np.ascontiguousarray(np.asarray(w, F32).T), True)
 
 
 FLOAT_KERNELS = {  # type -> ((tinyBLAS kernel, its K step), vec_dot kind), as reference FLOAT_KERNELS

@@ -85,3 +85,27 @@ def round_f16(x):  # f32 -> f32 holding the nearest-even IEEE half, as reference
 @numba.njit(cache=True, inline="always")
 def sqrt32(x):  # f32 -> f32 correctly rounded sqrtf (a float64 sqrt rounded to float32 rounds once in effect)
     return np.float32(np.sqrt(np.float64(x)))
+
+
+@intrinsic
+def bits_f64(typingctx, u):  # uint64 bit pattern -> the float64
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return types.float64(types.uint64), codegen
+
+
+ONE_STEP, NO_STEP, BACK_STEP = np.uint64(1), np.uint64(0), np.uint64(0xFFFFFFFFFFFFFFFF)  # +1, 0, -1 mod 2^64
+
+
+@numba.njit(cache=True, inline="always")
+def fma32_lanes(a, b, c):  # f32 scalars -> f32: fma32's result without a branch, so LLVM vectorises its loops
+    """The TwoSum error and the midpoint nudge always computed, the nudge (one float64 step away
+    from zero when the exact sum is larger in magnitude, towards it when smaller) selected in."""
+    p = np.float64(a) * np.float64(b)
+    c64 = np.float64(c)
+    s = p + c64
+    v = s - p
+    err = (p - (s - v)) + (c64 - v)
+    u = f64_bits(s)
+    step = ONE_STEP if (err > 0) == (s > 0) else BACK_STEP
+    return np.float32(bits_f64(u + (step if u << SHIFT == MIDPOINT_BITS and err != 0 else NO_STEP)))
