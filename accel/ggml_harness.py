@@ -184,7 +184,8 @@ def attention_cases(rng):
     for shape in ((1, 40, 4, 2, 32), (5, 20, 3, 1, 64), (7, 7, 2, 2, 128), (3, 10, 2, 2, 40)):
         cases += [attention_case(rng, "attention_mul_mat", shape, kv, path=f" {kv}") for kv in ("f16", "f32")]
     for path, shape in ((" one chunk", (1, 40, 4, 2, 32)), (" KV split", (1, 600, 2, 1, 64)),
-                        (" one chunk", (5, 20, 3, 1, 40)), (" tiled", (70, 70, 2, 1, 32)), (" tiled", (64, 300, 4, 2, 96))):
+                        (" one chunk", (5, 20, 3, 1, 40)), (" tiled", (70, 70, 2, 1, 32)),
+                        (" tiled", (64, 300, 4, 2, 96))):
         cases.append(attention_case(rng, "attention_flash", shape, 2, path=path))
     for path, shape in (("", (1, 40, 4, 2, 32)), (" rotated", (5, 20, 3, 1, 64)), (" rotated", (3, 30, 2, 2, 128))):
         cases.append(attention_case(rng, "attention_q8_0", shape, path=path))

@@ -63,7 +63,7 @@ class Case:
     run: object  # backend -> (reference output, backend output)
 
 
-def random_weights(qtype, n_out, n_in, rng, scale_offsets=F16_SCALE_OFFSETS):  # -> floats, or raw blocks [n_out, row_bytes]
+def random_weights(qtype, n_out, n_in, rng, scale_offsets=F16_SCALE_OFFSETS):  # -> floats, or blocks [n_out, row_bytes]
     if qtype in (GT.F32, GT.F16, GT.BF16):
         w = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
         return w if qtype == GT.F32 else quants.quantize(w, qtype)
@@ -250,7 +250,8 @@ def main(argv=None):
 
 def ggml_table(args):  # --numerics ggml-cpu -> exit status of accel/ggml_harness.py's table
     if args.backend != "numba":
-        return fail("accel.harness", f"--numerics ggml-cpu compares the numba ggml kernels, not --backend {args.backend}")
+        return fail("accel.harness",
+                    f"--numerics ggml-cpu compares the numba ggml kernels, not --backend {args.backend}")
     if set(args.ops or ()) - set(GGML_OPS):
         return fail("accel.harness", f"{', '.join(sorted(set(args.ops) - set(GGML_OPS)))}: not a ggml-cpu kernel "
                                      f"file ({', '.join(GGML_OPS)})")

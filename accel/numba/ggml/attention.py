@@ -6,7 +6,8 @@ array glue and stay NumPy."""
 import numba
 import numpy as np
 
-from reference.ggml_cpu.attention import FA_SPLIT_MIN_CELLS, FA_TILE, flash_normalise, hadamard_sizes, n_kv_cells, pad_cells
+from reference.ggml_cpu.attention import (FA_SPLIT_MIN_CELLS, FA_TILE, flash_normalise, hadamard_sizes, n_kv_cells,
+                                          pad_cells)
 from reference.ggml_cpu.build import GgmlCpuError
 from reference.ggml_cpu.rounding import round_f16 as round_f16_array
 
@@ -15,6 +16,7 @@ from .float_dots import F32_DOT, dot_f16, dot_pairs, float_mul_mat
 from .libm import EXPF, v_expf_lane
 from .quantize import quantize_q8_0
 from .rounding import fma32, hsum8, hsum16, round_f16, sqrt32
+from .threads import threaded
 
 F32, F64 = np.float32, np.float64
 NEG_INF = F32(-np.inf)
@@ -35,13 +37,14 @@ def attention_mul_mat(q, k, v, visible, scale, kv_type):  # [T, H, D], [S, Hkv, 
         if kv_type == "f16":  # Q converted to f16 first, then contiguous: the F16 matmul
             kq = float_mul_mat(round_f16_array(qh), kh, "F16")
         else:  # the permuted Q is not contiguous, so llamafile refuses it: vec_dot_f32 row by row
-            kq = dot_pairs(F32_DOT, np.ascontiguousarray(qh), np.ascontiguousarray(kh))
+            kq = dot_pairs(qh.size * len(kh), F32_DOT, np.ascontiguousarray(qh), np.ascontiguousarray(kh))
         p = soft_max(kq, visible, scale)
-        out[:, h] = float_mul_mat(round_f16_array(p), vh.T, "F16") if kv_type == "f16" else float_mul_mat(p, vh.T, "F32")
+        out[:, h] = (float_mul_mat(round_f16_array(p), vh.T, "F16") if kv_type == "f16"
+                     else float_mul_mat(p, vh.T, "F32"))
     return out
 
 
-@numba.njit(cache=True, parallel=True)
+@threaded()
 def fwht_blocks(y):  # f32 [R, n] -> [R, n]: reference fwht of each row
     R, n = y.shape
     norm = F32(1) / sqrt32(F32(n))
@@ -61,7 +64,7 @@ def fwht_blocks(y):  # f32 [R, n] -> [R, n]: reference fwht of each row
 
 def fwht(x, n):  # x [..., D] f32, n a power of two dividing D -> [..., D]: reference fwht
     x = np.ascontiguousarray(x, F32)
-    return fwht_blocks(x.reshape(-1, n)).reshape(x.shape)
+    return fwht_blocks(x.size * int(np.log2(n)), x.reshape(-1, n)).reshape(x.shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +101,7 @@ def vec_dot_q8_0(kd, kq, qd, qq, lanes):  # K row d [nb], q [nb, 32], Q row the 
     return hsum8(lanes)
 
 
-@numba.njit(parallel=True)  # not cached: glibc expf is a ctypes pointer
+@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
 def chunk_f16(q16, k, v, visible, scale, start, stop):  # q16 [T, H, D] f16 values -> (M [T, H], S [T, H], VKQ)
     T, H, _ = q16.shape
     m, s_sum, acc = np.empty((T, H), F32), np.empty((T, H), F32), np.zeros((T, H, v.shape[-1]), F32)
@@ -114,7 +117,7 @@ def chunk_f16(q16, k, v, visible, scale, start, stop):  # q16 [T, H, D] f16 valu
     return m, s_sum, acc
 
 
-@numba.njit(parallel=True)  # not cached: glibc expf is a ctypes pointer
+@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
 def chunk_q8_0(qd, qq, kd, kq, v, visible, scale, start, stop):  # Q and K rows in Q8_0 -> (M, S, VKQ)
     T, H, _ = qd.shape
     m, s_sum, acc = np.empty((T, H), F32), np.empty((T, H), F32), np.zeros((T, H, v.shape[-1]), F32)
@@ -130,19 +133,20 @@ def chunk_q8_0(qd, qq, kd, kq, v, visible, scale, start, stop):  # Q and K rows 
     return m, s_sum, acc
 
 
-def flash_chunk(q, k, v, visible, scale, cells, kv_type, partial=False):  # q [T, H, D] -> [T, H, D]: reference flash_chunk
+def flash_chunk(q, k, v, visible, scale, cells, kv_type, partial=False):  # q [T, H, D] -> [T, H, D] (reference)
     T, H, D = q.shape
     visible, scale = np.ascontiguousarray(visible, np.bool_), F32(scale)
     if kv_type == "f16":
-        m, s_sum, acc = chunk_f16(round_f16_array(q), k, v, visible, scale, cells.start, cells.stop)
+        m, s_sum, acc = chunk_f16(q.size * len(cells), round_f16_array(q), k, v, visible, scale, cells.start,
+                                  cells.stop)
     else:
         q8 = quantize_q8_0(q.reshape(T * H, D))
-        m, s_sum, acc = chunk_q8_0(q8.d.reshape(T, H, -1), q8.q.reshape(T, H, -1, 32), k[0], k[1], v, visible,
-                                   scale, cells.start, cells.stop)
+        m, s_sum, acc = chunk_q8_0(q.size * len(cells), q8.d.reshape(T, H, -1), q8.q.reshape(T, H, -1, 32), k[0],
+                                   k[1], v, visible, scale, cells.start, cells.stop)
     return (m, s_sum, acc) if partial else flash_normalise(s_sum, acc)
 
 
-@numba.njit(parallel=True)  # not cached: glibc expf is a ctypes pointer
+@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
 def merge_split(m, s_sum, acc):  # the chunks' M, S [C, T, H], VKQ [C, T, H, Dv] -> [T, H, Dv]: reference flash_split
     """Chunk by chunk (those with S != 0): M grows to the larger maximum, VKQ = VKQ*expf(M_old - M)
     + VKQ_chunk*expf(M_chunk - M) and the same for S (contracted into FMAs); finally VKQ / S."""
@@ -166,11 +170,12 @@ def merge_split(m, s_sum, acc):  # the chunks' M, S [C, T, H], VKQ [C, T, H, Dv]
     return out
 
 
-def flash_split(q, k, v, visible, scale, n_threads):  # one query row over n_kv >= 512 cells -> [1, H, D]: reference flash_split
+def flash_split(q, k, v, visible, scale, n_threads):  # one query row over n_kv >= 512 cells -> [1, H, D] (reference)
     size = -(-len(k) // n_threads)
     parts = [flash_chunk(q, k, v, visible, scale, range(start, min(start + size, len(k))), "f16", True)
              for start in range(0, len(k), size)]
-    return merge_split(*(np.stack(part) for part in zip(*parts)))
+    m, s_sum, acc = (np.stack(part) for part in zip(*parts))
+    return merge_split(acc.size, m, s_sum, acc)
 
 
 @numba.njit(inline="always")
@@ -188,7 +193,7 @@ def tile_scores(q_row, k, h, start, live, scale, kq):  # KQ of one row over a 64
     return tile_max
 
 
-@numba.njit(parallel=True)  # not cached: glibc expf is a ctypes pointer
+@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
 def tiled_rows(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 values), [T, n_kv] -> (S [T, H], VKQ)
     T, H, _ = q.shape
     s_sum, acc = np.zeros((T, H), F32), np.zeros((T, H, v.shape[-1]), F32)
@@ -221,12 +226,13 @@ def tiled_rows(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 valu
     return s_sum, acc
 
 
-def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 values), [T, n_kv] -> [T, H, D]: reference flash_tiled
-    s_sum, acc = tiled_rows(np.ascontiguousarray(q, F32), k, v, np.ascontiguousarray(visible, np.bool_), F32(scale))
+def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 values), [T, n_kv] -> [T, H, D] (reference)
+    q, visible = np.ascontiguousarray(q, F32), np.ascontiguousarray(visible, np.bool_)
+    s_sum, acc = tiled_rows(q.size * len(k), q, k, v, visible, F32(scale))
     return flash_normalise(s_sum, acc)
 
 
-def attention_flash(q, k, v, visible, scale, n_threads):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]: reference attention_flash
+def attention_flash(q, k, v, visible, scale, n_threads):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D] (reference)
     T, H, D = q.shape
     n_kv = n_kv_cells(len(k))
     heads = np.arange(H) // (H // k.shape[1])

@@ -31,6 +31,7 @@ import numba  # noqa: E402
 
 from .libm import EXPF, silu_rows, v_expf_lane  # noqa: E402
 from .rounding import fma32, hsum16, sqrt32  # noqa: E402
+from .threads import threaded  # noqa: E402
 
 F64 = np.float64
 NEG_INF = F32(-np.inf)
@@ -41,7 +42,7 @@ def rows_of(x):  # [..., n] -> contiguous f32 [R, n]
     return x.reshape(-1, x.shape[-1])
 
 
-@numba.njit(cache=True, parallel=True)
+@threaded()
 def rms_norm_rows(x, eps):  # f32 [R, n], f32 eps -> [R, n]: squares in f32, summed in double left to right
     R, n = x.shape
     out = np.empty_like(x)
@@ -56,10 +57,11 @@ def rms_norm_rows(x, eps):  # f32 [R, n], f32 eps -> [R, n]: squares in f32, sum
 
 
 def rms_norm(x, eps):  # x [..., n] f32 -> [..., n]: reference rms_norm
-    return rms_norm_rows(rows_of(x), F32(eps)).reshape(np.shape(x))
+    rows = rows_of(x)
+    return rms_norm_rows(rows.size, rows, F32(eps)).reshape(np.shape(x))
 
 
-@numba.njit(cache=True, parallel=True)
+@threaded()
 def layer_norm_rows(x, w, b, eps):  # f32 [R, n], w/b [n] -> [R, n]: reference layer_norm's sums and roundings
     R, n = x.shape
     n16 = n - n % 16
@@ -83,11 +85,12 @@ def layer_norm_rows(x, w, b, eps):  # f32 [R, n], w/b [n] -> [R, n]: reference l
 
 
 def layer_norm(x, w, b, eps):  # x [..., n] f32, w [n], b [n] -> [..., n]: reference layer_norm
-    return layer_norm_rows(rows_of(x), np.ascontiguousarray(w, F32), np.ascontiguousarray(b, F32),
+    rows = rows_of(x)
+    return layer_norm_rows(rows.size, rows, np.ascontiguousarray(w, F32), np.ascontiguousarray(b, F32),
                            F32(eps)).reshape(np.shape(x))
 
 
-@numba.njit(cache=True, parallel=True)
+@threaded()
 def rotate_pairs(x, cos, sin, first, stride):  # x [T, H, D], cos/sin [T, P] -> [T, H, D]
     """Pair i is (first(i), first(i) + stride): rope_norm has first 2i, stride 1; rope_neox i, P.
     The pairs of whole groups of 4 take the contracted FMAs, the last P mod 4 plain products."""
@@ -110,11 +113,12 @@ def rotate_pairs(x, cos, sin, first, stride):  # x [T, H, D], cos/sin [T, P] -> 
 
 
 def rope_norm(x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]: reference rope_norm, pairs (2i, 2i+1)
-    return rotate_pairs(np.ascontiguousarray(x, F32), libm("cosf", theta), libm("sinf", theta), 2, 1)
+    return rotate_pairs(np.size(x), np.ascontiguousarray(x, F32), libm("cosf", theta), libm("sinf", theta), 2, 1)
 
 
 def rope_neox(x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]: reference rope_neox, pairs (i, i + D/2)
-    return rotate_pairs(np.ascontiguousarray(x, F32), libm("cosf", theta), libm("sinf", theta), 1, theta.shape[-1])
+    return rotate_pairs(np.size(x), np.ascontiguousarray(x, F32), libm("cosf", theta), libm("sinf", theta), 1,
+                        theta.shape[-1])
 
 
 def rope_2d(x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]: reference rope_2d
@@ -126,7 +130,7 @@ def swiglu(gate, up):  # gate [T, F], up [T, F] -> [T, F]: silu(gate) * up
     return silu_rows(gate) * np.asarray(up, F32)
 
 
-@numba.njit(parallel=True)  # not cached: glibc expf is a ctypes pointer
+@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
 def soft_max_rows(scores, visible, scale):  # f32 [R, S], bool [R, S], f32 -> [R, S]: reference soft_max
     R, S = scores.shape
     n16 = S - S % 16
@@ -155,4 +159,5 @@ def soft_max_rows(scores, visible, scale):  # f32 [R, S], bool [R, S], f32 -> [R
 
 
 def soft_max(scores, visible, scale):  # scores [R, S] f32, visible [R, S] -> [R, S]: reference soft_max
-    return soft_max_rows(np.ascontiguousarray(scores, F32), np.ascontiguousarray(np.broadcast_to(visible, np.shape(scores)), np.bool_), F32(scale))
+    visible = np.ascontiguousarray(np.broadcast_to(visible, np.shape(scores)), np.bool_)
+    return soft_max_rows(np.size(scores), np.ascontiguousarray(scores, F32), visible, F32(scale))

@@ -5,6 +5,7 @@ import numba
 import numpy as np
 
 from .rounding import fma32, fma32_lanes, hsum16
+from .threads import threaded
 
 F32, F64 = np.float32, np.float64
 F32_DOT, F16_DOT, BF16_DOT = 0, 1, 2  # which ggml_vec_dot_* a kernel runs
@@ -72,7 +73,7 @@ def dot_of(kind, x, y, acc):  # F32_DOT | F16_DOT | BF16_DOT, f32 [n] x2, scratc
     return dot_f32(x, y, acc)
 
 
-@numba.njit(cache=True, parallel=True)
+@threaded()
 def dot_rows(kind, x, y):  # f32 [R, n] x2 -> [R]: the vec_dot of each row pair
     out = np.empty(x.shape[0], F32)
     for r in numba.prange(x.shape[0]):
@@ -80,7 +81,7 @@ def dot_rows(kind, x, y):  # f32 [R, n] x2 -> [R]: the vec_dot of each row pair
     return out
 
 
-@numba.njit(cache=True, parallel=True)
+@threaded()
 def dot_pairs(kind, a, b):  # f32 [M, n], [N, n] -> [M, N]: the vec_dot of every row of a with every row of b
     out = np.empty((a.shape[0], b.shape[0]), F32)
     for i in numba.prange(a.shape[0]):
@@ -94,7 +95,7 @@ def broadcast_dot(kind, x, y):  # x, y [..., n] (broadcast) -> [...]
     x, y = np.broadcast_arrays(np.asarray(x, F32), np.asarray(y, F32))
     shape = x.shape[:-1]
     rows = (np.ascontiguousarray(a).reshape(-1, a.shape[-1]) for a in (x, y))
-    return dot_rows(kind, *rows).reshape(shape)
+    return dot_rows(x.size, kind, *rows).reshape(shape)
 
 
 def vec_dot_f32(x, y):  # x [..., n], y [..., n] f32 -> [...]: reference vec_dot_f32
@@ -109,8 +110,8 @@ def vec_dot_bf16(x, y):  # x [..., n], y [..., n] f32 (bf16 values) -> [...]: re
     return broadcast_dot(BF16_DOT, x, y)
 
 
-@numba.njit(cache=True, parallel=True)
-def tinyblas_kernel(x, w_t, bf16):  # x [T, K], w_t [K, O] f32 (the weight transposed) -> [T, O]: reference tinyblas(_bf16)
+@threaded()
+def tinyblas_kernel(x, w_t, bf16):  # x [T, K], w_t [K, O] f32 (the weight transposed) -> [T, O]
     """Lane l of each output: FMAs over k = l (mod 16) in k order (F32/F16), or the bf16 pairs
     (32s + 2l + 1, then 32s + 2l) of every 32-element step as vdpbf16ps adds them. Each lane's
     chain runs for all outputs at once (acc [16, O]), so the loop over outputs vectorises."""
@@ -137,11 +138,13 @@ def tinyblas_kernel(x, w_t, bf16):  # x [T, K], w_t [K, O] f32 (the weight trans
 
 
 def tinyblas(x, w):  # x [T, K], w [O, K] f32 (values of the weight's type) -> [T, O]: reference tinyblas
-    return tinyblas_kernel(np.ascontiguousarray(x, F32), np.ascontiguousarray(np.asarray(w, F32).T), False)
+    w_t = np.ascontiguousarray(np.asarray(w, F32).T)
+    return tinyblas_kernel(len(x) * w_t.size, np.ascontiguousarray(x, F32), w_t, False)
 
 
 def tinyblas_bf16(x, w):  # x [T, K], w [O, K] f32 (bf16 values) -> [T, O]: reference tinyblas_bf16
-    return tinyblas_kernel(np.ascontiguousarray(x, F32), np.ascontiguousarray(np.asarray(w, F32).T), True)
+    w_t = np.ascontiguousarray(np.asarray(w, F32).T)
+    return tinyblas_kernel(len(x) * w_t.size, np.ascontiguousarray(x, F32), w_t, True)
 
 
 FLOAT_KERNELS = {  # type -> ((tinyBLAS kernel, its K step), vec_dot kind), as reference FLOAT_KERNELS
@@ -151,8 +154,8 @@ FLOAT_KERNELS = {  # type -> ((tinyBLAS kernel, its K step), vec_dot kind), as r
 }
 
 
-def float_mul_mat(x, w, kind):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]: reference float_mul_mat
+def float_mul_mat(x, w, kind):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O] (reference mul_mat.py)
     (batched, k_step), single = FLOAT_KERNELS[kind]
     if len(x) >= 2 and len(w) % 4 == 0 and w.shape[1] % k_step == 0:
         return batched(x, w)
-    return dot_pairs(single, np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32))
+    return dot_pairs(len(x) * np.size(w), single, np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32))

@@ -32,6 +32,7 @@ def libm(name, x):  # as reference libm: "expf" | "cosf" | "sinf" | "tanhf" | "e
 from reference.ggml_cpu.libm import EXP_R, hexf  # noqa: E402
 
 from .rounding import fma32  # noqa: E402
+from .threads import threaded  # noqa: E402
 
 EXPF = LIBM["expf"]
 C_LOG2E, C_LN2_HI, C_LN2_LO = hexf("0x1.715476p+0"), hexf("0x1.62e4p-1"), hexf("0x1.7f7d1cp-20")
@@ -73,7 +74,7 @@ def v_silu_flat(x):  # f32 [n] -> [n]
     return out
 
 
-@numba.njit(parallel=True)  # not cached: glibc expf is a ctypes pointer
+@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
 def silu_rows_2d(x):  # f32 [R, n] -> [R, n]: v_silu on 16-lane blocks, glibc x/(1+expf(-x)) on the tail
     R, n = x.shape
     n16 = n - n % 16
@@ -98,4 +99,4 @@ def v_silu(x):  # [...] f32 -> [...] f32: reference v_silu
 
 def silu_rows(x):  # [..., n] f32 -> [..., n]: reference silu_rows
     x = np.ascontiguousarray(x, np.float32)
-    return silu_rows_2d(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+    return silu_rows_2d(x.size, x.reshape(-1, x.shape[-1])).reshape(x.shape)
