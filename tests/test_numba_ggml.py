@@ -235,3 +235,20 @@ def test_fma32_lanes_is_fma32_on_midpoints():  # the branchless fma of tinyBLAS 
     assert np.count_nonzero(ref != naive) > 10000  # the operands do reach the midpoint correction
     for lanes in (False, True):
         assert np.array_equal(ref.view(np.uint32), fused(a, b, c, lanes).view(np.uint32))
+
+
+def test_bench_ggml_numba_runs_bit_identical(tmp_path):  # numpy and numba in one run: logits max |diff| 0
+    r = run_cli("tools.bench_ggml_numba", "--models", "tiny-b-q4_k_m", "--prompt-len", "4", "--n-decode", "1",
+                "--repeat", "1", "--plot", str(tmp_path / "speed.png"))
+    assert r.returncode == 0, r.stderr
+    assert "max |diff| 0, NMSE 0" in r.stdout and (tmp_path / "speed.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--models", "tiny-b-q4_k_m,nope"), "no model 'nope' in golden/models"),
+    (("--kv-type", "q8_0"), "--kv-type q8_0 needs --flash-attn on"),
+    (("--prompt-len", "0"), "--prompt-len: 0 is out of range"),
+    (("--plot", "no/such/dir/x.png"), "no such directory"),
+])
+def test_bench_ggml_numba_refuses(args, words):
+    assert words in cli_error(run_cli("tools.bench_ggml_numba", *args))
