@@ -1,18 +1,20 @@
-"""reference/ggml_cpu/attention.py on numba: the mul_mat path on the numba softmax and float
-matmuls; the flash-attention kernels (one-chunk, KV-split, tiled) as one compiled loop per query
-row and head, visiting the cells and rounding as the NumPy statement does; the Q8_0 cache with
-its Hadamard rotation. The cache padding, the f16 rounding of K and V and the head mapping are
-array glue and stay NumPy."""
+"""reference/ggml_cpu/attention.py on numba: the flash-attention kernels (one-chunk, KV-split,
+tiled) as one compiled loop per query row and head, visiting the cells and rounding as the NumPy
+statement does, and the Hadamard transform. attention_mul_mat, attention_flash and attention_q8_0
+are the reference's own functions (the cache padding, the f16 rounding of K and V, the head
+mapping: array glue) called with this module's kernels: the numba softmax, float matmuls,
+vec_dot_f32, quantize_q8_0, fwht and flash kernels."""
+import sys
+
 import numba
 import numpy as np
 
-from reference.ggml_cpu.attention import (FA_SPLIT_MIN_CELLS, FA_TILE, flash_normalise, hadamard_sizes, n_kv_cells,
-                                          pad_cells)
-from reference.ggml_cpu.build import GgmlCpuError
+from reference.ggml_cpu import attention as reference
+from reference.ggml_cpu.attention import FA_TILE, flash_normalise
 from reference.ggml_cpu.rounding import round_f16 as round_f16_array
 
-from .elementwise import soft_max
-from .float_dots import F32_DOT, dot_f16, dot_pairs, float_mul_mat
+from .elementwise import soft_max  # noqa: F401 (KERNELS)
+from .float_dots import dot_f16, float_mul_mat, vec_dot_f32  # noqa: F401 (float_mul_mat, vec_dot_f32: KERNELS)
 from .libm import EXPF, v_expf_lane
 from .quantize import quantize_q8_0
 from .rounding import fma32, hsum8, hsum16, round_f16, sqrt32
@@ -23,25 +25,7 @@ NEG_INF = F32(-np.inf)
 
 
 def attention_mul_mat(q, k, v, visible, scale, kv_type):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
-    """Flash attention off: kq = K.Q (mul_mat), soft_max_ext(kq, F32 mask, scale), kqv = V^T.P."""
-    H = q.shape[1]
-    group = H // k.shape[1]
-    n_kv = n_kv_cells(len(k))
-    visible = pad_cells(visible.T, n_kv).T
-    if kv_type == "f16":
-        k, v = round_f16_array(k), round_f16_array(v)
-    k, v = pad_cells(k, n_kv), pad_cells(v, n_kv)
-    out = np.empty_like(q)
-    for h in range(H):
-        kh, vh, qh = k[:, h // group], v[:, h // group], q[:, h]
-        if kv_type == "f16":  # Q converted to f16 first, then contiguous: the F16 matmul
-            kq = float_mul_mat(round_f16_array(qh), kh, "F16")
-        else:  # the permuted Q is not contiguous, so llamafile refuses it: vec_dot_f32 row by row
-            kq = dot_pairs(qh.size * len(kh), F32_DOT, np.ascontiguousarray(qh), np.ascontiguousarray(kh))
-        p = soft_max(kq, visible, scale)
-        out[:, h] = (float_mul_mat(round_f16_array(p), vh.T, "F16") if kv_type == "f16"
-                     else float_mul_mat(p, vh.T, "F32"))
-    return out
+    return reference.attention_mul_mat(q, k, v, visible, scale, kv_type, KERNELS)
 
 
 @threaded()
@@ -232,31 +216,12 @@ def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 val
     return flash_normalise(s_sum, acc)
 
 
-def attention_flash(q, k, v, visible, scale, n_threads):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D] (reference)
-    T, H, D = q.shape
-    n_kv = n_kv_cells(len(k))
-    heads = np.arange(H) // (H // k.shape[1])
-    k, v = round_f16_array(pad_cells(k, n_kv))[:, heads], round_f16_array(pad_cells(v, n_kv))[:, heads]  # [n_kv, H, D]
-    visible = pad_cells(visible.T, n_kv).T
-    if T >= FA_TILE:
-        return flash_tiled(q, k, v, visible, scale)
-    if T == 1 and n_kv >= FA_SPLIT_MIN_CELLS:
-        return flash_split(q, k, v, visible, scale, n_threads)
-    return flash_chunk(q, k, v, visible, scale, range(n_kv), "f16")
+def attention_flash(q, k, v, visible, scale, n_threads):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    return reference.attention_flash(q, k, v, visible, scale, n_threads, KERNELS)
 
 
-def attention_q8_0(q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]: reference attention_q8_0
-    H, D = q.shape[1:]
-    if D % 32:
-        raise GgmlCpuError(f"a q8_0 KV cache needs a head size that is a multiple of 32, not {D}")
-    rotation = hadamard_sizes(D)
-    if rotation:
-        q, k, v = fwht(q, rotation[0]), fwht(k, rotation[0]), fwht(v, rotation[1])
-    heads = np.arange(H) // (H // k.shape[1])
-    k_rows = quantize_q8_0(k[:, heads].reshape(-1, D))
-    v_rows = quantize_q8_0(v[:, heads].reshape(-1, D))
-    # dequantize_row_q8_0: f16 scale times int8 is exact in float32
-    v_values = (v_rows.d[..., None] * v_rows.q.astype(F32)).reshape(len(v), H, D).astype(F32)
-    out = flash_chunk(q, (k_rows.d.reshape(len(k), H, -1), k_rows.q.reshape(len(k), H, -1, 32)), v_values,
-                      visible, scale, range(len(k)), "q8_0")
-    return fwht(out, rotation[1]) if rotation else out
+def attention_q8_0(q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    return reference.attention_q8_0(q, k, v, visible, scale, KERNELS)
+
+
+KERNELS = sys.modules[__name__]  # float_mul_mat, vec_dot_f32, soft_max, fwht, quantize_q8_0 and the flash kernels

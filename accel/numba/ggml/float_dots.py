@@ -92,7 +92,10 @@ def dot_pairs(kind, a, b):  # f32 [M, n], [N, n] -> [M, N]: the vec_dot of every
 
 
 def broadcast_dot(kind, x, y):  # x, y [..., n] (broadcast) -> [...]
-    x, y = np.broadcast_arrays(np.asarray(x, F32), np.asarray(y, F32))
+    x, y = np.asarray(x, F32), np.asarray(y, F32)
+    if x.ndim == y.ndim == 3 and x.shape[1] == 1 and y.shape[0] == 1:  # every row of x with every row of y
+        return dot_pairs(x.size * len(y[0]), kind, np.ascontiguousarray(x[:, 0]), np.ascontiguousarray(y[0]))
+    x, y = np.broadcast_arrays(x, y)
     shape = x.shape[:-1]
     rows = (np.ascontiguousarray(a).reshape(-1, a.shape[-1]) for a in (x, y))
     return dot_rows(x.size, kind, *rows).reshape(shape)

@@ -8,7 +8,7 @@ from reference.ggml_cpu.libm import _libm_fn
 LIBM = {name: _libm_fn(name) for name in ("expf", "cosf", "sinf", "tanhf", "erff")}
 
 
-def libm_kernel(fn):  # ctypes float(float) -> njit(x f32 [n]) -> f32 [n]
+def libm_kernel(fn):  # ctypes or njit float(float) -> njit(x f32 [n]) -> f32 [n]
     @numba.njit
     def apply(x):
         out = np.empty_like(x)
@@ -58,20 +58,7 @@ def v_silu_lane(x):  # f32 -> f32: x / (1 + v_expf(0 - x))
     return x / (ONE + v_expf_lane(np.float32(0) - x))
 
 
-@numba.njit(cache=True)
-def v_expf_flat(x):  # f32 [n] -> [n]
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = v_expf_lane(x[i])
-    return out
-
-
-@numba.njit(cache=True)
-def v_silu_flat(x):  # f32 [n] -> [n]
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = v_silu_lane(x[i])
-    return out
+v_expf_flat, v_silu_flat = libm_kernel(v_expf_lane), libm_kernel(v_silu_lane)  # f32 [n] -> [n]
 
 
 @threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
