@@ -252,3 +252,13 @@ def test_bench_ggml_numba_runs_bit_identical(tmp_path):  # numpy and numba in on
 ])
 def test_bench_ggml_numba_refuses(args, words):
     assert words in cli_error(run_cli("tools.bench_ggml_numba", *args))
+
+
+def test_drafter_on_numba_near_transformers_and_bit_identical_to_numpy():  # rope_neox, norms, SwiGLU
+    from test_dflash_ggml_cpu import GGML_CPU_NMSE, drafter_blocks
+    from reference.metrics import nmse
+    ref, ours = drafter_blocks(GgmlCpuNumbaBackend(check_host=False))
+    assert nmse(ref, ours).max() <= GGML_CPU_NMSE  # test_dflash_ggml_cpu's gate, derived there
+    assert np.array_equal(ref.argmax(-1), ours.argmax(-1))
+    _, emulated = drafter_blocks(ggml_cpu.GgmlCpuBackend(check_host=False))
+    assert_identical(emulated, ours, "drafter block logits, numba against the NumPy emulation")
