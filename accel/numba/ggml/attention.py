@@ -17,7 +17,7 @@ from .elementwise import soft_max  # noqa: F401 (KERNELS)
 from .float_dots import dot_f16, float_mul_mat, vec_dot_f32  # noqa: F401 (float_mul_mat, vec_dot_f32: KERNELS)
 from .libm import EXPF, v_expf_lane
 from .quantize import quantize_q8_0
-from .rounding import fma32, hsum8, hsum16, round_f16, sqrt32
+from .rounding import fma32, fma32_lanes, hsum8, hsum16, round_f16, sqrt32
 from .threads import threaded
 
 F32, F64 = np.float32, np.float64
@@ -163,22 +163,43 @@ def flash_split(q, k, v, visible, scale, n_threads):  # one query row over n_kv 
 
 
 @numba.njit(inline="always")
-def tile_scores(q_row, k, h, start, live, scale, kq):  # KQ of one row over a 64-cell tile -> its max
-    """FMA chains over the head dimension (simd_gemm), times scale; masked cells -inf. The max
-    is np.max's: a NaN wins."""
+def tile_scores(q_row, k_t, h, start, live, scale, kq):  # KQ of one row over a 64-cell tile -> its max
+    """FMA chains over the head dimension (simd_gemm), each cell's in dk order, the 64 cells side by
+    side over K transposed (k_t [H, D, n_kv]); times scale, masked cells -inf. The max is np.max's:
+    a NaN wins."""
+    kq[:] = 0
+    for dk in range(q_row.size):
+        k_row, qv = k_t[h, dk, start:start + FA_TILE], q_row[dk]
+        for c in range(FA_TILE):
+            kq[c] = fma32_lanes(k_row[c], qv, kq[c])
     tile_max = NEG_INF
     for c in range(FA_TILE):
-        total = F32(0)
-        for dk in range(q_row.size):
-            total = fma32(k[start + c, h, dk], q_row[dk], total)
-        kq[c] = total * scale if live[start + c] else NEG_INF
+        kq[c] = kq[c] * scale if live[start + c] else NEG_INF
         if kq[c] > tile_max or kq[c] != kq[c]:
             tile_max = kq[c]
     return tile_max
 
 
+@numba.njit(inline="always")
+def tile_softmax(kq, tile_max, m, s_sum, acc):  # a tile's scores -> (M, S); kq becomes P, VKQ acc rescaled
+    """The online softmax over one tile: M grows to the tile max (VKQ and S rescaled by glibc expf
+    when it does), P = ggml_v_expf(KQ - M), S += the tile's sum (16-lane blocks, in double)."""
+    m_new = max(m, tile_max)
+    if m_new > m:
+        ms = EXPF(m - m_new)
+        for i in range(acc.size):
+            acc[i] = acc[i] * ms
+        s_sum = s_sum * ms
+    for c in range(FA_TILE):
+        kq[c] = v_expf_lane(kq[c] - m_new)
+    total = 0.0
+    for b in range(0, FA_TILE, 16):
+        total += F64(hsum16(kq[b:b + 16]))
+    return m_new, F32(F64(s_sum) + total)
+
+
 @threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
-def tiled_rows(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 values), [T, n_kv] -> (S [T, H], VKQ)
+def tiled_rows(q, k_t, v, visible, scale):  # [T, H, D], K^T [H, D, n_kv], V [n_kv, H, D], [T, n_kv] -> (S, VKQ)
     T, H, _ = q.shape
     s_sum, acc = np.zeros((T, H), F32), np.zeros((T, H, v.shape[-1]), F32)
     for th in numba.prange(T * H):
@@ -186,33 +207,23 @@ def tiled_rows(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 valu
         kq = np.empty(FA_TILE, F32)
         a = acc[t, h]
         m, st = NEG_INF, F32(0)
-        for start in range(0, k.shape[0], FA_TILE):
-            tile_max = tile_scores(q[t, h], k, h, start, visible[t], scale, kq)
+        for start in range(0, v.shape[0], FA_TILE):
+            tile_max = tile_scores(q[t, h], k_t, h, start, visible[t], scale, kq)
             if not tile_max > NEG_INF:  # nothing visible in this tile: M, S and VKQ stay
                 continue
-            m_new = max(m, tile_max)
-            if m_new > m:
-                ms = EXPF(m - m_new)
+            m, st = tile_softmax(kq, tile_max, m, st, a)
+            for c in range(FA_TILE):  # VKQ += P.V, an FMA chain per output over the 64 cells
+                v_row = v[start + c, h]
                 for i in range(a.size):
-                    a[i] = a[i] * ms
-                st = st * ms
-            m = m_new
-            for c in range(FA_TILE):
-                kq[c] = v_expf_lane(kq[c] - m)
-            total = 0.0
-            for b in range(0, FA_TILE, 16):
-                total += F64(hsum16(kq[b:b + 16]))
-            st = F32(F64(st) + total)
-            for c in range(FA_TILE):
-                for i in range(a.size):
-                    a[i] = fma32(v[start + c, h, i], kq[c], a[i])
+                    a[i] = fma32_lanes(v_row[i], kq[c], a[i])
         s_sum[t, h] = st
     return s_sum, acc
 
 
 def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 values), [T, n_kv] -> [T, H, D] (reference)
     q, visible = np.ascontiguousarray(q, F32), np.ascontiguousarray(visible, np.bool_)
-    s_sum, acc = tiled_rows(q.size * len(k), q, k, v, visible, F32(scale))
+    k_t = np.ascontiguousarray(k.transpose(1, 2, 0))  # [H, D, n_kv]: a tile's cells side by side
+    s_sum, acc = tiled_rows(q.size * len(k), q, k_t, v, visible, F32(scale))
     return flash_normalise(s_sum, acc)
 
 
