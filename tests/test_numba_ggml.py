@@ -4,7 +4,10 @@
 - whole-model logits with `GgmlCpuNumbaBackend` against llama.cpp's, bit for bit, on every committed
   ggml-cpu golden of golden/ggml_cpu/manifest.json (prefill and token-by-token decode, KV f16/f32/q8_0,
   flash attention off and on): the same check test_ggml_cpu.py makes of the NumPy emulation;
-- `python -m reference.run --backend numba --numerics ggml-cpu`.
+- `python -m reference.run --backend numba --numerics ggml-cpu`;
+- the op harness's ggml-cpu cases (accel/ggml_harness.py: attention, norms, RoPE, softmax, SwiGLU,
+  float dots, libm, quantizers, every integer kernel path) against their NumPy twins, every bit, and
+  its command line; the drafter on numba; tools.bench_ggml_numba.
 """
 import os
 
