@@ -4,7 +4,10 @@
 - whole-model logits with `GgmlCpuNumbaBackend` against llama.cpp's, bit for bit, on every committed
   ggml-cpu golden of golden/ggml_cpu/manifest.json (prefill and token-by-token decode, KV f16/f32/q8_0,
   flash attention off and on): the same check test_ggml_cpu.py makes of the NumPy emulation;
-- `python -m reference.run --backend numba --numerics ggml-cpu`.
+- `python -m reference.run --backend numba --numerics ggml-cpu`;
+- the op harness's ggml-cpu cases (accel/ggml_harness.py: attention, norms, RoPE, softmax, SwiGLU,
+  float dots, libm, quantizers, every integer kernel path) against their NumPy twins, every bit, and
+  its command line; the drafter on numba; tools.bench_ggml_numba.
 """
 import os
 
@@ -266,3 +269,175 @@ def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, monkeypatch):  # no c
 
 def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, monkeypatch):  # some matrices kept, the rest streamed
     check_bounded_logits(run, GgmlCpuNumbaBackend, monkeypatch)
+# ---------------------------------------------------------------------------------------------
+# The rest of the emulation's twins (attention, norms, RoPE, softmax, SwiGLU, float dots, libm),
+# through the op harness's ggml-cpu cases: every bit equal, NaN patterns included
+
+import numba  # noqa: E402
+
+from accel import ggml_harness  # noqa: E402
+from accel.numba.ggml import attention as numba_attention, float_dots as numba_float_dots  # noqa: E402
+from accel.numba.ggml import rounding as numba_rounding  # noqa: E402
+from conftest import cli_error, run_cli  # noqa: E402
+from reference import ops  # noqa: E402
+from reference.ggml_cpu import attention as ref_attention, elementwise as ref_elementwise  # noqa: E402
+
+GGML_CASES = ggml_harness.ggml_cases(seed=0)
+
+
+@pytest.mark.parametrize("case", GGML_CASES, ids=[f"{c.op}-{c.name}" for c in GGML_CASES])
+
+
+def test_ggml_harness_case(case):  # gate 0: the same float32 operations in the same order
+    with np.errstate(all="ignore"):
+        differing, worst, problem = ggml_harness.compare(*case.run())
+    assert not problem, f"{case.name}: {problem}, max |diff| {worst:.3g}"
+
+
+def test_harness_compare_sees_one_ulp():  # the gate can fail: one ulp in one element, a NaN's sign
+    ref = [np.float32([1.0, np.nan, 3.0])]
+    one_ulp = [np.float32([np.nextafter(np.float32(1), np.float32(2)), np.nan, 3.0])]
+    other_nan = [np.float32([1.0, -np.float32(np.nan), 3.0])]
+    assert ggml_harness.compare(ref, one_ulp)[:2] == (1, float(np.spacing(np.float32(1))))
+    assert ggml_harness.compare(ref, other_nan)[0] == 1
+    assert ggml_harness.compare([np.int64([1, 2])], [np.int8([1, 3])])[0] == 1
+
+
+@numba.njit
+
+
+def rounded_f16(x):  # f32 [n] -> [n] through the numba scalar round_f16
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = numba_rounding.round_f16(x[i])
+    return out
+
+
+def test_round_f16_is_numpys_float16():  # every exponent, the subnormal grid, ties, overflow to infinity
+    rng = np.random.default_rng(7)
+    bits = np.concatenate([rng.integers(0, 2**32, 2**20, dtype=np.uint64).astype(np.uint32),
+                           np.arange(0x33000000, 0x38800400, 3, dtype=np.uint32),  # subnormal halves and ties
+                           np.arange(0x477FE000, 0x47800100, dtype=np.uint32)])  # 65504 .. 65536: to infinity
+    x = np.concatenate([bits, bits | np.uint32(1 << 31)]).view(np.float32)
+    x = x[~np.isnan(x)]
+    with np.errstate(over="ignore"):
+        assert np.array_equal(ggml_cpu.round_f16(x).view(np.uint32), rounded_f16(x).view(np.uint32))
+
+
+def long_prompt(T, S, H, Hkv, D, seed):  # q, k, v, visible, scale of a causal chunk ending a cache of S cells
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((T, H, D), (S, Hkv, D), (S, Hkv, D)))
+    return q, k, v, ops.causal_visible(np.arange(S - T, S), np.arange(S), 0), 1 / np.sqrt(D)
+
+
+@pytest.mark.parametrize("path", ["mul_mat f16", "mul_mat f32", "flash"])
+
+
+def test_attention_over_several_tiles_and_padded_cells(path):  # 130 rows over 300 cells (n_kv 512), GQA 3/1
+    args = long_prompt(130, 300, 3, 1, 64, 11)
+    fn, extra = ("attention_flash", (2,)) if path == "flash" else ("attention_mul_mat", (path.split()[1],))
+    ref, got = getattr(ref_attention, fn)(*args, *extra), getattr(numba_attention, fn)(*args, *extra)
+    assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
+
+
+def test_flash_split_with_three_threads():  # chunks of ceil(n_kv / 3) cells, the last one shorter
+    args = long_prompt(1, 700, 2, 2, 32, 12)
+    ref, got = ref_attention.attention_flash(*args, 3), numba_attention.attention_flash(*args, 3)
+    assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
+
+
+def test_soft_max_ties_and_zero_scale():  # equal scores (ties for the max) and scale 0: every weight 1/n
+    scores = np.repeat(np.float32([[2.0, 2.0, -1.0] * 11]), 3, axis=0)
+    visible = np.ones_like(scores, bool)
+    for scale in (1.0, 0.0):
+        ref, got = ref_elementwise.soft_max(scores, visible, scale), numba_elementwise.soft_max(scores, visible, scale)
+        assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
+
+
+def test_float_mul_mat_on_a_model_weight():  # tiny-b's F16 and BF16 ffn_up, 1 and 5 rows
+    for kind in ("f16", "bf16"):
+        weights = model(f"models/tiny-b-{kind}.gguf").weights
+        w = weights.get("blk.0.ffn_up.weight", np.float32)
+        x = activations(5, w.shape[1], 3)
+        for rows in (1, 5):
+            ref = ggml_cpu.mul_mat(x[:rows], weights, "blk.0.ffn_up.weight", {})
+            got = GgmlCpuNumbaBackend(check_host=False).linear(x[:rows], weights, "blk.0.ffn_up.weight")
+            assert_identical(ref, got, f"{kind} {rows} rows")
+
+
+def test_harness_cli_numerics_ggml_cpu():
+    r = run_cli("accel.harness", "--numerics", "ggml-cpu", "--ops", "libm")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("all passed") and "v_silu" in r.stdout and "attention_flash" not in r.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--numerics", "ggml-cpu", "--backend", "numpy"), "compares the numba ggml kernels, not --backend numpy"),
+    (("--numerics", "ggml-cpu", "--ops", "linear"), "linear: not a ggml-cpu kernel file"),
+    (("--ops", "quantize"), "quantize: ggml-cpu kernel files, for --numerics ggml-cpu"),
+    (("--numerics", "float"), "invalid choice: 'float'"),
+])
+
+
+def test_harness_cli_refuses(args, words):
+    assert words in cli_error(run_cli("accel.harness", *args))
+
+
+@numba.njit
+
+
+def fused(a, b, c, lanes):  # f32 [n] x3 -> [n] through numba fma32 (lanes False) or fma32_lanes
+    out = np.empty_like(a)
+    for i in range(a.size):
+        out[i] = numba_rounding.fma32_lanes(a[i], b[i], c[i]) if lanes else numba_rounding.fma32(a[i], b[i], c[i])
+    return out
+
+
+def midpoint_operands(n, seed):  # a, b, c f32 whose a*b + c lands on (or a hair off) a float32 midpoint
+    """a*b = h (1 - 2^-2k) or h (1 - 2^-k)(1 + 2^-k) with h half an ulp of c: in float64 the sum rounds
+    onto the midpoint c + h, while the exact sum is just below it (the double-rounding trap)."""
+    rng = np.random.default_rng(seed)
+    c = (rng.uniform(1, 2, n) * 2.0 ** rng.integers(-20, 20, n) * rng.choice([-1, 1], n)).astype(np.float32)
+    h = np.spacing(np.abs(c)) / 2
+    k = rng.integers(8, 23, n)
+    a = (h * (1 - 2.0 ** -k) * rng.choice([-1, 1], n)).astype(np.float32)
+    b = np.where(rng.random(n) < 0.9, 1 + 2.0 ** -k, 1.0).astype(np.float32)  # b = 1: an exact midpoint, a tie
+    return a, b, c
+
+
+def test_fma32_lanes_is_fma32_on_midpoints():  # the branchless fma of tinyBLAS against reference fma32
+    a, b, c = midpoint_operands(200000, 21)
+    ref = ggml_cpu.fma32(a, b, c)
+    naive = (a.astype(np.float64) * b + c).astype(np.float32)
+    assert np.count_nonzero(ref != naive) > 10000  # the operands do reach the midpoint correction
+    for lanes in (False, True):
+        assert np.array_equal(ref.view(np.uint32), fused(a, b, c, lanes).view(np.uint32))
+
+
+def test_bench_ggml_numba_runs_bit_identical(tmp_path):  # numpy and numba in one run: logits max |diff| 0
+    r = run_cli("tools.bench_ggml_numba", "--models", "tiny-b-q4_k_m", "--prompt-len", "4", "--n-decode", "1",
+                "--repeat", "1", "--plot", str(tmp_path / "speed.png"))
+    assert r.returncode == 0, r.stderr
+    assert "max |diff| 0, NMSE 0" in r.stdout and (tmp_path / "speed.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--models", "tiny-b-q4_k_m,nope"), "no model 'nope' in golden/models"),
+    (("--kv-type", "q8_0"), "--kv-type q8_0 needs --flash-attn on"),
+    (("--prompt-len", "0"), "--prompt-len: 0 is out of range"),
+    (("--plot", "no/such/dir/x.png"), "no such directory"),
+])
+
+
+def test_bench_ggml_numba_refuses(args, words):
+    assert words in cli_error(run_cli("tools.bench_ggml_numba", *args))
+
+
+def test_drafter_on_numba_near_transformers_and_bit_identical_to_numpy():  # rope_neox, norms, SwiGLU
+    from test_dflash_ggml_cpu import GGML_CPU_NMSE, drafter_blocks
+    from reference.metrics import nmse
+    ref, ours = drafter_blocks(GgmlCpuNumbaBackend(check_host=False))
+    assert nmse(ref, ours).max() <= GGML_CPU_NMSE  # test_dflash_ggml_cpu's gate, derived there
+    assert np.array_equal(ref.argmax(-1), ours.argmax(-1))
+    _, emulated = drafter_blocks(ggml_cpu.GgmlCpuBackend(check_host=False))
+    assert_identical(emulated, ours, "drafter block logits, numba against the NumPy emulation")

@@ -80,12 +80,19 @@ def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K]
     kind = weights.type_name(name)
     path = kernel_path(kind, len(x), weights, name, repack)
     if path == "float":
-        if name not in cache:
-            cache[name] = weights.get(name, F32)
-        return float_mul_mat(FLOAT_KERNELS[kind][0](x), cache[name], kind)
+        return float_weight_mul_mat(x, weights, name, cache, float_mul_mat)
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
                            lambda start, stop: decode_rows(weights, name, start, stop),
                            lambda rows: QUANT_PATHS[path](x, rows, kind))
+
+
+def float_weight_mul_mat(x, weights, name, cache, product):  # x [T, K] f32, an F32/F16/BF16 tensor -> [T, O]
+    """Activations rounded to the weight's type, the weights kept as float32; product: float_mul_mat
+    here, its numba twin in accel/numba/ggml."""
+    kind = weights.type_name(name)
+    if name not in cache:
+        cache[name] = np.ascontiguousarray(weights.get(name, F32))
+    return product(FLOAT_KERNELS[kind][0](x), cache[name], kind)
 
 
 def float_mul_mat(x, w, kind):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]

@@ -1,15 +1,14 @@
 """reference/ggml_cpu/mul_mat.py's dispatch onto the numba kernels: the same kernel for the same
-weight type, batch rows and repacking. Float weights (F32/F16/BF16) keep the NumPy tinyBLAS and
-vec_dot emulation."""
+weight type, batch rows and repacking; float weights (F32/F16/BF16) through the numba tinyBLAS and
+vec_dot twins."""
 import sys
 
 import numpy as np
 
 from reference.ggml_cpu.blocks import decode_rows
-from reference.ggml_cpu.mul_mat import bounded_mul_mat, kernel_path, quant_paths
-from reference.ggml_cpu.mul_mat import mul_mat as reference_mul_mat
+from reference.ggml_cpu.mul_mat import bounded_mul_mat, float_weight_mul_mat, kernel_path, quant_paths
 
-from . import int_dots
+from . import float_dots, int_dots
 from .blocks import DECODERS
 from .quantize import quantize_q8_0, quantize_q8_k
 
@@ -62,7 +61,7 @@ def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K]
     kind = weights.type_name(name)
     path = kernel_path(kind, len(x), weights, name, repack)
     if path == "float":
-        return reference_mul_mat(x, weights, name, cache)
+        return float_weight_mul_mat(x, weights, name, cache, float_dots.float_mul_mat)
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
                            lambda start, stop: KernelRows(decode_rows(weights, name, start, stop, DECODERS)),
                            lambda rows: QUANT_PATHS[path](x, rows, kind))
