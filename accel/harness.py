@@ -6,6 +6,8 @@ NaN/inf check.
     python -m accel.harness [--backend numba] [--ops linear,attention] [--seed 0]
 
 prints one table row per case and exits 1 if any case fails. tests/test_numba.py runs the same cases.
+`--numerics ggml-cpu` runs accel/ggml_harness.py instead: every accel/numba/ggml kernel against its
+reference/ggml_cpu twin, bit for bit (tests/test_numba_ggml.py runs those cases).
 
 Thresholds. The backend computes on the same float32 activations and the same exactly dequantized
 weights as the reference. Norms and attention keep every sum the reference keeps in float64 in
@@ -34,6 +36,8 @@ from reference.gguf import Weights, write_out
 from reference.random_blocks import F16_SCALE_OFFSETS
 from reference.metrics import max_abs_diff, nmse
 
+GGML_OPS = ("quantize", "int_dots", "float_dots", "elementwise", "libm", "attention")  # ggml_harness.OPS
+
 # Gates per op, with why. One-ulp noise is <= 3.6e-15 (see above).
 GATES = {
     "linear": (1e-11, "exact weights, float32 sums within a super-block or tile (<= 1024 terms: "
@@ -59,13 +63,13 @@ class Case:
     run: object  # backend -> (reference output, backend output)
 
 
-def random_weights(qtype, n_out, n_in, rng):  # -> the stored tensor: floats, or raw blocks [n_out, row_bytes]
+def random_weights(qtype, n_out, n_in, rng, scale_offsets=F16_SCALE_OFFSETS):  # -> floats, or blocks [n_out, row_bytes]
     if qtype in (GT.F32, GT.F16, GT.BF16):
         w = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
         return w if qtype == GT.F32 else quants.quantize(w, qtype)
     block, size = GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)
-    for o in F16_SCALE_OFFSETS.get(qtype, ()):  # scales around 1/(32 sqrt(n_in)): values of order 1/sqrt(n_in)
+    for o in scale_offsets.get(qtype, ()):  # scales around 1/(32 sqrt(n_in)): values of order 1/sqrt(n_in)
         scale = rng.uniform(0.5, 1.5, len(blocks)) / (32 * np.sqrt(n_in))
         blocks[:, o:o + 2] = scale.astype(np.float16).view(np.uint8).reshape(-1, 2)
     if qtype == GT.IQ1_M:
@@ -213,10 +217,19 @@ def check(case, backend):  # -> (nmse, max |diff|, gate, problem or "")
 def main(argv=None):
     p = OneLineParser(prog="python -m accel.harness", description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="numba")
-    p.add_argument("--ops", type=names_in(GATES, "op"), default=list(GATES),
-                   help="comma-separated ops to run (default: all): " + ",".join(GATES))
+    p.add_argument("--numerics", choices=("exact", "ggml-cpu"), default="exact",
+                   help="ggml-cpu: the numba ggml kernels against their NumPy twins (--backend numba only)")
+    p.add_argument("--ops", type=names_in(tuple(GATES) + GGML_OPS, "op"), default=None,
+                   help="comma-separated ops to run (default: all): " + ",".join(GATES)
+                   + "; with --numerics ggml-cpu the kernel files " + ",".join(GGML_OPS))
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="numpy seeds are non-negative")
     args = p.parse_args(argv)
+    if args.numerics == "ggml-cpu":
+        return ggml_table(args)
+    args.ops = args.ops or list(GATES)
+    if set(args.ops) - set(GATES):
+        return fail("accel.harness", f"{', '.join(sorted(set(args.ops) - set(GATES)))}: ggml-cpu kernel files, "
+                                     "for --numerics ggml-cpu")
     from accel import BackendError, make_backend
     try:
         backend = make_backend(args.backend, np.float32)
@@ -242,6 +255,20 @@ def main(argv=None):
             print(f"gate {op}: NMSE <= {gate:g}: {why}")
     print((f"{failed} failed" if failed else "all passed") + (f", {skipped} skipped" if skipped else ""))
     return 1 if failed else 0
+
+
+def ggml_table(args):  # --numerics ggml-cpu -> exit status of accel/ggml_harness.py's table
+    if args.backend != "numba":
+        return fail("accel.harness",
+                    f"--numerics ggml-cpu compares the numba ggml kernels, not --backend {args.backend}")
+    if set(args.ops or ()) - set(GGML_OPS):
+        return fail("accel.harness", f"{', '.join(sorted(set(args.ops) - set(GGML_OPS)))}: not a ggml-cpu kernel "
+                                     f"file ({', '.join(GGML_OPS)})")
+    try:
+        from . import ggml_harness
+    except ImportError as e:
+        return fail("accel.harness", f"--numerics ggml-cpu needs numba ({e}); install the accel extra")
+    return ggml_harness.run_table(args.ops or GGML_OPS, args.seed)
 
 
 if __name__ == "__main__":

@@ -187,3 +187,31 @@ def test_missing_trace_directory(tmp_path):
     with pytest.raises(TraceError, match="cannot read trace index"):
         load_trace(str(tmp_path / "absent"))
 
+
+
+# tools.make_iq_kernel_goldens: a model without the type, an --out that cannot be a folder
+
+def test_iq_kernel_goldens_refuse_a_model_without_the_type():
+    from pathlib import Path
+
+    from reference.cli import UsageError
+    from tools.make_iq_kernel_goldens import regrouped
+    with pytest.raises(UsageError, match="tiny-b-f32.gguf: no IQ1_S tensor"):
+        regrouped(Path(MODELS, "tiny-b-f32.gguf"), "IQ1_S")
+
+
+def test_iq_kernel_goldens_bad_out_is_one_line_exit_2(tmp_path):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    r = run_cli("tools.make_iq_kernel_goldens", "--out", str(not_a_folder))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_iq_kernel_goldens_without_llama_cpp_python(monkeypatch):
+    import sys
+
+    from reference.cli import UsageError
+    from tools.make_iq_kernel_goldens import ggml_libs
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
+    with pytest.raises(UsageError, match="needs llama-cpp-python"):
+        ggml_libs()

@@ -26,8 +26,8 @@ CASE = next(c for c in MANIFEST["cases"] if c["id"] == "len7-n3")
 GGML_CPU_NMSE = 1e-5
 
 
-def test_ggml_cpu_drafter_block_logits_near_transformers():
-    lm = TextModel(gguf.load(os.path.join(MODELS, "tiny-a-f32.gguf"), "text"), backend=GgmlCpuBackend(check_host=False))
+def drafter_blocks(backend):  # -> (transformers' block logits, ours) [rows, V] with this backend
+    lm = TextModel(gguf.load(os.path.join(MODELS, "tiny-a-f32.gguf"), "text"), backend=backend)
     draft = gguf.load(os.path.join(MODELS, "tiny-a-dflash-f32.gguf"), "dflash")
     config = dataclasses.replace(draft.config, block_size=max(draft.config.block_size, CASE["n_max"] + 1))
     drafter = Drafter(dataclasses.replace(draft, config=config), lm)
@@ -39,6 +39,10 @@ def test_ggml_cpu_drafter_block_logits_near_transformers():
         blocks.append(drafter.block_logits(seq[pos0], pos0, CASE["n_max"], sp.draft_cache))
         sp.forward([seq[pos0]])
     ref = np.load(os.path.join(GOLDEN_DIR, CASE["file"]), allow_pickle=False)
-    ref, ours = ref.reshape(-1, ref.shape[-1]), np.stack(blocks).reshape(-1, ref.shape[-1])
+    return ref.reshape(-1, ref.shape[-1]), np.stack(blocks).reshape(-1, ref.shape[-1])
+
+
+def test_ggml_cpu_drafter_block_logits_near_transformers():
+    ref, ours = drafter_blocks(GgmlCpuBackend(check_host=False))
     assert nmse(ref, ours).max() <= GGML_CPU_NMSE
     assert np.array_equal(ref.argmax(-1), ours.argmax(-1))

@@ -4,7 +4,10 @@
 - whole-model logits with `GgmlCpuNumbaBackend` against llama.cpp's, bit for bit, on every committed
   ggml-cpu golden of golden/ggml_cpu/manifest.json (prefill and token-by-token decode, KV f16/f32/q8_0,
   flash attention off and on): the same check test_ggml_cpu.py makes of the NumPy emulation;
-- `python -m reference.run --backend numba --numerics ggml-cpu`.
+- `python -m reference.run --backend numba --numerics ggml-cpu`;
+- the op harness's ggml-cpu cases (accel/ggml_harness.py: attention, norms, RoPE, softmax, SwiGLU,
+  float dots, libm, quantizers, every integer kernel path) against their NumPy twins, every bit, and
+  its command line; the drafter on numba; tools.bench_ggml_numba.
 """
 import os
 
@@ -21,6 +24,8 @@ from reference import ggml_cpu  # noqa: E402
 from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,  # noqa: E402
                            check_shared, fixture, model)
 from test_ggml_presets import text_model as preset_model  # noqa: E402
+from test_ggml_cpu import IQ_KERNELS, check_iq_kernel, iq_block_rows  # noqa: E402
+from test_ggml_cpu import BOUNDED_RUNS, STREAM_MODELS, check_bounded_logits, check_streamed_mul_mat  # noqa: E402
 
 QUANT_TYPES = [f["type"] for f in OPS["files"] if not f["type"].startswith(("f", "bf"))]
 
@@ -34,6 +39,8 @@ def activations(rows, width, seed):  # -> f32 [rows, width] with the quantizers'
 
 
 @pytest.mark.parametrize("prefer_positive", [False, True])
+
+
 def test_quantize_q8_k_is_its_numpy_twin(prefer_positive):
     x = activations(6, 512, 0)
     ref = ggml_cpu.quantize_q8_k(x, prefer_positive)
@@ -48,6 +55,8 @@ def test_quantize_q8_0_is_its_numpy_twin():
 
 
 @pytest.mark.parametrize("op", ["sigmoid", "softcap", "gelu_erf"])
+
+
 def test_elementwise_ops_are_their_numpy_twins(op):  # glibc from numba: every bit, NaN and infinities too
     x = np.concatenate([np.random.default_rng(3).standard_normal(5192).astype(np.float32) * 30,
                         np.float32([0, -0.0, np.inf, -np.inf, np.nan, 1e-45, 88.8, -104])]).reshape(-1, 13)
@@ -58,8 +67,14 @@ def test_elementwise_ops_are_their_numpy_twins(op):  # glibc from numba: every b
 
 
 @pytest.mark.parametrize("kind", QUANT_TYPES)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 10])  # vec_dot, gemv tails, the repack gemm, the tiled kernel
+
+
 @pytest.mark.parametrize("weight", ["ffn_up", "attn_output", "ffn_down"])
+
+
 def test_mul_mat_kernels_are_their_numpy_twins(kind, rows, weight):  # every weight type and kernel path
     entry, _ = fixture(kind)
     weights = model(entry["model"]).weights
@@ -71,7 +86,11 @@ def test_mul_mat_kernels_are_their_numpy_twins(kind, rows, weight):  # every wei
 
 
 @pytest.mark.parametrize("kind", QUANT_TYPES)
+
+
 @pytest.mark.parametrize("step", ["", "decode."])
+
+
 def test_mul_mat_on_llama_cpp_tensors(kind, step):  # llama.cpp's own layer-0 input and output
     entry, t = fixture(kind)
     x, ref = t[f"{step}ffn_up.in"], t[f"{step}ffn_up.out"]
@@ -84,16 +103,22 @@ def run_id(run):
 
 
 @pytest.mark.parametrize("run", MANIFEST["runs"] + MANIFEST["kv_q8_0"]["runs"], ids=run_id)
+
+
 def test_logits_bit_identical_to_llama_cpp(run):
     check_run(run, model(run["model"]), GgmlCpuNumbaBackend)
 
 
 @pytest.mark.parametrize("run", MANIFEST["kv_q8_0"]["rotated_runs"], ids=lambda r: r["type"])
+
+
 def test_q8_0_kv_rotated_logits_bit_identical(run, tmp_path):  # head sizes 64, 128: the Hadamard rotation
     check_rotated(run, tmp_path, GgmlCpuNumbaBackend)
 
 
 @pytest.mark.parametrize("name,run,prompt", SHARED, ids=[f"{m}-{r}-{p}" for m, r, p in SHARED])
+
+
 def test_shared_llama_cpp_goldens(name, run, prompt):  # BF16, the tiled flash attention, tiny-a's Q2_K repack
     check_shared(name, run, prompt, GgmlCpuNumbaBackend)
 
@@ -119,8 +144,14 @@ class JoinedRows:
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q1_0", "Q2_0", "TQ1_0", "TQ2_0", "Q2_K"])  # presets of these names
+
+
 @pytest.mark.parametrize("rows", [1, 3, 8, 10])  # vec_dot; from 8 rows Q2_K's tiled kernel, the others' vec_dot still
+
+
 @pytest.mark.parametrize("joined", [False, True])
+
+
 def test_preset_type_kernels_are_their_numpy_twins(kind, rows, joined):  # the vec_dot-only types, Q2_K's vec_dot
     weights, name = preset_model(kind).weights, "blk.0.ffn_up.weight"
     assert weights.type_name(name) == kind
@@ -129,3 +160,284 @@ def test_preset_type_kernels_are_their_numpy_twins(kind, rows, joined):  # the v
         weights = JoinedRows(weights, name)
     ref = ggml_cpu.mul_mat(x, weights, name, {}, repack=False)
     assert_identical(ref, numba_mul_mat.mul_mat(x, weights, name, {}, repack=False), f"{kind}, {rows} rows")
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 10])  # the vec_dot (IQ1: iq1_vec_dot) and the tiled kernel
+
+
+@pytest.mark.parametrize("row_blocks", [1, 4])  # the presets' 256-wide rows, and 4 blocks regrouped into one row
+
+
+def test_iq_mul_mat_kernels_are_their_numpy_twins(kind, rows, row_blocks):
+    weights = iq_block_rows(kind, row_blocks)
+    x = activations(rows, 256 * row_blocks, rows)
+    x[:, 256:] *= np.float32(1e-3)  # later blocks of another magnitude
+    ref = ggml_cpu.mul_mat(x, weights, kind, {}, repack=False)
+    assert_identical(ref, numba_mul_mat.mul_mat(x, weights, kind, {}, repack=False), f"{kind}, {rows} rows")
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
+
+
+@pytest.mark.parametrize("rows", IQ_KERNELS["rows"])
+
+
+def test_iq_kernels_bit_identical_to_llama_cpp(kind, rows):  # golden/ggml_cpu/kernels: rows of 4 blocks
+    check_iq_kernel(kind, rows, numba_mul_mat.mul_mat)
+# ---------------------------------------------------------------------------------------------
+# The block decoders of the 30B UD-IQ2_XXS mix, and the bounded weight cache
+
+from gguf import GGMLQuantizationType, quants  # noqa: E402
+
+from accel.numba.ggml import blocks as numba_blocks  # noqa: E402
+from reference.ggml_cpu import blocks as reference_blocks  # noqa: E402
+
+DECODED_TYPES = {  # type -> a committed GGUF that holds tensors of it (llama-quantize's blocks)
+    "IQ2_XXS": "models/tiny-a-iq2_xxs.gguf", "IQ3_XXS": "ggml_cpu/models/tiny-b-iq3_xxs.gguf",
+    "IQ4_XS": "models/tiny-a-iq4_xs.gguf", "Q4_K": "ggml_cpu/models/tiny-b-iq3_xxs.gguf",
+    "Q6_K": "models/tiny-b-q6_k.gguf",
+}
+QUANT_ROWS_FIELDS = ("d", "values", "scales", "mins", "dmin", "m", "sub", "post", "unsigned_offset", "min_lanes")
+
+
+def assert_same_rows(ref, got, what):  # two QuantRows: every field of the same dtype, shape and bits
+    for field in QUANT_ROWS_FIELDS:
+        a, b = getattr(ref, field), getattr(got, field)
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {field}"
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{what}: {field}"
+        else:
+            assert type(a) is type(b) and a == b, f"{what}: {field}"
+
+
+def weight_terms(rows):  # QuantRows -> (d * post * scale * (value - offset), dmin * min + m) in float64 [O, K]
+    v = rows.values.astype(np.float64) - rows.unsigned_offset
+    if rows.scales is not None:
+        v *= np.repeat(rows.scales, rows.sub, axis=-1)
+    scaled = rows.d[..., None].astype(np.float64) * rows.post * v
+    shift = np.zeros_like(scaled)
+    if rows.mins is not None:
+        shift -= rows.dmin[..., None].astype(np.float64) * np.repeat(rows.mins, rows.sub, axis=-1)
+    return scaled.reshape(len(v), -1), shift.reshape(len(v), -1)
+
+
+@pytest.mark.parametrize("kind", sorted(DECODED_TYPES))
+
+
+def test_block_decoders_are_their_numpy_twins_on_committed_tensors(kind):
+    weights = model(DECODED_TYPES[kind]).weights
+    names = [n for n in weights.tensors if weights.type_name(n) == kind]
+    assert names, f"{DECODED_TYPES[kind]} holds no {kind} tensor"
+    for name in names:
+        n_rows = len(weights.raw(name))
+        ref = reference_blocks.decode_rows(weights, name, 0, n_rows)
+        got = reference_blocks.decode_rows(weights, name, 0, n_rows, numba_blocks.DECODERS)
+        assert_same_rows(ref, got, f"{kind} {name}")
+        # and against gguf-py's float32 dequantization: each weight is at most two float32 products
+        # and a difference, so it is within 3 float32 roundings (2^-24 relative) of its terms
+        scaled, shift = weight_terms(got)
+        theirs = quants.dequantize(np.asarray(weights.raw(name)), GGMLQuantizationType[kind]).astype(np.float64)
+        bound = 3 * 2.0 ** -24 * (np.abs(scaled) + np.abs(shift))
+        assert np.all(np.abs(scaled + shift - theirs) <= bound), f"{kind} {name} against gguf-py"
+
+
+@pytest.mark.parametrize("kind", sorted(DECODED_TYPES))
+
+
+def test_block_decoders_are_their_numpy_twins_on_random_bytes(kind):  # every bit of every field set somewhere
+    n_bytes = reference_blocks.DECODERS[kind][0]
+    raw = np.random.default_rng(len(kind)).integers(0, 256, (40, 3, n_bytes), dtype=np.uint8)
+    ref = reference_blocks.narrow(reference_blocks.DECODERS[kind][1](raw))
+    assert_same_rows(ref, numba_blocks.DECODERS[kind][1](raw), f"{kind} random blocks")
+
+
+@pytest.mark.parametrize("kind", STREAM_MODELS)
+
+
+@pytest.mark.parametrize("step", ["", "decode."])
+
+
+def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, monkeypatch):  # no cache, 8-row blocks
+    check_streamed_mul_mat(kind, step, numba_mul_mat.mul_mat, monkeypatch)
+
+
+@pytest.mark.parametrize("run", BOUNDED_RUNS, ids=run_id)
+
+
+def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, monkeypatch):  # some matrices kept, the rest streamed
+    check_bounded_logits(run, GgmlCpuNumbaBackend, monkeypatch)
+# ---------------------------------------------------------------------------------------------
+# The rest of the emulation's twins (attention, norms, RoPE, softmax, SwiGLU, float dots, libm),
+# through the op harness's ggml-cpu cases: every bit equal, NaN patterns included
+
+import numba  # noqa: E402
+
+from accel import ggml_harness  # noqa: E402
+from accel.numba.ggml import attention as numba_attention, float_dots as numba_float_dots  # noqa: E402
+from accel.numba.ggml import rounding as numba_rounding  # noqa: E402
+from conftest import cli_error, run_cli  # noqa: E402
+from reference import ops  # noqa: E402
+from reference.ggml_cpu import attention as ref_attention, elementwise as ref_elementwise  # noqa: E402
+
+GGML_CASES = ggml_harness.ggml_cases(seed=0)
+
+
+@pytest.mark.parametrize("case", GGML_CASES, ids=[f"{c.op}-{c.name}" for c in GGML_CASES])
+
+
+def test_ggml_harness_case(case):  # gate 0: the same float32 operations in the same order
+    with np.errstate(all="ignore"):
+        differing, worst, problem = ggml_harness.compare(*case.run())
+    assert not problem, f"{case.name}: {problem}, max |diff| {worst:.3g}"
+
+
+def test_harness_compare_sees_one_ulp():  # the gate can fail: one ulp in one element, a NaN's sign
+    ref = [np.float32([1.0, np.nan, 3.0])]
+    one_ulp = [np.float32([np.nextafter(np.float32(1), np.float32(2)), np.nan, 3.0])]
+    other_nan = [np.float32([1.0, -np.float32(np.nan), 3.0])]
+    assert ggml_harness.compare(ref, one_ulp)[:2] == (1, float(np.spacing(np.float32(1))))
+    assert ggml_harness.compare(ref, other_nan)[0] == 1
+    assert ggml_harness.compare([np.int64([1, 2])], [np.int8([1, 3])])[0] == 1
+
+
+@numba.njit
+
+
+def rounded_f16(x):  # f32 [n] -> [n] through the numba scalar round_f16
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = numba_rounding.round_f16(x[i])
+    return out
+
+
+def test_round_f16_is_numpys_float16():  # every exponent, the subnormal grid, ties, overflow to infinity
+    rng = np.random.default_rng(7)
+    bits = np.concatenate([rng.integers(0, 2**32, 2**20, dtype=np.uint64).astype(np.uint32),
+                           np.arange(0x33000000, 0x38800400, 3, dtype=np.uint32),  # subnormal halves and ties
+                           np.arange(0x477FE000, 0x47800100, dtype=np.uint32)])  # 65504 .. 65536: to infinity
+    x = np.concatenate([bits, bits | np.uint32(1 << 31)]).view(np.float32)
+    x = x[~np.isnan(x)]
+    with np.errstate(over="ignore"):
+        assert np.array_equal(ggml_cpu.round_f16(x).view(np.uint32), rounded_f16(x).view(np.uint32))
+
+
+def long_prompt(T, S, H, Hkv, D, seed):  # q, k, v, visible, scale of a causal chunk ending a cache of S cells
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((T, H, D), (S, Hkv, D), (S, Hkv, D)))
+    return q, k, v, ops.causal_visible(np.arange(S - T, S), np.arange(S), 0), 1 / np.sqrt(D)
+
+
+@pytest.mark.parametrize("path", ["mul_mat f16", "mul_mat f32", "flash"])
+
+
+def test_attention_over_several_tiles_and_padded_cells(path):  # 130 rows over 300 cells (n_kv 512), GQA 3/1
+    args = long_prompt(130, 300, 3, 1, 64, 11)
+    fn, extra = ("attention_flash", (2,)) if path == "flash" else ("attention_mul_mat", (path.split()[1],))
+    ref, got = getattr(ref_attention, fn)(*args, *extra), getattr(numba_attention, fn)(*args, *extra)
+    assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
+
+
+def test_flash_split_with_three_threads():  # chunks of ceil(n_kv / 3) cells, the last one shorter
+    args = long_prompt(1, 700, 2, 2, 32, 12)
+    ref, got = ref_attention.attention_flash(*args, 3), numba_attention.attention_flash(*args, 3)
+    assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
+
+
+def test_soft_max_ties_and_zero_scale():  # equal scores (ties for the max) and scale 0: every weight 1/n
+    scores = np.repeat(np.float32([[2.0, 2.0, -1.0] * 11]), 3, axis=0)
+    visible = np.ones_like(scores, bool)
+    for scale in (1.0, 0.0):
+        ref, got = ref_elementwise.soft_max(scores, visible, scale), numba_elementwise.soft_max(scores, visible, scale)
+        assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
+
+
+def test_float_mul_mat_on_a_model_weight():  # tiny-b's F16 and BF16 ffn_up, 1 and 5 rows
+    for kind in ("f16", "bf16"):
+        weights = model(f"models/tiny-b-{kind}.gguf").weights
+        w = weights.get("blk.0.ffn_up.weight", np.float32)
+        x = activations(5, w.shape[1], 3)
+        for rows in (1, 5):
+            ref = ggml_cpu.mul_mat(x[:rows], weights, "blk.0.ffn_up.weight", {})
+            got = GgmlCpuNumbaBackend(check_host=False).linear(x[:rows], weights, "blk.0.ffn_up.weight")
+            assert_identical(ref, got, f"{kind} {rows} rows")
+
+
+def test_harness_cli_numerics_ggml_cpu():
+    r = run_cli("accel.harness", "--numerics", "ggml-cpu", "--ops", "libm")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("all passed") and "v_silu" in r.stdout and "attention_flash" not in r.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--numerics", "ggml-cpu", "--backend", "numpy"), "compares the numba ggml kernels, not --backend numpy"),
+    (("--numerics", "ggml-cpu", "--ops", "linear"), "linear: not a ggml-cpu kernel file"),
+    (("--ops", "quantize"), "quantize: ggml-cpu kernel files, for --numerics ggml-cpu"),
+    (("--numerics", "float"), "invalid choice: 'float'"),
+])
+
+
+def test_harness_cli_refuses(args, words):
+    assert words in cli_error(run_cli("accel.harness", *args))
+
+
+@numba.njit
+
+
+def fused(a, b, c, lanes):  # f32 [n] x3 -> [n] through numba fma32 (lanes False) or fma32_lanes
+    out = np.empty_like(a)
+    for i in range(a.size):
+        out[i] = numba_rounding.fma32_lanes(a[i], b[i], c[i]) if lanes else numba_rounding.fma32(a[i], b[i], c[i])
+    return out
+
+
+def midpoint_operands(n, seed):  # a, b, c f32 whose a*b + c lands on (or a hair off) a float32 midpoint
+    """a*b = h (1 - 2^-2k) or h (1 - 2^-k)(1 + 2^-k) with h half an ulp of c: in float64 the sum rounds
+    onto the midpoint c + h, while the exact sum is just below it (the double-rounding trap)."""
+    rng = np.random.default_rng(seed)
+    c = (rng.uniform(1, 2, n) * 2.0 ** rng.integers(-20, 20, n) * rng.choice([-1, 1], n)).astype(np.float32)
+    h = np.spacing(np.abs(c)) / 2
+    k = rng.integers(8, 23, n)
+    a = (h * (1 - 2.0 ** -k) * rng.choice([-1, 1], n)).astype(np.float32)
+    b = np.where(rng.random(n) < 0.9, 1 + 2.0 ** -k, 1.0).astype(np.float32)  # b = 1: an exact midpoint, a tie
+    return a, b, c
+
+
+def test_fma32_lanes_is_fma32_on_midpoints():  # the branchless fma of tinyBLAS against reference fma32
+    a, b, c = midpoint_operands(200000, 21)
+    ref = ggml_cpu.fma32(a, b, c)
+    naive = (a.astype(np.float64) * b + c).astype(np.float32)
+    assert np.count_nonzero(ref != naive) > 10000  # the operands do reach the midpoint correction
+    for lanes in (False, True):
+        assert np.array_equal(ref.view(np.uint32), fused(a, b, c, lanes).view(np.uint32))
+
+
+def test_bench_ggml_numba_runs_bit_identical(tmp_path):  # numpy and numba in one run: logits max |diff| 0
+    r = run_cli("tools.bench_ggml_numba", "--models", "tiny-b-q4_k_m", "--prompt-len", "4", "--n-decode", "1",
+                "--repeat", "1", "--plot", str(tmp_path / "speed.png"))
+    assert r.returncode == 0, r.stderr
+    assert "max |diff| 0, NMSE 0" in r.stdout and (tmp_path / "speed.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--models", "tiny-b-q4_k_m,nope"), "no model 'nope' in golden/models"),
+    (("--kv-type", "q8_0"), "--kv-type q8_0 needs --flash-attn on"),
+    (("--prompt-len", "0"), "--prompt-len: 0 is out of range"),
+    (("--plot", "no/such/dir/x.png"), "no such directory"),
+])
+
+
+def test_bench_ggml_numba_refuses(args, words):
+    assert words in cli_error(run_cli("tools.bench_ggml_numba", *args))
+
+
+def test_drafter_on_numba_near_transformers_and_bit_identical_to_numpy():  # rope_neox, norms, SwiGLU
+    from test_dflash_ggml_cpu import GGML_CPU_NMSE, drafter_blocks
+    from reference.metrics import nmse
+    ref, ours = drafter_blocks(GgmlCpuNumbaBackend(check_host=False))
+    assert nmse(ref, ours).max() <= GGML_CPU_NMSE  # test_dflash_ggml_cpu's gate, derived there
+    assert np.array_equal(ref.argmax(-1), ours.argmax(-1))
+    _, emulated = drafter_blocks(ggml_cpu.GgmlCpuBackend(check_host=False))
+    assert_identical(emulated, ours, "drafter block logits, numba against the NumPy emulation")

@@ -41,6 +41,7 @@ from .elementwise import gelu_erf, layer_norm, rms_norm, rope_2d, rope_norm, sig
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled, vec_dot_q8_0
 from .int_dots import q2_k_vec_dot, wide_block_vec_dot
+from .int_dots import iq1_vec_dot
 from .libm import libm, silu_rows, v_expf, v_silu
 from .mul_mat import float_mul_mat, mul_mat
 from .quantize import QuantActs, quantize_q8_0, quantize_q8_k

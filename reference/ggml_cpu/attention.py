@@ -1,13 +1,15 @@
 """Attention over the KV cells (llama-graph.cpp build_attn_mha, ops.cpp flash_attn_ext): the
 mul_mat path, the flash-attention kernels, and the Q8_0 cache with its Hadamard rotation."""
+import sys
+
 import numpy as np
 
 from .build import GgmlCpuError
-from .elementwise import soft_max
-from .float_dots import vec_dot_f16, vec_dot_f32
+from .elementwise import soft_max  # noqa: F401 (called through KERNELS)
+from .float_dots import vec_dot_f16, vec_dot_f32  # noqa: F401 (vec_dot_f32 through KERNELS)
 from .int_dots import vec_dot_q8_0
 from .libm import libm, v_expf
-from .mul_mat import float_mul_mat
+from .mul_mat import float_mul_mat  # noqa: F401 (called through KERNELS)
 from .quantize import QuantActs, quantize_q8_0
 from .rounding import F32, F64, fma32, hsum16, round_f16
 
@@ -20,8 +22,11 @@ def pad_cells(a, n_kv):  # [S, ...] -> [n_kv, ...], zero cells past the filled o
     return np.concatenate([a, np.zeros((n_kv - len(a),) + a.shape[1:], a.dtype)]) if n_kv > len(a) else a
 
 
-def attention_mul_mat(q, k, v, visible, scale, kv_type):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
-    """Flash attention off: kq = K.Q (mul_mat), soft_max_ext(kq, F32 mask, scale), kqv = V^T.P."""
+def attention_mul_mat(q, k, v, visible, scale, kv_type, kernels=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    """Flash attention off: kq = K.Q (mul_mat), soft_max_ext(kq, F32 mask, scale), kqv = V^T.P.
+    kernels: the module of float_mul_mat, vec_dot_f32 and soft_max (default this emulation's; the
+    numba twin passes its own)."""
+    kernels = kernels or KERNELS
     H = q.shape[1]
     group = H // k.shape[1]
     n_kv = n_kv_cells(len(k))
@@ -33,11 +38,12 @@ def attention_mul_mat(q, k, v, visible, scale, kv_type):  # [T, H, D], [S, Hkv, 
     for h in range(H):
         kh, vh, qh = k[:, h // group], v[:, h // group], q[:, h]
         if kv_type == "f16":  # Q converted to f16 first, then contiguous: the F16 matmul
-            kq = float_mul_mat(round_f16(qh), kh, "F16")
+            kq = kernels.float_mul_mat(round_f16(qh), kh, "F16")
         else:  # the permuted Q is not contiguous, so llamafile refuses it: vec_dot_f32 row by row
-            kq = vec_dot_f32(qh[:, None, :], kh[None])
-        p = soft_max(kq, visible, scale)
-        out[:, h] = float_mul_mat(round_f16(p), vh.T, "F16") if kv_type == "f16" else float_mul_mat(p, vh.T, "F32")
+            kq = kernels.vec_dot_f32(qh[:, None, :], kh[None])
+        p = kernels.soft_max(kq, visible, scale)
+        out[:, h] = (kernels.float_mul_mat(round_f16(p), vh.T, "F16") if kv_type == "f16"
+                     else kernels.float_mul_mat(p, vh.T, "F32"))
     return out
 
 
@@ -64,44 +70,47 @@ def fwht(x, n):  # x [..., D] f32, n a power of two dividing D -> [..., D]: each
     return y.reshape(np.shape(x))
 
 
-def attention_q8_0(q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+def attention_q8_0(q, k, v, visible, scale, kernels=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
     """A Q8_0 cache (flash attention on): q, k, v rotated (head sizes multiple of 64), K and V rows
     stored through quantize_row_q8_0, the one-chunk kernel (tiled and KV-split kernels take only F16/F32
-    caches) with Q in Q8_0 and V dequantized exactly, the output rotated back."""
+    caches) with Q in Q8_0 and V dequantized exactly, the output rotated back. kernels: the module of
+    fwht, quantize_q8_0 and flash_chunk."""
+    kernels = kernels or KERNELS
     H, D = q.shape[1:]
     if D % 32:
         raise GgmlCpuError(f"a q8_0 KV cache needs a head size that is a multiple of 32, not {D}")
     rotation = hadamard_sizes(D)
     if rotation:
-        q, k, v = fwht(q, rotation[0]), fwht(k, rotation[0]), fwht(v, rotation[1])
+        q, k, v = kernels.fwht(q, rotation[0]), kernels.fwht(k, rotation[0]), kernels.fwht(v, rotation[1])
     heads = np.arange(H) // (H // k.shape[1])
-    k_rows = quantize_q8_0(k[:, heads].reshape(-1, D))
-    v_rows = quantize_q8_0(v[:, heads].reshape(-1, D))
+    k_rows = kernels.quantize_q8_0(k[:, heads].reshape(-1, D))
+    v_rows = kernels.quantize_q8_0(v[:, heads].reshape(-1, D))
     # dequantize_row_q8_0: f16 scale times int8 is exact in float32
     v_values = (v_rows.d[..., None] * v_rows.q.astype(F32)).reshape(len(v), H, D).astype(F32)
-    out = flash_chunk(q, (k_rows.d.reshape(len(k), H, -1), k_rows.q.reshape(len(k), H, -1, 32)), v_values,
-                      visible, scale, range(len(k)), "q8_0")
-    return fwht(out, rotation[1]) if rotation else out
+    out = kernels.flash_chunk(q, (k_rows.d.reshape(len(k), H, -1), k_rows.q.reshape(len(k), H, -1, 32)), v_values,
+                              visible, scale, range(len(k)), "q8_0")
+    return kernels.fwht(out, rotation[1]) if rotation else out
 
 
 FA_TILE = 64  # GGML_FA_TILE_Q = GGML_FA_TILE_KV
 FA_SPLIT_MIN_CELLS = 512  # decode rows read cells split across threads from this n_kv on
 
 
-def attention_flash(q, k, v, visible, scale, n_threads):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+def attention_flash(q, k, v, visible, scale, n_threads, kernels=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
     """ggml_compute_forward_flash_attn_ext_f16 with K and V in F16 (an F32 cache is cast): the tiled
     kernel for ubatches of 64+ rows, the KV-split one for a single row over 512+ cells, else the
-    one-chunk kernel."""
+    one-chunk kernel. kernels: the module of flash_tiled, flash_split and flash_chunk."""
+    kernels = kernels or KERNELS
     T, H, D = q.shape
     n_kv = n_kv_cells(len(k))
     heads = np.arange(H) // (H // k.shape[1])
     k, v = round_f16(pad_cells(k, n_kv))[:, heads], round_f16(pad_cells(v, n_kv))[:, heads]  # [n_kv, H, D]
     visible = pad_cells(visible.T, n_kv).T
     if T >= FA_TILE:
-        return flash_tiled(q, k, v, visible, scale)
+        return kernels.flash_tiled(q, k, v, visible, scale)
     if T == 1 and n_kv >= FA_SPLIT_MIN_CELLS:
-        return flash_split(q, k, v, visible, scale, n_threads)
-    return flash_chunk(q, k, v, visible, scale, range(n_kv), "f16")
+        return kernels.flash_split(q, k, v, visible, scale, n_threads)
+    return kernels.flash_chunk(q, k, v, visible, scale, range(n_kv), "f16")
 
 
 def flash_normalise(s_sum, acc):  # S [T, H], VKQ [T, H, D] -> [T, H, D]: VKQ * (S == 0 ? 0 : 1/S)
@@ -203,3 +212,6 @@ def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 val
         for kk in range(FA_TILE):
             acc = np.where(rows[..., None], fma32(v[start + kk][None], p[:, :, kk, None], acc), acc)
     return flash_normalise(s_sum, acc)
+
+
+KERNELS = sys.modules[__name__]  # the kernels the attention functions call unless given others

@@ -2,6 +2,7 @@
 lane and accumulation order."""
 import numpy as np
 
+from .blocks import QuantRows
 from .rounding import F32, F64, fma32, hsum8
 
 
@@ -18,6 +19,7 @@ def f32_of(i):  # int [...] -> f32 [...]: vcvtdq2ps, round to nearest even
 
 # ---------------------------------------------------------------------------------------------
 # Quantized dot products, one function per kernel family
+
 
 def q0_lanes(w, a, accumulators=1):  # QuantRows/QuantActs 32-blocks -> [T, O]
     """tinyBLAS_Q0_AVX and ggml_vec_dot_{q8_0,q5_0,q4_0,iq4_nl}_q8_0 (AVX2), every row against every
@@ -175,3 +177,22 @@ def q2_k_vec_dot(w, a):  # Q2_K rows, Q8_K acts -> [T, O]: ggml_vec_dot_q2_K_q8_
         acc = fma32(dmin[..., None], f32_of(min_lanes[:, :, b]), acc)
         acc = fma32((a.d[:, None, b] * w.d[None, :, b])[..., None], f32_of(lanes[:, :, b]), acc)
     return hsum8(acc)
+
+
+def iq1_vec_dot(w, a, delta_lanes):  # IQ1_S/IQ1_M rows, Q8_K acts -> [T, O]: ggml_vec_dot_iq1_{s,m}_q8_K (AVX2)
+    """The codes 8*grid + delta taken apart: the grid part is the k_vec_dot arithmetic (8 lanes of
+    scale * grid * q, fma(d_w*d_a, f32(lane), acc), hsum_float_8); the delta part sum(scale * delta * q)
+    goes the same way into 8 lanes of its own for IQ1_M (delta_lanes 8), and for IQ1_S (delta_lanes 1,
+    sumi1 from the bsums) as one integer per block into a scalar, by FMA (contracted). out = grid part
+    + 1/8 * delta part (IQ1S_DELTA, IQ1M_DELTA: an exact product, so contraction cannot change it)."""
+    grid = (w.values.astype(np.int64) + 4) // 8  # 8*grid + delta with delta = +-1: the nearest multiple of 8
+    delta = w.values - 8 * grid
+    grid_part = k_vec_dot(QuantRows(w.d, grid, w.scales, sub=w.sub), a)
+    if delta_lanes == 8:
+        return grid_part + F32(0.125) * k_vec_dot(QuantRows(w.d, delta, w.scales, sub=w.sub), a)
+    sumi1 = (int_dot(delta, a.q, w.sub) * w.scales[None]).sum(-1)  # [T, O, nb]
+    scale = w.d[None] * a.d[:, None]
+    acc = np.zeros(sumi1.shape[:2], F32)
+    for b in range(sumi1.shape[2]):
+        acc = fma32(scale[:, :, b], f32_of(sumi1[:, :, b]), acc)
+    return grid_part + F32(0.125) * acc

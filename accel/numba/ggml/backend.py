@@ -1,25 +1,59 @@
-"""GgmlCpuNumbaBackend: reference GgmlCpuBackend with its quantized matmuls (activation quantizers,
-integer dots and their float epilogues) and its glibc-bound element-wise ops on numba; attention,
-the norms, RoPE and SwiGLU are still the NumPy emulation."""
+"""GgmlCpuNumbaBackend: reference GgmlCpuBackend with every kernel on its numba twin: the quantized
+matmuls (activation quantizers, integer dots and their float epilogues), the float (F32/F16/BF16)
+matmuls, attention (both paths, F16/F32/Q8_0 caches), the norms, RoPE, SwiGLU and the glibc-bound
+element-wise ops."""
 import numpy as np
 
 from reference.ggml_cpu import GgmlCpuBackend
 
-from . import elementwise
+from . import attention, elementwise
+from .float_dots import float_mul_mat
 from .mul_mat import mul_mat
+
+F32 = np.float32
 
 
 class GgmlCpuNumbaBackend(GgmlCpuBackend):
     name = "numba-ggml-cpu"
 
     def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
-        return mul_mat(np.ascontiguousarray(x, np.float32), weights, name, self.decoded.setdefault(weights, {}), self.repack)
+        cache = self.decoded.setdefault(weights, {})
+        return mul_mat(np.ascontiguousarray(x, np.float32), weights, name, cache, self.repack, self.cache_bytes)
+
+    def matmul(self, x, w):  # x [T, in], w [out, in] f32 array -> [T, out]: an F32 GGML_OP_MUL_MAT
+        return float_mul_mat(np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32), "F32")
+
+    def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+        q, k, v = (np.asarray(a, F32) for a in (q, k, v))
+        if self.kv_type == "q8_0":
+            return attention.attention_q8_0(q, k, v, visible, scale)
+        if self.flash_attn:
+            return attention.attention_flash(q, k, v, visible, scale, self.n_threads)
+        return attention.attention_mul_mat(q, k, v, visible, scale, self.kv_type)
+
+    def rms_norm(self, x, eps):  # x [..., n] -> [..., n]
+        return elementwise.rms_norm(x, eps)
+
+    def layer_norm(self, x, w, b, eps):  # x [..., n], w [n], b [n] -> [..., n]
+        return elementwise.layer_norm(x, w, b, eps)
+
+    def rope_norm(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
+        return elementwise.rope_norm(x, theta)
+
+    def rope_neox(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
+        return elementwise.rope_neox(x, theta)
+
+    def rope_2d(self, x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]
+        return elementwise.rope_2d(x, theta_a, theta_b)
 
     def sigmoid(self, x):  # [...] -> [...]
         return elementwise.sigmoid(x)
 
     def gelu_erf(self, x):  # [...] -> [...]
         return elementwise.gelu_erf(x)
+
+    def swiglu(self, gate, up):  # gate [T, F], up [T, F] -> [T, F]
+        return elementwise.swiglu(gate, up)
 
     def softcap(self, z, cap):  # z [...] -> [...]
         return elementwise.softcap(np.asarray(z, np.float32), cap)

@@ -22,3 +22,142 @@ def softcap(z, cap):  # z [...] -> [...]: ggml_scale(1/cap), glibc tanhf, ggml_s
 def gelu_erf(x):  # [...] f32 -> [...]: ggml_vec_gelu_erf_f32 with glibc erff
     x = np.asarray(x, F32)
     return (F32(0.5) * x) * (F32(1) + libm("erff", x * SQRT_2_INV))
+
+
+# ---------------------------------------------------------------------------------------------
+# Norms, RoPE, SwiGLU and softmax: one compiled loop per row, in the reference's order
+
+import numba  # noqa: E402
+
+from .libm import EXPF, silu_rows, v_expf_lane  # noqa: E402
+from .rounding import fma32, hsum16, sqrt32  # noqa: E402
+from .threads import threaded  # noqa: E402
+
+F64 = np.float64
+NEG_INF = F32(-np.inf)
+
+
+def rows_of(x):  # [..., n] -> contiguous f32 [R, n]
+    x = np.ascontiguousarray(x, F32)
+    return x.reshape(-1, x.shape[-1])
+
+
+@threaded()
+def rms_norm_rows(x, eps):  # f32 [R, n], f32 eps -> [R, n]: squares in f32, summed in double left to right
+    R, n = x.shape
+    out = np.empty_like(x)
+    for r in numba.prange(R):
+        sum_sq = 0.0
+        for i in range(n):
+            sum_sq += F64(x[r, i] * x[r, i])
+        scale = F32(1) / sqrt32(F32(sum_sq / n) + eps)
+        for i in range(n):
+            out[r, i] = x[r, i] * scale
+    return out
+
+
+def rms_norm(x, eps):  # x [..., n] f32 -> [..., n]: reference rms_norm
+    rows = rows_of(x)
+    return rms_norm_rows(rows.size, rows, F32(eps)).reshape(np.shape(x))
+
+
+@threaded()
+def layer_norm_rows(x, w, b, eps):  # f32 [R, n], w/b [n] -> [R, n]: reference layer_norm's sums and roundings
+    R, n = x.shape
+    n16 = n - n % 16
+    out = np.empty_like(x)
+    for r in numba.prange(R):
+        total = 0.0
+        for i in range(n):
+            total += F64(x[r, i])
+        mean = F32(total) / F32(n)
+        centered = x[r] - mean
+        squares = centered * centered
+        var = 0.0
+        for s in range(0, n16, 16):
+            var += F64(hsum16(squares[s:s + 16]))
+        for i in range(n16, n):
+            var += F64(squares[i])
+        scale = F32(1) / sqrt32(F32(var / n) + eps)
+        for i in range(n):
+            out[r, i] = (centered[i] * scale) * w[i] + b[i]
+    return out
+
+
+def layer_norm(x, w, b, eps):  # x [..., n] f32, w [n], b [n] -> [..., n]: reference layer_norm
+    rows = rows_of(x)
+    return layer_norm_rows(rows.size, rows, np.ascontiguousarray(w, F32), np.ascontiguousarray(b, F32),
+                           F32(eps)).reshape(np.shape(x))
+
+
+@threaded()
+def rotate_pairs(x, cos, sin, first, stride):  # x [T, H, D], cos/sin [T, P] -> [T, H, D]
+    """Pair i is (first(i), first(i) + stride): rope_norm has first 2i, stride 1; rope_neox i, P.
+    The pairs of whole groups of 4 take the contracted FMAs, the last P mod 4 plain products."""
+    T, H, D = x.shape
+    P = cos.shape[1]
+    n4 = P - P % 4
+    out = x.copy()
+    for t in numba.prange(T):
+        for h in range(H):
+            for i in range(P):
+                a = first * i
+                x0, x1, c, s = x[t, h, a], x[t, h, a + stride], cos[t, i], sin[t, i]
+                if i < n4:
+                    out[t, h, a] = fma32(x0, c, -(x1 * s))
+                    out[t, h, a + stride] = fma32(x0, s, x1 * c)
+                else:
+                    out[t, h, a] = x0 * c - x1 * s
+                    out[t, h, a + stride] = x0 * s + x1 * c
+    return out
+
+
+def rope_norm(x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]: reference rope_norm, pairs (2i, 2i+1)
+    return rotate_pairs(np.size(x), np.ascontiguousarray(x, F32), libm("cosf", theta), libm("sinf", theta), 2, 1)
+
+
+def rope_neox(x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]: reference rope_neox, pairs (i, i + D/2)
+    return rotate_pairs(np.size(x), np.ascontiguousarray(x, F32), libm("cosf", theta), libm("sinf", theta), 1,
+                        theta.shape[-1])
+
+
+def rope_2d(x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]: reference rope_2d
+    half = x.shape[-1] // 2
+    return np.concatenate([rope_norm(x[..., :half], theta_a), rope_norm(x[..., half:], theta_b)], axis=-1)
+
+
+def swiglu(gate, up):  # gate [T, F], up [T, F] -> [T, F]: silu(gate) * up
+    return silu_rows(gate) * np.asarray(up, F32)
+
+
+@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
+def soft_max_rows(scores, visible, scale):  # f32 [R, S], bool [R, S], f32 -> [R, S]: reference soft_max
+    R, S = scores.shape
+    n16 = S - S % 16
+    out = np.empty_like(scores)
+    for r in numba.prange(R):
+        w = np.empty(S, F32)
+        m = NEG_INF
+        for i in range(S):
+            w[i] = scores[r, i] * scale if visible[r, i] else NEG_INF
+            if w[i] > m or w[i] != w[i]:  # np.max: a NaN wins
+                m = w[i]
+        e = out[r]
+        for i in range(n16):
+            e[i] = v_expf_lane(w[i] - m)
+        for i in range(n16, S):
+            e[i] = EXPF(w[i] - m)
+        total = 0.0
+        for s in range(0, n16, 16):
+            total += F64(hsum16(e[s:s + 16]))
+        for i in range(n16, S):
+            total += F64(e[i])
+        inv = F32(1.0 / total)
+        for i in range(S):
+            e[i] *= inv
+    return out
+
+
+def soft_max(scores, visible, scale):  # scores [R, S] f32, visible [R, S] -> [R, S]: reference soft_max
+    visible = np.ascontiguousarray(np.broadcast_to(visible, np.shape(scores)), np.bool_)
+    return soft_max_rows(np.size(scores), np.ascontiguousarray(scores, F32), visible, F32(scale))

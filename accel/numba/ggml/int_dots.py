@@ -238,3 +238,43 @@ def q2_k_vec_dot(vs, d, dmin, mins, aq, ad, bsums):  # Q2_K rows (vs: codes time
                 q2_k_block(vs, d, dmin, mins, aq, ad, bsums, t, o, b, chunk, lanes, acc)
             out[t, o] = hsum8(acc)
     return out
+
+
+@numba.njit(cache=True, inline="always")
+def iq1_lanes(vs, scales, sub, aq, t, o, b, grid_lanes, delta_lanes):  # the 8 lane sums of each part
+    """vs holds scale * (8 grid + delta): the code comes back by the exact division, then grid and delta
+    as reference iq1_vec_dot takes them apart; lane l: elements 4l..4l+3 of every 32-element chunk."""
+    grid_lanes[:] = 0
+    delta_lanes[:] = 0
+    for k in range(vs.shape[2]):
+        scale = np.int64(scales[o, b, k // sub])
+        code = np.int64(vs[o, b, k]) // scale
+        grid = (code + 4) // 8
+        q = np.int64(aq[t, b, k])
+        grid_lanes[(k % 32) // 4] += scale * grid * q
+        delta_lanes[(k % 32) // 4] += scale * (code - 8 * grid) * q
+
+
+@numba.njit(cache=True, parallel=True)
+def iq1_vec_dot(vs, scales, sub, d, aq, ad, delta_lanes):  # IQ1_S/IQ1_M -> [T, O]: reference iq1_vec_dot
+    O, nb, _ = vs.shape
+    T = aq.shape[0]
+    out = np.zeros((T, O), F32)
+    for o in numba.prange(O):
+        grid_sums, delta_sums = np.zeros(8, np.int64), np.zeros(8, np.int64)
+        acc, acc_delta = np.zeros(8, F32), np.zeros(8, F32)
+        for t in range(T):
+            acc[:] = 0
+            acc_delta[:] = 0
+            for b in range(nb):
+                iq1_lanes(vs, scales, sub, aq, t, o, b, grid_sums, delta_sums)
+                scale = d[o, b] * ad[t, b]
+                for lane in range(8):
+                    acc[lane] = fma32(scale, F32(grid_sums[lane]), acc[lane])
+                    if delta_lanes == 8:
+                        acc_delta[lane] = fma32(scale, F32(delta_sums[lane]), acc_delta[lane])
+                if delta_lanes == 1:  # IQ1_S: one integer per block into a scalar
+                    acc_delta[0] = fma32(scale, F32(delta_sums.sum()), acc_delta[0])
+            delta_part = hsum8(acc_delta) if delta_lanes == 8 else acc_delta[0]
+            out[t, o] = hsum8(acc) + F32(0.125) * delta_part
+    return out
