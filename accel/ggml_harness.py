@@ -23,11 +23,12 @@ from reference.ggml_cpu.blocks import DECODERS, decode
 from reference.ggml_cpu.build import GgmlCpuError
 from reference.ggml_cpu.mul_mat import QUANT_PATHS, kernel_path
 from reference.ggml_cpu.rounding import round_bf16, round_f16
+from reference.gguf import GgmlType
 from reference.random_blocks import F16_SCALE_OFFSETS
 
 F32 = np.float32
 WHY = "the same float32 operations in the same order (integer sums exact in any order): every bit equal"
-SCALE_OFFSETS = {**F16_SCALE_OFFSETS, GT.Q5_1: (0, 2), GT.IQ2_S: (0,)}  # f16 d (and Q5_1's m) of each block
+SCALE_OFFSETS = {**F16_SCALE_OFFSETS, GT.Q1_0: (0,), GgmlType.Q2_0: (0,)}  # f16 d (and m) of each block; IQ1_M: its own
 
 
 @dataclass
@@ -89,7 +90,8 @@ class BlockWeights:
     to the kernel choice and the decoders (type_name, raw)."""
 
     def __init__(self, kind, n_out, n_in, rng):
-        self.kind, self.blocks = kind, random_weights(GT[kind], n_out, n_in, rng, SCALE_OFFSETS)
+        qtype = GT[kind] if kind in GT.__members__ else GgmlType[kind]
+        self.kind, self.blocks = kind, random_weights(qtype, n_out, n_in, rng, SCALE_OFFSETS)
 
     def type_name(self, name):
         return self.kind
@@ -101,7 +103,7 @@ class BlockWeights:
 def int_dot_cases(rng):  # every quantized type x batch rows x repack, through its kernel path
     from accel.numba.ggml import mul_mat as numba_mul_mat
     cases = []
-    for kind in sorted(k for k in DECODERS if GT[k] in SCALE_OFFSETS):
+    for kind in sorted(DECODERS):
         w = BlockWeights(kind, 16, 512, rng)
         rows = decode(w, "w")
         kernel_rows = numba_mul_mat.KernelRows(rows)

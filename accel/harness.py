@@ -32,7 +32,7 @@ from gguf import quants
 
 from reference import ops
 from reference.cli import OneLineParser, fail, int_in, names_in
-from reference.gguf import Weights, write_out
+from reference.gguf import EXTRA_SIZES, Weights, write_out
 from reference.random_blocks import F16_SCALE_OFFSETS
 from reference.metrics import max_abs_diff, nmse
 
@@ -67,7 +67,7 @@ def random_weights(qtype, n_out, n_in, rng, scale_offsets=F16_SCALE_OFFSETS):  #
     if qtype in (GT.F32, GT.F16, GT.BF16):
         w = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
         return w if qtype == GT.F32 else quants.quantize(w, qtype)
-    block, size = GGML_QUANT_SIZES[qtype]
+    block, size = {**GGML_QUANT_SIZES, **EXTRA_SIZES}[qtype]
     blocks = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)
     for o in scale_offsets.get(qtype, ()):  # scales around 1/(32 sqrt(n_in)): values of order 1/sqrt(n_in)
         scale = rng.uniform(0.5, 1.5, len(blocks)) / (32 * np.sqrt(n_in))
