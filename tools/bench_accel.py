@@ -34,6 +34,7 @@ from reference import gguf, ops
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, names_in, output_file, write_json
 from reference.text import TextModel
 from tools.bench import MAX_REPEAT
+from tools.make_quant_presets import without_extra_buffers
 from tools.make_synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
                                   text_keys, text_shapes)
 
@@ -128,14 +129,18 @@ def reference_engine(path, backend, last=False):  # -> (prefill(ids) -> logits, 
     return prefill, decode
 
 
-def ggml_engine(path, last=False):  # -> (prefill, decode): GgmlCpuNumbaBackend, llama.cpp's F16 cache, one ubatch
+def ggml_engine(path, threads, last=False):  # -> (prefill, decode): GgmlCpuNumbaBackend as llama_cpp_engine's context
+    """llama.cpp's defaults (F16 KV cache, flash attention off), weights outside the CPU_REPACK buffer
+    (repack=False, as use_extra_bufts=False loads them) and the same ubatches: the same logits."""
     from accel.numba.ggml import GgmlCpuNumbaBackend
-    lm = TextModel(gguf.load(path, "text"), np.float32, GgmlCpuNumbaBackend(check_host=False))
+    lm = TextModel(gguf.load(path, "text"), np.float32, GgmlCpuNumbaBackend(n_threads=threads, check_host=False,
+                                                                          repack=False))
     state = {}
 
     def prefill(ids):
         state["cache"] = lm.new_cache(len(ids) + 64, "uniform")
-        return lm.prefill(ids, state["cache"], len(ids), out_rows=np.array([len(ids) - 1]) if last else None)
+        chunk = min(len(ids), LAST_BATCH) if last else len(ids)
+        return lm.prefill(ids, state["cache"], chunk, out_rows=np.array([len(ids) - 1]) if last else None)
 
     def decode(token):
         return lm.prefill([token], state["cache"], 1)[-1]
@@ -144,11 +149,14 @@ def ggml_engine(path, last=False):  # -> (prefill, decode): GgmlCpuNumbaBackend,
 
 def llama_cpp_engine(path, threads, n_prompt, last=False):  # -> (prefill, decode) as reference_engine
     """The prompt in one batch with logits_all; with `last`, in batches of LAST_BATCH with the last
-    row's logits only (llama-cpp-python keeps none then: they are read from the context)."""
+    row's logits only (llama-cpp-python keeps none then: they are read from the context). The weights
+    load into plain CPU buffers (use_extra_bufts=False): on a CPU with AMX, llama.cpp's AMX extra
+    buffer crashes on quantized weights, and the CPU_REPACK one would change its kernels."""
     try:
         import llama_cpp
     except ImportError as e:
         raise UsageError(f"the llama-cpp engine needs llama-cpp-python, the parity extra ({e})") from None
+    without_extra_buffers()
     n_batch = min(n_prompt, LAST_BATCH) if last else n_prompt
     llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=n_prompt + 64,
                           n_batch=n_batch, n_ubatch=n_batch, logits_all=not last, verbose=False)
@@ -221,7 +229,7 @@ def run(args):  # -> report dict
     ids = prompt_ids(text_vocab(args.model), args.prompt_len, np.random.default_rng(0))
     last = args.logits == "last"
     makers = {"numba": lambda: reference_engine(args.model, "numba", last),
-              "numba-ggml": lambda: ggml_engine(args.model, last),
+              "numba-ggml": lambda: ggml_engine(args.model, args.threads, last),
               "numpy": lambda: reference_engine(args.model, "numpy", last),
               "llama-cpp": lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len, last)}
     report = {"model": os.path.basename(args.model), "threads": args.threads, "prompt_len": args.prompt_len,
@@ -384,7 +392,8 @@ def print_ratios(report):  # the ratios and logit agreements of a run report, on
         print(f"{pair}: prefill x{ratio['prefill_tok_s']:.2f}, decode x{ratio['decode_tok_s']:.2f} (per CPU second: "
               f"prefill x{ratio['prefill_per_cpu_s']:.2f}, decode x{ratio['decode_per_cpu_s']:.2f})")
     for name, a in report["logits_vs_numba"].items():
-        print(f"logits {name} vs numba: NMSE {a['nmse']:.3g}, max |diff| {a['max_abs_diff']:.3g}, "
+        pair = name if " vs " in name else f"{name} vs numba"
+        print(f"logits {pair}: NMSE {a['nmse']:.3g}, max |diff| {a['max_abs_diff']:.3g}, "
               f"top-1 {a['top1']:.3f}")
 
 

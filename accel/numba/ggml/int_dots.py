@@ -34,10 +34,21 @@ def offset_part(offset, scales, sub, bsums, t, o, b):  # offset * sum(scale * bs
     return offset * total
 
 
+@numba.njit(cache=True, inline="always")
+def whole_block_dot(vs, aq, t, o, b):  # int32 exact sum of value * q over block b, |v| < 2^15, |q| <= 127
+    """One loop from 0 to a length read off the array: LLVM vectorizes it with vpmaddwd (a constant
+    trip count gets unrolled first and is not; a shifted start keeps numba's negative-index check)."""
+    total = np.int32(0)
+    for k in range(vs.shape[2]):  # int32 is exact: 256 * (2^15 - 1) * 127 < 2^31
+        total = np.int32(total + np.int32(vs[o, b, k]) * np.int32(aq[t, b, k]))
+    return total
+
+
 @numba.njit(cache=True, parallel=True)
 def tiled(vs, offset, scales, sub, d0, dmin, mins, aq, ad, bsums):  # -> [T, O]: reference tiled
     """vs [O, nb, 256] int16: each value times its sub-block's scale, so s1 = sum(scale * dot) is one
-    dot product; the unsigned offset comes off through the activation sums (the same integer)."""
+    dot product; the unsigned offset comes off through the activation sums (the same integer). A
+    thread takes whole rows and runs every activation row past each: the weights stream once."""
     O, nb, bs = vs.shape
     T = aq.shape[0]
     out = np.zeros((T, O), F32)
@@ -45,7 +56,7 @@ def tiled(vs, offset, scales, sub, d0, dmin, mins, aq, ad, bsums):  # -> [T, O]:
         for t in range(T):
             buf = F32(0)
             for b in range(nb):
-                s1 = block_dot(vs, aq, t, o, b, 0, bs)
+                s1 = np.int64(whole_block_dot(vs, aq, t, o, b))
                 if offset:
                     s1 -= offset_part(offset, scales, sub, bsums, t, o, b)
                 r = F32(s1) * d0[o, b]
@@ -83,14 +94,15 @@ def k_repacked_rows(vs, sub, d, dmin, mins, aq, ad, bsums, elements_per_fma):  #
 
 @numba.njit(cache=True, inline="always")
 def vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes):  # int64 [8] <- the 8 lane sums
-    """Lane l holds elements 4l..4l+3 of every 32-element chunk: the chunks are summed element-wise
-    into chunk [32] (one vector loop), then each lane's 4 neighbours; Q6_K's offset comes off lane p
-    through the activation sums of the 16-groups 2p and 2p+1."""
-    for i in range(32):
-        total = 0
-        for c in range(8):
-            total += np.int64(vs[o, b, c * 32 + i]) * np.int64(aq[t, b, c * 32 + i])
-        chunk[i] = total
+    """vs [O, nb, 8, 32], aq [T, nb, 8, 32]: lane l holds elements 4l..4l+3 of every 32-element
+    chunk. The chunks are summed element-wise into chunk [32] (int32, exact: 8 * (2^15 - 1) * 127
+    < 2^31; loops over whole array axes vectorize), then each lane's 4 neighbours; Q6_K's offset
+    comes off lane p through the activation sums of the 16-groups 2p and 2p+1."""
+    for i in range(vs.shape[3]):
+        chunk[i] = 0
+    for c in range(vs.shape[2]):
+        for i in range(vs.shape[3]):
+            chunk[i] += np.int32(vs[o, b, c, i]) * np.int32(aq[t, b, c, i])
     for lane in range(8):
         lanes[lane] = chunk[4 * lane] + chunk[4 * lane + 1] + chunk[4 * lane + 2] + chunk[4 * lane + 3]
     if offset:
@@ -101,11 +113,12 @@ def vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes):  # int6
 
 @numba.njit(cache=True, parallel=True)
 def k_vec_dot(vs, offset, scales, d, dmin, mins, min_lanes, post, aq, ad, bsums):  # -> [T, O]
-    O, nb, _ = vs.shape
+    O, nb, bs = vs.shape
     T = aq.shape[0]
+    chunks, chunked_q = vs.reshape((O, nb, bs // 32, 32)), aq.reshape((T, nb, bs // 32, 32))
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
-        chunk = np.zeros(32, np.int64)
+        chunk = np.zeros(32, np.int32)
         lanes = np.zeros(8, np.int64)
         acc = np.zeros(8, F32)
         summs = np.zeros(4, F32)
@@ -113,7 +126,7 @@ def k_vec_dot(vs, offset, scales, d, dmin, mins, min_lanes, post, aq, ad, bsums)
             acc[:] = 0
             summs[:] = 0
             for b in range(nb):
-                vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes)
+                vec_dot_lanes(chunks, offset, scales, chunked_q, bsums, t, o, b, chunk, lanes)
                 if mins.size:
                     dm = -ad[t, b] * dmin[o, b]
                     per = 8 // min_lanes
