@@ -44,11 +44,20 @@ def whole_block_dot(vs, aq, t, o, b):  # int32 exact sum of value * q over block
     return total
 
 
+@numba.njit(cache=True, inline="always")
+def scaled_sum(per_sub, sub_sums, t, o, b):  # int32 sum over the sub-blocks of (scale or min) * activation sum
+    total = np.int32(0)
+    for s in range(sub_sums.shape[2]):  # |per_sub| <= 255, |sum| <= 32 * 127 over at most 16 sub-blocks
+        total = np.int32(total + np.int32(per_sub[o, b, s]) * sub_sums[t, b, s])
+    return total
+
+
 @numba.njit(cache=True, parallel=True)
-def tiled(vs, offset, scales, sub, d0, dmin, mins, aq, ad, bsums):  # -> [T, O]: reference tiled
+def tiled(vs, offset, scales, d0, dmin, mins, aq, ad, sub_sums):  # -> [T, O]: reference tiled
     """vs [O, nb, 256] int16: each value times its sub-block's scale, so s1 = sum(scale * dot) is one
-    dot product; the unsigned offset comes off through the activation sums (the same integer). A
-    thread takes whole rows and runs every activation row past each: the weights stream once."""
+    dot product; the unsigned offset comes off through the activation sums of the sub-blocks
+    (sub_sums [T, nb, 256/sub] int32, the same integer). A thread takes whole rows and runs every
+    activation row past each: the weights stream once."""
     O, nb, bs = vs.shape
     T = aq.shape[0]
     out = np.zeros((T, O), F32)
@@ -58,13 +67,10 @@ def tiled(vs, offset, scales, sub, d0, dmin, mins, aq, ad, bsums):  # -> [T, O]:
             for b in range(nb):
                 s1 = np.int64(whole_block_dot(vs, aq, t, o, b))
                 if offset:
-                    s1 -= offset_part(offset, scales, sub, bsums, t, o, b)
+                    s1 -= offset * np.int64(scaled_sum(scales, sub_sums, t, o, b))
                 r = F32(s1) * d0[o, b]
                 if mins.size:
-                    s2 = 0
-                    for s in range(bs // sub):
-                        s2 += np.int64(mins[o, b, s]) * bsum_of(bsums, t, b, s, sub)
-                    r = fma32(-dmin[o, b], F32(s2), r)
+                    r = fma32(-dmin[o, b], F32(scaled_sum(mins, sub_sums, t, o, b)), r)
                 buf = fma32(r, ad[t, b], buf)
             out[t, o] = buf
     return out
