@@ -54,7 +54,8 @@ def tiled(w, a):  # KernelRows, Q8_K acts -> [T, O]
 
 
 def k_vec_dot(w, a):  # KernelRows, Q8_K acts -> [T, O]
-    return int_dots.k_vec_dot(w.vs, w.offset, w.scales, w.d, w.dmin, w.mins, w.min_lanes, w.post, a.q, a.d, a.bsums)
+    return int_dots.k_vec_dot(w.vs, w.offset, w.scales, w.d, w.dmin, w.mins, w.min_lanes, w.post, a.q, a.d, a.bsums,
+                              sub_block_sums(a, 32))
 
 
 def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K acts -> [T, O]
