@@ -1,40 +1,18 @@
 """The quantized dot products of reference/ggml_cpu/int_dots.py as numba kernels, one per kernel
-family with the same name: the integer sums exact in int64, then each kernel's float epilogue in
-reference order (one fma32 per block, lane by lane). Arrays as reference QuantRows / QuantActs hold
-them; a field a type lacks is an empty array."""
+family with the same name: the integer sums exact in int32 vector code (loops numba vectorizes, or
+LLVM vectors where its loops would not), then each kernel's float epilogue in reference order (one
+fma32 per block, lane by lane). Arrays as reference QuantRows / QuantActs hold them; a field a type
+lacks is an empty array."""
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .rounding import fma32, hsum8
 
 F32 = np.float32
-
-
-@numba.njit(cache=True, inline="always")
-def block_dot(values, aq, t, o, b, start, stop):  # exact sum of value * q over [start, stop)
-    total = 0
-    for k in range(start, stop):
-        total += np.int64(values[o, b, k]) * np.int64(aq[t, b, k])
-    return total
-
-
-@numba.njit(cache=True, inline="always")
-def bsum_of(bsums, t, b, s, sub):  # the activation sum of sub-block s (width sub) from the 16-sums
-    total = 0
-    for i in range(s * sub // 16, (s + 1) * sub // 16):
-        total += np.int64(bsums[t, b, i])
-    return total
-
-
-@numba.njit(cache=True, inline="always")
-def offset_part(offset, scales, sub, bsums, t, o, b):  # offset * sum(scale * bsum): Q6_K's 32 the kernels remove
-    total = 0
-    for s in range(scales.shape[2]):
-        total += np.int64(scales[o, b, s]) * bsum_of(bsums, t, b, s, sub)
-    return offset * total
 
 
 @numba.njit(cache=True, inline="always")
@@ -80,57 +58,84 @@ def tiled(vs, offset, scales, d0, dmin, mins, aq, ad, sub_sums):  # -> [T, O]: r
 
 
 @numba.njit(cache=True, parallel=True)
-def k_repacked_rows(vs, sub, d, dmin, mins, aq, ad, bsums, elements_per_fma):  # -> [T, O]
+def k_repacked_rows(vs, d, dmin, mins, aq, ad, sub_sums, elements_per_fma):  # -> [T, O]
+    """sub_sums [T, nb, 256/sub] int32: the activation sums of the sub-blocks."""
     O, nb, bs = vs.shape
     T = aq.shape[0]
-    step = elements_per_fma // sub
+    parts = bs // elements_per_fma
+    step = sub_sums.shape[2] // parts  # sub-blocks per FMA step
+    groups = vs.reshape((O, nb * parts, elements_per_fma))  # each FMA step's elements, one vector dot
+    groups_q = aq.reshape((T, nb * parts, elements_per_fma))
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
         for t in range(T):
             acc, acc_min = F32(0), F32(0)
             for b in range(nb):
                 scale, scale_min = d[o, b] * ad[t, b], dmin[o, b] * ad[t, b]
-                for p in range(bs // elements_per_fma):
-                    dots = block_dot(vs, aq, t, o, b, p * elements_per_fma, (p + 1) * elements_per_fma)
-                    mn = 0
-                    for s in range(p * step, (p + 1) * step):
-                        mn += bsum_of(bsums, t, b, s, sub) * np.int64(mins[o, b, s])
+                for p in range(parts):
+                    dots = whole_block_dot(groups, groups_q, t, o, b * parts + p)
+                    mn = np.int32(0)
+                    for i in range(step):
+                        mn = np.int32(mn + np.int32(mins[o, b, p * step + i]) * sub_sums[t, b, p * step + i])
                     acc = fma32(F32(dots), scale, acc)
                     acc_min = fma32(F32(mn), scale_min, acc_min)
             out[t, o] = acc - acc_min
     return out
 
 
+LANES32 = ir.VectorType(ir.IntType(32), 32)
+
+
+def row_pointer(context, builder, array_type, array, row, b):  # LLVM pointer to array[row, b, 0]
+    zero = ir.Constant(context.get_value_type(types.intp), 0)
+    view = context.make_array(array_type)(context, builder, array)
+    return cgutils.get_item_pointer(context, builder, array_type, view, [row, b, zero])
+
+
+def chunk_at(builder, row, c):  # the 32 integers of chunk c after row, sign-extended: LLVM <32 x i32>
+    at = builder.gep(row, [ir.Constant(ir.IntType(64), 32 * c)])
+    return builder.sext(builder.load(builder.bitcast(at, ir.VectorType(at.type.pointee, 32).as_pointer()), align=1),
+                        LANES32)
+
+
 @intrinsic
-def chunk_sums(typingctx, w, w_start, q, q_start, out):  # out [32] int32 <- sum over 8 chunks c of w*q at start+32c+i
-    """w, q flat int arrays (int16 or int8), each read at start + [0, 256) with no bounds check; as
-    LLVM vectors of 32: sign-extend to int32, multiply, add (exact: 8 * (2^15 - 1) * 127 < 2^31).
-    numba's own loops leave this sum in memory between chunks and run at half the speed."""
+def chunk_sums(typingctx, w, o, q, t, b, chunks, out):  # out [32] <- sum over c < chunks of w[o,b,32c+i] q[t,b,32c+i]
+    """w [O, nb, 32 * chunks], q [T, nb, 32 * chunks]: C-contiguous int arrays (int16 or int8), read
+    with no bounds check as LLVM vectors of 32: sign-extended to int32, multiplied and added (exact
+    for chunks <= 8: 8 * (2^15 - 1) * 127 < 2^31), stored into out's integer type; chunks: a constant.
+    numba's own loops keep this sum in memory between chunks and run at half the speed."""
     def codegen(context, builder, signature, args):
-        w_arr, q_arr, out_arr = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 4))
-        lanes = ir.VectorType(ir.IntType(32), 32)
+        w_ty, _, q_ty, _, _, _, out_ty = signature.args
+        o, t, b = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
+        w_row = row_pointer(context, builder, w_ty, args[0], o, b)
+        q_row = row_pointer(context, builder, q_ty, args[2], t, b)
         total = None
-        for c in range(8):
-            product = None
-            for arr, start in ((w_arr, args[1]), (q_arr, args[3])):
-                at = builder.gep(arr.data, [builder.add(start, ir.Constant(start.type, 32 * c))])
-                chunk = builder.load(builder.bitcast(at, ir.VectorType(at.type.pointee, 32).as_pointer()), align=1)
-                product = builder.sext(chunk, lanes) if product is None else builder.mul(product, builder.sext(chunk, lanes))
+        for c in range(chunks.literal_value):
+            product = builder.mul(chunk_at(builder, w_row, c), chunk_at(builder, q_row, c))
             total = product if total is None else builder.add(total, product)
-        builder.store(total, builder.bitcast(out_arr.data, lanes.as_pointer()), align=1)
+        out_data = context.make_array(out_ty)(context, builder, args[6]).data
+        stored = ir.VectorType(out_data.type.pointee, 32)
+        total = builder.sext(total, stored) if stored.element.width > 32 else total
+        builder.store(total, builder.bitcast(out_data, stored.as_pointer()), align=1)
         return context.get_dummy_value()
-    return types.none(w, w_start, q, q_start, out), codegen
+    # numba retries with the literal; any other layout is refused when the kernel compiles
+    if isinstance(chunks, types.IntegerLiteral) and all(a.layout == "C" for a in (w, q, out)):
+        return types.none(w, o, q, t, b, chunks, out), codegen
+
+
+@numba.njit(cache=True, inline="always")
+def four_sum(chunk, lane):  # chunk [32] -> the sum of lane's 4 neighbours 4*lane..4*lane+3
+    return chunk[4 * lane] + chunk[4 * lane + 1] + chunk[4 * lane + 2] + chunk[4 * lane + 3]
 
 
 @numba.njit(cache=True, inline="always")
 def vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes):  # int64 [8] <- the 8 lane sums
-    """vs, aq flat views of [O, nb, 256] and [T, nb, 256]: lane l holds elements 4l..4l+3 of every
-    32-element chunk. The chunks are summed element-wise into chunk [32], then each lane's 4
-    neighbours; Q6_K's offset comes off lane p through the activation sums of the 16-groups 2p and 2p+1."""
-    nb = bsums.shape[1]
-    chunk_sums(vs, (o * nb + b) * 256, aq, (t * nb + b) * 256, chunk)
+    """Lane l holds elements 4l..4l+3 of every 32-element chunk: the chunks are summed element-wise
+    into chunk [32] (int32 or int64), then each lane's 4 neighbours; Q6_K's offset comes off lane p
+    through the activation sums of the 16-groups 2p and 2p+1. vs [O, nb, 256], aq [T, nb, 256]."""
+    chunk_sums(vs, o, aq, t, b, 8, chunk)
     for lane in range(8):
-        lanes[lane] = chunk[4 * lane] + chunk[4 * lane + 1] + chunk[4 * lane + 2] + chunk[4 * lane + 3]
+        lanes[lane] = four_sum(chunk, lane)
     if offset:
         for p in range(8):
             lanes[p] -= offset * (np.int64(bsums[t, b, 2 * p]) * scales[o, b, 2 * p]
@@ -142,7 +147,6 @@ def k_vec_dot(vs, offset, scales, d, dmin, mins, min_lanes, post, aq, ad, bsums,
     """bsums [T, nb, 16] and sums32 [T, nb, 8]: the activation sums of the 16- and 32-element sub-blocks."""
     O, nb, _ = vs.shape  # 256-blocks
     T = aq.shape[0]
-    flat_vs, flat_q = vs.reshape(-1), aq.reshape(-1)
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
         chunk = np.zeros(32, np.int32)
@@ -153,7 +157,7 @@ def k_vec_dot(vs, offset, scales, d, dmin, mins, min_lanes, post, aq, ad, bsums,
             acc[:] = 0
             summs[:] = 0
             for b in range(nb):
-                vec_dot_lanes(flat_vs, offset, scales, flat_q, bsums, t, o, b, chunk, lanes)
+                vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes)
                 if mins.size:
                     dm = -ad[t, b] * dmin[o, b]
                     per = 8 // min_lanes
@@ -182,16 +186,17 @@ def q0_lanes(values, d, aq, ad, accumulators):  # 32-blocks -> [T, O]: reference
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
         acc = np.zeros((2, 8), F32)
+        chunk = np.zeros(32, np.int32)
         for t in range(T):
             acc[:] = 0
             for b in range(paired):
                 scale = d[o, b] * ad[t, b]
+                chunk_sums(values, o, aq, t, b, 1, chunk)  # the block's 32 products
                 for lane in range(8):
-                    lane_sum = block_dot(values, aq, t, o, b, lane * 4, lane * 4 + 4)
-                    acc[b % accumulators, lane] = fma32(scale, F32(lane_sum), acc[b % accumulators, lane])
+                    acc[b % accumulators, lane] = fma32(scale, F32(four_sum(chunk, lane)), acc[b % accumulators, lane])
             r = hsum8(acc[0] + acc[1]) if accumulators == 2 else hsum8(acc[0])
             for b in range(paired, nb):
-                r = fma32(d[o, b] * ad[t, b], F32(block_dot(values, aq, t, o, b, 0, 32)), r)
+                r = fma32(d[o, b] * ad[t, b], F32(whole_block_dot(values, aq, t, o, b)), r)
             out[t, o] = r
     return out
 
@@ -205,7 +210,7 @@ def q0_repacked(values, d, aq, ad):  # 32-blocks -> [T, O]: per block fma(f32(is
         for t in range(T):
             acc = F32(0)
             for b in range(nb):
-                acc = fma32(F32(block_dot(values, aq, t, o, b, 0, 32)), d[o, b] * ad[t, b], acc)
+                acc = fma32(F32(whole_block_dot(values, aq, t, o, b)), d[o, b] * ad[t, b], acc)
             out[t, o] = acc
     return out
 
@@ -217,13 +222,15 @@ def q5_1_vec_dot(values, d, m, aq, ad, a_s):  # Q5_1 rows, Q8_1 acts -> [T, O]: 
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
         acc = np.zeros(8, F32)
+        chunk = np.zeros(32, np.int32)
         for t in range(T):
             acc[:] = 0
             summs = F32(0)
             for b in range(nb):
                 summs = fma32(m[o, b], a_s[t, b], summs)
                 scale = d[o, b] * ad[t, b]
+                chunk_sums(values, o, aq, t, b, 1, chunk)
                 for lane in range(8):
-                    acc[lane] = fma32(F32(block_dot(values, aq, t, o, b, lane * 4, lane * 4 + 4)), scale, acc[lane])
+                    acc[lane] = fma32(F32(four_sum(chunk, lane)), scale, acc[lane])
             out[t, o] = hsum8(acc) + summs
     return out

@@ -59,7 +59,7 @@ def k_vec_dot(w, a):  # KernelRows, Q8_K acts -> [T, O]
 
 
 def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K acts -> [T, O]
-    return int_dots.k_repacked_rows(w.vs, w.sub, w.d, w.dmin, w.mins, a.q, a.d, a.bsums, elements_per_fma)
+    return int_dots.k_repacked_rows(w.vs, w.d, w.dmin, w.mins, a.q, a.d, sub_block_sums(a, w.sub), elements_per_fma)
 
 
 def mul_mat(x, weights, name, cache, repack=True):  # x [T, K] f32 -> [T, O]: reference mul_mat on the numba kernels
