@@ -5,7 +5,7 @@ fma32 per block, lane by lane). Arrays as reference QuantRows / QuantActs hold t
 lacks is an empty array."""
 import numba
 import numpy as np
-from llvmlite import ir
+from llvmlite import binding as llvm, ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -33,27 +33,47 @@ def scaled_sum(per_sub, sub_sums, t, o, b):  # int32 sum over the sub-blocks of 
     return total
 
 
+TILE = 4  # activation rows per tile_dots call
+
+
+@numba.njit(cache=True, inline="always")
+def tiled_block(s1, offset, scales, d0, dmin, mins, ad, sub_sums, t, o, b, buf):  # -> buf after block b of row t
+    if offset:
+        s1 -= offset * np.int64(scaled_sum(scales, sub_sums, t, o, b))
+    r = F32(s1) * d0[o, b]
+    if mins.size:
+        r = fma32(-dmin[o, b], F32(scaled_sum(mins, sub_sums, t, o, b)), r)
+    return fma32(r, ad[t, b], buf)
+
+
 @numba.njit(cache=True, parallel=True)
 def tiled(vs, offset, scales, d0, dmin, mins, aq, ad, sub_sums):  # -> [T, O]: reference tiled
     """vs [O, nb, 256] int16: each value times its sub-block's scale, so s1 = sum(scale * dot) is one
     dot product; the unsigned offset comes off through the activation sums of the sub-blocks
     (sub_sums [T, nb, 256/sub] int32, the same integer). A thread takes whole rows and runs every
-    activation row past each: the weights stream once."""
-    O, nb, bs = vs.shape
+    activation row past each, TILE rows per weight load (aq int16: no widening in the loop); the
+    weights stream once."""
+    O, nb, _ = vs.shape
     T = aq.shape[0]
+    tiles = T - T % TILE
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
-        for t in range(T):
-            buf = F32(0)
+        s1 = np.zeros(TILE, np.int32)
+        buf = np.zeros(TILE, F32)
+        for t0 in range(0, tiles, TILE):
+            buf[:] = 0
             for b in range(nb):
-                s1 = np.int64(whole_block_dot(vs, aq, t, o, b))
-                if offset:
-                    s1 -= offset * np.int64(scaled_sum(scales, sub_sums, t, o, b))
-                r = F32(s1) * d0[o, b]
-                if mins.size:
-                    r = fma32(-dmin[o, b], F32(scaled_sum(mins, sub_sums, t, o, b)), r)
-                buf = fma32(r, ad[t, b], buf)
-            out[t, o] = buf
+                tile_dots(vs, o, b, aq, t0, TILE, s1)
+                for j in range(TILE):
+                    buf[j] = tiled_block(np.int64(s1[j]), offset, scales, d0, dmin, mins, ad, sub_sums, t0 + j, o, b,
+                                         buf[j])
+            out[t0:t0 + TILE, o] = buf
+        for t in range(tiles, T):
+            acc = F32(0)
+            for b in range(nb):
+                s_t = np.int64(whole_block_dot(vs, aq, t, o, b))
+                acc = tiled_block(s_t, offset, scales, d0, dmin, mins, ad, sub_sums, t, o, b, acc)
+            out[t, o] = acc
     return out
 
 
@@ -121,6 +141,56 @@ def chunk_sums(typingctx, w, o, q, t, b, chunks, out):  # out [32] <- sum over c
     # numba retries with the literal; any other layout is refused when the kernel compiles
     if isinstance(chunks, types.IntegerLiteral) and all(a.layout == "C" for a in (w, q, out)):
         return types.none(w, o, q, t, b, chunks, out), codegen
+
+
+I16X16, I32X8 = ir.VectorType(ir.IntType(16), 16), ir.VectorType(ir.IntType(32), 8)
+# vpmaddwd where numba compiles for a CPU with AVX2 (every build ggml-cpu is emulated for); elsewhere the
+# same pair sums from generic LLVM vectors
+PMADDWD = numba.config.CPU_NAME is None and llvm.get_host_cpu_features().get("avx2", False)
+
+
+def pair_sums(builder, w, q):  # two <16 x i16> -> <8 x i32>: w[2i]*q[2i] + w[2i+1]*q[2i+1] (vpmaddwd)
+    if PMADDWD:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(I32X8, [I16X16, I16X16]))
+        return builder.call(fn, [w, q])
+    wide = ir.VectorType(ir.IntType(32), 16)
+    products = builder.mul(builder.sext(w, wide), builder.sext(q, wide))
+    even, odd = ([2 * i + h for i in range(8)] for h in (0, 1))
+    return builder.add(builder.shuffle_vector(products, products, ir.Constant(I32X8, even)),
+                       builder.shuffle_vector(products, products, ir.Constant(I32X8, odd)))
+
+
+def sixteen_at(builder, row, i):  # elements 16i..16i+15 after row as <16 x i16>
+    at = builder.gep(row, [ir.Constant(ir.IntType(64), 16 * i)])
+    v = builder.load(builder.bitcast(at, ir.VectorType(at.type.pointee, 16).as_pointer()), align=1)
+    return v if at.type.pointee.width == 16 else builder.sext(v, I16X16)
+
+
+@intrinsic
+def tile_dots(typingctx, w, o, b, q, t0, tokens, out):  # out[j] <- sum_k w[o, b, k] * q[t0 + j, b, k], j < tokens
+    """The tiled kernel's block dot for `tokens` (a constant) activation rows at once: each 16
+    weights are loaded once for all of them. w [O, nb, 256], q [T, nb, 256] C-contiguous int16 (or
+    int8); int32 exact as whole_block_dot."""
+    def codegen(context, builder, signature, args):
+        w_ty, _, _, q_ty, _, _, out_ty = signature.args
+        o, b, t0 = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 4))
+        w_row = row_pointer(context, builder, w_ty, args[0], o, b)
+        q_rows = [row_pointer(context, builder, q_ty, args[3], builder.add(t0, ir.Constant(t0.type, j)), b)
+                  for j in range(tokens.literal_value)]
+        acc = [None] * len(q_rows)
+        for i in range(16):
+            w16 = sixteen_at(builder, w_row, i)
+            for j, q_row in enumerate(q_rows):
+                pairs = pair_sums(builder, w16, sixteen_at(builder, q_row, i))
+                acc[j] = pairs if acc[j] is None else builder.add(acc[j], pairs)
+        add_lanes = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [I32X8]),
+                                                   "llvm.vector.reduce.add.v8i32")
+        out_data = context.make_array(out_ty)(context, builder, args[6]).data
+        for j, total in enumerate(acc):
+            builder.store(builder.call(add_lanes, [total]), builder.gep(out_data, [ir.Constant(ir.IntType(64), j)]))
+        return context.get_dummy_value()
+    if isinstance(tokens, types.IntegerLiteral) and all(a.layout == "C" for a in (w, q)) and out.dtype == types.int32:
+        return types.none(w, o, b, q, t0, tokens, out), codegen
 
 
 @numba.njit(cache=True, inline="always")

@@ -50,7 +50,8 @@ def sub_block_sums(a, width):  # Q8_K acts -> int32 [T, nb, 256/width]: the acti
 
 
 def tiled(w, a):  # KernelRows, Q8_K acts -> [T, O]
-    return int_dots.tiled(w.vs, w.offset, w.scales, w.d0, w.dmin, w.mins, a.q, a.d, sub_block_sums(a, w.sub))
+    q16 = a.q.astype(np.int16)  # widened once here, not in the kernel's loop
+    return int_dots.tiled(w.vs, w.offset, w.scales, w.d0, w.dmin, w.mins, q16, a.d, sub_block_sums(a, w.sub))
 
 
 def k_vec_dot(w, a):  # KernelRows, Q8_K acts -> [T, O]
