@@ -100,3 +100,20 @@ def test_shared_llama_cpp_goldens(name, run, prompt):  # BF16, the tiled flash a
 def test_cli_backend_numba_numerics_ggml_cpu(tmp_path):
     run = next(r for r in MANIFEST["runs"] if r["type"] == "q4_k_m" and r["kv_type"] == "f16" and not r["flash_attn"])
     check_cli_run(tmp_path, run, "--backend", "numba")
+
+
+@pytest.mark.parametrize("kind", ["q4_k_m", "q6_k", "iq2_xxs"])
+def test_tiled_generic_vectors_are_the_numpy_twin(kind, monkeypatch):  # the path of CPUs without AVX2 (no vpmaddwd)
+    import numba
+    from accel.numba.ggml import int_dots
+    from reference.ggml_cpu.blocks import decode
+    monkeypatch.setattr(int_dots, "PMADDWD", False)  # read when the kernel compiles: a fresh, uncached one
+    generic = numba.njit(parallel=True)(int_dots.tiled.py_func)
+    weights = model(fixture(kind)[0]["model"]).weights
+    name = "blk.0.ffn_down.weight"
+    x = activations(10, weights.shape(name)[1], 10)  # two tiles of 4 rows and 2 rows after them
+    w, a = numba_mul_mat.KernelRows(decode(weights, name)), numba_quantize.quantize_q8_k(x)
+    got = generic(w.vs, w.offset, w.scales, w.d0, w.dmin, w.mins, a.q.astype(np.int16), a.d,
+                  numba_mul_mat.sub_block_sums(a, w.sub))
+    ref = ggml_cpu.mul_mat(x, weights, name, {}, repack=False)  # repacked Q4_K would take another kernel
+    assert_identical(ref, got, f"{weights.type_name(name)}, generic vectors")
