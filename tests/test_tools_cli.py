@@ -170,6 +170,20 @@ def test_bench_accel_run_last_position_agrees_with_llama_cpp(tmp_path):
     assert agreement["nmse"] <= 7e-6 and agreement["top1"] == 1.0
 
 
+def test_bench_accel_run_numba_ggml_is_llama_cpp_bit_for_bit(tmp_path):  # both in one run, rounds in turns
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("numba")
+    out = tmp_path / "run.json"
+    r = run_cli("tools.bench_accel", "run", TINY_Q4, "--engines", "numba-ggml,llama-cpp", "--prompt-len", "9",
+                "--n-decode", "2", "--repeat", "2", "--threads", "2", "--turns", "--json", out)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    # the same file, F16 KV, flash attention off, plain buffers on both sides: the emulation's claim is every bit
+    agreement = report["logits_vs_numba"]["llama-cpp vs numba-ggml"]
+    assert agreement["nmse"] == 0 and agreement["max_abs_diff"] == 0 and agreement["top1"] == 1.0
+    assert all(e["repeat"] == 2 and e["prefill_tok_s"] > 0 for e in report["engines"].values())
+
+
 # ---------------------------------------------------------------------------------------------
 # tools.bench_tokenizer
 

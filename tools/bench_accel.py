@@ -7,7 +7,8 @@ and llama.cpp (llama-cpp-python) with the same number of threads, as ratios from
         writes mid-f16.gguf (seeded random weights) and, with llama-quantize from DIR,
         mid-q4_k_m.gguf and mid-iq2_xxs.gguf (a uniform importance matrix stands in for calibration)
     python -m tools.bench_accel run build/bench/mid-q4_k_m.gguf [--threads 2 --prompt-len 64
-        --n-decode 8 --engines numba,numpy,llama-cpp --json out.json]
+        --n-decode 8 --engines numba,numpy,llama-cpp --turns --json out.json]
+        numba-ggml (--numerics ggml-cpu on numba) beside llama-cpp also compares their logits (goal: 0)
     python -m tools.bench_accel kernels build/bench/mid-q4_k_m.gguf [--rows 8192 --tokens 1,64]
         one product per weight type of the file on its first rows: numba's kernel against the
         reference's (gguf-py dequantization, then a float64 matmul), weight-products per second
@@ -181,21 +182,46 @@ def timed(fn, *args):  # -> (result, wall seconds, CPU seconds of all threads of
     return out, time.perf_counter() - t0, time.process_time() - c0
 
 
+def warmed(make_engine, ids):  # -> (prefill, decode) of a new engine after one short prefill and one decode step
+    prefill, decode = make_engine()
+    prefill(ids[:8])  # warm-up: JIT compilation or the numba cache, page faults of the weights
+    decode(ids[0])
+    return prefill, decode
+
+
+def bench_round(engine, ids, n_decode):  # -> (prompt logits, {prefill_s, prefill_cpu_s, decode_s, decode_cpu_s})
+    prefill, decode = engine
+    logits, wall, cpu = timed(prefill, ids)
+    steps = [timed(decode, int(token))[1:] for token in ids[:n_decode]]
+    return logits, {"prefill_s": wall, "prefill_cpu_s": cpu, "decode_s": sum(w for w, _ in steps),
+                    "decode_cpu_s": sum(c for _, c in steps)}
+
+
+def best_rounds(rounds, n_prompt, n_decode):  # [(logits, times)] -> (last logits, the best of each time, tok/s)
+    best = {key: min(times[key] for _, times in rounds) for key in rounds[0][1]}
+    speeds = {"prefill_tok_s": n_prompt / best["prefill_s"], "decode_tok_s": n_decode / best["decode_s"]}
+    return rounds[-1][0], {**best, **speeds}
+
+
 def bench_engine(make_engine, ids, n_decode, repeat):  # -> (prompt logits, {prefill_tok_s, decode_tok_s, ...})
     """The best of `repeat` rounds of (prefill the prompt, decode n_decode tokens after it): on a
     shared machine the least disturbed round is the closest to the engine's own speed. CPU seconds
     (all threads) are reported beside wall seconds: they move less when other jobs share the cores."""
-    prefill, decode = make_engine()
-    prefill(ids[:8])  # warm-up: JIT compilation or the numba cache, page faults of the weights
-    decode(ids[0])
-    best = {"prefill_s": np.inf, "prefill_cpu_s": np.inf, "decode_s": np.inf, "decode_cpu_s": np.inf}
-    for _ in range(repeat):
-        logits, wall, cpu = timed(prefill, ids)
-        steps = [timed(decode, int(token))[1:] for token in ids[:n_decode]]
-        for key, value in (("prefill_s", wall), ("prefill_cpu_s", cpu), ("decode_s", sum(w for w, _ in steps)),
-                           ("decode_cpu_s", sum(c for _, c in steps))):
-            best[key] = min(best[key], value)
-    return logits, {**best, "prefill_tok_s": len(ids) / best["prefill_s"], "decode_tok_s": n_decode / best["decode_s"]}
+    engine = warmed(make_engine, ids)
+    return best_rounds([bench_round(engine, ids, n_decode) for _ in range(repeat)], len(ids), n_decode)
+
+
+def bench_in_turns(makers, ids, plans):  # plans {name: (n_decode, repeat)} -> {name: (logits, report)}
+    """bench_engine's rounds with every engine held at once and the rounds taken in turns (engine 1,
+    engine 2, ..., again): a busy spell of a shared machine slows one round of each engine, not one
+    engine's every round."""
+    engines = {name: warmed(makers[name], ids) for name in plans}
+    rounds = {name: [] for name in plans}
+    for turn in range(max(repeat for _, repeat in plans.values())):
+        for name, (n_decode, repeat) in plans.items():
+            if turn < repeat:
+                rounds[name].append(bench_round(engines[name], ids, n_decode))
+    return {name: best_rounds(rounds[name], len(ids), plans[name][0]) for name in plans}
 
 
 def agreement(ref, x):  # -> {nmse, max_abs_diff, top1} over the positions both kept
@@ -237,9 +263,11 @@ def run(args):  # -> report dict
               "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]),
               "engines": {}, "logits_vs_numba": {}}
     logits = {}
-    for name in args.engines:
-        n_decode, repeat = (args.n_decode_numpy, 1) if name == "numpy" else (args.n_decode, args.repeat)
-        logits[name], report["engines"][name] = bench_engine(makers[name], ids, n_decode, repeat)
+    plans = {name: (args.n_decode_numpy, 1) if name == "numpy" else (args.n_decode, args.repeat)
+             for name in args.engines}
+    results = bench_in_turns(makers, ids, plans) if args.turns else {}
+    for name, (n_decode, repeat) in plans.items():
+        logits[name], report["engines"][name] = results.get(name) or bench_engine(makers[name], ids, n_decode, repeat)
         report["engines"][name].update(n_decode=n_decode, repeat=repeat)
         r = report["engines"][name]
         print(f"{name:10s} prefill {r['prefill_tok_s']:8.3f} tok/s ({r['prefill_cpu_s']:7.2f} CPU s)   "
@@ -423,6 +451,8 @@ def build_parser():  # subparsers are made with the parent's class: their errors
                    help="the numpy reference takes ~30 s a token here")
     r.add_argument("--repeat", type=repeat, default=3, help="rounds per engine, the best counts (numpy: one)")
     r.add_argument("--engines", type=names_in(ENGINES, "engine", once=True), default=["numba", "numpy", "llama-cpp"])
+    r.add_argument("--turns", action="store_true",
+                   help="hold every engine at once and take their rounds in turns (ratios fairer on a shared machine)")
     r.add_argument("--json", type=output_file)
     k = sub.add_parser("kernels", help="numba's product against the reference's, per weight type of one GGUF")
     k.add_argument("model")
