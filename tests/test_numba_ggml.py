@@ -103,17 +103,23 @@ def test_cli_backend_numba_numerics_ggml_cpu(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["q4_k_m", "q6_k", "iq2_xxs"])
-def test_tiled_generic_vectors_are_the_numpy_twin(kind, monkeypatch):  # the path of CPUs without AVX2 (no vpmaddwd)
+@pytest.mark.parametrize("rows", [3, 10])  # k_vec_dot (its lanes), the tiled kernel (two tiles of 4, then 2 rows)
+def test_kernels_on_generic_vectors_are_the_numpy_twins(kind, rows, monkeypatch):  # CPUs without AVX2: no vpmaddwd
     import numba
     from accel.numba.ggml import int_dots
     from reference.ggml_cpu.blocks import decode
-    monkeypatch.setattr(int_dots, "PMADDWD", False)  # read when the kernel compiles: a fresh, uncached one
-    generic = numba.njit(parallel=True)(int_dots.tiled.py_func)
+    monkeypatch.setattr(int_dots, "PMADDWD", False)  # read when a kernel compiles: fresh, uncached ones
     weights = model(fixture(kind)[0]["model"]).weights
     name = "blk.0.ffn_down.weight"
-    x = activations(10, weights.shape(name)[1], 10)  # two tiles of 4 rows and 2 rows after them
+    x = activations(rows, weights.shape(name)[1], rows)
     w, a = numba_mul_mat.KernelRows(decode(weights, name)), numba_quantize.quantize_q8_k(x)
-    got = generic(w.vs, w.offset, w.scales, w.d0, w.dmin, w.mins, a.q.astype(np.int16), a.d,
-                  numba_mul_mat.sub_block_sums(a, w.sub))
+    if rows < 8:
+        generic = numba.njit(parallel=True)(int_dots.k_vec_dot.py_func)
+        got = generic(w.vs, w.offset, w.scales, w.d, w.dmin, w.mins, w.min_lanes, w.post, a.q, a.d, a.bsums,
+                      numba_mul_mat.sub_block_sums(a, 32))
+    else:
+        generic = numba.njit(parallel=True)(int_dots.tiled.py_func)
+        got = generic(w.vs, w.offset, w.scales, w.d0, w.dmin, w.mins, a.q.astype(np.int16), a.d,
+                      numba_mul_mat.sub_block_sums(a, w.sub))
     ref = ggml_cpu.mul_mat(x, weights, name, {}, repack=False)  # repacked Q4_K would take another kernel
-    assert_identical(ref, got, f"{weights.type_name(name)}, generic vectors")
+    assert_identical(ref, got, f"{weights.type_name(name)}, {rows} rows, generic vectors")

@@ -103,44 +103,10 @@ def k_repacked_rows(vs, d, dmin, mins, aq, ad, sub_sums, elements_per_fma):  # -
     return out
 
 
-LANES32 = ir.VectorType(ir.IntType(32), 32)
-
-
 def row_pointer(context, builder, array_type, array, row, b):  # LLVM pointer to array[row, b, 0]
     zero = ir.Constant(context.get_value_type(types.intp), 0)
     view = context.make_array(array_type)(context, builder, array)
     return cgutils.get_item_pointer(context, builder, array_type, view, [row, b, zero])
-
-
-def chunk_at(builder, row, c):  # the 32 integers of chunk c after row, sign-extended: LLVM <32 x i32>
-    at = builder.gep(row, [ir.Constant(ir.IntType(64), 32 * c)])
-    return builder.sext(builder.load(builder.bitcast(at, ir.VectorType(at.type.pointee, 32).as_pointer()), align=1),
-                        LANES32)
-
-
-@intrinsic
-def chunk_sums(typingctx, w, o, q, t, b, chunks, out):  # out [32] <- sum over c < chunks of w[o,b,32c+i] q[t,b,32c+i]
-    """w [O, nb, 32 * chunks], q [T, nb, 32 * chunks]: C-contiguous int arrays (int16 or int8), read
-    with no bounds check as LLVM vectors of 32: sign-extended to int32, multiplied and added (exact
-    for chunks <= 8: 8 * (2^15 - 1) * 127 < 2^31), stored into out's integer type; chunks: a constant.
-    numba's own loops keep this sum in memory between chunks and run at half the speed."""
-    def codegen(context, builder, signature, args):
-        w_ty, _, q_ty, _, _, _, out_ty = signature.args
-        o, t, b = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
-        w_row = row_pointer(context, builder, w_ty, args[0], o, b)
-        q_row = row_pointer(context, builder, q_ty, args[2], t, b)
-        total = None
-        for c in range(chunks.literal_value):
-            product = builder.mul(chunk_at(builder, w_row, c), chunk_at(builder, q_row, c))
-            total = product if total is None else builder.add(total, product)
-        out_data = context.make_array(out_ty)(context, builder, args[6]).data
-        stored = ir.VectorType(out_data.type.pointee, 32)
-        total = builder.sext(total, stored) if stored.element.width > 32 else total
-        builder.store(total, builder.bitcast(out_data, stored.as_pointer()), align=1)
-        return context.get_dummy_value()
-    # numba retries with the literal; any other layout is refused when the kernel compiles
-    if isinstance(chunks, types.IntegerLiteral) and all(a.layout == "C" for a in (w, q, out)):
-        return types.none(w, o, q, t, b, chunks, out), codegen
 
 
 I16X16, I32X8 = ir.VectorType(ir.IntType(16), 16), ir.VectorType(ir.IntType(32), 8)
@@ -164,6 +130,36 @@ def sixteen_at(builder, row, i):  # elements 16i..16i+15 after row as <16 x i16>
     at = builder.gep(row, [ir.Constant(ir.IntType(64), 16 * i)])
     v = builder.load(builder.bitcast(at, ir.VectorType(at.type.pointee, 16).as_pointer()), align=1)
     return v if at.type.pointee.width == 16 else builder.sext(v, I16X16)
+
+
+@intrinsic
+def chunk_sums(typingctx, w, o, q, t, b, chunks, out):  # out [16] <- pair sums over the chunks c < chunks
+    """out[p] = sum over c of w[o, b, 32c + 2p] * q[t, b, 32c + 2p] + (the same at 2p + 1), p < 16:
+    the 4 neighbours of lane l are the pairs 2l and 2l + 1. w [O, nb, 32 * chunks], q [T, nb, 32 *
+    chunks]: C-contiguous int arrays (int16 or int8), read with no bounds check as LLVM vectors
+    (vpmaddwd), int32 exact for chunks <= 8 (8 * 2 * (2^15 - 1) * 127 < 2^31), stored into out's integer
+    type; chunks: a constant. numba's own loops keep this sum in memory between chunks and run at half
+    the speed."""
+    def codegen(context, builder, signature, args):
+        w_ty, _, q_ty, _, _, _, out_ty = signature.args
+        o, t, b = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
+        w_row = row_pointer(context, builder, w_ty, args[0], o, b)
+        q_row = row_pointer(context, builder, q_ty, args[2], t, b)
+        halves = [None, None]  # the pairs of the chunks' first and second 16 elements
+        for c in range(chunks.literal_value):
+            for h in (0, 1):
+                pairs = pair_sums(builder, sixteen_at(builder, w_row, 2 * c + h), sixteen_at(builder, q_row, 2 * c + h))
+                halves[h] = pairs if halves[h] is None else builder.add(halves[h], pairs)
+        out_data = context.make_array(out_ty)(context, builder, args[6]).data
+        stored = ir.VectorType(out_data.type.pointee, 8)
+        for h, total in enumerate(halves):
+            total = builder.sext(total, stored) if stored.element.width > 32 else total
+            at = builder.gep(out_data, [ir.Constant(ir.IntType(64), 8 * h)])
+            builder.store(total, builder.bitcast(at, stored.as_pointer()), align=1)
+        return context.get_dummy_value()
+    # numba retries with the literal; any other layout is refused when the kernel compiles
+    if isinstance(chunks, types.IntegerLiteral) and all(a.layout == "C" for a in (w, q, out)):
+        return types.none(w, o, q, t, b, chunks, out), codegen
 
 
 @intrinsic
@@ -194,14 +190,14 @@ def tile_dots(typingctx, w, o, b, q, t0, tokens, out):  # out[j] <- sum_k w[o, b
 
 
 @numba.njit(cache=True, inline="always")
-def four_sum(chunk, lane):  # chunk [32] -> the sum of lane's 4 neighbours 4*lane..4*lane+3
-    return chunk[4 * lane] + chunk[4 * lane + 1] + chunk[4 * lane + 2] + chunk[4 * lane + 3]
+def four_sum(pairs, lane):  # chunk_sums' pairs [16] -> the sum of lane's 4 neighbours 4*lane..4*lane+3
+    return pairs[2 * lane] + pairs[2 * lane + 1]
 
 
 @numba.njit(cache=True, inline="always")
 def vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes):  # int64 [8] <- the 8 lane sums
-    """Lane l holds elements 4l..4l+3 of every 32-element chunk: the chunks are summed element-wise
-    into chunk [32] (int32 or int64), then each lane's 4 neighbours; Q6_K's offset comes off lane p
+    """Lane l holds elements 4l..4l+3 of every 32-element chunk: the chunks' neighbour pairs are
+    summed into chunk [>= 16] (int32 or int64), then each lane's 2 pairs; Q6_K's offset comes off lane p
     through the activation sums of the 16-groups 2p and 2p+1. vs [O, nb, 256], aq [T, nb, 256]."""
     chunk_sums(vs, o, aq, t, b, 8, chunk)
     for lane in range(8):
@@ -261,7 +257,7 @@ def q0_lanes(values, d, aq, ad, accumulators):  # 32-blocks -> [T, O]: reference
             acc[:] = 0
             for b in range(paired):
                 scale = d[o, b] * ad[t, b]
-                chunk_sums(values, o, aq, t, b, 1, chunk)  # the block's 32 products
+                chunk_sums(values, o, aq, t, b, 1, chunk)  # the block's 16 pair sums
                 for lane in range(8):
                     acc[b % accumulators, lane] = fma32(scale, F32(four_sum(chunk, lane)), acc[b % accumulators, lane])
             r = hsum8(acc[0] + acc[1]) if accumulators == 2 else hsum8(acc[0])
