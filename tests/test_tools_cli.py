@@ -128,6 +128,8 @@ def test_bench_scale_last_position_lifts_the_prompt_cap(tmp_path):
     (("run", "{tiny}", "--prompt-len", "2049"), "--prompt-len 2049 keeps all-position logits of every engine"),
     (("run", "{tiny}", "--prompt-len", "131073", "--logits", "last"), "--prompt-len: 131073 is out of range"),
     (("run", "{tiny}", "--json", "{tmp}/none/x.json"), "no such directory"),
+    (("run", "{tiny}", "--plot", "{tmp}/none/x.png"), "no such directory"),
+    (("run", "{tiny}", "--plot", "{tmp}/x.xyz"), "matplotlib cannot write .xyz"),
     (("kernels", "{q4}", "--tokens", "a,b"), "--tokens: expected an integer, got 'a'"),
     (("kernels", "{q4}", "--tokens", "1,,2"), "--tokens: expected an integer, got ''"),
     (("kernels", "{q4}", "--tokens", "0"), "--tokens: 0 is out of range"),
@@ -175,8 +177,10 @@ def test_bench_accel_run_numba_ggml_is_llama_cpp_bit_for_bit(tmp_path):  # both 
     pytest.importorskip("numba")
     out = tmp_path / "run.json"
     r = run_cli("tools.bench_accel", "run", TINY_Q4, "--engines", "numba-ggml,llama-cpp", "--prompt-len", "9",
-                "--n-decode", "2", "--repeat", "2", "--threads", "2", "--turns", "--json", out)
+                "--n-decode", "2", "--repeat", "2", "--threads", "2", "--turns", "--json", out,
+                "--plot", tmp_path / "run.png")
     assert r.returncode == 0, r.stderr
+    assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads(out.read_text())
     # the same file, F16 KV, flash attention off, plain buffers on both sides: the emulation's claim is every bit
     agreement = report["logits_vs_numba"]["llama-cpp vs numba-ggml"]

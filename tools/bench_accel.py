@@ -425,6 +425,21 @@ def print_ratios(report):  # the ratios and logit agreements of a run report, on
               f"top-1 {a['top1']:.3f}")
 
 
+def plot_run(report, path):  # -> None: a run report's prefill and decode tokens/s per engine as bars, one image
+    from tools.diff import pyplot, save_figure
+    plt = pyplot(path)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    names = list(report["engines"])
+    for ax, key, title in zip(axes, ("prefill_tok_s", "decode_tok_s"),
+                              (f"prefill, {report['prompt_len']} tokens", "decode, one token a step")):
+        ax.bar(names, [report["engines"][name][key] for name in names], color="tab:blue")
+        ax.set_title(title)
+        ax.set_ylabel("tokens/s")
+    fig.suptitle(f"{report['model']}, {report['threads']} threads")
+    fig.tight_layout()
+    save_figure(plt, fig, path)
+
+
 def token_counts(text):  # argparse type: "1,64" -> [1, 64]
     return [int_in(1, MAX_TOKENS)(t) for t in text.split(",")]
 
@@ -454,6 +469,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     r.add_argument("--turns", action="store_true",
                    help="hold every engine at once and take their rounds in turns (ratios fairer on a shared machine)")
     r.add_argument("--json", type=output_file)
+    r.add_argument("--plot", help="an image of the engines' tokens/s (PNG unless the extension says otherwise)")
     k = sub.add_parser("kernels", help="numba's product against the reference's, per weight type of one GGUF")
     k.add_argument("model")
     k.add_argument("--rows", type=int_in(1, MAX_KERNEL_ROWS), default=8192,
@@ -478,6 +494,9 @@ def build_parser():  # subparsers are made with the parent's class: their errors
 
 
 def check_args(args):  # what the argument types cannot see alone -> UsageError
+    if args.what == "run" and args.plot:  # before the engines run: a path or format matplotlib refuses
+        from tools.diff import check_plot
+        check_plot(args.plot)
     if args.what == "run" and args.logits == "all" and args.prompt_len > MAX_PROMPT:
         raise UsageError(f"--prompt-len {args.prompt_len} keeps all-position logits of every engine: at most "
                          f"{MAX_PROMPT}; --logits last computes the last position only")
@@ -505,6 +524,8 @@ def main(argv=None):
         else:
             report = run(args)
             print_ratios(report)
+            if args.plot:
+                plot_run(report, args.plot)
         if args.json:
             write_json(args.json, report)
         return 0
