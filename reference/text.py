@@ -65,22 +65,26 @@ class TextModel(Blocks):
 
     def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=None, out_rows=None):
         """embeddings [T, E] (token rows, or image rows in their place), positions [T] -> logits [T, V],
-        or [len(out_rows), V] for the batch rows `out_rows` alone. Appends the batch's K/V to `cache`.
-        `progress` wraps the layer range (tqdm, or None). The residual entering layer L is the trace
+        or [len(out_rows), V] for the batch rows `out_rows` alone (a row is 0.8 MB at a 202048
+        vocabulary), kept from the last layer's FFN on, as llama.cpp keeps its output rows. Appends
+        the batch's K/V to `cache`. `progress` wraps the layer range (tqdm, or None). The residual entering layer L is the trace
         point trace.layer_input(L): what a DFlash drafter reads from its target."""
         c = self.cfg
         x = self.backend.rms_norm(embeddings.astype(self.dtype, copy=False), c.rms_eps)
         trace("embd_norm", x)
         for il in layer_range(c.n_layer, progress):
-            x = x + self.attention_block(il, x, positions, cache, trace)
+            a = self.attention_block(il, x, positions, cache, trace)
+            if il == c.n_layer - 1 and out_rows is not None:
+                # llama.cpp's inp_out_ids: the last FFN runs on the kept rows alone, and ggml's kernels
+                # choose their path by row count, so the rows are kept where llama.cpp keeps them
+                x, a = x[out_rows], a[out_rows]
+            x = x + a
             trace(point("ffn_inp", il), x)
             x = x + self.ffn_block(il, x, trace)
             trace(point("l_out", il), x)
         cache.n_past = max(cache.n_past, int(np.max(positions)) + 1)
         y = self.norm(x, "output_norm.weight", c.rms_eps)
         trace("result_norm", y)
-        if out_rows is not None:  # the output head only where logits are wanted: a row is 0.8 MB at a 202048 vocabulary
-            y = y[out_rows]
         logits = self.backend.softcap(self.linear(y, "output.weight") * self.dtype.type(c.logit_scale), c.softcap)
         trace("result_output", logits)
         return logits

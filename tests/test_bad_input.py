@@ -14,8 +14,8 @@ from reference.ggml_cpu import GgmlCpuError, mul_mat
 from reference.image import ImageError, load_rgb, to_rgb
 from reference.kv import CacheError
 from reference.trace import TraceError, Tracer, load_trace
-from tools.make_synthetic import (ARCH, Q, TextDims, VisionDims, random_spec, stream_gguf, text_keys, text_shapes,
-                                  write_mmproj_gguf)
+from tools.make_synthetic import (ARCH, Q, TextDims, VisionDims, array_spec, random_spec, stream_gguf, text_keys,
+                                  text_shapes, write_mmproj_gguf)
 from conftest import MODELS, cli_error, run_cli
 from test_gguf import BOOL, planted
 
@@ -124,26 +124,25 @@ def test_drafter_cache_full():
 
 
 # ---------------------------------------------------------------------------------------------
-# ggml-cpu numerics: the Q2_K kernel path that is not emulated
+# ggml-cpu numerics: a weight type without a kernel (MXFP4, which llama-quantize writes for MoE tensors only)
 
-def test_q2_k_vec_dot_is_not_emulated(tmp_path):
-    class Weights:  # 4 rows of one Q2_K block: fewer than 8, so not repacked
+def test_weight_type_without_a_kernel_is_refused(tmp_path):
+    class Weights:
         def type_name(self, name):
-            return "Q2_K"
+            return "MXFP4"
 
-        def raw(self, name):
-            return np.zeros((4, 84), np.uint8)
-
-    with pytest.raises(GgmlCpuError, match="output.weight: the Q2_K vec_dot .* is not emulated"):
+    with pytest.raises(GgmlCpuError, match="output.weight: MXFP4 weights are not emulated"):
         mul_mat(np.zeros((1, 256), np.float32), Weights(), "output.weight", {})
-    # from the command line: a Q2_K model whose output head has 508 rows, and a 2-token prompt
-    dims = TextDims(n_vocab=508)
-    path = str(tmp_path / "q2_k.gguf")
-    stream_gguf(path, ARCH, text_keys(dims),
-                [random_spec(name, shape, Q.Q2_K, i) for i, (name, shape) in enumerate(text_shapes(dims))])
+    # from the command line: a Q8_0 model whose output head is MXFP4, and a 2-token prompt
+    dims = TextDims()
+    path = str(tmp_path / "mxfp4.gguf")
+    head = np.random.default_rng(0).standard_normal((dims.n_vocab, dims.n_embd)).astype(np.float32)
+    specs = [array_spec(name, head, Q.MXFP4) if name == "output.weight" else random_spec(name, shape, Q.Q8_0, i)
+             for i, (name, shape) in enumerate(text_shapes(dims))]
+    stream_gguf(path, ARCH, text_keys(dims), specs)
     line = cli_error(run_cli("reference.run", "--model", path, "--numerics", "ggml-cpu", "--token-ids", "1,2",
                              "--n-predict", "0"))
-    assert "output.weight: the Q2_K vec_dot" in line
+    assert "output.weight: MXFP4 weights are not emulated" in line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,3 +187,31 @@ def test_missing_trace_directory(tmp_path):
     with pytest.raises(TraceError, match="cannot read trace index"):
         load_trace(str(tmp_path / "absent"))
 
+
+
+# tools.make_iq_kernel_goldens: a model without the type, an --out that cannot be a folder
+
+def test_iq_kernel_goldens_refuse_a_model_without_the_type():
+    from pathlib import Path
+
+    from reference.cli import UsageError
+    from tools.make_iq_kernel_goldens import regrouped
+    with pytest.raises(UsageError, match="tiny-b-f32.gguf: no IQ1_S tensor"):
+        regrouped(Path(MODELS, "tiny-b-f32.gguf"), "IQ1_S")
+
+
+def test_iq_kernel_goldens_bad_out_is_one_line_exit_2(tmp_path):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    r = run_cli("tools.make_iq_kernel_goldens", "--out", str(not_a_folder))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_iq_kernel_goldens_without_llama_cpp_python(monkeypatch):
+    import sys
+
+    from reference.cli import UsageError
+    from tools.make_iq_kernel_goldens import ggml_libs
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
+    with pytest.raises(UsageError, match="needs llama-cpp-python"):
+        ggml_libs()

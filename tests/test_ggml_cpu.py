@@ -8,6 +8,8 @@ flips an int8 activation rounding and spreads to ~1e-4). Failures report NMSE
 input tensors to one emulated op, so a failure names the op.
 """
 import functools
+import hashlib
+import importlib
 import json
 import os
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 from conftest import GOLDEN, run_cli
 from reference import ggml_cpu, gguf, ops
 from reference.ggml_cpu import UBATCH, GgmlCpuBackend, GgmlCpuError
+from reference.ggml_cpu.mul_mat import decoded_bytes
 from reference.text import TextModel
 from tools.golden import sha256
 from tools.make_ggml_cpu_goldens import synthetic_gguf
@@ -29,6 +32,8 @@ OPS = MANIFEST["ops"]
 
 
 @functools.lru_cache(maxsize=None)
+
+
 def model(rel):  # path under golden/ -> GGUFModel (loaded once per test run)
     return gguf.load(os.path.join(GOLDEN, rel), "text")
 
@@ -59,17 +64,24 @@ def check_run(run, text_model, backend=GgmlCpuBackend):  # a manifest run: its p
 # ---------------------------------------------------------------------------------------------
 # Logits: every type, F16 and F32 KV, flash attention off and on, prefill and decode
 
+
 @pytest.mark.parametrize("run", MANIFEST["runs"], ids=lambda r: r["file"][len("logits/"):-len(".npy")])
+
+
 def test_logits_bit_identical(run):
     check_run(run, model(run["model"]))
 
 
 @pytest.mark.parametrize("run", MANIFEST["kv_q8_0"]["runs"], ids=lambda r: r["file"][len("logits/"):-len(".npy")])
+
+
 def test_q8_0_kv_logits_bit_identical(run):  # tiny-a (head_dim 32: Q8_0 rows, no Hadamard rotation)
     check_run(run, model(run["model"]))
 
 
 @pytest.mark.parametrize("run", MANIFEST["kv_q8_0"]["rotated_runs"], ids=lambda r: r["type"])
+
+
 def test_q8_0_kv_rotated_logits_bit_identical(run, tmp_path):  # head sizes 64, 128: q, k, v and output rotated
     """The synthetic models are not committed: rebuilt from the manifest's fields and seed, they must be
     the very file llama.cpp ran before their logits mean anything."""
@@ -94,6 +106,8 @@ SHARED = [  # (model, run directory, prompt id): goldens of golden/logits/llama-
 
 
 @pytest.mark.parametrize("name,run,prompt", SHARED, ids=[f"{m}-{r}-{p}" for m, r, p in SHARED])
+
+
 def test_shared_llama_cpp_goldens(name, run, prompt):
     check_shared(name, run, prompt)
 
@@ -123,7 +137,10 @@ def test_f32_kv_decode_steps():  # greedy decode of the shared F32-KV f32 golden
 # ---------------------------------------------------------------------------------------------
 # One op at a time, on llama.cpp's intermediate tensors (eval callback, layer 0 of a 10-token prompt)
 
+
 @functools.lru_cache(maxsize=None)
+
+
 def fixture(kind):  # -> (manifest entry, {name: array}) of golden/ggml_cpu/ops/<kind>.npz
     entry = next(f for f in OPS["files"] if f["type"] == kind)
     with np.load(os.path.join(HERE, entry["file"]), allow_pickle=False) as data:
@@ -131,8 +148,14 @@ def fixture(kind):  # -> (manifest entry, {name: array}) of golden/ggml_cpu/ops/
 
 
 @pytest.mark.parametrize("kind", [f["type"] for f in OPS["files"]])
+
+
 @pytest.mark.parametrize("step", ["", "decode."])
+
+
 @pytest.mark.parametrize("weight", ["ffn_up", "attn_output"])
+
+
 def test_op_mul_mat(kind, step, weight):  # the matmul kernel of each weight type and batch shape
     entry, t = fixture(kind)
     x, ref = t[f"{step}{weight}.in"], t[f"{step}{weight}.out"]
@@ -195,12 +218,16 @@ def check_attention(t, prefix, config, head_dim, n_swa):  # layer 0, a sliding-w
 
 
 @pytest.mark.parametrize("config", CONFIGS)
+
+
 def test_op_attention(config):
     cfg, t = f32_fixture()
     check_attention(t, "", config, cfg.head_dim, cfg.n_swa)
 
 
 @functools.lru_cache(maxsize=None)
+
+
 def geometry():  # -> (manifest entry, {name: array}) of ops/geometry.npz (head sizes 20 and 24)
     entry = OPS["geometry"]
     with np.load(os.path.join(HERE, entry["file"]), allow_pickle=False) as data:
@@ -208,6 +235,8 @@ def geometry():  # -> (manifest entry, {name: array}) of ops/geometry.npz (head 
 
 
 @pytest.mark.parametrize("head", ["hd20", "hd24"])
+
+
 def test_op_rope_vector_tails(head):  # 10 pairs: 8 by FMA, the last 2 without; 12 pairs: 8 + 4, all by FMA
     entry, t = geometry()
     dims = entry["models"][head]
@@ -217,7 +246,11 @@ def test_op_rope_vector_tails(head):  # 10 pairs: 8 by FMA, the last 2 without; 
 
 
 @pytest.mark.parametrize("head", ["hd20", "hd24"])
+
+
 @pytest.mark.parametrize("config", CONFIGS)
+
+
 def test_op_attention_head_sizes(head, config):  # 1/sqrtf(24) is not 1/sqrt(24) rounded to float
     entry, t = geometry()
     dims = entry["models"][head]
@@ -225,6 +258,8 @@ def test_op_attention_head_sizes(head, config):  # 1/sqrtf(24) is not 1/sqrt(24)
 
 
 @pytest.mark.parametrize("head", ["hd64", "hd128"])
+
+
 def test_op_attention_q8_0_rotated(head):  # q, k, v and the output through Walsh-Hadamard transforms
     entry = MANIFEST["kv_q8_0"]["ops"]
     dims = entry["models"][head]
@@ -235,6 +270,7 @@ def test_op_attention_q8_0_rotated(head):  # q, k, v and the output through Wals
 
 # ---------------------------------------------------------------------------------------------
 # The float tools the kernels are built from, against independent formulations
+
 
 def test_fma32_rounds_once():  # against exact rational arithmetic, including double-rounding traps
     from fractions import Fraction
@@ -258,6 +294,8 @@ def test_fma32_rounds_once():  # against exact rational arithmetic, including do
 
 
 @pytest.mark.parametrize("n", [64, 128])
+
+
 def test_fwht_is_the_normalised_sylvester_hadamard(n):  # against scipy's matrix product in float64
     from scipy.linalg import hadamard
     x = np.random.default_rng(n).standard_normal((3, 2 * n)).astype(np.float32)
@@ -327,6 +365,7 @@ def test_backend_has_the_vision_hooks_of_numpy_backend():  # the tower calls the
 # ---------------------------------------------------------------------------------------------
 # Wiring, CLI and bad input
 
+
 def test_text_model_routes_elementwise_ops_through_the_backend():
     calls = []
 
@@ -368,6 +407,8 @@ def test_cli_q8_0_kv_logits_bit_identical(tmp_path):  # --kv-type q8_0 turns fla
     (("--flash-attn", "on"), "for --numerics ggml-cpu only"),
     (("--kv-type", "q4_0"), "invalid choice: 'q4_0'"),
     (("--numerics", "ggml-cpu", "--kv-type", "q8_0", "--flash-attn", "off"), "needs flash attention")])
+
+
 def test_cli_bad_numerics_is_one_line_exit_2(args, message):
     done = run_cli("reference.run", *args, "--token-ids", "1,2", "--n-predict", "0")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -384,7 +425,118 @@ def test_unmodelled_requests_raise_typed_errors():
 
     class Weights:  # a weight type the emulation has no kernel for
         def type_name(self, name):
-            return "IQ1_M"
+            return "MXFP4"
 
-    with pytest.raises(GgmlCpuError, match="IQ1_M"):
+    with pytest.raises(GgmlCpuError, match="MXFP4"):
         ggml_cpu.mul_mat(np.zeros((1, 256), np.float32), Weights(), "blk.0.ffn_up.weight", {})
+
+
+# IQ1_S, IQ1_M, IQ2_XS, IQ3_S: rows of several blocks (the presets' logits only hold one per row)
+
+IQ_KERNELS = json.loads(Path(HERE, "kernels", "manifest.json").read_text(encoding="utf-8"))
+
+
+class BlockRows:  # the weights mul_mat reads: one matrix of raw blocks of one type, under any name
+    def __init__(self, kind, blocks):
+        self.kind, self.blocks = kind, blocks
+
+    def type_name(self, name):
+        return self.kind
+
+    def raw(self, name):
+        return self.blocks
+
+
+def iq_block_rows(kind, row_blocks=None):  # -> BlockRows of every `kind` tensor of its preset model, regrouped
+    from tools.make_iq_kernel_goldens import ROW_BLOCKS, regrouped
+    entry = IQ_KERNELS["models"][kind]
+    path = os.path.join(GOLDEN, entry["file"])
+    assert sha256(Path(path)) == entry["sha256"], path
+    return BlockRows(kind, regrouped(Path(path), kind, row_blocks or ROW_BLOCKS))
+
+
+def check_iq_kernel(kind, rows, mul_mat):  # llama.cpp's product (golden/ggml_cpu/kernels) against mul_mat's
+    golden = np.load(os.path.join(HERE, "kernels", IQ_KERNELS["file"]), allow_pickle=False)
+    got = mul_mat(golden["x"][:rows], iq_block_rows(kind), kind, {}, repack=False)
+    assert_identical(golden[f"{kind}.out{rows}"], got, f"{kind} x {rows} rows of 4 blocks")
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
+
+
+@pytest.mark.parametrize("rows", IQ_KERNELS["rows"])  # the vec_dot below 8 rows, the tiled kernel from 8
+
+
+def test_iq_kernels_bit_identical_to_llama_cpp(kind, rows):
+    check_iq_kernel(kind, rows, ggml_cpu.mul_mat)
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
+
+
+def test_iq_decoders_are_ggml_to_float(kind):  # every tensor: d * post * scale * value is ggml's float, bit for bit
+    """The products are exact in float32 (an f16 d, a scale of at most 4 bits, a code of at most 6),
+    as in dequantize_row_*, so one rounding of the float64 product is ggml's value; the digests are
+    llama-quantize's F32 requantization (golden/presets/manifest.json)."""
+    from test_quant_presets import preset_entry
+    entry = preset_entry(kind)
+    weights = gguf.load(os.path.join(GOLDEN, "presets", entry["file"]), "text").weights
+    for name in [n for n, t in entry["tensor_types"].items() if t == kind]:
+        rows = ggml_cpu.decode(weights, name)
+        scales = np.repeat(rows.scales, rows.sub, axis=-1).astype(np.float64)
+        values = rows.d.astype(np.float64)[..., None] * rows.post * scales * rows.values
+        floats = values.astype(np.float32).reshape(len(values), -1)
+        assert sha256_of(floats) == entry["ggml_f32_sha256"][name], name
+
+
+def sha256_of(array):  # -> hex sha256 of the little-endian float32 bytes
+    return hashlib.sha256(np.ascontiguousarray(array, "<f4").tobytes()).hexdigest()
+# ---------------------------------------------------------------------------------------------
+# The bounded weight cache: a matrix past the budget is decoded in row blocks on every call
+
+STREAM_MODELS = ["q4_k_m", "iq2_xxs", "q6_k", "iq4_xs", "q8_0", "q4_0"]  # repacked Q4_K and Q4_0, tiled, lanes
+BOUNDED_RUNS = [r for r in MANIFEST["runs"] if r["kv_type"] == "f16" and not r["flash_attn"]
+                and r["type"] in ("q4_k_m", "iq2_xxs")]
+BOUNDED_BYTES = 600_000  # keeps the first few of tiny-b's decoded matrices (262 kB for an int16 ffn_up)
+
+
+def check_streamed_mul_mat(kind, step, mul_mat, monkeypatch):  # no cache, 8-row blocks: llama.cpp's outputs
+    monkeypatch.setattr(importlib.import_module("reference.ggml_cpu.mul_mat"), "STREAM_ROWS", 8)
+    entry, t = fixture(kind)
+    x, ref = t[f"{step}ffn_up.in"], t[f"{step}ffn_up.out"]  # llama.cpp's first 32 outputs: 4 blocks
+    weights, cache = model(entry["model"]).weights, {}
+    got = mul_mat(x, weights, "blk.0.ffn_up.weight", cache, cache_bytes=0)
+    assert cache == {"blk.0.ffn_up.weight": "streamed"}
+    assert_identical(ref, got[:, :ref.shape[1]], f"streamed mul_mat {kind} with {len(x)} rows")
+    assert_identical(mul_mat(x, weights, "blk.0.ffn_up.weight", {}), got, f"streamed {kind}, all rows")
+
+
+def check_bounded_logits(run, backend_class, monkeypatch):  # a manifest run under BOUNDED_BYTES, 64-row blocks
+    monkeypatch.setattr(importlib.import_module("reference.ggml_cpu.mul_mat"), "STREAM_ROWS", 64)
+    made = []
+
+    def backend(*args, **kwargs):  # the run's backend with the budget, kept to look into its cache
+        made.append(backend_class(*args, cache_bytes=BOUNDED_BYTES, **kwargs))
+        return made[-1]
+
+    check_run(run, model(run["model"]), backend)
+    entries = [entry for cache in made[0].decoded.values() for entry in cache.values()]
+    kept = sum(map(decoded_bytes, entries))
+    assert "streamed" in entries and 0 < kept <= BOUNDED_BYTES, f"{kept} bytes kept"
+
+
+@pytest.mark.parametrize("kind", STREAM_MODELS)
+
+
+@pytest.mark.parametrize("step", ["", "decode."])
+
+
+def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, monkeypatch):  # no cache, 8-row blocks
+    check_streamed_mul_mat(kind, step, ggml_cpu.mul_mat, monkeypatch)
+
+
+@pytest.mark.parametrize("run", BOUNDED_RUNS, ids=lambda r: r["file"][len("logits/"):-len(".npy")])
+
+
+def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, monkeypatch):  # some matrices kept, the rest streamed
+    check_bounded_logits(run, GgmlCpuBackend, monkeypatch)

@@ -20,6 +20,9 @@ from accel.numba.ggml import elementwise as numba_elementwise, quantize as numba
 from reference import ggml_cpu  # noqa: E402
 from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,  # noqa: E402
                            check_shared, fixture, model)
+from test_ggml_presets import text_model as preset_model  # noqa: E402
+from test_ggml_cpu import IQ_KERNELS, check_iq_kernel, iq_block_rows  # noqa: E402
+from test_ggml_cpu import BOUNDED_RUNS, STREAM_MODELS, check_bounded_logits, check_streamed_mul_mat  # noqa: E402
 
 QUANT_TYPES = [f["type"] for f in OPS["files"] if not f["type"].startswith(("f", "bf"))]
 
@@ -33,6 +36,8 @@ def activations(rows, width, seed):  # -> f32 [rows, width] with the quantizers'
 
 
 @pytest.mark.parametrize("prefer_positive", [False, True])
+
+
 def test_quantize_q8_k_is_its_numpy_twin(prefer_positive):
     x = activations(6, 512, 0)
     ref = ggml_cpu.quantize_q8_k(x, prefer_positive)
@@ -47,6 +52,8 @@ def test_quantize_q8_0_is_its_numpy_twin():
 
 
 @pytest.mark.parametrize("op", ["sigmoid", "softcap", "gelu_erf"])
+
+
 def test_elementwise_ops_are_their_numpy_twins(op):  # glibc from numba: every bit, NaN and infinities too
     x = np.concatenate([np.random.default_rng(3).standard_normal(5192).astype(np.float32) * 30,
                         np.float32([0, -0.0, np.inf, -np.inf, np.nan, 1e-45, 88.8, -104])]).reshape(-1, 13)
@@ -57,8 +64,14 @@ def test_elementwise_ops_are_their_numpy_twins(op):  # glibc from numba: every b
 
 
 @pytest.mark.parametrize("kind", QUANT_TYPES)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 10])  # vec_dot, gemv tails, the repack gemm, the tiled kernel
+
+
 @pytest.mark.parametrize("weight", ["ffn_up", "attn_output", "ffn_down"])
+
+
 def test_mul_mat_kernels_are_their_numpy_twins(kind, rows, weight):  # every weight type and kernel path
     entry, _ = fixture(kind)
     weights = model(entry["model"]).weights
@@ -70,7 +83,11 @@ def test_mul_mat_kernels_are_their_numpy_twins(kind, rows, weight):  # every wei
 
 
 @pytest.mark.parametrize("kind", QUANT_TYPES)
+
+
 @pytest.mark.parametrize("step", ["", "decode."])
+
+
 def test_mul_mat_on_llama_cpp_tensors(kind, step):  # llama.cpp's own layer-0 input and output
     entry, t = fixture(kind)
     x, ref = t[f"{step}ffn_up.in"], t[f"{step}ffn_up.out"]
@@ -83,16 +100,22 @@ def run_id(run):
 
 
 @pytest.mark.parametrize("run", MANIFEST["runs"] + MANIFEST["kv_q8_0"]["runs"], ids=run_id)
+
+
 def test_logits_bit_identical_to_llama_cpp(run):
     check_run(run, model(run["model"]), GgmlCpuNumbaBackend)
 
 
 @pytest.mark.parametrize("run", MANIFEST["kv_q8_0"]["rotated_runs"], ids=lambda r: r["type"])
+
+
 def test_q8_0_kv_rotated_logits_bit_identical(run, tmp_path):  # head sizes 64, 128: the Hadamard rotation
     check_rotated(run, tmp_path, GgmlCpuNumbaBackend)
 
 
 @pytest.mark.parametrize("name,run,prompt", SHARED, ids=[f"{m}-{r}-{p}" for m, r, p in SHARED])
+
+
 def test_shared_llama_cpp_goldens(name, run, prompt):  # BF16, the tiled flash attention, tiny-a's Q2_K repack
     check_shared(name, run, prompt, GgmlCpuNumbaBackend)
 
@@ -100,6 +123,149 @@ def test_shared_llama_cpp_goldens(name, run, prompt):  # BF16, the tiled flash a
 def test_cli_backend_numba_numerics_ggml_cpu(tmp_path):
     run = next(r for r in MANIFEST["runs"] if r["type"] == "q4_k_m" and r["kv_type"] == "f16" and not r["flash_attn"])
     check_cli_run(tmp_path, run, "--backend", "numba")
+
+
+class JoinedRows:
+    """A preset's weights with each pair of rows of one tensor joined into one: K = 512, so every kernel
+    accumulates over more than one 256-block (the tiny models' K is at most 256)."""
+
+    def __init__(self, weights, name):
+        self.weights, self.name = weights, name
+
+    def type_name(self, name):
+        return self.weights.type_name(name)
+
+    def raw(self, name):
+        raw = np.asarray(self.weights.raw(name))
+        return raw.reshape(len(raw) // 2, -1) if name == self.name else raw
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q1_0", "Q2_0", "TQ1_0", "TQ2_0", "Q2_K"])  # presets of these names
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 10])  # vec_dot; from 8 rows Q2_K's tiled kernel, the others' vec_dot still
+
+
+@pytest.mark.parametrize("joined", [False, True])
+
+
+def test_preset_type_kernels_are_their_numpy_twins(kind, rows, joined):  # the vec_dot-only types, Q2_K's vec_dot
+    weights, name = preset_model(kind).weights, "blk.0.ffn_up.weight"
+    assert weights.type_name(name) == kind
+    x = activations(rows, weights.shape(name)[1] * (2 if joined else 1), rows)
+    if joined:
+        weights = JoinedRows(weights, name)
+    ref = ggml_cpu.mul_mat(x, weights, name, {}, repack=False)
+    assert_identical(ref, numba_mul_mat.mul_mat(x, weights, name, {}, repack=False), f"{kind}, {rows} rows")
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 10])  # the vec_dot (IQ1: iq1_vec_dot) and the tiled kernel
+
+
+@pytest.mark.parametrize("row_blocks", [1, 4])  # the presets' 256-wide rows, and 4 blocks regrouped into one row
+
+
+def test_iq_mul_mat_kernels_are_their_numpy_twins(kind, rows, row_blocks):
+    weights = iq_block_rows(kind, row_blocks)
+    x = activations(rows, 256 * row_blocks, rows)
+    x[:, 256:] *= np.float32(1e-3)  # later blocks of another magnitude
+    ref = ggml_cpu.mul_mat(x, weights, kind, {}, repack=False)
+    assert_identical(ref, numba_mul_mat.mul_mat(x, weights, kind, {}, repack=False), f"{kind}, {rows} rows")
+
+
+@pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
+
+
+@pytest.mark.parametrize("rows", IQ_KERNELS["rows"])
+
+
+def test_iq_kernels_bit_identical_to_llama_cpp(kind, rows):  # golden/ggml_cpu/kernels: rows of 4 blocks
+    check_iq_kernel(kind, rows, numba_mul_mat.mul_mat)
+# ---------------------------------------------------------------------------------------------
+# The block decoders of the 30B UD-IQ2_XXS mix, and the bounded weight cache
+
+from gguf import GGMLQuantizationType, quants  # noqa: E402
+
+from accel.numba.ggml import blocks as numba_blocks  # noqa: E402
+from reference.ggml_cpu import blocks as reference_blocks  # noqa: E402
+
+DECODED_TYPES = {  # type -> a committed GGUF that holds tensors of it (llama-quantize's blocks)
+    "IQ2_XXS": "models/tiny-a-iq2_xxs.gguf", "IQ3_XXS": "ggml_cpu/models/tiny-b-iq3_xxs.gguf",
+    "IQ4_XS": "models/tiny-a-iq4_xs.gguf", "Q4_K": "ggml_cpu/models/tiny-b-iq3_xxs.gguf",
+    "Q6_K": "models/tiny-b-q6_k.gguf",
+}
+QUANT_ROWS_FIELDS = ("d", "values", "scales", "mins", "dmin", "m", "sub", "post", "unsigned_offset", "min_lanes")
+
+
+def assert_same_rows(ref, got, what):  # two QuantRows: every field of the same dtype, shape and bits
+    for field in QUANT_ROWS_FIELDS:
+        a, b = getattr(ref, field), getattr(got, field)
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {field}"
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{what}: {field}"
+        else:
+            assert type(a) is type(b) and a == b, f"{what}: {field}"
+
+
+def weight_terms(rows):  # QuantRows -> (d * post * scale * (value - offset), dmin * min + m) in float64 [O, K]
+    v = rows.values.astype(np.float64) - rows.unsigned_offset
+    if rows.scales is not None:
+        v *= np.repeat(rows.scales, rows.sub, axis=-1)
+    scaled = rows.d[..., None].astype(np.float64) * rows.post * v
+    shift = np.zeros_like(scaled)
+    if rows.mins is not None:
+        shift -= rows.dmin[..., None].astype(np.float64) * np.repeat(rows.mins, rows.sub, axis=-1)
+    return scaled.reshape(len(v), -1), shift.reshape(len(v), -1)
+
+
+@pytest.mark.parametrize("kind", sorted(DECODED_TYPES))
+
+
+def test_block_decoders_are_their_numpy_twins_on_committed_tensors(kind):
+    weights = model(DECODED_TYPES[kind]).weights
+    names = [n for n in weights.tensors if weights.type_name(n) == kind]
+    assert names, f"{DECODED_TYPES[kind]} holds no {kind} tensor"
+    for name in names:
+        n_rows = len(weights.raw(name))
+        ref = reference_blocks.decode_rows(weights, name, 0, n_rows)
+        got = reference_blocks.decode_rows(weights, name, 0, n_rows, numba_blocks.DECODERS)
+        assert_same_rows(ref, got, f"{kind} {name}")
+        # and against gguf-py's float32 dequantization: each weight is at most two float32 products
+        # and a difference, so it is within 3 float32 roundings (2^-24 relative) of its terms
+        scaled, shift = weight_terms(got)
+        theirs = quants.dequantize(np.asarray(weights.raw(name)), GGMLQuantizationType[kind]).astype(np.float64)
+        bound = 3 * 2.0 ** -24 * (np.abs(scaled) + np.abs(shift))
+        assert np.all(np.abs(scaled + shift - theirs) <= bound), f"{kind} {name} against gguf-py"
+
+
+@pytest.mark.parametrize("kind", sorted(DECODED_TYPES))
+
+
+def test_block_decoders_are_their_numpy_twins_on_random_bytes(kind):  # every bit of every field set somewhere
+    n_bytes = reference_blocks.DECODERS[kind][0]
+    raw = np.random.default_rng(len(kind)).integers(0, 256, (40, 3, n_bytes), dtype=np.uint8)
+    ref = reference_blocks.narrow(reference_blocks.DECODERS[kind][1](raw))
+    assert_same_rows(ref, numba_blocks.DECODERS[kind][1](raw), f"{kind} random blocks")
+
+
+@pytest.mark.parametrize("kind", STREAM_MODELS)
+
+
+@pytest.mark.parametrize("step", ["", "decode."])
+
+
+def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, monkeypatch):  # no cache, 8-row blocks
+    check_streamed_mul_mat(kind, step, numba_mul_mat.mul_mat, monkeypatch)
+
+
+@pytest.mark.parametrize("run", BOUNDED_RUNS, ids=run_id)
+
+
+def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, monkeypatch):  # some matrices kept, the rest streamed
+    check_bounded_logits(run, GgmlCpuNumbaBackend, monkeypatch)
 
 
 @pytest.mark.parametrize("kind", ["q4_k_m", "q6_k", "iq2_xxs"])

@@ -20,6 +20,7 @@ FIX = os.path.join(ROOT, "tests", "fixtures", "perplexity")
 TEXT = os.path.join(FIX, "text-crlf.txt")
 F32_MODEL = os.path.join(MODELS, "tiny-a-f32.gguf")
 Q8_MODEL = os.path.join(MODELS, "tiny-a-q8_0.gguf")
+Q4_MODEL = os.path.join(MODELS, "tiny-a-q4_k_m.gguf")
 LLAMA_PERPLEXITY = os.environ.get("LLAMA_PERPLEXITY") or shutil.which("llama-perplexity")
 STEP = 16 / 65535  # nats per u16 code: llama-perplexity stores log-probabilities over 16 nats
 N_CTX = ["-c", "128", "-b", "128"]
@@ -201,6 +202,17 @@ def test_kl_statistics_equal_llama_perplexitys_q8_0(capsys, base):
     assert from_header(stdout) == from_header(recorded(f"lcpp-tiny-a-q8_0-vs-{base}-base.stdout"))
 
 
+@pytest.mark.parametrize("base", ["lcpp", "ref"])
+def test_kl_statistics_equal_llama_perplexitys_q4_k_m_no_repack(capsys, base):
+    """tiny-a-q4_k_m as llama-perplexity --no-repack ran it (Q4_K rows in plain buffers: the tiled
+    kernel for its 64-row batches, not the CPU repack): with --numerics ggml-cpu --no-repack every
+    chunk line and statistic is what llama-perplexity printed, digit for digit."""
+    status, stdout, _ = run_tool(capsys, "-m", Q4_MODEL, *N_CTX, "--numerics", "ggml-cpu", "--no-repack",
+                                 "--kl-divergence-base", fixture(f"{base}-tiny-a-f32.kld"), "--kl-divergence")
+    assert status == 0
+    assert from_header(stdout) == from_header(recorded(f"lcpp-tiny-a-q4_k_m-vs-{base}-base.stdout"))
+
+
 def test_compare_kld_two_bases(capsys):
     """--compare-kld of the exact reference's base and llama-perplexity's F32-KV one: the code
     agreement of test_exact_base_against_llama_perplexity_f32_kv, and a KLD at the storage noise."""
@@ -303,6 +315,7 @@ def small_kld(tmp_path, n_vocab):  # -> a valid one-chunk .kld of n_ctx 8 over n
     (["-m", F32_MODEL, "-f", TEXT, "--chunks", "0"], "--chunks must be -1 (all) or at least 1"),
     (["-m", F32_MODEL, "-f", TEXT, "--kl-divergence-base-f32", "out.npy"], "must name a .npz file"),
     (["-m", F32_MODEL, "-f", TEXT, "-fa", "on"], "for --numerics ggml-cpu only"),
+    (["-m", F32_MODEL, "-f", TEXT, "--no-repack"], "--no-repack choose llama.cpp's build for --numerics ggml-cpu only"),
     (["-m", os.path.join(FIX, "no-such.gguf"), "-f", TEXT], "no-such.gguf"),
 ])
 def test_bad_arguments(args, expected):

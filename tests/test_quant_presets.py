@@ -329,3 +329,13 @@ def parity_table():  # -> the README's rows: preset, NMSE prefill / decode, max 
 
 if __name__ == "__main__":
     print(parity_table())
+
+
+def test_make_tiny_counts_the_types_gguf_py_lacks():
+    """tools.make_tiny's per-type tensor counts (its manifests) read Q2_0 files, which gguf-py's own
+    reader refuses: the counts are those of the preset manifest's per-tensor types."""
+    from collections import Counter
+    from tools.make_tiny import tensor_types
+
+    e = preset_entry("Q2_0")
+    assert tensor_types(os.path.join(PRESETS, e["file"])) == dict(sorted(Counter(e["tensor_types"].values()).items()))

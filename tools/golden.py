@@ -277,11 +277,29 @@ def silence_llama_cpp(llama_cpp) -> None:
         llama_cpp.llama_log_set(_LLAMA_LOG_SINK, ctypes.c_void_p(0))
 
 
+def plain_cpu_buffers(bindings):  # llama_cpp.llama_cpp -> None; every Llama made afterwards loads plain CPU buffers
+    """use_extra_bufts = False (llama-cli's --no-repack): no CPU_REPACK or AMX weight buffers, every
+    product through ggml's plain mul_mat. llama-cpp-python 0.3.36's Llama() has no argument for it,
+    so the default model parameters it starts from are replaced."""
+    defaults = bindings.llama_model_default_params
+    if getattr(defaults, "plain_buffers", False):
+        return
+
+    def plain():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+    plain.plain_buffers = True
+    bindings.llama_model_default_params = plain
+
+
 def llama_cpp_engine(args) -> Engine:
     path = Path(args.model)
     load_text_gguf(args)  # llama.cpp answers a truncated file or a projector with a ValueError and log lines
     llama_cpp = import_extra("llama_cpp", "--engine llama-cpp")
     silence_llama_cpp(llama_cpp)
+    if args.no_repack:
+        plain_cpu_buffers(llama_cpp.llama_cpp)
     threads = args.threads or os.cpu_count() or 1
     n_ubatch = args.n_ubatch
 
@@ -332,7 +350,7 @@ def llama_cpp_engine(args) -> Engine:
         name="llama-cpp",
         version=f"llama-cpp-python {llama_cpp.__version__} (llama.cpp {LLAMA_CPP_COMMIT})",
         model={"file": path.name, "sha256": sha256(path)},
-        options={"kv_type": args.kv_type, "flash_attn": args.flash_attn, "n_ubatch": n_ubatch,
+        options={"kv_type": args.kv_type, "flash_attn": args.flash_attn, "repack": not args.no_repack, "n_ubatch": n_ubatch,
                  "n_batch": n_ubatch, "n_ctx": args.n_ctx, "n_threads": threads, "backend": "cpu",
                  "system_info": llama_cpp.llama_print_system_info().decode().strip(),
                  "tokenize": "add_bos=True, special=True (text prompts only)"},
@@ -897,6 +915,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="llama-cpp KV cache type")
     ap.add_argument("--flash-attn", choices=["on", "off"], default="off", help="llama-cpp")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="llama-cpp: weights in plain CPU buffers (use_extra_bufts=False, llama-cli's --no-repack); "
+                         "reference.run --numerics ggml-cpu --repack off rounds as such a run")
     ap.add_argument("--n-predict", type=int_in(0, MAX_TOKENS), default=0,
                     help="greedy continuation length (0: none; at most the model's training context)")
     ap.add_argument("--n-ubatch", type=tokens, default=512, help="llama.cpp n_batch = n_ubatch")

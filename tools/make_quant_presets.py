@@ -94,21 +94,6 @@ def ggml_float_digests(quantize: Path, path: Path, work: Path) -> dict:  # -> {t
     return digests
 
 
-def without_extra_buffers():  # -> None; every llama_cpp.Llama made afterwards loads plain CPU buffers
-    import llama_cpp.llama_cpp as bindings
-
-    defaults = bindings.llama_model_default_params
-    if getattr(defaults, "plain_buffers", False):
-        return
-
-    def plain():
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-    plain.plain_buffers = True
-    bindings.llama_model_default_params = plain
-
-
 CRAFTED = "crafted_blocks.npz"
 CRAFTED_TYPES = {"q1_0": 41, "q2_0": 42}  # ggml.h type ids
 
@@ -156,7 +141,7 @@ def make_preset(preset: str, args, work: Path) -> dict:  # -> the manifest entry
     shutil.move(work / name, dst)
     digests = ggml_float_digests(quantize, dst, work)
     logits = args.out / "logits" / preset
-    golden_args = ["--engine", "llama-cpp", "--model", str(dst), "--kv-type", "f32", "--flash-attn", "off",
+    golden_args = ["--engine", "llama-cpp", "--model", str(dst), "--kv-type", "f32", "--flash-attn", "off", "--no-repack",
                    "--n-predict", str(args.n_predict), "--threads", "2", "--prompts", str(args.prompts),
                    "--out", str(logits)]
     if golden.main(golden_args):
@@ -212,7 +197,6 @@ def main(argv=None) -> int:
 
     def work() -> int:
         presets, skipped = check_args(args)
-        without_extra_buffers()
         for d in (args.work, args.out / "models", args.out / "logits"):
             d.mkdir(parents=True, exist_ok=True)
         imatrix_entry = make_imatrix(args, args.work)

@@ -100,10 +100,10 @@ def log(msg: str) -> None:
 
 def tensor_types(path: Path) -> dict[str, int]:
     """How many tensors of each ggml type the GGUF holds (quantize falls back on narrow rows)."""
-    from gguf import GGUFReader
+    from reference.gguf import open_reader  # also lays out the pinned ggml's Q2_0, which gguf-py lacks
 
     counts: dict[str, int] = {}
-    for t in GGUFReader(path).tensors:
+    for t in open_reader(path).tensors:
         counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
     return dict(sorted(counts.items()))
 

@@ -481,8 +481,8 @@ def load_model(args):  # -> TextModel with the backend reference.run would build
     if args.numerics == "ggml-cpu":
         args.flash_attn = args.flash_attn or "on"  # llama-perplexity's -fa auto is on for the CPU
         backend = run.ggml_cpu_backend(args)
-    elif args.kv_type or args.flash_attn:
-        raise UsageError("--kv-type and --flash-attn choose llama.cpp's cache for --numerics ggml-cpu only")
+    elif args.kv_type or args.flash_attn or args.repack:
+        raise UsageError("--kv-type, --flash-attn and --no-repack choose llama.cpp's build for --numerics ggml-cpu only")
     return TextModel(model, np.dtype(args.dtype), backend)
 
 
@@ -737,6 +737,9 @@ def build_parser():  # -> llama-perplexity's options and the reference's
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("-fa", "--flash-attn", choices=("on", "off"), help="with --numerics ggml-cpu (default on)")
     p.add_argument("-ctk", "--kv-type", choices=KV_TYPES, help="with --numerics ggml-cpu: KV cache type (default f16)")
+    p.add_argument("-nr", "--no-repack", dest="repack", action="store_const", const="off",
+                   help="with --numerics ggml-cpu: weights outside llama.cpp's CPU_REPACK buffer, as "
+                        "llama-perplexity --no-repack loads them")
     p.set_defaults(tp=1, kv="ring", prefill_chunk=None)  # what reference.run's backend builders read
     return p
 

@@ -22,9 +22,8 @@ rows are stored as Q8_0 blocks, Q is converted to Q8_0 for the K dot products, a
 that are multiples of 64 q, k, v and the attention output are rotated by Walsh-Hadamard transforms
 (llama-kv-cache.cpp attn_rot_k / attn_rot_v).
 
-Not modelled (GgmlCpuError): other quantized KV types, weight types without a decoder below, the
-Q2_K vec_dot (a Q2_K matrix whose row count is not a multiple of 8, in batches of fewer than 8
-rows).
+Not modelled (GgmlCpuError): other quantized KV types, weight types without a decoder below (MXFP4
+among them).
 
 The package maps llama.cpp's CPU backend file by file: `rounding` (f16/bf16, fma32, SIMD horizontal
 sums), `libm` (glibc through ctypes, ggml's vectorised expf and silu), `elementwise` (norms, RoPE,
@@ -41,6 +40,8 @@ from .build import BUILD, KV_TYPES, UBATCH, GgmlCpuError, host_differences
 from .elementwise import gelu_erf, layer_norm, rms_norm, rope_2d, rope_norm, sigmoid, soft_max, softcap, swiglu
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled, vec_dot_q8_0
+from .int_dots import q2_k_vec_dot, wide_block_vec_dot
+from .int_dots import iq1_vec_dot
 from .libm import libm, silu_rows, v_expf, v_silu
 from .mul_mat import float_mul_mat, mul_mat
 from .quantize import QuantActs, quantize_q8_0, quantize_q8_k

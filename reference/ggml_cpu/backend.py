@@ -15,7 +15,8 @@ class GgmlCpuBackend:
     llama.cpp's CPU backend computes. kv_type: "f16" (llama.cpp's default), "f32" or "q8_0" (needs
     flash attention, as in llama.cpp); flash_attn as the llama.cpp context had it (llama-cpp-python's
     default: off); repack: whether llama.cpp's CPU_REPACK buffer holds the weights (its default;
-off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_threads matters only for the KV-split flash-attention decode. Use a uniform cache
+off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_threads matters only for the KV-split flash-attention decode.
+    cache_bytes bounds the decoded weights kept between calls (the rest are decoded per call). Use a uniform cache
     and prompt chunks of at most UBATCH rows:
 
         lm = TextModel(gguf.load(path, "text"), backend=GgmlCpuBackend())
@@ -24,7 +25,7 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
     With check_host it warns when this machine's llama.cpp build would round differently."""
     name = "ggml-cpu"
 
-    def __init__(self, kv_type="f16", flash_attn=False, n_threads=2, check_host=True, repack=True):
+    def __init__(self, kv_type="f16", flash_attn=False, n_threads=2, check_host=True, repack=True, cache_bytes=None):
         if kv_type not in KV_TYPES:
             raise GgmlCpuError(f"KV cache type {kv_type!r} is not emulated ({', '.join(KV_TYPES)})")
         if kv_type == "q8_0" and not flash_attn:
@@ -36,9 +37,11 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         self.dtype = np.dtype(F32)
         self.kv_type, self.flash_attn, self.n_threads, self.repack = kv_type, flash_attn, n_threads, repack
         self.decoded = {}  # Weights -> {tensor name: decoded}: a drafter's blk.* names are also its target's
+        self.cache_bytes = cache_bytes  # of decoded quantized weights per Weights (None: mul_mat's DECODED_CACHE_BYTES)
 
     def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
-        return mul_mat(np.ascontiguousarray(x, F32), weights, name, self.decoded.setdefault(weights, {}), self.repack)
+        cache = self.decoded.setdefault(weights, {})
+        return mul_mat(np.ascontiguousarray(x, F32), weights, name, cache, self.repack, self.cache_bytes)
 
     def matmul(self, x, w):  # x [T, in], w [out, in] f32 array -> [T, out]: an F32 GGML_OP_MUL_MAT
         return float_mul_mat(np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32), "F32")

@@ -168,15 +168,7 @@ DECODE_ROWS = 4096  # rows decoded at a time: the decoders' int64 intermediates 
 
 
 def decode(weights, name):  # GGUF tensor -> QuantRows with arrays [O, nb, ...]
-    n_bytes, decoder = DECODERS[weights.type_name(name)]
-    raw = np.asarray(weights.raw(name)).view(np.uint8)
-    raw = raw.reshape(len(raw), -1, n_bytes)
-    parts = [narrow(decoder(raw[start:start + DECODE_ROWS])) for start in range(0, len(raw), DECODE_ROWS)]
-    rows = parts[0]
-    for field in INT_FIELDS + ("d", "dmin", "m"):
-        if getattr(rows, field) is not None:
-            setattr(rows, field, np.concatenate([getattr(part, field) for part in parts]))
-    return rows
+    return decode_rows(weights, name, 0, len(weights.raw(name)))
 
 
 INT_FIELDS = ("values", "scales", "mins")
@@ -186,5 +178,114 @@ def narrow(rows):  # QuantRows -> the same with int8 codes and scales
     # every code and scale fits in int8 (the widest: Q8_0's int8, IQ4_NL's -127..113, Q6_K's 0..63)
     for field in INT_FIELDS:
         if getattr(rows, field) is not None:
-            setattr(rows, field, getattr(rows, field).astype(np.int8))
+            setattr(rows, field, getattr(rows, field).astype(np.int8, copy=False))
     return rows
+
+
+def decode_rows(weights, name, start, stop, decoders=DECODERS):  # GGUF tensor -> QuantRows of rows [start, stop)
+    """decoders: {type: (bytes per block, decoder)}, these or the numba twins'."""
+    n_bytes, decoder = decoders[weights.type_name(name)]
+    raw = np.asarray(weights.raw(name)[start:stop]).view(np.uint8)
+    raw = raw.reshape(len(raw), -1, n_bytes)
+    parts = [narrow(decoder(raw[i:i + DECODE_ROWS])) for i in range(0, len(raw), DECODE_ROWS)]
+    rows = parts[0]
+    for field in INT_FIELDS + ("d", "dmin", "m") if len(parts) > 1 else ():
+        if getattr(rows, field) is not None:
+            setattr(rows, field, np.concatenate([getattr(part, field) for part in parts]))
+    return rows
+
+
+def decode_q4_1(b):  # [O, nb, 20]: w = d * value + m, as Q5_1 without the fifth bits
+    return QuantRows(f16_at(b, 0), nibbles(b[..., 4:20]), m=f16_at(b, 2))
+
+
+def decode_q1_0(b):  # [O, nb, 18]: 128 sign bits, value j = +1 where bit j of qs is set, else -1
+    return QuantRows(f16_at(b, 0), 2 * bits_at(b, 2, 16).astype(np.int64) - 1)
+
+
+def decode_q2_0(b):  # [O, nb, 18]: 64 2-bit codes (value j in bits 2(j%4) of byte j/4), value = code - 1
+    codes = (b[..., 2:18, None].astype(np.int64) >> (2 * np.arange(4))) & 3
+    return QuantRows(f16_at(b, 0), codes.reshape(b.shape[:-1] + (64,)) - 1)
+
+
+def trits(qs, n):  # uint8 [...] -> int [..., n]: base-3 digits 0..2 of each byte (byte * 3^i mod 256, times 3, >> 8)
+    q = (qs[..., None].astype(np.int64) * 3 ** np.arange(n)) & 255
+    return (3 * q) >> 8
+
+
+def ternary_rows(d, codes):  # f32 [O, nb], codes 0..2 [O, nb, 256] -> QuantRows
+    """The ternary vec_dots multiply the unsigned codes and subtract the 1 through the activation
+    sums of 16 (lane l takes the sums 2l and 2l+1), as Q6_K removes its 32: unit scales of 16."""
+    return QuantRows(d, codes, np.ones(codes.shape[:-1] + (16,), np.int64), sub=16, unsigned_offset=1)
+
+
+def decode_tq1_0(b):  # [O, nb, 54]: qs[48] five trits a byte, qh[4] four trits a byte, d
+    lead = np.moveaxis(trits(b[..., 0:32], 5), -1, -2)  # value 32n + m: trit n of byte m
+    tail = np.moveaxis(trits(b[..., 32:48], 5), -1, -2)  # value 160 + 16n + m
+    high = np.moveaxis(trits(b[..., 48:52], 4), -1, -2)  # value 240 + 4n + j: trit n of qh[j]
+    codes = np.concatenate([part.reshape(b.shape[:-1] + (-1,)) for part in (lead, tail, high)], axis=-1)
+    return ternary_rows(f16_at(b, 52), codes)
+
+
+def decode_tq2_0(b):  # [O, nb, 66]: qs[64] four 2-bit codes a byte (value 128j + 32l + m: bits 2l of byte 32j + m), d
+    qs = b[..., 0:64].reshape(b.shape[:-1] + (2, 1, 32)).astype(np.int64)
+    codes = (qs >> (2 * np.arange(4))[:, None]) & 3  # [..., 2, 4, 32]
+    return ternary_rows(f16_at(b, 64), codes.reshape(b.shape[:-1] + (256,)))
+
+
+DECODERS.update({  # Q4_1, the pinned ggml's own Q1_0 and Q2_0, the ternary TQ1_0 and TQ2_0
+    "Q4_1": (20, decode_q4_1), "Q1_0": (18, decode_q1_0), "Q2_0": (18, decode_q2_0),
+    "TQ1_0": (54, decode_tq1_0), "TQ2_0": (66, decode_tq2_0),
+})
+
+
+def odd_scales(scale_bytes):  # uint8 [..., n] -> int [..., 2n]: 2 * nibble + 1, low nibble first
+    s = scale_bytes.astype(np.int64)
+    return np.stack([2 * (s & 15) + 1, 2 * (s >> 4) + 1], axis=-1).reshape(s.shape[:-1] + (-1,))
+
+
+def decode_iq2_xs(b):  # [O, nb, 74]: d, 32 u16 (9-bit grid index | 7 sign bits << 9), scales[8] (two 4-bit per 32)
+    from gguf.quants import IQ2_XS
+    q = np.ascontiguousarray(b[..., 2:66]).view(np.uint16).astype(np.int64)  # [..., 32]: one per 8 values
+    values = (iq_grid(IQ2_XS)[q & 511] * iq_signs(q >> 9)).reshape(b.shape[:-1] + (256,))
+    return QuantRows(f16_at(b, 0), values, odd_scales(b[..., 66:74]), sub=16, post=0.125)
+
+
+def decode_iq3_s(b):  # [O, nb, 110]: d, qs[64] grid low bytes, qh[8] (their 9th bits), signs[32], scales[4]
+    from gguf.quants import IQ3_S
+    index = b[..., 2:66].astype(np.int64) | (bits_at(b, 66, 8).astype(np.int64) << 8)  # [..., 64]: 4 values each
+    signs = 1 - 2 * bits_at(b, 74, 32).astype(np.int64)  # [..., 256]
+    values = iq_grid(IQ3_S)[index].reshape(b.shape[:-1] + (256,)) * signs
+    return QuantRows(f16_at(b, 0), values, odd_scales(b[..., 106:110]))
+
+
+def iq1_codes(index, negative_delta):  # grid index int [..., g], delta sign bool [..., g] -> int [..., 8g]
+    """The tiled kernel's IQ1 codes 8 * grid + delta (grid -1/0/1, delta = +-1 for IQ1S_DELTA = IQ1M_DELTA
+    = 1/8, the 8 folded into d by post = 1/8); the vec_dot takes them apart (iq1_vec_dot)."""
+    from gguf.quants import IQ1_S
+    codes = 8 * iq_grid(IQ1_S)[index] + np.where(negative_delta, -1, 1)[..., None]
+    return codes.reshape(index.shape[:-1] + (-1,))
+
+
+def decode_iq1_s(b):  # [O, nb, 50]: d, qs[32] grid low bytes, per 32 a u16: 4x3 index bits, 3-bit scale, delta sign
+    qh = np.ascontiguousarray(b[..., 34:50]).view(np.uint16).astype(np.int64)  # [..., 8]
+    high = (qh[..., None] >> (3 * np.arange(4))) & 7  # [..., 8, 4]
+    index = (b[..., 2:34].astype(np.int64) | (high << 8).reshape(b.shape[:-1] + (32,)))
+    negative = np.repeat(qh >= 0x8000, 4, axis=-1)  # one delta per 32, i.e. per 4 grid entries
+    return QuantRows(f16_at(b, 0), iq1_codes(index, negative), 2 * ((qh >> 12) & 7) + 1, post=0.125)
+
+
+def decode_iq1_m(b):  # [O, nb, 56]: qs[32], qh[16] (a nibble per 8: 3 index bits, delta sign), 4 u16 of scales
+    """The f16 d is spread over the top nibbles of the four scale words (iq1m_scale_t); the other 12 bits
+    of each word are four 3-bit scales, one per 16 values."""
+    nibble = b[..., 32:48].astype(np.int64)[..., None] >> np.array([0, 4])  # [..., 16, 2]
+    index = b[..., 0:32].astype(np.int64) | ((nibble & 7) << 8).reshape(b.shape[:-1] + (32,))
+    negative = (nibble & 8).reshape(b.shape[:-1] + (32,)) != 0
+    sc = np.ascontiguousarray(b[..., 48:56]).view(np.uint16).astype(np.int64)  # [..., 4]
+    scales = (2 * ((sc[..., None] >> (3 * np.arange(4))) & 7) + 1).reshape(b.shape[:-1] + (16,))
+    d = ((sc >> 12) << (4 * np.arange(4))).sum(-1).astype(np.uint16).view(np.float16).astype(F32)
+    return QuantRows(d, iq1_codes(index, negative), scales, sub=16, post=0.125)
+
+
+DECODERS.update({"IQ2_XS": (74, decode_iq2_xs), "IQ3_S": (110, decode_iq3_s),
+                 "IQ1_S": (50, decode_iq1_s), "IQ1_M": (56, decode_iq1_m)})

@@ -2,6 +2,7 @@
 lane and accumulation order."""
 import numpy as np
 
+from .blocks import QuantRows
 from .rounding import F32, F64, fma32, hsum8
 
 
@@ -18,6 +19,7 @@ def f32_of(i):  # int [...] -> f32 [...]: vcvtdq2ps, round to nearest even
 
 # ---------------------------------------------------------------------------------------------
 # Quantized dot products, one function per kernel family
+
 
 def q0_lanes(w, a, accumulators=1):  # QuantRows/QuantActs 32-blocks -> [T, O]
     """tinyBLAS_Q0_AVX and ggml_vec_dot_{q8_0,q5_0,q4_0,iq4_nl}_q8_0 (AVX2), every row against every
@@ -137,3 +139,60 @@ def k_vec_dot(w, a):  # K-quant/IQ rows, Q8_K acts -> [T, O]: ggml_vec_dot_*_q8_
     if w.min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
         return out + ((summs[..., 0] + summs[..., 2]) + (summs[..., 1] + summs[..., 3]))
     return out + summs[..., 0]
+
+
+def wide_block_vec_dot(w, a, lanes):  # Q1_0/Q2_0 rows (blocks of 128/64), Q8_0 acts -> [T, O]
+    """ggml_vec_dot_q1_0_q8_0 (AVX2, lanes=8: lane l the exact sum of 4 neighbouring products of each
+    32-block) and ggml_vec_dot_q2_0_q8_0 (the scalar generic, lanes=1: the 32-block's sum). Per weight
+    block the Q8_0 blocks it spans go into inner = d_a*f32(lane), then fma(d_a, f32(lane), inner);
+    then acc = fma(d_w, inner, acc); at the end hsum_float_8 (Q1_0). The scalar code starts inner at
+    fma(d_a, f32(sum), 0), which differs from the product only in the sign of a zero, and a zero's
+    sign cannot reach acc, which starts at +0 and so is never -0."""
+    T, (O, nb, bs) = len(a.q), w.values.shape
+    spans = bs // 32
+    sums = int_dot(w.values, a.q.reshape(T, nb, bs), 32 // lanes).reshape(T, O, nb, spans, lanes)
+    ad = a.d.reshape(T, 1, nb, spans, 1)
+    acc = np.zeros((T, O, lanes), F32)
+    for b in range(nb):
+        inner = ad[:, :, b, 0] * f32_of(sums[:, :, b, 0])
+        for k in range(1, spans):
+            inner = fma32(ad[:, :, b, k], f32_of(sums[:, :, b, k]), inner)
+        acc = fma32(w.d[None, :, b, None], inner, acc)
+    return hsum8(acc) if lanes == 8 else acc[..., 0]
+
+
+def q2_k_vec_dot(w, a):  # Q2_K rows, Q8_K acts -> [T, O]: ggml_vec_dot_q2_K_q8_K (AVX2 builds)
+    """One 8-lane accumulator per weight and activation row. Per block first the mins: lane l = min_2l*bsum_2l +
+    min_2l+1*bsum_2l+1 (madd of the 16-sums), acc = fma(-d_a*dmin_w, f32(lane), acc); then the scaled
+    codes, lane l holding 4 neighbouring products of every 32-chunk times its 16-half's scale (the
+    k_vec_dot lanes), acc = fma(d_a*d_w, f32(lane), acc); hsum_float_8 at the end."""
+    T, O, nb = len(a.q), len(w.values), w.values.shape[1]
+    products = int_dot(w.values, a.q, 4).reshape(T, O, nb, 8, 8)  # [.., chunk, lane]
+    lane_scale = np.repeat(w.scales, 4, axis=-1).reshape(O, nb, 8, 8)  # a 32-chunk's lanes 0-3 and 4-7: its two 16s
+    lanes = (products * lane_scale[None]).sum(3)  # [T, O, nb, 8]
+    min_lanes = (a.bsums[:, None] * w.mins[None]).reshape(T, O, nb, 8, 2).sum(-1)
+    acc = np.zeros((T, O, 8), F32)
+    for b in range(nb):
+        dmin = -a.d[:, None, b] * w.dmin[None, :, b]
+        acc = fma32(dmin[..., None], f32_of(min_lanes[:, :, b]), acc)
+        acc = fma32((a.d[:, None, b] * w.d[None, :, b])[..., None], f32_of(lanes[:, :, b]), acc)
+    return hsum8(acc)
+
+
+def iq1_vec_dot(w, a, delta_lanes):  # IQ1_S/IQ1_M rows, Q8_K acts -> [T, O]: ggml_vec_dot_iq1_{s,m}_q8_K (AVX2)
+    """The codes 8*grid + delta taken apart: the grid part is the k_vec_dot arithmetic (8 lanes of
+    scale * grid * q, fma(d_w*d_a, f32(lane), acc), hsum_float_8); the delta part sum(scale * delta * q)
+    goes the same way into 8 lanes of its own for IQ1_M (delta_lanes 8), and for IQ1_S (delta_lanes 1,
+    sumi1 from the bsums) as one integer per block into a scalar, by FMA (contracted). out = grid part
+    + 1/8 * delta part (IQ1S_DELTA, IQ1M_DELTA: an exact product, so contraction cannot change it)."""
+    grid = (w.values.astype(np.int64) + 4) // 8  # 8*grid + delta with delta = +-1: the nearest multiple of 8
+    delta = w.values - 8 * grid
+    grid_part = k_vec_dot(QuantRows(w.d, grid, w.scales, sub=w.sub), a)
+    if delta_lanes == 8:
+        return grid_part + F32(0.125) * k_vec_dot(QuantRows(w.d, delta, w.scales, sub=w.sub), a)
+    sumi1 = (int_dot(delta, a.q, w.sub) * w.scales[None]).sum(-1)  # [T, O, nb]
+    scale = w.d[None] * a.d[:, None]
+    acc = np.zeros(sumi1.shape[:2], F32)
+    for b in range(sumi1.shape[2]):
+        acc = fma32(scale[:, :, b], f32_of(sumi1[:, :, b]), acc)
+    return grid_part + F32(0.125) * acc

@@ -1,12 +1,15 @@
 """Which kernel a matmul takes (ggml_compute_forward_mul_mat and the CPU extra buffer types)."""
+import copy
 import sys
 
 import numpy as np
 
-from .blocks import DECODERS, decode
+from .blocks import DECODERS, decode_rows
 from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
+from .int_dots import q2_k_vec_dot, wide_block_vec_dot
+from .int_dots import iq1_vec_dot
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import F32, round_bf16, round_f16
 
@@ -20,15 +23,16 @@ FLOAT_KERNELS = {  # type -> (activation rounding, (tinyBLAS kernel, its K step)
 
 REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K")  # repacked when the row count is a multiple of 8 (AVX512)
 REPACK_GEMM_ELEMENTS = {"Q4_K": 64, "Q2_K": 128}  # elements per FMA step of the repacked gemm
-TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "IQ3_XXS")  # tiled kernel from 8 rows
+TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "IQ3_XXS",  # tiled kernel from 8 rows
+         "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M")
 TILED_MIN_ROWS = 8
 
 
 def kernel_path(kind, n_rows, weights, name, repack=True):  # -> the name of the kernel a matmul of n_rows rows takes
-    """"float", "k_repacked", "q0_repacked", "q0_lanes", "q5_1_vec_dot", "tiled" or "k_vec_dot"; one
-    decision for this emulation and its numba twin. repack: whether llama.cpp loaded the weights into
-    its CPU_REPACK extra buffer (the default; llama-cpp-python's use_extra_bufts=False and the tools'
-    --no-repack keep them in plain buffers)."""
+    """"float", "k_repacked", "q0_repacked", "q0_lanes", "q5_1_vec_dot", "wide_block_vec_dot", "tiled",
+    "q2_k_vec_dot", "iq1_vec_dot" or "k_vec_dot"; one decision for this emulation and its numba twin.
+    repack: whether llama.cpp loaded the weights into its CPU_REPACK extra buffer (the default;
+    llama-cpp-python's use_extra_bufts=False and the tools' --no-repack keep them in plain buffers)."""
     if kind in FLOAT_KERNELS:
         return "float"
     if kind not in DECODERS:
@@ -40,12 +44,16 @@ def kernel_path(kind, n_rows, weights, name, repack=True):  # -> the name of the
         return "q0_repacked"
     if kind in ("Q8_0", "Q5_0", "Q4_0", "IQ4_NL"):
         return "q0_lanes"
-    if kind == "Q5_1":
+    if kind in ("Q5_1", "Q4_1"):  # neither tinyBLAS nor the CPU repack takes them: vec_dot at every batch size
         return "q5_1_vec_dot"
+    if kind in ("Q1_0", "Q2_0"):  # vec_dot at every batch size too (Q1_0 is repacked on ARM only)
+        return "wide_block_vec_dot"
     if kind in TILED and n_rows >= TILED_MIN_ROWS:
         return "tiled"
     if kind == "Q2_K":
-        raise GgmlCpuError(f"{name}: the Q2_K vec_dot (fewer than 8 rows, not repacked) is not emulated")
+        return "q2_k_vec_dot"
+    if kind in ("IQ1_S", "IQ1_M"):
+        return "iq1_vec_dot"
     return "k_vec_dot"
 
 
@@ -57,19 +65,27 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
         "q0_repacked": lambda x, w, kind: k.q0_repacked(w, k.quantize_q8_0(x)),
         "q0_lanes": lambda x, w, kind: k.q0_lanes(w, k.quantize_q8_0(x), 2 if kind == "IQ4_NL" and len(x) == 1 else 1),
         "q5_1_vec_dot": lambda x, w, kind: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
+        "wide_block_vec_dot": lambda x, w, kind: k.wide_block_vec_dot(w, k.quantize_q8_0(x),
+                                                                      8 if kind == "Q1_0" else 1),
+        "q2_k_vec_dot": lambda x, w, kind: k.q2_k_vec_dot(w, k.quantize_q8_k(x)),
         "tiled": lambda x, w, kind: k.tiled(w, k.quantize_q8_k(x)),
         "k_vec_dot": lambda x, w, kind: k.k_vec_dot(w, k.quantize_q8_k(x)),
+        "iq1_vec_dot": lambda x, w, kind: k.iq1_vec_dot(w, k.quantize_q8_k(x), 8 if kind == "IQ1_M" else 1),
     }
 
 
-def mul_mat(x, weights, name, cache, repack=True):  # x [T, K] f32 -> [T, O]; cache: dict for decoded weights
+def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K] f32 -> [T, O]
+    """cache: dict of decoded weights; a quantized matrix is kept in it while the dict would hold at
+    most cache_bytes (None: DECODED_CACHE_BYTES), else decoded per call; float ones are always kept."""
     kind = weights.type_name(name)
     path = kernel_path(kind, len(x), weights, name, repack)
-    if name not in cache:
-        cache[name] = weights.get(name, F32) if path == "float" else decode(weights, name)
     if path == "float":
+        if name not in cache:
+            cache[name] = weights.get(name, F32)
         return float_mul_mat(FLOAT_KERNELS[kind][0](x), cache[name], kind)
-    return QUANT_PATHS[path](x, cache[name], kind)
+    return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
+                           lambda start, stop: decode_rows(weights, name, start, stop),
+                           lambda rows: QUANT_PATHS[path](x, rows, kind))
 
 
 def float_mul_mat(x, w, kind):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]
@@ -94,3 +110,57 @@ def k_repacked(x, w, gemm_elements, kernels):  # x [T, K] f32, Q4_K/Q2_K rows (r
 
 
 QUANT_PATHS = quant_paths(sys.modules[__name__])
+
+
+# Decoded weights kept between calls: the mid-size benchmark models (4.5 GiB decoded) fit, and beside the
+# 30B model's 9 GB file, mapped, the process stays under 16 GB.
+DECODED_CACHE_BYTES = 5 << 30
+# Rows decoded at a time, a multiple of the repacked 8-row groups. A block's int16 arrays (256 x 19968 x 2 B =
+# 10 MB) stay under glibc's 32 MB mmap threshold, so the allocator reuses them instead of mapping and
+# faulting in fresh pages on every call: 1024-row blocks took 1.6x as long per decoded token.
+STREAM_ROWS = 256
+STREAMED = "streamed"  # the cache's entry for a matrix decoded per call
+
+
+def bounded_mul_mat(n_rows, name, cache, cache_bytes, decode, multiply):  # -> [T, n_rows]
+    """decode(start, stop) -> the decoded rows [start, stop); multiply(rows) -> [T, stop - start].
+    A matrix is decoded once and kept while the cache has room for it (first come, first kept: a
+    forward reads the matrices in order, so evicting would only make every later one miss too);
+    one that does not fit is decoded STREAM_ROWS rows at a time on every call. Every kernel path
+    computes each output column from its own weight row alone (a repacked group of 8 rows stays
+    whole), so both ways give the same bits."""
+    entry = cache.get(name)
+    if entry is None:
+        probe = min(n_rows, 8)
+        need = decoded_bytes(decode(0, probe)) * n_rows // probe
+        room = (DECODED_CACHE_BYTES if cache_bytes is None else cache_bytes) - sum(map(decoded_bytes, cache.values()))
+        entry = cache[name] = decode_whole(decode, n_rows) if need <= room else STREAMED
+    if entry is not STREAMED:
+        return multiply(entry)
+    return np.concatenate([multiply(decode(start, min(start + STREAM_ROWS, n_rows)))  # one block alive at a time
+                           for start in range(0, n_rows, STREAM_ROWS)], axis=1)
+
+
+def decoded_bytes(entry):  # a cache entry (array, decoded rows or STREAMED) -> the bytes its arrays hold
+    if isinstance(entry, np.ndarray):
+        return entry.nbytes
+    return sum(a.nbytes for a in vars(entry).values() if isinstance(a, np.ndarray)) if entry is not STREAMED else 0
+
+
+def decode_whole(decode, n_rows):  # -> the decoded matrix, filled in STREAM_ROWS row blocks
+    """Decoding 200k rows in one call would hold the decoders' temporaries (wider integer copies of
+    every code) for all of them: several times the result. The arrays whose first axis is the
+    block's rows are allocated once and filled block by block; the rest are the first block's."""
+    first = decode(0, min(STREAM_ROWS, n_rows))
+    if n_rows <= STREAM_ROWS:
+        return first
+    whole = copy.copy(first)
+    keys = [key for key, a in vars(first).items() if isinstance(a, np.ndarray) and a.ndim and len(a) == STREAM_ROWS]
+    for key in keys:
+        a = getattr(first, key)
+        setattr(whole, key, np.empty((n_rows,) + a.shape[1:], a.dtype))
+    for start in range(0, n_rows, STREAM_ROWS):
+        block = first if start == 0 else decode(start, min(start + STREAM_ROWS, n_rows))
+        for key in keys:
+            getattr(whole, key)[start:start + STREAM_ROWS] = getattr(block, key)
+    return whole

@@ -13,7 +13,8 @@ class GgmlCpuNumbaBackend(GgmlCpuBackend):
     name = "numba-ggml-cpu"
 
     def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
-        return mul_mat(np.ascontiguousarray(x, np.float32), weights, name, self.decoded.setdefault(weights, {}), self.repack)
+        cache = self.decoded.setdefault(weights, {})
+        return mul_mat(np.ascontiguousarray(x, np.float32), weights, name, cache, self.repack, self.cache_bytes)
 
     def sigmoid(self, x):  # [...] -> [...]
         return elementwise.sigmoid(x)

@@ -300,3 +300,94 @@ def q5_1_vec_dot(values, d, m, aq, ad, a_s):  # Q5_1 rows, Q8_1 acts -> [T, O]: 
                     acc[lane] = fma32(F32(four_sum(chunk, lane)), scale, acc[lane])
             out[t, o] = hsum8(acc) + summs
     return out
+
+
+@numba.njit(cache=True, parallel=True)
+def wide_block_vec_dot(values, d, aq, ad, lanes):  # Q1_0/Q2_0 rows, Q8_0 acts -> [T, O]: reference wide_block_vec_dot
+    O, nb, bs = values.shape
+    T = aq.shape[0]
+    spans, width = bs // 32, 32 // lanes
+    out = np.zeros((T, O), F32)
+    for o in numba.prange(O):
+        acc = np.zeros(lanes, F32)
+        for t in range(T):
+            acc[:] = 0
+            for b in range(nb):
+                for lane in range(lanes):
+                    inner = F32(0)
+                    for k in range(spans):
+                        total = 0
+                        for i in range(k * 32 + lane * width, k * 32 + (lane + 1) * width):
+                            total += np.int64(values[o, b, i]) * np.int64(aq[t, b * spans + k, i - k * 32])
+                        scale = ad[t, b * spans + k]
+                        inner = scale * F32(total) if k == 0 else fma32(scale, F32(total), inner)
+                    acc[lane] = fma32(d[o, b], inner, acc[lane])
+            out[t, o] = hsum8(acc) if lanes == 8 else acc[0]
+    return out
+
+
+@numba.njit(cache=True, inline="always")
+def q2_k_block(vs, d, dmin, mins, aq, ad, bsums, t, o, b, chunk, lanes, acc):  # acc [8] <- block b: mins, then codes
+    vec_dot_lanes(vs, 0, mins, aq, bsums, t, o, b, chunk, lanes)
+    dm = -ad[t, b] * dmin[o, b]
+    for lane in range(8):
+        mn = np.int64(mins[o, b, 2 * lane]) * bsums[t, b, 2 * lane] \
+            + np.int64(mins[o, b, 2 * lane + 1]) * bsums[t, b, 2 * lane + 1]
+        acc[lane] = fma32(dm, F32(mn), acc[lane])
+    scale = ad[t, b] * d[o, b]
+    for lane in range(8):
+        acc[lane] = fma32(scale, F32(lanes[lane]), acc[lane])
+
+
+@numba.njit(cache=True, parallel=True)
+def q2_k_vec_dot(vs, d, dmin, mins, aq, ad, bsums):  # Q2_K rows (vs: codes times scales), Q8_K acts -> [T, O]
+    O, nb, _ = vs.shape
+    out = np.zeros((aq.shape[0], O), F32)
+    for o in numba.prange(O):
+        chunk, lanes, acc = np.zeros(32, np.int64), np.zeros(8, np.int64), np.zeros(8, F32)
+        for t in range(aq.shape[0]):
+            acc[:] = 0
+            for b in range(nb):
+                q2_k_block(vs, d, dmin, mins, aq, ad, bsums, t, o, b, chunk, lanes, acc)
+            out[t, o] = hsum8(acc)
+    return out
+
+
+@numba.njit(cache=True, inline="always")
+def iq1_lanes(vs, scales, sub, aq, t, o, b, grid_lanes, delta_lanes):  # the 8 lane sums of each part
+    """vs holds scale * (8 grid + delta): the code comes back by the exact division, then grid and delta
+    as reference iq1_vec_dot takes them apart; lane l: elements 4l..4l+3 of every 32-element chunk."""
+    grid_lanes[:] = 0
+    delta_lanes[:] = 0
+    for k in range(vs.shape[2]):
+        scale = np.int64(scales[o, b, k // sub])
+        code = np.int64(vs[o, b, k]) // scale
+        grid = (code + 4) // 8
+        q = np.int64(aq[t, b, k])
+        grid_lanes[(k % 32) // 4] += scale * grid * q
+        delta_lanes[(k % 32) // 4] += scale * (code - 8 * grid) * q
+
+
+@numba.njit(cache=True, parallel=True)
+def iq1_vec_dot(vs, scales, sub, d, aq, ad, delta_lanes):  # IQ1_S/IQ1_M -> [T, O]: reference iq1_vec_dot
+    O, nb, _ = vs.shape
+    T = aq.shape[0]
+    out = np.zeros((T, O), F32)
+    for o in numba.prange(O):
+        grid_sums, delta_sums = np.zeros(8, np.int64), np.zeros(8, np.int64)
+        acc, acc_delta = np.zeros(8, F32), np.zeros(8, F32)
+        for t in range(T):
+            acc[:] = 0
+            acc_delta[:] = 0
+            for b in range(nb):
+                iq1_lanes(vs, scales, sub, aq, t, o, b, grid_sums, delta_sums)
+                scale = d[o, b] * ad[t, b]
+                for lane in range(8):
+                    acc[lane] = fma32(scale, F32(grid_sums[lane]), acc[lane])
+                    if delta_lanes == 8:
+                        acc_delta[lane] = fma32(scale, F32(delta_sums[lane]), acc_delta[lane])
+                if delta_lanes == 1:  # IQ1_S: one integer per block into a scalar
+                    acc_delta[0] = fma32(scale, F32(delta_sums.sum()), acc_delta[0])
+            delta_part = hsum8(acc_delta) if delta_lanes == 8 else acc_delta[0]
+            out[t, o] = hsum8(acc) + F32(0.125) * delta_part
+    return out

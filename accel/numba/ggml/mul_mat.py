@@ -5,11 +5,12 @@ import sys
 
 import numpy as np
 
-from reference.ggml_cpu.blocks import decode
-from reference.ggml_cpu.mul_mat import kernel_path, quant_paths
+from reference.ggml_cpu.blocks import decode_rows
+from reference.ggml_cpu.mul_mat import bounded_mul_mat, kernel_path, quant_paths
 from reference.ggml_cpu.mul_mat import mul_mat as reference_mul_mat
 
 from . import int_dots
+from .blocks import DECODERS
 from .quantize import quantize_q8_0, quantize_q8_k
 
 F32 = np.float32
@@ -63,14 +64,26 @@ def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K act
     return int_dots.k_repacked_rows(w.vs, w.d, w.dmin, w.mins, a.q, a.d, sub_block_sums(a, w.sub), elements_per_fma)
 
 
-def mul_mat(x, weights, name, cache, repack=True):  # x [T, K] f32 -> [T, O]: reference mul_mat on the numba kernels
+def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K] f32 -> [T, O] on the numba kernels
     kind = weights.type_name(name)
     path = kernel_path(kind, len(x), weights, name, repack)
     if path == "float":
         return reference_mul_mat(x, weights, name, cache)
-    if name not in cache:
-        cache[name] = KernelRows(decode(weights, name))
-    return QUANT_PATHS[path](x, cache[name], kind)
+    return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
+                           lambda start, stop: KernelRows(decode_rows(weights, name, start, stop, DECODERS)),
+                           lambda rows: QUANT_PATHS[path](x, rows, kind))
 
 
 QUANT_PATHS = quant_paths(sys.modules[__name__])
+
+
+def wide_block_vec_dot(w, a, lanes):  # KernelRows (Q1_0/Q2_0), Q8_0 acts -> [T, O]
+    return int_dots.wide_block_vec_dot(w.vs, w.d, a.q, a.d, lanes)
+
+
+def q2_k_vec_dot(w, a):  # KernelRows (Q2_K), Q8_K acts -> [T, O]
+    return int_dots.q2_k_vec_dot(w.vs, w.d, w.dmin, w.mins, a.q, a.d, a.bsums)
+
+
+def iq1_vec_dot(w, a, delta_lanes):  # KernelRows (IQ1_S/IQ1_M), Q8_K acts -> [T, O]
+    return int_dots.iq1_vec_dot(w.vs, w.scales, w.sub, w.d, a.q, a.d, delta_lanes)
