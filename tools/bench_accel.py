@@ -35,7 +35,6 @@ from reference import gguf, ops
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, names_in, output_file, write_json
 from reference.text import TextModel
 from tools.bench import MAX_REPEAT
-from tools.make_quant_presets import without_extra_buffers
 from tools.make_synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
                                   text_keys, text_shapes)
 
@@ -157,7 +156,8 @@ def llama_cpp_engine(path, threads, n_prompt, last=False):  # -> (prefill, decod
         import llama_cpp
     except ImportError as e:
         raise UsageError(f"the llama-cpp engine needs llama-cpp-python, the parity extra ({e})") from None
-    without_extra_buffers()
+    from tools.golden import plain_cpu_buffers
+    plain_cpu_buffers(llama_cpp.llama_cpp)
     n_batch = min(n_prompt, LAST_BATCH) if last else n_prompt
     llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=n_prompt + 64,
                           n_batch=n_batch, n_ubatch=n_batch, logits_all=not last, verbose=False)
