@@ -32,8 +32,6 @@ OPS = MANIFEST["ops"]
 
 
 @functools.lru_cache(maxsize=None)
-
-
 def model(rel):  # path under golden/ -> GGUFModel (loaded once per test run)
     return gguf.load(os.path.join(GOLDEN, rel), "text")
 
@@ -66,22 +64,16 @@ def check_run(run, text_model, backend=GgmlCpuBackend):  # a manifest run: its p
 
 
 @pytest.mark.parametrize("run", MANIFEST["runs"], ids=lambda r: r["file"][len("logits/"):-len(".npy")])
-
-
 def test_logits_bit_identical(run):
     check_run(run, model(run["model"]))
 
 
 @pytest.mark.parametrize("run", MANIFEST["kv_q8_0"]["runs"], ids=lambda r: r["file"][len("logits/"):-len(".npy")])
-
-
 def test_q8_0_kv_logits_bit_identical(run):  # tiny-a (head_dim 32: Q8_0 rows, no Hadamard rotation)
     check_run(run, model(run["model"]))
 
 
 @pytest.mark.parametrize("run", MANIFEST["kv_q8_0"]["rotated_runs"], ids=lambda r: r["type"])
-
-
 def test_q8_0_kv_rotated_logits_bit_identical(run, tmp_path):  # head sizes 64, 128: q, k, v and output rotated
     """The synthetic models are not committed: rebuilt from the manifest's fields and seed, they must be
     the very file llama.cpp ran before their logits mean anything."""
@@ -106,8 +98,6 @@ SHARED = [  # (model, run directory, prompt id): goldens of golden/logits/llama-
 
 
 @pytest.mark.parametrize("name,run,prompt", SHARED, ids=[f"{m}-{r}-{p}" for m, r, p in SHARED])
-
-
 def test_shared_llama_cpp_goldens(name, run, prompt):
     check_shared(name, run, prompt)
 
@@ -139,8 +129,6 @@ def test_f32_kv_decode_steps():  # greedy decode of the shared F32-KV f32 golden
 
 
 @functools.lru_cache(maxsize=None)
-
-
 def fixture(kind):  # -> (manifest entry, {name: array}) of golden/ggml_cpu/ops/<kind>.npz
     entry = next(f for f in OPS["files"] if f["type"] == kind)
     with np.load(os.path.join(HERE, entry["file"]), allow_pickle=False) as data:
@@ -148,14 +136,10 @@ def fixture(kind):  # -> (manifest entry, {name: array}) of golden/ggml_cpu/ops/
 
 
 @pytest.mark.parametrize("kind", [f["type"] for f in OPS["files"]])
-
-
 @pytest.mark.parametrize("step", ["", "decode."])
 
 
 @pytest.mark.parametrize("weight", ["ffn_up", "attn_output"])
-
-
 def test_op_mul_mat(kind, step, weight):  # the matmul kernel of each weight type and batch shape
     entry, t = fixture(kind)
     x, ref = t[f"{step}{weight}.in"], t[f"{step}{weight}.out"]
@@ -218,16 +202,12 @@ def check_attention(t, prefix, config, head_dim, n_swa):  # layer 0, a sliding-w
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-
-
 def test_op_attention(config):
     cfg, t = f32_fixture()
     check_attention(t, "", config, cfg.head_dim, cfg.n_swa)
 
 
 @functools.lru_cache(maxsize=None)
-
-
 def geometry():  # -> (manifest entry, {name: array}) of ops/geometry.npz (head sizes 20 and 24)
     entry = OPS["geometry"]
     with np.load(os.path.join(HERE, entry["file"]), allow_pickle=False) as data:
@@ -235,8 +215,6 @@ def geometry():  # -> (manifest entry, {name: array}) of ops/geometry.npz (head 
 
 
 @pytest.mark.parametrize("head", ["hd20", "hd24"])
-
-
 def test_op_rope_vector_tails(head):  # 10 pairs: 8 by FMA, the last 2 without; 12 pairs: 8 + 4, all by FMA
     entry, t = geometry()
     dims = entry["models"][head]
@@ -246,8 +224,6 @@ def test_op_rope_vector_tails(head):  # 10 pairs: 8 by FMA, the last 2 without; 
 
 
 @pytest.mark.parametrize("head", ["hd20", "hd24"])
-
-
 @pytest.mark.parametrize("config", CONFIGS)
 
 
@@ -258,8 +234,6 @@ def test_op_attention_head_sizes(head, config):  # 1/sqrtf(24) is not 1/sqrt(24)
 
 
 @pytest.mark.parametrize("head", ["hd64", "hd128"])
-
-
 def test_op_attention_q8_0_rotated(head):  # q, k, v and the output through Walsh-Hadamard transforms
     entry = MANIFEST["kv_q8_0"]["ops"]
     dims = entry["models"][head]
@@ -294,8 +268,6 @@ def test_fma32_rounds_once():  # against exact rational arithmetic, including do
 
 
 @pytest.mark.parametrize("n", [64, 128])
-
-
 def test_fwht_is_the_normalised_sylvester_hadamard(n):  # against scipy's matrix product in float64
     from scipy.linalg import hadamard
     x = np.random.default_rng(n).standard_normal((3, 2 * n)).astype(np.float32)
@@ -462,8 +434,6 @@ def check_iq_kernel(kind, rows, mul_mat):  # llama.cpp's product (golden/ggml_cp
 
 
 @pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
-
-
 @pytest.mark.parametrize("rows", IQ_KERNELS["rows"])  # the vec_dot below 8 rows, the tiled kernel from 8
 
 
@@ -472,8 +442,6 @@ def test_iq_kernels_bit_identical_to_llama_cpp(kind, rows):
 
 
 @pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
-
-
 def test_iq_decoders_are_ggml_to_float(kind):  # every tensor: d * post * scale * value is ggml's float, bit for bit
     """The products are exact in float32 (an f16 d, a scale of at most 4 bits, a code of at most 6),
     as in dequantize_row_*, so one rounding of the float64 product is ggml's value; the digests are
@@ -526,8 +494,6 @@ def check_bounded_logits(run, backend_class, monkeypatch):  # a manifest run und
 
 
 @pytest.mark.parametrize("kind", STREAM_MODELS)
-
-
 @pytest.mark.parametrize("step", ["", "decode."])
 
 
@@ -536,7 +502,5 @@ def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, monkeypatch):  # no c
 
 
 @pytest.mark.parametrize("run", BOUNDED_RUNS, ids=lambda r: r["file"][len("logits/"):-len(".npy")])
-
-
 def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, monkeypatch):  # some matrices kept, the rest streamed
     check_bounded_logits(run, GgmlCpuBackend, monkeypatch)

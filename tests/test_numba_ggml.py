@@ -39,8 +39,6 @@ def activations(rows, width, seed):  # -> f32 [rows, width] with the quantizers'
 
 
 @pytest.mark.parametrize("prefer_positive", [False, True])
-
-
 def test_quantize_q8_k_is_its_numpy_twin(prefer_positive):
     x = activations(6, 512, 0)
     ref = ggml_cpu.quantize_q8_k(x, prefer_positive)
@@ -55,8 +53,6 @@ def test_quantize_q8_0_is_its_numpy_twin():
 
 
 @pytest.mark.parametrize("op", ["sigmoid", "softcap", "gelu_erf"])
-
-
 def test_elementwise_ops_are_their_numpy_twins(op):  # glibc from numba: every bit, NaN and infinities too
     x = np.concatenate([np.random.default_rng(3).standard_normal(5192).astype(np.float32) * 30,
                         np.float32([0, -0.0, np.inf, -np.inf, np.nan, 1e-45, 88.8, -104])]).reshape(-1, 13)
@@ -67,14 +63,8 @@ def test_elementwise_ops_are_their_numpy_twins(op):  # glibc from numba: every b
 
 
 @pytest.mark.parametrize("kind", QUANT_TYPES)
-
-
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 10])  # vec_dot, gemv tails, the repack gemm, the tiled kernel
-
-
 @pytest.mark.parametrize("weight", ["ffn_up", "attn_output", "ffn_down"])
-
-
 def test_mul_mat_kernels_are_their_numpy_twins(kind, rows, weight):  # every weight type and kernel path
     entry, _ = fixture(kind)
     weights = model(entry["model"]).weights
@@ -86,11 +76,7 @@ def test_mul_mat_kernels_are_their_numpy_twins(kind, rows, weight):  # every wei
 
 
 @pytest.mark.parametrize("kind", QUANT_TYPES)
-
-
 @pytest.mark.parametrize("step", ["", "decode."])
-
-
 def test_mul_mat_on_llama_cpp_tensors(kind, step):  # llama.cpp's own layer-0 input and output
     entry, t = fixture(kind)
     x, ref = t[f"{step}ffn_up.in"], t[f"{step}ffn_up.out"]
@@ -103,22 +89,16 @@ def run_id(run):
 
 
 @pytest.mark.parametrize("run", MANIFEST["runs"] + MANIFEST["kv_q8_0"]["runs"], ids=run_id)
-
-
 def test_logits_bit_identical_to_llama_cpp(run):
     check_run(run, model(run["model"]), GgmlCpuNumbaBackend)
 
 
 @pytest.mark.parametrize("run", MANIFEST["kv_q8_0"]["rotated_runs"], ids=lambda r: r["type"])
-
-
 def test_q8_0_kv_rotated_logits_bit_identical(run, tmp_path):  # head sizes 64, 128: the Hadamard rotation
     check_rotated(run, tmp_path, GgmlCpuNumbaBackend)
 
 
 @pytest.mark.parametrize("name,run,prompt", SHARED, ids=[f"{m}-{r}-{p}" for m, r, p in SHARED])
-
-
 def test_shared_llama_cpp_goldens(name, run, prompt):  # BF16, the tiled flash attention, tiny-a's Q2_K repack
     check_shared(name, run, prompt, GgmlCpuNumbaBackend)
 
@@ -144,14 +124,8 @@ class JoinedRows:
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q1_0", "Q2_0", "TQ1_0", "TQ2_0", "Q2_K"])  # presets of these names
-
-
 @pytest.mark.parametrize("rows", [1, 3, 8, 10])  # vec_dot; from 8 rows Q2_K's tiled kernel, the others' vec_dot still
-
-
 @pytest.mark.parametrize("joined", [False, True])
-
-
 def test_preset_type_kernels_are_their_numpy_twins(kind, rows, joined):  # the vec_dot-only types, Q2_K's vec_dot
     weights, name = preset_model(kind).weights, "blk.0.ffn_up.weight"
     assert weights.type_name(name) == kind
@@ -163,14 +137,8 @@ def test_preset_type_kernels_are_their_numpy_twins(kind, rows, joined):  # the v
 
 
 @pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
-
-
 @pytest.mark.parametrize("rows", [1, 3, 8, 10])  # the vec_dot (IQ1: iq1_vec_dot) and the tiled kernel
-
-
 @pytest.mark.parametrize("row_blocks", [1, 4])  # the presets' 256-wide rows, and 4 blocks regrouped into one row
-
-
 def test_iq_mul_mat_kernels_are_their_numpy_twins(kind, rows, row_blocks):
     weights = iq_block_rows(kind, row_blocks)
     x = activations(rows, 256 * row_blocks, rows)
@@ -180,11 +148,7 @@ def test_iq_mul_mat_kernels_are_their_numpy_twins(kind, rows, row_blocks):
 
 
 @pytest.mark.parametrize("kind", sorted(IQ_KERNELS["models"]))
-
-
 @pytest.mark.parametrize("rows", IQ_KERNELS["rows"])
-
-
 def test_iq_kernels_bit_identical_to_llama_cpp(kind, rows):  # golden/ggml_cpu/kernels: rows of 4 blocks
     check_iq_kernel(kind, rows, numba_mul_mat.mul_mat)
 # ---------------------------------------------------------------------------------------------
@@ -225,8 +189,6 @@ def weight_terms(rows):  # QuantRows -> (d * post * scale * (value - offset), dm
 
 
 @pytest.mark.parametrize("kind", sorted(DECODED_TYPES))
-
-
 def test_block_decoders_are_their_numpy_twins_on_committed_tensors(kind):
     weights = model(DECODED_TYPES[kind]).weights
     names = [n for n in weights.tensors if weights.type_name(n) == kind]
@@ -245,8 +207,6 @@ def test_block_decoders_are_their_numpy_twins_on_committed_tensors(kind):
 
 
 @pytest.mark.parametrize("kind", sorted(DECODED_TYPES))
-
-
 def test_block_decoders_are_their_numpy_twins_on_random_bytes(kind):  # every bit of every field set somewhere
     n_bytes = reference_blocks.DECODERS[kind][0]
     raw = np.random.default_rng(len(kind)).integers(0, 256, (40, 3, n_bytes), dtype=np.uint8)
@@ -255,18 +215,12 @@ def test_block_decoders_are_their_numpy_twins_on_random_bytes(kind):  # every bi
 
 
 @pytest.mark.parametrize("kind", STREAM_MODELS)
-
-
 @pytest.mark.parametrize("step", ["", "decode."])
-
-
 def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, monkeypatch):  # no cache, 8-row blocks
     check_streamed_mul_mat(kind, step, numba_mul_mat.mul_mat, monkeypatch)
 
 
 @pytest.mark.parametrize("run", BOUNDED_RUNS, ids=run_id)
-
-
 def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, monkeypatch):  # some matrices kept, the rest streamed
     check_bounded_logits(run, GgmlCpuNumbaBackend, monkeypatch)
 # ---------------------------------------------------------------------------------------------
@@ -286,8 +240,6 @@ GGML_CASES = ggml_harness.ggml_cases(seed=0)
 
 
 @pytest.mark.parametrize("case", GGML_CASES, ids=[f"{c.op}-{c.name}" for c in GGML_CASES])
-
-
 def test_ggml_harness_case(case):  # gate 0: the same float32 operations in the same order
     with np.errstate(all="ignore"):
         differing, worst, problem = ggml_harness.compare(*case.run())
@@ -304,8 +256,6 @@ def test_harness_compare_sees_one_ulp():  # the gate can fail: one ulp in one el
 
 
 @numba.njit
-
-
 def rounded_f16(x):  # f32 [n] -> [n] through the numba scalar round_f16
     out = np.empty_like(x)
     for i in range(x.size):
@@ -331,8 +281,6 @@ def long_prompt(T, S, H, Hkv, D, seed):  # q, k, v, visible, scale of a causal c
 
 
 @pytest.mark.parametrize("path", ["mul_mat f16", "mul_mat f32", "flash"])
-
-
 def test_attention_over_several_tiles_and_padded_cells(path):  # 130 rows over 300 cells (n_kv 512), GQA 3/1
     args = long_prompt(130, 300, 3, 1, 64, 11)
     fn, extra = ("attention_flash", (2,)) if path == "flash" else ("attention_mul_mat", (path.split()[1],))
@@ -384,12 +332,10 @@ def test_harness_cli_refuses(args, words):
 
 
 @numba.njit
-
-
-def fused(a, b, c, lanes):  # f32 [n] x3 -> [n] through numba fma32 (lanes False) or fma32_lanes
+def fused(a, b, c):  # f32 [n] x3 -> [n] through numba fma32, in a loop LLVM may vectorise
     out = np.empty_like(a)
     for i in range(a.size):
-        out[i] = numba_rounding.fma32_lanes(a[i], b[i], c[i]) if lanes else numba_rounding.fma32(a[i], b[i], c[i])
+        out[i] = numba_rounding.fma32(a[i], b[i], c[i])
     return out
 
 
@@ -405,13 +351,12 @@ def midpoint_operands(n, seed):  # a, b, c f32 whose a*b + c lands on (or a hair
     return a, b, c
 
 
-def test_fma32_lanes_is_fma32_on_midpoints():  # the branchless fma of tinyBLAS against reference fma32
+def test_fma32_is_reference_fma32_on_midpoints():  # the hardware fma of the kernels against reference fma32
     a, b, c = midpoint_operands(200000, 21)
     ref = ggml_cpu.fma32(a, b, c)
     naive = (a.astype(np.float64) * b + c).astype(np.float32)
     assert np.count_nonzero(ref != naive) > 10000  # the operands do reach the midpoint correction
-    for lanes in (False, True):
-        assert np.array_equal(ref.view(np.uint32), fused(a, b, c, lanes).view(np.uint32))
+    assert np.array_equal(ref.view(np.uint32), fused(a, b, c).view(np.uint32))
 
 
 def test_bench_ggml_numba_runs_bit_identical(tmp_path):  # numpy and numba in one run: logits max |diff| 0
@@ -441,3 +386,26 @@ def test_drafter_on_numba_near_transformers_and_bit_identical_to_numpy():  # rop
     assert np.array_equal(ref.argmax(-1), ours.argmax(-1))
     _, emulated = drafter_blocks(ggml_cpu.GgmlCpuBackend(check_host=False))
     assert_identical(emulated, ours, "drafter block logits, numba against the NumPy emulation")
+
+
+@pytest.mark.parametrize("kind", ["q4_k_m", "q6_k", "iq2_xxs"])
+@pytest.mark.parametrize("rows", [3, 10])  # k_vec_dot (its lanes), the tiled kernel (two tiles of 4, then 2 rows)
+def test_kernels_on_generic_vectors_are_the_numpy_twins(kind, rows, monkeypatch):  # CPUs without AVX2: no vpmaddwd
+    import numba
+    from accel.numba.ggml import int_dots
+    from reference.ggml_cpu.blocks import decode
+    monkeypatch.setattr(int_dots, "PMADDWD", False)  # read when a kernel compiles: fresh, uncached ones
+    weights = model(fixture(kind)[0]["model"]).weights
+    name = "blk.0.ffn_down.weight"
+    x = activations(rows, weights.shape(name)[1], rows)
+    w, a = numba_mul_mat.KernelRows(decode(weights, name)), numba_quantize.quantize_q8_k(x)
+    if rows < 8:
+        generic = numba.njit(parallel=True)(int_dots.k_vec_dot.py_func)
+        got = generic(w.vs, w.offset, w.scales, w.d, w.dmin, w.mins, w.min_lanes, w.post, a.q, a.d, a.bsums,
+                      numba_mul_mat.sub_block_sums(a, 32))
+    else:
+        generic = numba.njit(parallel=True)(int_dots.tiled.py_func)
+        got = generic(w.vs, w.offset, w.scales, w.d0, w.dmin, w.mins, a.q.astype(np.int16), a.d,
+                      numba_mul_mat.sub_block_sums(a, w.sub))
+    ref = ggml_cpu.mul_mat(x, weights, name, {}, repack=False)  # repacked Q4_K would take another kernel
+    assert_identical(ref, got, f"{weights.type_name(name)}, {rows} rows, generic vectors")

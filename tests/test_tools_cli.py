@@ -128,6 +128,8 @@ def test_bench_scale_last_position_lifts_the_prompt_cap(tmp_path):
     (("run", "{tiny}", "--prompt-len", "2049"), "--prompt-len 2049 keeps all-position logits of every engine"),
     (("run", "{tiny}", "--prompt-len", "131073", "--logits", "last"), "--prompt-len: 131073 is out of range"),
     (("run", "{tiny}", "--json", "{tmp}/none/x.json"), "no such directory"),
+    (("run", "{tiny}", "--plot", "{tmp}/none/x.png"), "no such directory"),
+    (("run", "{tiny}", "--plot", "{tmp}/x.xyz"), "matplotlib cannot write .xyz"),
     (("kernels", "{q4}", "--tokens", "a,b"), "--tokens: expected an integer, got 'a'"),
     (("kernels", "{q4}", "--tokens", "1,,2"), "--tokens: expected an integer, got ''"),
     (("kernels", "{q4}", "--tokens", "0"), "--tokens: 0 is out of range"),
@@ -168,6 +170,22 @@ def test_bench_accel_run_last_position_agrees_with_llama_cpp(tmp_path):
     # the last row only, after llama.cpp's two batches (2048 + 52) into its default F16 KV cache:
     # tests/test_text_parity.py's F16-cache gate (7e-6, its tiny-a runs measured 2.0e-6); here 3.7e-6
     assert agreement["nmse"] <= 7e-6 and agreement["top1"] == 1.0
+
+
+def test_bench_accel_run_numba_ggml_is_llama_cpp_bit_for_bit(tmp_path):  # both in one run, rounds in turns
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("numba")
+    out = tmp_path / "run.json"
+    r = run_cli("tools.bench_accel", "run", TINY_Q4, "--engines", "numba-ggml,llama-cpp", "--prompt-len", "9",
+                "--n-decode", "2", "--repeat", "2", "--threads", "2", "--turns", "--json", out,
+                "--plot", tmp_path / "run.png")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads(out.read_text())
+    # the same file, F16 KV, flash attention off, plain buffers on both sides: the emulation's claim is every bit
+    agreement = report["logits_vs_numba"]["llama-cpp vs numba-ggml"]
+    assert agreement["nmse"] == 0 and agreement["max_abs_diff"] == 0 and agreement["top1"] == 1.0
+    assert all(e["repeat"] == 2 and e["prefill_tok_s"] > 0 for e in report["engines"].values())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ and llama.cpp (llama-cpp-python) with the same number of threads, as ratios from
         writes mid-f16.gguf (seeded random weights) and, with llama-quantize from DIR,
         mid-q4_k_m.gguf and mid-iq2_xxs.gguf (a uniform importance matrix stands in for calibration)
     python -m tools.bench_accel run build/bench/mid-q4_k_m.gguf [--threads 2 --prompt-len 64
-        --n-decode 8 --engines numba,numpy,llama-cpp --json out.json]
+        --n-decode 8 --engines numba,numpy,llama-cpp --turns --json out.json]
+        numba-ggml (--numerics ggml-cpu on numba) beside llama-cpp also compares their logits (goal: 0)
     python -m tools.bench_accel kernels build/bench/mid-q4_k_m.gguf [--rows 8192 --tokens 1,64]
         one product per weight type of the file on its first rows: numba's kernel against the
         reference's (gguf-py dequantization, then a float64 matmul), weight-products per second
@@ -128,14 +129,18 @@ def reference_engine(path, backend, last=False):  # -> (prefill(ids) -> logits, 
     return prefill, decode
 
 
-def ggml_engine(path, last=False):  # -> (prefill, decode): GgmlCpuNumbaBackend, llama.cpp's F16 cache, one ubatch
+def ggml_engine(path, threads, last=False):  # -> (prefill, decode): GgmlCpuNumbaBackend as llama_cpp_engine's context
+    """llama.cpp's defaults (F16 KV cache, flash attention off), weights outside the CPU_REPACK buffer
+    (repack=False, as use_extra_bufts=False loads them) and the same ubatches: the same logits."""
     from accel.numba.ggml import GgmlCpuNumbaBackend
-    lm = TextModel(gguf.load(path, "text"), np.float32, GgmlCpuNumbaBackend(check_host=False))
+    lm = TextModel(gguf.load(path, "text"), np.float32, GgmlCpuNumbaBackend(n_threads=threads, check_host=False,
+                                                                          repack=False))
     state = {}
 
     def prefill(ids):
         state["cache"] = lm.new_cache(len(ids) + 64, "uniform")
-        return lm.prefill(ids, state["cache"], len(ids), out_rows=np.array([len(ids) - 1]) if last else None)
+        chunk = min(len(ids), LAST_BATCH) if last else len(ids)
+        return lm.prefill(ids, state["cache"], chunk, out_rows=np.array([len(ids) - 1]) if last else None)
 
     def decode(token):
         return lm.prefill([token], state["cache"], 1)[-1]
@@ -144,11 +149,15 @@ def ggml_engine(path, last=False):  # -> (prefill, decode): GgmlCpuNumbaBackend,
 
 def llama_cpp_engine(path, threads, n_prompt, last=False):  # -> (prefill, decode) as reference_engine
     """The prompt in one batch with logits_all; with `last`, in batches of LAST_BATCH with the last
-    row's logits only (llama-cpp-python keeps none then: they are read from the context)."""
+    row's logits only (llama-cpp-python keeps none then: they are read from the context). The weights
+    load into plain CPU buffers (use_extra_bufts=False): on a CPU with AMX, llama.cpp's AMX extra
+    buffer crashes on quantized weights, and the CPU_REPACK one would change its kernels."""
     try:
         import llama_cpp
     except ImportError as e:
         raise UsageError(f"the llama-cpp engine needs llama-cpp-python, the parity extra ({e})") from None
+    from tools.golden import plain_cpu_buffers
+    plain_cpu_buffers(llama_cpp.llama_cpp)
     n_batch = min(n_prompt, LAST_BATCH) if last else n_prompt
     llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=n_prompt + 64,
                           n_batch=n_batch, n_ubatch=n_batch, logits_all=not last, verbose=False)
@@ -173,21 +182,46 @@ def timed(fn, *args):  # -> (result, wall seconds, CPU seconds of all threads of
     return out, time.perf_counter() - t0, time.process_time() - c0
 
 
+def warmed(make_engine, ids):  # -> (prefill, decode) of a new engine after one short prefill and one decode step
+    prefill, decode = make_engine()
+    prefill(ids[:8])  # warm-up: JIT compilation or the numba cache, page faults of the weights
+    decode(ids[0])
+    return prefill, decode
+
+
+def bench_round(engine, ids, n_decode):  # -> (prompt logits, {prefill_s, prefill_cpu_s, decode_s, decode_cpu_s})
+    prefill, decode = engine
+    logits, wall, cpu = timed(prefill, ids)
+    steps = [timed(decode, int(token))[1:] for token in ids[:n_decode]]
+    return logits, {"prefill_s": wall, "prefill_cpu_s": cpu, "decode_s": sum(w for w, _ in steps),
+                    "decode_cpu_s": sum(c for _, c in steps)}
+
+
+def best_rounds(rounds, n_prompt, n_decode):  # [(logits, times)] -> (last logits, the best of each time, tok/s)
+    best = {key: min(times[key] for _, times in rounds) for key in rounds[0][1]}
+    speeds = {"prefill_tok_s": n_prompt / best["prefill_s"], "decode_tok_s": n_decode / best["decode_s"]}
+    return rounds[-1][0], {**best, **speeds}
+
+
 def bench_engine(make_engine, ids, n_decode, repeat):  # -> (prompt logits, {prefill_tok_s, decode_tok_s, ...})
     """The best of `repeat` rounds of (prefill the prompt, decode n_decode tokens after it): on a
     shared machine the least disturbed round is the closest to the engine's own speed. CPU seconds
     (all threads) are reported beside wall seconds: they move less when other jobs share the cores."""
-    prefill, decode = make_engine()
-    prefill(ids[:8])  # warm-up: JIT compilation or the numba cache, page faults of the weights
-    decode(ids[0])
-    best = {"prefill_s": np.inf, "prefill_cpu_s": np.inf, "decode_s": np.inf, "decode_cpu_s": np.inf}
-    for _ in range(repeat):
-        logits, wall, cpu = timed(prefill, ids)
-        steps = [timed(decode, int(token))[1:] for token in ids[:n_decode]]
-        for key, value in (("prefill_s", wall), ("prefill_cpu_s", cpu), ("decode_s", sum(w for w, _ in steps)),
-                           ("decode_cpu_s", sum(c for _, c in steps))):
-            best[key] = min(best[key], value)
-    return logits, {**best, "prefill_tok_s": len(ids) / best["prefill_s"], "decode_tok_s": n_decode / best["decode_s"]}
+    engine = warmed(make_engine, ids)
+    return best_rounds([bench_round(engine, ids, n_decode) for _ in range(repeat)], len(ids), n_decode)
+
+
+def bench_in_turns(makers, ids, plans):  # plans {name: (n_decode, repeat)} -> {name: (logits, report)}
+    """bench_engine's rounds with every engine held at once and the rounds taken in turns (engine 1,
+    engine 2, ..., again): a busy spell of a shared machine slows one round of each engine, not one
+    engine's every round."""
+    engines = {name: warmed(makers[name], ids) for name in plans}
+    rounds = {name: [] for name in plans}
+    for turn in range(max(repeat for _, repeat in plans.values())):
+        for name, (n_decode, repeat) in plans.items():
+            if turn < repeat:
+                rounds[name].append(bench_round(engines[name], ids, n_decode))
+    return {name: best_rounds(rounds[name], len(ids), plans[name][0]) for name in plans}
 
 
 def agreement(ref, x):  # -> {nmse, max_abs_diff, top1} over the positions both kept
@@ -221,7 +255,7 @@ def run(args):  # -> report dict
     ids = prompt_ids(text_vocab(args.model), args.prompt_len, np.random.default_rng(0))
     last = args.logits == "last"
     makers = {"numba": lambda: reference_engine(args.model, "numba", last),
-              "numba-ggml": lambda: ggml_engine(args.model, last),
+              "numba-ggml": lambda: ggml_engine(args.model, args.threads, last),
               "numpy": lambda: reference_engine(args.model, "numpy", last),
               "llama-cpp": lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len, last)}
     report = {"model": os.path.basename(args.model), "threads": args.threads, "prompt_len": args.prompt_len,
@@ -229,9 +263,11 @@ def run(args):  # -> report dict
               "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]),
               "engines": {}, "logits_vs_numba": {}}
     logits = {}
-    for name in args.engines:
-        n_decode, repeat = (args.n_decode_numpy, 1) if name == "numpy" else (args.n_decode, args.repeat)
-        logits[name], report["engines"][name] = bench_engine(makers[name], ids, n_decode, repeat)
+    plans = {name: (args.n_decode_numpy, 1) if name == "numpy" else (args.n_decode, args.repeat)
+             for name in args.engines}
+    results = bench_in_turns(makers, ids, plans) if args.turns else {}
+    for name, (n_decode, repeat) in plans.items():
+        logits[name], report["engines"][name] = results.get(name) or bench_engine(makers[name], ids, n_decode, repeat)
         report["engines"][name].update(n_decode=n_decode, repeat=repeat)
         r = report["engines"][name]
         print(f"{name:10s} prefill {r['prefill_tok_s']:8.3f} tok/s ({r['prefill_cpu_s']:7.2f} CPU s)   "
@@ -384,8 +420,24 @@ def print_ratios(report):  # the ratios and logit agreements of a run report, on
         print(f"{pair}: prefill x{ratio['prefill_tok_s']:.2f}, decode x{ratio['decode_tok_s']:.2f} (per CPU second: "
               f"prefill x{ratio['prefill_per_cpu_s']:.2f}, decode x{ratio['decode_per_cpu_s']:.2f})")
     for name, a in report["logits_vs_numba"].items():
-        print(f"logits {name} vs numba: NMSE {a['nmse']:.3g}, max |diff| {a['max_abs_diff']:.3g}, "
+        pair = name if " vs " in name else f"{name} vs numba"
+        print(f"logits {pair}: NMSE {a['nmse']:.3g}, max |diff| {a['max_abs_diff']:.3g}, "
               f"top-1 {a['top1']:.3f}")
+
+
+def plot_run(report, path):  # -> None: a run report's prefill and decode tokens/s per engine as bars, one image
+    from tools.diff import pyplot, save_figure
+    plt = pyplot(path)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    names = list(report["engines"])
+    for ax, key, title in zip(axes, ("prefill_tok_s", "decode_tok_s"),
+                              (f"prefill, {report['prompt_len']} tokens", "decode, one token a step")):
+        ax.bar(names, [report["engines"][name][key] for name in names], color="tab:blue")
+        ax.set_title(title)
+        ax.set_ylabel("tokens/s")
+    fig.suptitle(f"{report['model']}, {report['threads']} threads")
+    fig.tight_layout()
+    save_figure(plt, fig, path)
 
 
 def token_counts(text):  # argparse type: "1,64" -> [1, 64]
@@ -414,7 +466,10 @@ def build_parser():  # subparsers are made with the parent's class: their errors
                    help="the numpy reference takes ~30 s a token here")
     r.add_argument("--repeat", type=repeat, default=3, help="rounds per engine, the best counts (numpy: one)")
     r.add_argument("--engines", type=names_in(ENGINES, "engine", once=True), default=["numba", "numpy", "llama-cpp"])
+    r.add_argument("--turns", action="store_true",
+                   help="hold every engine at once and take their rounds in turns (ratios fairer on a shared machine)")
     r.add_argument("--json", type=output_file)
+    r.add_argument("--plot", help="an image of the engines' tokens/s (PNG unless the extension says otherwise)")
     k = sub.add_parser("kernels", help="numba's product against the reference's, per weight type of one GGUF")
     k.add_argument("model")
     k.add_argument("--rows", type=int_in(1, MAX_KERNEL_ROWS), default=8192,
@@ -439,6 +494,9 @@ def build_parser():  # subparsers are made with the parent's class: their errors
 
 
 def check_args(args):  # what the argument types cannot see alone -> UsageError
+    if args.what == "run" and args.plot:  # before the engines run: a path or format matplotlib refuses
+        from tools.diff import check_plot
+        check_plot(args.plot)
     if args.what == "run" and args.logits == "all" and args.prompt_len > MAX_PROMPT:
         raise UsageError(f"--prompt-len {args.prompt_len} keeps all-position logits of every engine: at most "
                          f"{MAX_PROMPT}; --logits last computes the last position only")
@@ -466,6 +524,8 @@ def main(argv=None):
         else:
             report = run(args)
             print_ratios(report)
+            if args.plot:
+                plot_run(report, args.plot)
         if args.json:
             write_json(args.json, report)
         return 0

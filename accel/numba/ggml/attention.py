@@ -17,7 +17,7 @@ from .elementwise import soft_max  # noqa: F401 (KERNELS)
 from .float_dots import dot_f16, float_mul_mat, vec_dot_f32  # noqa: F401 (float_mul_mat, vec_dot_f32: KERNELS)
 from .libm import EXPF, v_expf_lane
 from .quantize import quantize_q8_0
-from .rounding import fma32, fma32_lanes, hsum8, hsum16, round_f16, sqrt32
+from .rounding import fma32, hsum8, hsum16, round_f16, sqrt32
 from .threads import threaded
 
 F32, F64 = np.float32, np.float64
@@ -171,7 +171,7 @@ def tile_scores(q_row, k_t, h, start, live, scale, kq):  # KQ of one row over a 
     for dk in range(q_row.size):
         k_row, qv = k_t[h, dk, start:start + FA_TILE], q_row[dk]
         for c in range(FA_TILE):
-            kq[c] = fma32_lanes(k_row[c], qv, kq[c])
+            kq[c] = fma32(k_row[c], qv, kq[c])
     tile_max = NEG_INF
     for c in range(FA_TILE):
         kq[c] = kq[c] * scale if live[start + c] else NEG_INF
@@ -215,7 +215,7 @@ def tiled_rows(q, k_t, v, visible, scale):  # [T, H, D], K^T [H, D, n_kv], V [n_
             for c in range(FA_TILE):  # VKQ += P.V, an FMA chain per output over the 64 cells
                 v_row = v[start + c, h]
                 for i in range(a.size):
-                    a[i] = fma32_lanes(v_row[i], kq[c], a[i])
+                    a[i] = fma32(v_row[i], kq[c], a[i])
         s_sum[t, h] = st
     return s_sum, acc
 

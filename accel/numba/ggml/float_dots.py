@@ -4,7 +4,7 @@ as the NumPy statement has it; plus float_mul_mat, reference mul_mat.py's choice
 import numba
 import numpy as np
 
-from .rounding import fma32, fma32_lanes, hsum16
+from .rounding import fma32, hsum16
 from .threads import threaded
 
 F32, F64 = np.float32, np.float64
@@ -134,7 +134,7 @@ def tinyblas_kernel(x, w_t, bf16):  # x [T, K], w_t [K, O] f32 (the weight trans
                 else:
                     xv, w_row = x[t, s + lane], w_t[s + lane]
                     for o in range(O):
-                        a[o] = fma32_lanes(xv, w_row[o], a[o])
+                        a[o] = fma32(xv, w_row[o], a[o])
         for o in range(O):
             out[t, o] = hsum16(acc[:, o])
     return out

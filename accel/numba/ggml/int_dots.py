@@ -1,9 +1,14 @@
 """The quantized dot products of reference/ggml_cpu/int_dots.py as numba kernels, one per kernel
-family with the same name: the integer sums exact in int64, then each kernel's float epilogue in
-reference order (one fma32 per block, lane by lane). Arrays as reference QuantRows / QuantActs hold
-them; a field a type lacks is an empty array."""
+family with the same name: the integer sums exact in int32 vector code (loops numba vectorizes, or
+LLVM vectors where its loops would not), then each kernel's float epilogue in reference order (one
+fma32 per block, lane by lane). Arrays as reference QuantRows / QuantActs hold them; a field a type
+lacks is an empty array."""
 import numba
 import numpy as np
+from llvmlite import binding as llvm, ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .rounding import fma32, hsum8
 
@@ -11,88 +16,192 @@ F32 = np.float32
 
 
 @numba.njit(cache=True, inline="always")
-def block_dot(values, aq, t, o, b, start, stop):  # exact sum of value * q over [start, stop)
-    total = 0
-    for k in range(start, stop):
-        total += np.int64(values[o, b, k]) * np.int64(aq[t, b, k])
+def whole_block_dot(vs, aq, t, o, b):  # int32 exact sum of value * q over block b, |v| < 2^15, |q| <= 127
+    """One loop from 0 to a length read off the array: LLVM vectorizes it with vpmaddwd (a constant
+    trip count gets unrolled first and is not; a shifted start keeps numba's negative-index check)."""
+    total = np.int32(0)
+    for k in range(vs.shape[2]):  # int32 is exact: 256 * (2^15 - 1) * 127 < 2^31
+        total = np.int32(total + np.int32(vs[o, b, k]) * np.int32(aq[t, b, k]))
     return total
 
 
 @numba.njit(cache=True, inline="always")
-def bsum_of(bsums, t, b, s, sub):  # the activation sum of sub-block s (width sub) from the 16-sums
-    total = 0
-    for i in range(s * sub // 16, (s + 1) * sub // 16):
-        total += np.int64(bsums[t, b, i])
+def scaled_sum(per_sub, sub_sums, t, o, b):  # int32 sum over the sub-blocks of (scale or min) * activation sum
+    total = np.int32(0)
+    for s in range(sub_sums.shape[2]):  # |per_sub| <= 255, |sum| <= 32 * 127 over at most 16 sub-blocks
+        total = np.int32(total + np.int32(per_sub[o, b, s]) * sub_sums[t, b, s])
     return total
 
 
+TILE = 4  # activation rows per tile_dots call
+
+
 @numba.njit(cache=True, inline="always")
-def offset_part(offset, scales, sub, bsums, t, o, b):  # offset * sum(scale * bsum): Q6_K's 32 the kernels remove
-    total = 0
-    for s in range(scales.shape[2]):
-        total += np.int64(scales[o, b, s]) * bsum_of(bsums, t, b, s, sub)
-    return offset * total
+def tiled_block(s1, offset, scales, d0, dmin, mins, ad, sub_sums, t, o, b, buf):  # -> buf after block b of row t
+    if offset:
+        s1 -= offset * np.int64(scaled_sum(scales, sub_sums, t, o, b))
+    r = F32(s1) * d0[o, b]
+    if mins.size:
+        r = fma32(-dmin[o, b], F32(scaled_sum(mins, sub_sums, t, o, b)), r)
+    return fma32(r, ad[t, b], buf)
 
 
 @numba.njit(cache=True, parallel=True)
-def tiled(vs, offset, scales, sub, d0, dmin, mins, aq, ad, bsums):  # -> [T, O]: reference tiled
+def tiled(vs, offset, scales, d0, dmin, mins, aq, ad, sub_sums):  # -> [T, O]: reference tiled
     """vs [O, nb, 256] int16: each value times its sub-block's scale, so s1 = sum(scale * dot) is one
-    dot product; the unsigned offset comes off through the activation sums (the same integer)."""
-    O, nb, bs = vs.shape
+    dot product; the unsigned offset comes off through the activation sums of the sub-blocks
+    (sub_sums [T, nb, 256/sub] int32, the same integer). A thread takes whole rows and runs every
+    activation row past each, TILE rows per weight load (aq int16: no widening in the loop); the
+    weights stream once."""
+    O, nb, _ = vs.shape
     T = aq.shape[0]
+    tiles = T - T % TILE
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
-        for t in range(T):
-            buf = F32(0)
+        s1 = np.zeros(TILE, np.int32)
+        buf = np.zeros(TILE, F32)
+        for t0 in range(0, tiles, TILE):
+            buf[:] = 0
             for b in range(nb):
-                s1 = block_dot(vs, aq, t, o, b, 0, bs)
-                if offset:
-                    s1 -= offset_part(offset, scales, sub, bsums, t, o, b)
-                r = F32(s1) * d0[o, b]
-                if mins.size:
-                    s2 = 0
-                    for s in range(bs // sub):
-                        s2 += np.int64(mins[o, b, s]) * bsum_of(bsums, t, b, s, sub)
-                    r = fma32(-dmin[o, b], F32(s2), r)
-                buf = fma32(r, ad[t, b], buf)
-            out[t, o] = buf
+                tile_dots(vs, o, b, aq, t0, TILE, s1)
+                for j in range(TILE):
+                    buf[j] = tiled_block(np.int64(s1[j]), offset, scales, d0, dmin, mins, ad, sub_sums, t0 + j, o, b,
+                                         buf[j])
+            out[t0:t0 + TILE, o] = buf
+        for t in range(tiles, T):
+            acc = F32(0)
+            for b in range(nb):
+                s_t = np.int64(whole_block_dot(vs, aq, t, o, b))
+                acc = tiled_block(s_t, offset, scales, d0, dmin, mins, ad, sub_sums, t, o, b, acc)
+            out[t, o] = acc
     return out
 
 
 @numba.njit(cache=True, parallel=True)
-def k_repacked_rows(vs, sub, d, dmin, mins, aq, ad, bsums, elements_per_fma):  # -> [T, O]
+def k_repacked_rows(vs, d, dmin, mins, aq, ad, sub_sums, elements_per_fma):  # -> [T, O]
+    """sub_sums [T, nb, 256/sub] int32: the activation sums of the sub-blocks."""
     O, nb, bs = vs.shape
     T = aq.shape[0]
-    step = elements_per_fma // sub
+    parts = bs // elements_per_fma
+    step = sub_sums.shape[2] // parts  # sub-blocks per FMA step
+    groups = vs.reshape((O, nb * parts, elements_per_fma))  # each FMA step's elements, one vector dot
+    groups_q = aq.reshape((T, nb * parts, elements_per_fma))
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
         for t in range(T):
             acc, acc_min = F32(0), F32(0)
             for b in range(nb):
                 scale, scale_min = d[o, b] * ad[t, b], dmin[o, b] * ad[t, b]
-                for p in range(bs // elements_per_fma):
-                    dots = block_dot(vs, aq, t, o, b, p * elements_per_fma, (p + 1) * elements_per_fma)
-                    mn = 0
-                    for s in range(p * step, (p + 1) * step):
-                        mn += bsum_of(bsums, t, b, s, sub) * np.int64(mins[o, b, s])
+                for p in range(parts):
+                    dots = whole_block_dot(groups, groups_q, t, o, b * parts + p)
+                    mn = np.int32(0)
+                    for i in range(step):
+                        mn = np.int32(mn + np.int32(mins[o, b, p * step + i]) * sub_sums[t, b, p * step + i])
                     acc = fma32(F32(dots), scale, acc)
                     acc_min = fma32(F32(mn), scale_min, acc_min)
             out[t, o] = acc - acc_min
     return out
 
 
+def row_pointer(context, builder, array_type, array, row, b):  # LLVM pointer to array[row, b, 0]
+    zero = ir.Constant(context.get_value_type(types.intp), 0)
+    view = context.make_array(array_type)(context, builder, array)
+    return cgutils.get_item_pointer(context, builder, array_type, view, [row, b, zero])
+
+
+I16X16, I32X8 = ir.VectorType(ir.IntType(16), 16), ir.VectorType(ir.IntType(32), 8)
+# vpmaddwd where numba compiles for a CPU with AVX2 (every build ggml-cpu is emulated for); elsewhere the
+# same pair sums from generic LLVM vectors
+PMADDWD = numba.config.CPU_NAME is None and llvm.get_host_cpu_features().get("avx2", False)
+
+
+def pair_sums(builder, w, q):  # two <16 x i16> -> <8 x i32>: w[2i]*q[2i] + w[2i+1]*q[2i+1] (vpmaddwd)
+    if PMADDWD:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(I32X8, [I16X16, I16X16]))
+        return builder.call(fn, [w, q])
+    wide = ir.VectorType(ir.IntType(32), 16)
+    products = builder.mul(builder.sext(w, wide), builder.sext(q, wide))
+    even, odd = ([2 * i + h for i in range(8)] for h in (0, 1))
+    return builder.add(builder.shuffle_vector(products, products, ir.Constant(I32X8, even)),
+                       builder.shuffle_vector(products, products, ir.Constant(I32X8, odd)))
+
+
+def sixteen_at(builder, row, i):  # elements 16i..16i+15 after row as <16 x i16>
+    at = builder.gep(row, [ir.Constant(ir.IntType(64), 16 * i)])
+    v = builder.load(builder.bitcast(at, ir.VectorType(at.type.pointee, 16).as_pointer()), align=1)
+    return v if at.type.pointee.width == 16 else builder.sext(v, I16X16)
+
+
+@intrinsic
+def chunk_sums(typingctx, w, o, q, t, b, chunks, out):  # out [16] <- pair sums over the chunks c < chunks
+    """out[p] = sum over c of w[o, b, 32c + 2p] * q[t, b, 32c + 2p] + (the same at 2p + 1), p < 16:
+    the 4 neighbours of lane l are the pairs 2l and 2l + 1. w [O, nb, 32 * chunks], q [T, nb, 32 *
+    chunks]: C-contiguous int arrays (int16 or int8), read with no bounds check as LLVM vectors
+    (vpmaddwd), int32 exact for chunks <= 8 (8 * 2 * (2^15 - 1) * 127 < 2^31), stored into out's integer
+    type; chunks: a constant. numba's own loops keep this sum in memory between chunks and run at half
+    the speed."""
+    def codegen(context, builder, signature, args):
+        w_ty, _, q_ty, _, _, _, out_ty = signature.args
+        o, t, b = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
+        w_row = row_pointer(context, builder, w_ty, args[0], o, b)
+        q_row = row_pointer(context, builder, q_ty, args[2], t, b)
+        halves = [None, None]  # the pairs of the chunks' first and second 16 elements
+        for c in range(chunks.literal_value):
+            for h in (0, 1):
+                pairs = pair_sums(builder, sixteen_at(builder, w_row, 2 * c + h), sixteen_at(builder, q_row, 2 * c + h))
+                halves[h] = pairs if halves[h] is None else builder.add(halves[h], pairs)
+        out_data = context.make_array(out_ty)(context, builder, args[6]).data
+        stored = ir.VectorType(out_data.type.pointee, 8)
+        for h, total in enumerate(halves):
+            total = builder.sext(total, stored) if stored.element.width > 32 else total
+            at = builder.gep(out_data, [ir.Constant(ir.IntType(64), 8 * h)])
+            builder.store(total, builder.bitcast(at, stored.as_pointer()), align=1)
+        return context.get_dummy_value()
+    # numba retries with the literal; any other layout is refused when the kernel compiles
+    if isinstance(chunks, types.IntegerLiteral) and all(a.layout == "C" for a in (w, q, out)):
+        return types.none(w, o, q, t, b, chunks, out), codegen
+
+
+@intrinsic
+def tile_dots(typingctx, w, o, b, q, t0, tokens, out):  # out[j] <- sum_k w[o, b, k] * q[t0 + j, b, k], j < tokens
+    """The tiled kernel's block dot for `tokens` (a constant) activation rows at once: each 16
+    weights are loaded once for all of them. w [O, nb, 256], q [T, nb, 256] C-contiguous int16 (or
+    int8); int32 exact as whole_block_dot."""
+    def codegen(context, builder, signature, args):
+        w_ty, _, _, q_ty, _, _, out_ty = signature.args
+        o, b, t0 = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 4))
+        w_row = row_pointer(context, builder, w_ty, args[0], o, b)
+        q_rows = [row_pointer(context, builder, q_ty, args[3], builder.add(t0, ir.Constant(t0.type, j)), b)
+                  for j in range(tokens.literal_value)]
+        acc = [None] * len(q_rows)
+        for i in range(16):
+            w16 = sixteen_at(builder, w_row, i)
+            for j, q_row in enumerate(q_rows):
+                pairs = pair_sums(builder, w16, sixteen_at(builder, q_row, i))
+                acc[j] = pairs if acc[j] is None else builder.add(acc[j], pairs)
+        add_lanes = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [I32X8]),
+                                                   "llvm.vector.reduce.add.v8i32")
+        out_data = context.make_array(out_ty)(context, builder, args[6]).data
+        for j, total in enumerate(acc):
+            builder.store(builder.call(add_lanes, [total]), builder.gep(out_data, [ir.Constant(ir.IntType(64), j)]))
+        return context.get_dummy_value()
+    if isinstance(tokens, types.IntegerLiteral) and all(a.layout == "C" for a in (w, q)) and out.dtype == types.int32:
+        return types.none(w, o, b, q, t0, tokens, out), codegen
+
+
+@numba.njit(cache=True, inline="always")
+def four_sum(pairs, lane):  # chunk_sums' pairs [16] -> the sum of lane's 4 neighbours 4*lane..4*lane+3
+    return pairs[2 * lane] + pairs[2 * lane + 1]
+
+
 @numba.njit(cache=True, inline="always")
 def vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes):  # int64 [8] <- the 8 lane sums
-    """Lane l holds elements 4l..4l+3 of every 32-element chunk: the chunks are summed element-wise
-    into chunk [32] (one vector loop), then each lane's 4 neighbours; Q6_K's offset comes off lane p
-    through the activation sums of the 16-groups 2p and 2p+1."""
-    for i in range(32):
-        total = 0
-        for c in range(8):
-            total += np.int64(vs[o, b, c * 32 + i]) * np.int64(aq[t, b, c * 32 + i])
-        chunk[i] = total
+    """Lane l holds elements 4l..4l+3 of every 32-element chunk: the chunks' neighbour pairs are
+    summed into chunk [>= 16] (int32 or int64), then each lane's 2 pairs; Q6_K's offset comes off lane p
+    through the activation sums of the 16-groups 2p and 2p+1. vs [O, nb, 256], aq [T, nb, 256]."""
+    chunk_sums(vs, o, aq, t, b, 8, chunk)
     for lane in range(8):
-        lanes[lane] = chunk[4 * lane] + chunk[4 * lane + 1] + chunk[4 * lane + 2] + chunk[4 * lane + 3]
+        lanes[lane] = four_sum(chunk, lane)
     if offset:
         for p in range(8):
             lanes[p] -= offset * (np.int64(bsums[t, b, 2 * p]) * scales[o, b, 2 * p]
@@ -100,12 +209,13 @@ def vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes):  # int6
 
 
 @numba.njit(cache=True, parallel=True)
-def k_vec_dot(vs, offset, scales, d, dmin, mins, min_lanes, post, aq, ad, bsums):  # -> [T, O]
-    O, nb, _ = vs.shape
+def k_vec_dot(vs, offset, scales, d, dmin, mins, min_lanes, post, aq, ad, bsums, sums32):  # -> [T, O]
+    """bsums [T, nb, 16] and sums32 [T, nb, 8]: the activation sums of the 16- and 32-element sub-blocks."""
+    O, nb, _ = vs.shape  # 256-blocks
     T = aq.shape[0]
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
-        chunk = np.zeros(32, np.int64)
+        chunk = np.zeros(32, np.int32)
         lanes = np.zeros(8, np.int64)
         acc = np.zeros(8, F32)
         summs = np.zeros(4, F32)
@@ -118,9 +228,9 @@ def k_vec_dot(vs, offset, scales, d, dmin, mins, min_lanes, post, aq, ad, bsums)
                     dm = -ad[t, b] * dmin[o, b]
                     per = 8 // min_lanes
                     for j in range(min_lanes):
-                        mn = 0
-                        for s in range(j * per, (j + 1) * per):
-                            mn += bsum_of(bsums, t, b, s, 32) * np.int64(mins[o, b, s])
+                        mn = np.int32(0)
+                        for i in range(per):  # |min| <= 63, |sum| <= 32 * 127
+                            mn = np.int32(mn + np.int32(mins[o, b, j * per + i]) * sums32[t, b, j * per + i])
                         summs[j] = fma32(dm, F32(mn), summs[j])
                 scale = d[o, b] * ad[t, b]
                 for lane in range(8):
@@ -142,16 +252,17 @@ def q0_lanes(values, d, aq, ad, accumulators):  # 32-blocks -> [T, O]: reference
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
         acc = np.zeros((2, 8), F32)
+        chunk = np.zeros(32, np.int32)
         for t in range(T):
             acc[:] = 0
             for b in range(paired):
                 scale = d[o, b] * ad[t, b]
+                chunk_sums(values, o, aq, t, b, 1, chunk)  # the block's 16 pair sums
                 for lane in range(8):
-                    lane_sum = block_dot(values, aq, t, o, b, lane * 4, lane * 4 + 4)
-                    acc[b % accumulators, lane] = fma32(scale, F32(lane_sum), acc[b % accumulators, lane])
+                    acc[b % accumulators, lane] = fma32(scale, F32(four_sum(chunk, lane)), acc[b % accumulators, lane])
             r = hsum8(acc[0] + acc[1]) if accumulators == 2 else hsum8(acc[0])
             for b in range(paired, nb):
-                r = fma32(d[o, b] * ad[t, b], F32(block_dot(values, aq, t, o, b, 0, 32)), r)
+                r = fma32(d[o, b] * ad[t, b], F32(whole_block_dot(values, aq, t, o, b)), r)
             out[t, o] = r
     return out
 
@@ -165,7 +276,7 @@ def q0_repacked(values, d, aq, ad):  # 32-blocks -> [T, O]: per block fma(f32(is
         for t in range(T):
             acc = F32(0)
             for b in range(nb):
-                acc = fma32(F32(block_dot(values, aq, t, o, b, 0, 32)), d[o, b] * ad[t, b], acc)
+                acc = fma32(F32(whole_block_dot(values, aq, t, o, b)), d[o, b] * ad[t, b], acc)
             out[t, o] = acc
     return out
 
@@ -177,14 +288,16 @@ def q5_1_vec_dot(values, d, m, aq, ad, a_s):  # Q5_1 rows, Q8_1 acts -> [T, O]: 
     out = np.zeros((T, O), F32)
     for o in numba.prange(O):
         acc = np.zeros(8, F32)
+        chunk = np.zeros(32, np.int32)
         for t in range(T):
             acc[:] = 0
             summs = F32(0)
             for b in range(nb):
                 summs = fma32(m[o, b], a_s[t, b], summs)
                 scale = d[o, b] * ad[t, b]
+                chunk_sums(values, o, aq, t, b, 1, chunk)
                 for lane in range(8):
-                    acc[lane] = fma32(F32(block_dot(values, aq, t, o, b, lane * 4, lane * 4 + 4)), scale, acc[lane])
+                    acc[lane] = fma32(F32(four_sum(chunk, lane)), scale, acc[lane])
             out[t, o] = hsum8(acc) + summs
     return out
 

@@ -45,16 +45,22 @@ def q5_1_vec_dot(w, a):  # KernelRows (Q5_1), Q8_1 acts -> [T, O]
     return int_dots.q5_1_vec_dot(w.vs, w.d, w.m, a.q, a.d, a.s)
 
 
+def sub_block_sums(a, width):  # Q8_K acts -> int32 [T, nb, 256/width]: the activation sums of each sub-block
+    return np.ascontiguousarray(a.bsums.reshape(a.bsums.shape[:2] + (-1, width // 16)).sum(-1), np.int32)
+
+
 def tiled(w, a):  # KernelRows, Q8_K acts -> [T, O]
-    return int_dots.tiled(w.vs, w.offset, w.scales, w.sub, w.d0, w.dmin, w.mins, a.q, a.d, a.bsums)
+    q16 = a.q.astype(np.int16)  # widened once here, not in the kernel's loop
+    return int_dots.tiled(w.vs, w.offset, w.scales, w.d0, w.dmin, w.mins, q16, a.d, sub_block_sums(a, w.sub))
 
 
 def k_vec_dot(w, a):  # KernelRows, Q8_K acts -> [T, O]
-    return int_dots.k_vec_dot(w.vs, w.offset, w.scales, w.d, w.dmin, w.mins, w.min_lanes, w.post, a.q, a.d, a.bsums)
+    return int_dots.k_vec_dot(w.vs, w.offset, w.scales, w.d, w.dmin, w.mins, w.min_lanes, w.post, a.q, a.d, a.bsums,
+                              sub_block_sums(a, 32))
 
 
 def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K acts -> [T, O]
-    return int_dots.k_repacked_rows(w.vs, w.sub, w.d, w.dmin, w.mins, a.q, a.d, a.bsums, elements_per_fma)
+    return int_dots.k_repacked_rows(w.vs, w.d, w.dmin, w.mins, a.q, a.d, sub_block_sums(a, w.sub), elements_per_fma)
 
 
 def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K] f32 -> [T, O] on the numba kernels

@@ -3,31 +3,19 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
-
-MIDPOINT_BITS = np.uint64(1 << 63)
-SHIFT = np.uint64(35)
 
 
 @intrinsic
-def f64_bits(typingctx, x):  # float64 -> its uint64 bit pattern (a register move, no array)
+def fma32(typingctx, a, b, c):  # f32 scalars -> f32 a*b + c rounded once: llvm.fma, the vfmadd231ss of ggml
+    """The reference (reference/ggml_cpu/rounding.py fma32) emulates this single rounding in float64;
+    here it is the hardware's own fused multiply-add, one instruction, bit for bit the same."""
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64))
-    return types.uint64(types.float64), codegen
-
-
-@numba.njit(cache=True, inline="always")
-def fma32(a, b, c):  # f32 scalars -> f32 a*b + c rounded once, as reference fma32 (float64, midpoint nudge)
-    p = np.float64(a) * np.float64(b)  # exact: 24 x 24 bits
-    s = p + np.float64(c)
-    if f64_bits(s) << SHIFT == MIDPOINT_BITS:  # on a float32 midpoint: round towards the exact sum first
-        v = s - p
-        err = (p - (s - v)) + (np.float64(c) - v)
-        if err > 0:
-            s = np.nextafter(s, np.inf)
-        elif err < 0:
-            s = np.nextafter(s, -np.inf)
-    return np.float32(s)
+        f32 = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
+        return builder.call(fn, [context.cast(builder, v, t, types.float32) for v, t in zip(args, signature.args)])
+    return types.float32(a, b, c), codegen
 
 
 @numba.njit(cache=True, inline="always")
@@ -85,27 +73,3 @@ def round_f16(x):  # f32 -> f32 holding the nearest-even IEEE half, as reference
 @numba.njit(cache=True, inline="always")
 def sqrt32(x):  # f32 -> f32 correctly rounded sqrtf (a float64 sqrt rounded to float32 rounds once in effect)
     return np.float32(np.sqrt(np.float64(x)))
-
-
-@intrinsic
-def bits_f64(typingctx, u):  # uint64 bit pattern -> the float64
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-    return types.float64(types.uint64), codegen
-
-
-ONE_STEP, NO_STEP, BACK_STEP = np.uint64(1), np.uint64(0), np.uint64(0xFFFFFFFFFFFFFFFF)  # +1, 0, -1 mod 2^64
-
-
-@numba.njit(cache=True, inline="always")
-def fma32_lanes(a, b, c):  # f32 scalars -> f32: fma32's result without a branch, so LLVM vectorises its loops
-    """The TwoSum error and the midpoint nudge always computed, the nudge (one float64 step away
-    from zero when the exact sum is larger in magnitude, towards it when smaller) selected in."""
-    p = np.float64(a) * np.float64(b)
-    c64 = np.float64(c)
-    s = p + c64
-    v = s - p
-    err = (p - (s - v)) + (c64 - v)
-    u = f64_bits(s)
-    step = ONE_STEP if (err > 0) == (s > 0) else BACK_STEP
-    return np.float32(bits_f64(u + (step if u << SHIFT == MIDPOINT_BITS and err != 0 else NO_STEP)))
