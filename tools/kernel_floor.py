@@ -7,28 +7,14 @@ streamed from memory (the decode case) bounds what any numba kernel of that widt
 
 A field is (low >> low_shift) & 15, with (high >> high_shift) & (2^high_bits - 1) above it: 4-bit
 values (Q4_K, IQ4_XS, ...) have high_bits 0, 6-bit ones (Q6_K) 2, as in ggml's block layouts. The
-fields are taken in int8 arithmetic by an LLVM intrinsic: numba widens integer operations to 64
-bits, which would leave 8 lanes per vector instead of 16 and make the floor too slow to be one.
+fields are taken in int8 arithmetic by the decode kernels' own LLVM intrinsic (quant.field_value):
+numba widens integer operations to 64 bits, which would leave 8 lanes per vector instead of 16 and
+make the floor too slow to be one.
 """
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
-I8 = ir.IntType(8)
-FAST = {"reassoc", "contract"}  # as accel/numba/quant.py: vector lanes for the sum, FMAs
-
-
-@intrinsic
-def unpack_field(typingctx, low, low_shift, high, high_shift, high_bits):  # -> float32 of the field
-    def codegen(context, builder, signature, args):
-        lo, lo_shift, hi, hi_shift, hi_bits = args
-        mask = builder.sub(builder.shl(ir.Constant(I8, 1), builder.trunc(hi_bits, I8)), ir.Constant(I8, 1))
-        low_bits = builder.and_(builder.lshr(lo, builder.trunc(lo_shift, I8)), ir.Constant(I8, 15))
-        high_field = builder.and_(builder.lshr(hi, builder.trunc(hi_shift, I8)), mask)
-        field = builder.or_(low_bits, builder.shl(high_field, ir.Constant(I8, 4)))
-        return builder.uitofp(field, ir.FloatType())
-    return types.float32(types.uint8, types.int64, types.uint8, types.int64, types.int64), codegen
+from accel.numba.quant import FAST, field_value
 
 
 def floor_loop(high_bits):  # -> njit(low [R, n/2], high [R, n/4], x [n], out [R]), high_bits a constant
@@ -41,10 +27,10 @@ def floor_loop(high_bits):  # -> njit(low [R, n/2], high [R, n/4], x [n], out [R
             lo, hi = low[r], high[r]
             s = np.float32(0)
             for i in range(m):
-                s += (unpack_field(lo[i], 0, hi[i], 0, high_bits) * x[i]
-                      + unpack_field(lo[m + i], 0, hi[i], 2, high_bits) * x[m + i]
-                      + unpack_field(lo[i], 4, hi[i], 4, high_bits) * x[2 * m + i]
-                      + unpack_field(lo[m + i], 4, hi[i], 6, high_bits) * x[3 * m + i])
+                s += (field_value(lo[i], 0, hi[i], 0, high_bits, 0) * x[i]
+                      + field_value(lo[m + i], 0, hi[i], 2, high_bits, 0) * x[m + i]
+                      + field_value(lo[i], 4, hi[i], 4, high_bits, 0) * x[2 * m + i]
+                      + field_value(lo[m + i], 4, hi[i], 6, high_bits, 0) * x[3 * m + i])
             out[r] = s
     return loop
 
