@@ -14,6 +14,7 @@ lanes per vector instead of 16 and make the floor too slow to be one.
 import numpy as np
 from numba import njit, prange
 
+from accel.numba import quant
 from accel.numba.quant import FAST, field_value
 
 
@@ -34,6 +35,28 @@ def floor_loop(high_bits):  # -> njit(low [R, n/2], high [R, n/4], x [n], out [R
                 s2 += field_value(lo[i], 4, hi[i], 4, high_bits, 0) * x[2 * m + i]
                 s3 += field_value(lo[m + i], 4, hi[i], 6, high_bits, 0) * x[3 * m + i]
             out[r] = (s0 + s1) + (s2 + s3)
+    return loop
+
+
+UNIT_SCALES = (np.float32(1),) * 8
+
+
+def q4_k_step(with_scales):  # -> njit(blocks [R, row_bytes], x [n], out [R], tab): numba's Q4_K decode, in part
+    """Where the Q4_K kernel's time goes beyond its floor, a step at a time, on the same blocks:
+    without scales, the super-block structure (quant.q45_k_block: the fields of the real blocks,
+    four running sums, float64 across super-blocks; a multiply by 1 folds away); with_scales, times
+    each sub-block's d * scale as well (quant.k_scales, whose mins LLVM drops as unused). The step
+    after is the kernel itself, which also subtracts the mins term (quant.matmul_rows)."""
+    @njit(parallel=True, fastmath=FAST)
+    def loop(blocks, x, out, tab):
+        nsb = x.shape[0] // 256
+        xs = x.reshape(nsb, 8, 32)
+        for r in prange(blocks.shape[0]):
+            blk, acc = blocks[r].reshape(nsb, -1), 0.0
+            for sb in range(nsb):
+                dl = quant.k_scales(blk, sb, tab)[0] if with_scales else UNIT_SCALES
+                acc += np.float64(quant.q45_k_block(blk[sb, 16:], blk[sb], 0, dl, xs[sb]))
+            out[r] = acc
     return loop
 
 
