@@ -528,8 +528,8 @@ def row_q3_k(row, x, tab):  # 110 bytes: hmask[32], qs[64], scales[12], f16 d; q
 
 
 @njit(cache=True)
-def k_scales(blk, sb, tab):  # Q4_K/Q5_K super-block sb -> (d * scale, dmin * min) of its 8 sub-blocks
-    d, dmin, b = half_at(blk, sb, 0, tab.halves), half_at(blk, sb, 2, tab.halves), blk[sb]
+def k_scale_ints(blk, sb):  # Q4_K/Q5_K super-block sb -> (6-bit scales, 6-bit mins) of its 8 sub-blocks
+    b = blk[sb]
     s0, m0 = k_scale_min(b, 4, 0)
     s1, m1 = k_scale_min(b, 4, 1)
     s2, m2 = k_scale_min(b, 4, 2)
@@ -538,10 +538,29 @@ def k_scales(blk, sb, tab):  # Q4_K/Q5_K super-block sb -> (d * scale, dmin * mi
     s5, m5 = k_scale_min(b, 4, 5)
     s6, m6 = k_scale_min(b, 4, 6)
     s7, m7 = k_scale_min(b, 4, 7)
+    return (s0, s1, s2, s3, s4, s5, s6, s7), (m0, m1, m2, m3, m4, m5, m6, m7)
+
+
+@njit(cache=True)
+def k_scales(blk, sb, tab):  # Q4_K/Q5_K super-block sb -> (d * scale, dmin * min) of its 8 sub-blocks
+    d, dmin = half_at(blk, sb, 0, tab.halves), half_at(blk, sb, 2, tab.halves)
+    (s0, s1, s2, s3, s4, s5, s6, s7), (m0, m1, m2, m3, m4, m5, m6, m7) = k_scale_ints(blk, sb)
     f = np.float32
     return ((d * f(s0), d * f(s1), d * f(s2), d * f(s3), d * f(s4), d * f(s5), d * f(s6), d * f(s7)),
             (dmin * f(m0), dmin * f(m1), dmin * f(m2), dmin * f(m3), dmin * f(m4), dmin * f(m5), dmin * f(m6),
              dmin * f(m7)))
+
+
+@njit(cache=True)
+def k_mins_term(blk, sb, sums, tab):  # -> sum_j dmin min_j sum(x of sub-block j), float64; sums [8, 2]
+    # dmin min_j is exact in float32 (an f16 times 6 bits): dmin times the integer sum is the same term
+    # with one float64 rounding more, and seven float32 multiplies fewer
+    m0, m1, m2, m3, m4, m5, m6, m7 = k_scale_ints(blk, sb)[1]
+    terms = ((m0 * (sums[0, 0] + sums[0, 1]) + m1 * (sums[1, 0] + sums[1, 1]))
+             + (m2 * (sums[2, 0] + sums[2, 1]) + m3 * (sums[3, 0] + sums[3, 1]))
+             + ((m4 * (sums[4, 0] + sums[4, 1]) + m5 * (sums[5, 0] + sums[5, 1]))
+                + (m6 * (sums[6, 0] + sums[6, 1]) + m7 * (sums[7, 0] + sums[7, 1]))))
+    return np.float64(half_at(blk, sb, 2, tab.halves)) * terms
 
 
 @njit(cache=True, fastmath=FAST)
@@ -574,10 +593,8 @@ def row_q45_k(qtype, row, x, xsum16, tab):  # Q4_K 144 / Q5_K 176 bytes: d, dmin
     blk, xs, sums = row.reshape(nsb, size), x.reshape(nsb, 8, 32), xsum16.reshape(nsb, 8, 2)
     acc = 0.0
     for sb in range(nsb):
-        dl, ml = k_scales(blk, sb, tab)
-        mins = 0.0
-        for j in range(8):
-            mins += np.float64(ml[j]) * (sums[sb, j, 0] + sums[sb, j, 1])
+        dl = k_scales(blk, sb, tab)[0]
+        mins = k_mins_term(blk, sb, sums[sb], tab)
         if qtype == Q4_K:  # fifth_bits a constant at each call: the Q4_K loop reads no qh
             s = q45_k_block(blk[sb, 16:], blk[sb], 0, dl, xs[sb])
         else:
