@@ -346,29 +346,27 @@ def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kern
             **q4_k_steps(weights, kernels)}
     for run, _ in runs.values():
         run()  # compile, or load the numba cache
-    best = {(key, clock): np.inf for key in runs for clock in ("wall", "cpu")}
+    best = {key: np.inf for key in runs}
 
     def time_floors():  # rounds of every loop in turn: the machine's quiet moments count for all of them
         for _ in range(args.repeat_floor):
             for key, (run, _) in runs.items():
-                _, wall, cpu = timed(run)
-                best[key, "wall"], best[key, "cpu"] = min(best[key, "wall"], wall), min(best[key, "cpu"], cpu)
+                best[key] = min(best[key], timed(run)[1])
     time_floors()
     ids = prompt_ids(n_vocab, args.prompt_len, rng)
     decode = {name: bench_engine(make_engine, ids, args.n_decode, args.repeat)[1]["decode_tok_s"]
               for name, make_engine in (("llama-cpp", lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len)),
                                         ("numba", lambda: reference_engine(args.model, "numba")))}
     time_floors()  # before and after the engines, the best of both: the bound only gets looser
-    rates = {(key, clock): runs[key][1] / best[key, clock] / 1e9 for key, clock in best}  # G weight-products/s
-    floors = {b: rates[("floor", f"{4 + b}-bit"), "wall"] for b in loops}
-    kernel_gw_s = {t: rates[("kernel", t), "wall"] for t in kernels}
-    shares = floor_shares(rates, runs)
+    rates = {key: runs[key][1] / best[key] / 1e9 for key in best}  # G weight-products/s
+    floors = {b: rates["floor", f"{4 + b}-bit"] for b in loops}
+    kernel_gw_s = {t: rates["kernel", t] for t in kernels}
+    shares = floor_shares(rates)
     for b, rate in sorted(floors.items()):
         print(f"floor loop, {4 + b}-bit fields: {rate:6.2f} G weight-products/s")
     for (what, t), share in shares.items():
         label = f"numba's {t} decode kernel" if what == "kernel" else t.replace(" ", " kernel ", 1)
-        print(f"{label}: {rates[(what, t), 'wall']:6.2f} G weight-products/s, {share['wall']:.0%} of its floor "
-              f"({share['cpu']:.0%} in CPU seconds)")
+        print(f"{label}: {rates[what, t]:6.2f} G weight-products/s, {share:.0%} of its floor")
     bound_s = kernel_floor.model_bound(counts, floors)
     llama = decode["llama-cpp"]
     report = {"model": os.path.basename(args.model), "threads": args.threads,
@@ -399,12 +397,10 @@ def q4_k_steps(weights, kernels):  # -> {("step", name): (run, weight-products)}
             for label, scaled in (("without scales or mins", False), ("without mins", True))}
 
 
-def floor_shares(rates, runs):  # -> {(what, type): {clock: rate / its floor's rate}} for every run but the floors
-    # in CPU seconds of all threads as well as wall seconds: on a loaded machine they move less
+def floor_shares(rates):  # -> {(what, type): rate / its floor's rate} for every run but the floors
     from tools import kernel_floor
-    bits = {key: kernel_floor.FLOOR_BITS[key[1].split()[0]] for key in runs if key[0] != "floor"}
-    return {key: {clock: rates[key, clock] / rates[("floor", f"{4 + b}-bit"), clock] for clock in ("wall", "cpu")}
-            for key, b in bits.items()}
+    bits = {key: kernel_floor.FLOOR_BITS[key[1].split()[0]] for key in rates if key[0] != "floor"}
+    return {key: rates[key] / rates["floor", f"{4 + b}-bit"] for key, b in bits.items()}
 
 
 def print_ratios(report):  # the ratios and logit agreements of a run report, one line each
