@@ -346,22 +346,22 @@ def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kern
             **q4_k_steps(weights, kernels)}
     for run, _ in runs.values():
         run()  # compile, or load the numba cache
-    best = {key: np.inf for key in runs}
+    rounds = {key: [] for key in runs}  # wall seconds of every round
 
     def time_floors():  # rounds of every loop in turn: the machine's quiet moments count for all of them
         for _ in range(args.repeat_floor):
             for key, (run, _) in runs.items():
-                best[key] = min(best[key], timed(run)[1])
+                rounds[key].append(timed(run)[1])
     time_floors()
     ids = prompt_ids(n_vocab, args.prompt_len, rng)
     decode = {name: bench_engine(make_engine, ids, args.n_decode, args.repeat)[1]["decode_tok_s"]
               for name, make_engine in (("llama-cpp", lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len)),
                                         ("numba", lambda: reference_engine(args.model, "numba")))}
-    time_floors()  # before and after the engines, the best of both: the bound only gets looser
-    rates = {key: runs[key][1] / best[key] / 1e9 for key in best}  # G weight-products/s
+    time_floors()  # before and after the engines: the best of both for the bound, which only gets looser
+    rates = {key: runs[key][1] / min(seconds) / 1e9 for key, seconds in rounds.items()}  # G weight-products/s, best round
     floors = {b: rates["floor", f"{4 + b}-bit"] for b in loops}
     kernel_gw_s = {t: rates["kernel", t] for t in kernels}
-    shares = floor_shares(rates)
+    shares = floor_shares(rounds, runs)
     for b, rate in sorted(floors.items()):
         print(f"floor loop, {4 + b}-bit fields: {rate:6.2f} G weight-products/s")
     for (what, t), share in shares.items():
@@ -397,10 +397,17 @@ def q4_k_steps(weights, kernels):  # -> {("step", name): (run, weight-products)}
             for label, scaled in (("without scales or mins", False), ("without mins", True))}
 
 
-def floor_shares(rates):  # -> {(what, type): rate / its floor's rate} for every run but the floors
+def floor_shares(rounds, runs):  # -> {(what, type): its speed / its floor's}, the median over the rounds
+    """Each round's own ratio: a loop and its floor run next to each other in a round, under the same
+    load; the best rounds of each (what the G/s figures give) can fall in different quiet moments."""
     from tools import kernel_floor
-    bits = {key: kernel_floor.FLOOR_BITS[key[1].split()[0]] for key in rates if key[0] != "floor"}
-    return {key: rates[key] / rates["floor", f"{4 + b}-bit"] for key, b in bits.items()}
+    shares = {}
+    for key, seconds in rounds.items():
+        if key[0] != "floor":
+            floor = ("floor", f"{4 + kernel_floor.FLOOR_BITS[key[1].split()[0]]}-bit")
+            per_round = [runs[key][1] / s / (runs[floor][1] / f) for s, f in zip(seconds, rounds[floor])]
+            shares[key] = float(np.median(per_round))
+    return shares
 
 
 def print_ratios(report):  # the ratios and logit agreements of a run report, one line each
@@ -454,7 +461,8 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     c.add_argument("--rows", type=int_in(1, MAX_CEILING_ROWS), default=8192,
                    help="rows of the floor loops' packed bytes")
     c.add_argument("--n-in", type=int_in(4, MAX_N_IN), default=MID.n_embd, help="a multiple of 4")
-    c.add_argument("--repeat-floor", type=int_in(1, 1000), default=10, help="rounds per floor loop, the best counts")
+    c.add_argument("--repeat-floor", type=int_in(1, 1000), default=50,
+                   help="rounds of the loops, twice: the best counts for speeds, the median round for shares")
     c.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=64)
     c.add_argument("--n-decode", type=int_in(1, MAX_PROMPT), default=8, help="at most --prompt-len")
     c.add_argument("--repeat", type=repeat, default=3)
