@@ -375,36 +375,41 @@ def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kern
     for name in weights.tensors:
         if weights.type_name(name) in kernel_floor.FLOOR_BITS:
             kernels[weights.type_name(name)] = name, rng.standard_normal((1, weights.shape(name)[1])).astype(np.float32)
-    runs = {**{("floor", b): lambda loop=loop: loop(low, high, x, out) for b, loop in loops.items()},
-            **{("kernel", t): lambda name=name, xk=xk: NumbaBackend(np.float32).linear(xk, weights, name)
-               for t, (name, xk) in kernels.items()}}
-    for run in runs.values():
+    runs = {**{("floor", f"{4 + b}-bit"): (lambda loop=loop: loop(low, high, x, out), args.rows * args.n_in)
+               for b, loop in loops.items()},
+            **{("kernel", t): (lambda name=name, xk=xk: NumbaBackend(np.float32).linear(xk, weights, name),
+                               int(np.prod(weights.shape(name)))) for t, (name, xk) in kernels.items()},
+            **q4_k_steps(weights, kernels)}
+    for run, _ in runs.values():
         run()  # compile, or load the numba cache
-    best = {key: np.inf for key in runs}
+    rounds = {key: [] for key in runs}  # wall seconds of every round
 
     def time_floors():  # rounds of every loop in turn: the machine's quiet moments count for all of them
         for _ in range(args.repeat_floor):
-            for key, run in runs.items():
-                best[key] = min(best[key], timed(run)[1])
+            for key, (run, _) in runs.items():
+                rounds[key].append(timed(run)[1])
     time_floors()
     ids = prompt_ids(n_vocab, args.prompt_len, rng)
     decode = {name: bench_engine(make_engine, ids, args.n_decode, args.repeat)[1]["decode_tok_s"]
               for name, make_engine in (("llama-cpp", lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len)),
                                         ("numba", lambda: reference_engine(args.model, "numba")))}
-    time_floors()  # before and after the engines, the best of both: the bound only gets looser
-    floors = {b: args.rows * args.n_in / best[("floor", b)] / 1e9 for b in loops}  # G weight-products/s
-    kernel_gw_s = {t: np.prod(weights.shape(name)) / best[("kernel", t)] / 1e9 for t, (name, _) in kernels.items()}
+    time_floors()  # before and after the engines: the best of both for the bound, which only gets looser
+    rates = {key: runs[key][1] / min(seconds) / 1e9 for key, seconds in rounds.items()}  # G weight-products/s, best round
+    floors = {b: rates["floor", f"{4 + b}-bit"] for b in loops}
+    kernel_gw_s = {t: rates["kernel", t] for t in kernels}
+    shares = floor_shares(rounds, runs)
     for b, rate in sorted(floors.items()):
         print(f"floor loop, {4 + b}-bit fields: {rate:6.2f} G weight-products/s")
-    for t, rate in kernel_gw_s.items():
-        print(f"numba's {t} decode kernel: {rate:6.2f} G weight-products/s, "
-              f"{rate / floors[kernel_floor.FLOOR_BITS[t]]:.0%} of its floor")
+    for (what, t), share in shares.items():
+        label = f"numba's {t} decode kernel" if what == "kernel" else t.replace(" ", " kernel ", 1)
+        print(f"{label}: {rates[what, t]:6.2f} G weight-products/s, {share:.0%} of its floor")
     bound_s = kernel_floor.model_bound(counts, floors)
     llama = decode["llama-cpp"]
     report = {"model": os.path.basename(args.model), "threads": args.threads,
               "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]), "weights_per_type": counts,
               "floor_gw_s": {f"{4 + b}-bit": v for b, v in floors.items()}, "kernel_gw_s": kernel_gw_s,
               "kernel_over_floor": {t: v / floors[kernel_floor.FLOOR_BITS[t]] for t, v in kernel_gw_s.items()},
+              "share_of_floor": {f"{t} {what}": share for (what, t), share in shares.items()},
               "decode_tok_s": decode,
               "bound_tok_s": 1 / bound_s, "bound_over_llama_cpp": 1 / bound_s / llama,
               "numba_over_llama_cpp": decode["numba"] / llama}
@@ -413,6 +418,32 @@ def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kern
           f"x{report['bound_over_llama_cpp']:.2f} of llama.cpp's {llama:.2f}; numba {decode['numba']:.2f} tok/s, "
           f"x{report['numba_over_llama_cpp']:.2f}")
     return report
+
+
+def q4_k_steps(weights, kernels):  # -> {("step", name): (run, weight-products)}: kernel_floor.q4_k_step on the Q4_K rows
+    if "Q4_K" not in kernels:
+        return {}
+    from accel.numba import quant
+    from tools import kernel_floor
+    name, xk = kernels["Q4_K"]
+    n_out, n_in = weights.shape(name)
+    blocks, out = quant.as_blocks(weights.raw(name), n_out), np.empty(n_out)
+    return {("step", f"Q4_K {label}"): (lambda loop=kernel_floor.q4_k_step(scaled): loop(blocks, xk[0], out, quant.TABLES),
+                                        n_out * n_in)
+            for label, scaled in (("without scales or mins", False), ("without mins", True))}
+
+
+def floor_shares(rounds, runs):  # -> {(what, type): its speed / its floor's}, the median over the rounds
+    """Each round's own ratio: a loop and its floor run next to each other in a round, under the same
+    load; the best rounds of each (what the G/s figures give) can fall in different quiet moments."""
+    from tools import kernel_floor
+    shares = {}
+    for key, seconds in rounds.items():
+        if key[0] != "floor":
+            floor = ("floor", f"{4 + kernel_floor.FLOOR_BITS[key[1].split()[0]]}-bit")
+            per_round = [runs[key][1] / s / (runs[floor][1] / f) for s, f in zip(seconds, rounds[floor])]
+            shares[key] = float(np.median(per_round))
+    return shares
 
 
 def print_ratios(report):  # the ratios and logit agreements of a run report, one line each
@@ -485,7 +516,8 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     c.add_argument("--rows", type=int_in(1, MAX_CEILING_ROWS), default=8192,
                    help="rows of the floor loops' packed bytes")
     c.add_argument("--n-in", type=int_in(4, MAX_N_IN), default=MID.n_embd, help="a multiple of 4")
-    c.add_argument("--repeat-floor", type=int_in(1, 1000), default=10, help="rounds per floor loop, the best counts")
+    c.add_argument("--repeat-floor", type=int_in(1, 1000), default=50,
+                   help="rounds of the loops, twice: the best counts for speeds, the median round for shares")
     c.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=64)
     c.add_argument("--n-decode", type=int_in(1, MAX_PROMPT), default=8, help="at most --prompt-len")
     c.add_argument("--repeat", type=repeat, default=3)

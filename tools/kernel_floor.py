@@ -1,57 +1,69 @@
 """Floor loops: the least work a decode product with float32 activations must do per weight, as
 numba compiles it. Each weight's b-bit field is taken out of its packed bytes, converted to float32
-and multiply-added into one running sum; there are no scales, no offsets and no super-block
+and multiply-added into a running sum; there are no scales, no offsets and no super-block
 structure, so a real kernel of a b-bit type does all of this and more. Their speed on packed bytes
 streamed from memory (the decode case) bounds what any numba kernel of that width can reach here;
 `python -m tools.bench_accel ceiling` turns the bounds into tokens/s of a whole model.
 
 A field is (low >> low_shift) & 15, with (high >> high_shift) & (2^high_bits - 1) above it: 4-bit
-values (Q4_K, IQ4_XS, ...) have high_bits 0, 6-bit ones (Q6_K) 2, as in ggml's block layouts. The
-fields are taken in int8 arithmetic by an LLVM intrinsic: numba widens integer operations to 64
-bits, which would leave 8 lanes per vector instead of 16 and make the floor too slow to be one.
+values (Q4_K, IQ4_XS, ...) have high_bits 0, 5-bit ones (Q5_K) 1, 6-bit ones (Q6_K) 2, as in
+ggml's block layouts. The fields are taken in int8 arithmetic by the decode kernels' own LLVM
+intrinsic (quant.field_value): numba widens integer operations to 64 bits, which would leave 8
+lanes per vector instead of 16 and make the floor too slow to be one.
 """
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
-I8 = ir.IntType(8)
-FAST = {"reassoc", "contract"}  # as accel/numba/quant.py: vector lanes for the sum, FMAs
-
-
-@intrinsic
-def unpack_field(typingctx, low, low_shift, high, high_shift, high_bits):  # -> float32 of the field
-    def codegen(context, builder, signature, args):
-        lo, lo_shift, hi, hi_shift, hi_bits = args
-        mask = builder.sub(builder.shl(ir.Constant(I8, 1), builder.trunc(hi_bits, I8)), ir.Constant(I8, 1))
-        low_bits = builder.and_(builder.lshr(lo, builder.trunc(lo_shift, I8)), ir.Constant(I8, 15))
-        high_field = builder.and_(builder.lshr(hi, builder.trunc(hi_shift, I8)), mask)
-        field = builder.or_(low_bits, builder.shl(high_field, ir.Constant(I8, 4)))
-        return builder.uitofp(field, ir.FloatType())
-    return types.float32(types.uint8, types.int64, types.uint8, types.int64, types.int64), codegen
+from accel.numba import quant
+from accel.numba.quant import FAST, field_value
 
 
 def floor_loop(high_bits):  # -> njit(low [R, n/2], high [R, n/4], x [n], out [R]), high_bits a constant
     """Four values per step: both nibbles of low[i] and low[n/4 + i], four 2-bit fields of high[i].
-    high_bits is frozen into the loop, so with 0 LLVM drops the high plane entirely."""
+    high_bits is frozen into the loop, so with 0 LLVM drops the high plane entirely. Each value has
+    its own running sum: one sum would chain four dependent FMAs a step, and that latency, not the
+    work, set the speed of the 4-bit loop (10-20 % slower, measured)."""
     @njit(parallel=True, fastmath=FAST)
     def loop(low, high, x, out):
         m = x.shape[0] // 4
         for r in prange(low.shape[0]):
             lo, hi = low[r], high[r]
-            s = np.float32(0)
+            s0 = s1 = s2 = s3 = np.float32(0)
             for i in range(m):
-                s += (unpack_field(lo[i], 0, hi[i], 0, high_bits) * x[i]
-                      + unpack_field(lo[m + i], 0, hi[i], 2, high_bits) * x[m + i]
-                      + unpack_field(lo[i], 4, hi[i], 4, high_bits) * x[2 * m + i]
-                      + unpack_field(lo[m + i], 4, hi[i], 6, high_bits) * x[3 * m + i])
-            out[r] = s
+                s0 += field_value(lo[i], 0, hi[i], 0, high_bits, 0) * x[i]
+                s1 += field_value(lo[m + i], 0, hi[i], 2, high_bits, 0) * x[m + i]
+                s2 += field_value(lo[i], 4, hi[i], 4, high_bits, 0) * x[2 * m + i]
+                s3 += field_value(lo[m + i], 4, hi[i], 6, high_bits, 0) * x[3 * m + i]
+            out[r] = (s0 + s1) + (s2 + s3)
     return loop
 
 
-# type -> high_bits of its values. 5-bit types take the 4-bit floor, a looser (faster) bound; every
-# other type has no floor and counts as free in the bound.
-FLOOR_BITS = {"Q4_0": 0, "Q4_1": 0, "Q4_K": 0, "IQ4_NL": 0, "IQ4_XS": 0, "Q5_0": 0, "Q5_1": 0, "Q5_K": 0, "Q6_K": 2}
+UNIT_SCALES = (np.float32(1),) * 8
+
+
+def q4_k_step(with_scales):  # -> njit(blocks [R, row_bytes], x [n], out [R], tab): numba's Q4_K decode, in part
+    """Where the Q4_K kernel's time goes beyond its floor, a step at a time, on the same blocks:
+    without scales, the super-block structure (quant.q45_k_block: the fields of the real blocks,
+    four running sums, float64 across super-blocks; a multiply by 1 folds away); with_scales, times
+    each sub-block's d * scale as well (quant.k_scales, whose mins LLVM drops as unused). The step
+    after is the kernel itself, which also subtracts the mins term (quant.matmul_rows)."""
+    @njit(parallel=True, fastmath=FAST)
+    def loop(blocks, x, out, tab):
+        nsb = x.shape[0] // 256
+        xs = x.reshape(nsb, 8, 32)
+        for r in prange(blocks.shape[0]):
+            blk, acc = blocks[r].reshape(nsb, -1), 0.0
+            for sb in range(nsb):
+                dl = quant.k_scales(blk, sb, tab)[0] if with_scales else UNIT_SCALES
+                acc += np.float64(quant.q45_k_block(blk[sb, 16:], blk[sb], 0, dl, xs[sb]))
+            out[r] = acc
+    return loop
+
+
+# type -> high_bits of its values; every other type has no floor and counts as free in the bound. (The
+# 5-bit floor reads a high plane of n/4 bytes where Q5_K has n/8: the loop is bound by its arithmetic,
+# not by memory, at these sizes.)
+FLOOR_BITS = {"Q4_0": 0, "Q4_1": 0, "Q4_K": 0, "IQ4_NL": 0, "IQ4_XS": 0, "Q5_0": 1, "Q5_1": 1, "Q5_K": 1, "Q6_K": 2}
 
 
 def model_bound(weights_per_type, floor_gw_s):  # -> seconds per decoded token at least; floor_gw_s: high_bits -> G/s

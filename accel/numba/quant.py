@@ -27,7 +27,9 @@ from collections import namedtuple
 import numpy as np
 from gguf import GGMLQuantizationType as GT
 from gguf import quants
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from reference.gguf import GgmlType
 
@@ -114,6 +116,26 @@ def k_scale_min(row, o, j):  # 12 packed bytes at row[o] -> 6-bit (scale, min) o
         return np.int64(row[o + j]) & 63, np.int64(row[o + 4 + j]) & 63
     high = np.int64(row[o + 4 + j])  # bytes 8..11 hold the low 4 bits; the top 2 bits sit in bytes 0..7
     return (high & 15) | ((np.int64(row[o + j - 4]) >> 2) & 48), (high >> 4) | ((np.int64(row[o + j]) >> 2) & 48)
+
+
+I8 = ir.IntType(8)
+
+
+@intrinsic
+def field_value(typingctx, low, low_shift, high, high_shift, high_bits, offset):  # -> float32 of (field - offset)
+    """The field ((low >> low_shift) & 15) | ((high >> high_shift) & (2^high_bits - 1)) << 4 of ggml's
+    block layouts, minus offset, in int8 arithmetic (exact: a 6-bit field and field - 32 fit int8).
+    numba widens integer operations to 64 bits, eight lanes per vector where int8 has 32, so the
+    decode kernels and tools/kernel_floor.py take their fields in LLVM IR directly. The shifts,
+    high_bits and offset are constants at every call: LLVM folds them (high_bits 0 drops high)."""
+    def codegen(context, builder, signature, args):
+        lo, lo_shift, hi, hi_shift, hi_bits, off = args
+        mask = builder.sub(builder.shl(ir.Constant(I8, 1), builder.trunc(hi_bits, I8)), ir.Constant(I8, 1))
+        low_bits = builder.and_(builder.lshr(lo, builder.trunc(lo_shift, I8)), ir.Constant(I8, 15))
+        high_field = builder.and_(builder.lshr(hi, builder.trunc(hi_shift, I8)), mask)
+        field = builder.or_(low_bits, builder.shl(high_field, ir.Constant(I8, 4)))
+        return builder.sitofp(builder.sub(field, builder.trunc(off, I8)), ir.FloatType())
+    return types.float32(types.uint8, types.int64, types.uint8, types.int64, types.int64, types.int64), codegen
 
 
 # Integer fields of a byte, taken in float32 arithmetic: a byte converted to float32 is exact, and
@@ -538,8 +560,8 @@ def row_q3_k(row, x, tab):  # 110 bytes: hmask[32], qs[64], scales[12], f16 d; q
 
 
 @njit(cache=True)
-def k_scales(blk, sb, tab):  # Q4_K/Q5_K super-block sb -> (d * scale, dmin * min) of its 8 sub-blocks
-    d, dmin, b = half_at(blk, sb, 0, tab.halves), half_at(blk, sb, 2, tab.halves), blk[sb]
+def k_scale_ints(blk, sb):  # Q4_K/Q5_K super-block sb -> (6-bit scales, 6-bit mins) of its 8 sub-blocks
+    b = blk[sb]
     s0, m0 = k_scale_min(b, 4, 0)
     s1, m1 = k_scale_min(b, 4, 1)
     s2, m2 = k_scale_min(b, 4, 2)
@@ -548,62 +570,97 @@ def k_scales(blk, sb, tab):  # Q4_K/Q5_K super-block sb -> (d * scale, dmin * mi
     s5, m5 = k_scale_min(b, 4, 5)
     s6, m6 = k_scale_min(b, 4, 6)
     s7, m7 = k_scale_min(b, 4, 7)
+    return (s0, s1, s2, s3, s4, s5, s6, s7), (m0, m1, m2, m3, m4, m5, m6, m7)
+
+
+@njit(cache=True)
+def k_scales(blk, sb, tab):  # Q4_K/Q5_K super-block sb -> (d * scale, dmin * min) of its 8 sub-blocks
+    d, dmin = half_at(blk, sb, 0, tab.halves), half_at(blk, sb, 2, tab.halves)
+    (s0, s1, s2, s3, s4, s5, s6, s7), (m0, m1, m2, m3, m4, m5, m6, m7) = k_scale_ints(blk, sb)
     f = np.float32
     return ((d * f(s0), d * f(s1), d * f(s2), d * f(s3), d * f(s4), d * f(s5), d * f(s6), d * f(s7)),
             (dmin * f(m0), dmin * f(m1), dmin * f(m2), dmin * f(m3), dmin * f(m4), dmin * f(m5), dmin * f(m6),
              dmin * f(m7)))
 
 
+@njit(cache=True)
+def k_mins_term(blk, sb, sums, tab):  # -> sum_j dmin min_j sum(x of sub-block j), float64; sums [8, 2]
+    # dmin min_j is exact in float32 (an f16 times 6 bits): dmin times the integer sum is the same term
+    # with one float64 rounding more, and seven float32 multiplies fewer
+    m0, m1, m2, m3, m4, m5, m6, m7 = k_scale_ints(blk, sb)[1]
+    terms = ((m0 * (sums[0, 0] + sums[0, 1]) + m1 * (sums[1, 0] + sums[1, 1]))
+             + (m2 * (sums[2, 0] + sums[2, 1]) + m3 * (sums[3, 0] + sums[3, 1]))
+             + ((m4 * (sums[4, 0] + sums[4, 1]) + m5 * (sums[5, 0] + sums[5, 1]))
+                + (m6 * (sums[6, 0] + sums[6, 1]) + m7 * (sums[7, 0] + sums[7, 1]))))
+    return np.float64(half_at(blk, sb, 2, tab.halves)) * terms
+
+
+@njit(cache=True, fastmath=FAST)
+def q45_k_pair(qs, qh, fifth_bits, g, l, d_low, d_high, xs):  # -> d q x of value l of sub-blocks 2g and 2g + 1
+    # byte l of 32-byte group g holds value l of sub-block 2g (low nibble) and of 2g + 1 (high);
+    # Q5_K's fifth bits: bits 2g, 2g + 1 of qh[l]
+    b, h = qs[32 * g + l], qh[l]
+    return (d_low * (field_value(b, 0, h, 2 * g, fifth_bits, 0) * xs[2 * g, l])
+            + d_high * (field_value(b, 4, h, 2 * g + 1, fifth_bits, 0) * xs[2 * g + 1, l]))
+
+
+@njit(cache=True, fastmath=FAST)
+def q45_k_block(qs, qh, fifth_bits, dl, xs):  # -> sum_j dl[j] sum_l q[j, l] x[j, l] of one super-block, xs [8, 32]
+    # four running sums: one would chain eight dependent FMAs a step, and latency, not the
+    # arithmetic, would set the speed (x1.2 measured)
+    d0, d1, d2, d3, d4, d5, d6, d7 = dl
+    s0 = s1 = s2 = s3 = xs.dtype.type(0)
+    for l in range(32):
+        s0 += q45_k_pair(qs, qh, fifth_bits, 0, l, d0, d1, xs)
+        s1 += q45_k_pair(qs, qh, fifth_bits, 1, l, d2, d3, xs)
+        s2 += q45_k_pair(qs, qh, fifth_bits, 2, l, d4, d5, xs)
+        s3 += q45_k_pair(qs, qh, fifth_bits, 3, l, d6, d7, xs)
+    return (s0 + s1) + (s2 + s3)
+
+
 @njit(cache=True, fastmath=FAST)
 def row_q45_k(qtype, row, x, xsum16, tab):  # Q4_K 144 / Q5_K 176 bytes: d, dmin, scales[12], (qh[32]), qs[128]
-    # byte l of 32-byte group g holds value l of sub-block 2g (low nibble) and of 2g + 1 (high)
-    size, qs_at = (144, 16) if qtype == Q4_K else (176, 48)
+    size = 144 if qtype == Q4_K else 176
     nsb = x.shape[0] // 256
     blk, xs, sums = row.reshape(nsb, size), x.reshape(nsb, 8, 32), xsum16.reshape(nsb, 8, 2)
     acc = 0.0
     for sb in range(nsb):
-        dl, ml = k_scales(blk, sb, tab)
-        d0, d1, d2, d3, d4, d5, d6, d7 = dl
-        mins = 0.0
-        for j in range(8):
-            mins += np.float64(ml[j]) * (sums[sb, j, 0] + sums[sb, j, 1])
-        s = x.dtype.type(0)
-        for l in range(32):
-            lo0, hi0 = nibbles(np.float32(blk[sb, qs_at + l]))
-            lo1, hi1 = nibbles(np.float32(blk[sb, qs_at + 32 + l]))
-            lo2, hi2 = nibbles(np.float32(blk[sb, qs_at + 64 + l]))
-            lo3, hi3 = nibbles(np.float32(blk[sb, qs_at + 96 + l]))
-            if qtype == Q5_K:  # bit j of qh[l]: the fifth bit of value l of sub-block j
-                qh, k16 = np.float32(blk[sb, 16 + l]), np.float32(16)
-                b0, b1 = bit_pair(qh, 0)
-                b2, b3 = bit_pair(qh, 2)
-                b4, b5 = bit_pair(qh, 4)
-                b6, b7 = bit_pair(qh, 6)
-                lo0, hi0, lo1, hi1 = lo0 + k16 * b0, hi0 + k16 * b1, lo1 + k16 * b2, hi1 + k16 * b3
-                lo2, hi2, lo3, hi3 = lo2 + k16 * b4, hi2 + k16 * b5, lo3 + k16 * b6, hi3 + k16 * b7
-            s += (d0 * (lo0 * xs[sb, 0, l]) + d1 * (hi0 * xs[sb, 1, l]) + d2 * (lo1 * xs[sb, 2, l])
-                  + d3 * (hi1 * xs[sb, 3, l]) + d4 * (lo2 * xs[sb, 4, l]) + d5 * (hi2 * xs[sb, 5, l])
-                  + d6 * (lo3 * xs[sb, 6, l]) + d7 * (hi3 * xs[sb, 7, l]))
+        dl = k_scales(blk, sb, tab)[0]
+        mins = k_mins_term(blk, sb, sums[sb], tab)
+        if qtype == Q4_K:  # fifth_bits a constant at each call: the Q4_K loop reads no qh
+            s = q45_k_block(blk[sb, 16:], blk[sb], 0, dl, xs[sb])
+        else:
+            s = q45_k_block(blk[sb, 48:], blk[sb, 16:48], 1, dl, xs[sb])
         acc += np.float64(s) - mins
     return acc
 
 
 @njit(cache=True, fastmath=FAST)
+def q6_k_quad(ql, qh, l, sc, xs):  # -> sum_k sc[k] (q_k - 32) x[k, l], values l + 32 k of a 128-value half
+    lo, hi, top = ql[l], ql[32 + l], qh[l]
+    return (sc[0] * (field_value(lo, 0, top, 0, 2, 32) * xs[0, l]) + sc[1] * (field_value(hi, 0, top, 2, 2, 32) * xs[1, l])
+            + sc[2] * (field_value(lo, 4, top, 4, 2, 32) * xs[2, l]) + sc[3] * (field_value(hi, 4, top, 6, 2, 32) * xs[3, l]))
+
+
+@njit(cache=True, fastmath=FAST)
 def row_q6_k(row, x, tab):  # 210 bytes: ql[128], qh[64], int8 scales[16], f16 d
+    # half h: values from ql[64 h..], qh[32 h..]; the scale changes at l = 16. Four running sums, one
+    # per (half, scale), for the latency as in q45_k_block.
     nsb = x.shape[0] // 256
     blk, xs = row.reshape(nsb, 210), x.reshape(nsb, 2, 4, 32)
     acc = 0.0
     for sb in range(nsb):
-        for h in range(2):  # 128 values from ql[64 h..], qh[32 h..]; the scale changes at l = 16
-            a0, a1, a2, a3 = q6_k_scales(blk, sb, h, 0, tab)
-            b0, b1, b2, b3 = q6_k_scales(blk, sb, h, 1, tab)
-            s = x.dtype.type(0)
-            for l in range(32):
-                q0, q1, q2, q3 = q6_k_values(blk, sb, h, l)
-                first = l < 16
-                s += ((a0 if first else b0) * (q0 * xs[sb, h, 0, l]) + (a1 if first else b1) * (q1 * xs[sb, h, 1, l])
-                      + (a2 if first else b2) * (q2 * xs[sb, h, 2, l]) + (a3 if first else b3) * (q3 * xs[sb, h, 3, l]))
-            acc += np.float64(s)
+        ql0, ql1, qh0, qh1 = blk[sb, :64], blk[sb, 64:128], blk[sb, 128:160], blk[sb, 160:192]
+        a0, b0 = q6_k_scales(blk, sb, 0, 0, tab), q6_k_scales(blk, sb, 0, 1, tab)
+        a1, b1 = q6_k_scales(blk, sb, 1, 0, tab), q6_k_scales(blk, sb, 1, 1, tab)
+        x0, x1 = xs[sb, 0], xs[sb, 1]
+        s0 = s1 = s2 = s3 = x.dtype.type(0)
+        for l in range(16):
+            s0 += q6_k_quad(ql0, qh0, l, a0, x0)
+            s1 += q6_k_quad(ql0, qh0, l + 16, b0, x0)
+            s2 += q6_k_quad(ql1, qh1, l, a1, x1)
+            s3 += q6_k_quad(ql1, qh1, l + 16, b1, x1)
+        acc += np.float64((s0 + s1) + (s2 + s3))
     return acc
 
 
