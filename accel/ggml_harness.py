@@ -8,7 +8,8 @@ The gate is 0: each twin does the same float32 operations in the same order as i
 (integer sums are exact in any order), so the outputs must agree in every bit (compared as uint32
 patterns, NaNs included), and a difference of one ulp anywhere is a bug, not noise. The integer
 kernels are reached through reference mul_mat's kernel choice (`kernel_path`): each quantized type,
-batch rows 1, 3, 4, 8, 10 and repack on/off, the reference's QuantRows against the numba KernelRows.
+batch rows 1, 3, 4, 8, 10 and repack on/off, the reference's QuantRows against the numba layout
+(GroupRows or KernelRows) its mul_mat decodes them into.
 """
 import importlib
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from accel.harness import GGML_OPS as OPS, random_weights  # noqa: F401 (OPS: th
 from reference import ops
 from reference.ggml_cpu.blocks import DECODERS, decode
 from reference.ggml_cpu.build import GgmlCpuError
-from reference.ggml_cpu.mul_mat import QUANT_PATHS, kernel_path
+from reference.ggml_cpu.mul_mat import QUANT_PATHS, TILED_MIN_ROWS, kernel_path
 from reference.ggml_cpu.rounding import round_bf16, round_f16
 from reference.gguf import GgmlType
 from reference.random_blocks import F16_SCALE_OFFSETS
@@ -106,7 +107,6 @@ def int_dot_cases(rng):  # every quantized type x batch rows x repack, through i
     for kind in sorted(DECODERS):
         w = BlockWeights(kind, 16, 512, rng)
         rows = decode(w, "w")
-        kernel_rows = numba_mul_mat.KernelRows(rows)
         for n_rows in (1, 3, 4, 8, 10):
             x = rows_with_edges(rng, n_rows, 512)
             for repack in (True, False):
@@ -114,6 +114,9 @@ def int_dot_cases(rng):  # every quantized type x batch rows x repack, through i
                     path = kernel_path(kind, n_rows, w, "w", repack)
                 except GgmlCpuError:  # a kernel the emulation refuses (the Q2_K vec_dot)
                     continue
+                # the layout numba's mul_mat decodes the matrix into, for the paths of decode and prefill
+                kernel_rows = numba_mul_mat.kernel_rows(rows, kind, [kernel_path(kind, n, w, "w", repack)
+                                                                     for n in (1, TILED_MIN_ROWS)])
                 run = (lambda x=x, path=path, kind=kind, rows=rows, kernel_rows=kernel_rows:
                        ([QUANT_PATHS[path](x, rows, kind)], [numba_mul_mat.QUANT_PATHS[path](x, kernel_rows, kind)]))
                 cases.append(TwinCase("int_dots", f"{path} {kind} x[{n_rows},512] repack {'on' if repack else 'off'}",

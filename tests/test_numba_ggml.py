@@ -389,23 +389,22 @@ def test_drafter_on_numba_near_transformers_and_bit_identical_to_numpy():  # rop
 
 
 @pytest.mark.parametrize("kind", ["q4_k_m", "q6_k", "iq2_xxs"])
-@pytest.mark.parametrize("rows", [3, 10])  # k_vec_dot (its lanes), the tiled kernel (two tiles of 4, then 2 rows)
-def test_kernels_on_generic_vectors_are_the_numpy_twins(kind, rows, monkeypatch):  # CPUs without AVX2: no vpmaddwd
+@pytest.mark.parametrize("rows", [3, 10])  # k_vec_dot (its lanes), the tiled kernel (a tile of 8, then 2 rows)
+def test_kernels_on_generic_vectors_are_the_numpy_twins(kind, rows, monkeypatch):  # CPUs without AVX512-VNNI
     import numba
     from accel.numba.ggml import int_dots
     from reference.ggml_cpu.blocks import decode
-    monkeypatch.setattr(int_dots, "PMADDWD", False)  # read when a kernel compiles: fresh, uncached ones
+    monkeypatch.setattr(int_dots, "VPDPBUSD", False)  # read when a kernel compiles: fresh, uncached ones
     weights = model(fixture(kind)[0]["model"]).weights
     name = "blk.0.ffn_down.weight"
     x = activations(rows, weights.shape(name)[1], rows)
-    w, a = numba_mul_mat.KernelRows(decode(weights, name)), numba_quantize.quantize_q8_k(x)
+    kind_name = weights.type_name(name)
+    w = numba_mul_mat.kernel_rows(decode(weights, name), kind_name, ["k_vec_dot", "tiled"])
+    a = numba_quantize.quantize_q8_k(x)
+    assert isinstance(w, numba_mul_mat.GroupRows), kind_name
     if rows < 8:
-        generic = numba.njit(parallel=True)(int_dots.k_vec_dot.py_func)
-        got = generic(w.vs, w.offset, w.scales, w.d, w.dmin, w.mins, w.min_lanes, w.post, a.q, a.d, a.bsums,
-                      numba_mul_mat.sub_block_sums(a, 32))
+        got = numba.njit(parallel=True)(int_dots.group_vec_dot.py_func)(*numba_mul_mat.group_vec_dot_args(w, a))
     else:
-        generic = numba.njit(parallel=True)(int_dots.tiled.py_func)
-        got = generic(w.vs, w.offset, w.scales, w.d0, w.dmin, w.mins, a.q.astype(np.int16), a.d,
-                      numba_mul_mat.sub_block_sums(a, w.sub))
+        got = numba.njit(parallel=True)(int_dots.group_tiled.py_func)(*numba_mul_mat.group_tiled_args(w, a))
     ref = ggml_cpu.mul_mat(x, weights, name, {}, repack=False)  # repacked Q4_K would take another kernel
-    assert_identical(ref, got, f"{weights.type_name(name)}, {rows} rows, generic vectors")
+    assert_identical(ref, got[:, :w.rows], f"{kind_name}, {rows} rows, generic vectors")

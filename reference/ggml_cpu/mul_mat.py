@@ -138,7 +138,7 @@ def bounded_mul_mat(n_rows, name, cache, cache_bytes, decode, multiply):  # -> [
     whole), so both ways give the same bits."""
     entry = cache.get(name)
     if entry is None:
-        probe = min(n_rows, 8)
+        probe = min(n_rows, 16)  # whole repacked groups of 8 and numba's GroupRows of 16
         need = decoded_bytes(decode(0, probe)) * n_rows // probe
         room = (DECODED_CACHE_BYTES if cache_bytes is None else cache_bytes) - sum(map(decoded_bytes, cache.values()))
         entry = cache[name] = decode_whole(decode, n_rows) if need <= room else STREAMED
@@ -159,15 +159,22 @@ def decode_whole(decode, n_rows):  # -> the decoded matrix, filled in STREAM_ROW
     every code) for all of them: several times the result. The arrays whose first axis is the
     block's rows are allocated once and filled block by block; the rest are the first block's."""
     first = decode(0, min(STREAM_ROWS, n_rows))
-    if n_rows <= STREAM_ROWS:
+    step = getattr(first, "group", 1)  # rows per entry of the first axis: numba's GroupRows hold 16
+    block_rows = -(-STREAM_ROWS // step) * step  # whole groups, so no padding lands inside the matrix
+    if block_rows != STREAM_ROWS:
+        first = decode(0, min(block_rows, n_rows))
+    if n_rows <= block_rows:
         return first
     whole = copy.copy(first)
-    keys = [key for key, a in vars(first).items() if isinstance(a, np.ndarray) and a.ndim and len(a) == STREAM_ROWS]
+    keys = [key for key, a in vars(first).items()  # absent fields are empty and stay as they are
+            if isinstance(a, np.ndarray) and a.size and len(a) == block_rows // step]
     for key in keys:
         a = getattr(first, key)
-        setattr(whole, key, np.empty((n_rows,) + a.shape[1:], a.dtype))
-    for start in range(0, n_rows, STREAM_ROWS):
-        block = first if start == 0 else decode(start, min(start + STREAM_ROWS, n_rows))
+        setattr(whole, key, np.empty((-(-n_rows // step),) + a.shape[1:], a.dtype))
+    for start in range(0, n_rows, block_rows):
+        block = first if start == 0 else decode(start, min(start + block_rows, n_rows))
         for key in keys:
-            getattr(whole, key)[start:start + STREAM_ROWS] = getattr(block, key)
+            getattr(whole, key)[start // step:(start + block_rows) // step] = getattr(block, key)
+    if hasattr(first, "rows"):  # a row count of its own beside padded groups
+        whole.rows = n_rows
     return whole

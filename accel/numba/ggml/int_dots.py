@@ -209,42 +209,6 @@ def vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes):  # int6
 
 
 @numba.njit(cache=True, parallel=True)
-def k_vec_dot(vs, offset, scales, d, dmin, mins, min_lanes, post, aq, ad, bsums, sums32):  # -> [T, O]
-    """bsums [T, nb, 16] and sums32 [T, nb, 8]: the activation sums of the 16- and 32-element sub-blocks."""
-    O, nb, _ = vs.shape  # 256-blocks
-    T = aq.shape[0]
-    out = np.zeros((T, O), F32)
-    for o in numba.prange(O):
-        chunk = np.zeros(32, np.int32)
-        lanes = np.zeros(8, np.int64)
-        acc = np.zeros(8, F32)
-        summs = np.zeros(4, F32)
-        for t in range(T):
-            acc[:] = 0
-            summs[:] = 0
-            for b in range(nb):
-                vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes)
-                if mins.size:
-                    dm = -ad[t, b] * dmin[o, b]
-                    per = 8 // min_lanes
-                    for j in range(min_lanes):
-                        mn = np.int32(0)
-                        for i in range(per):  # |min| <= 63, |sum| <= 32 * 127
-                            mn = np.int32(mn + np.int32(mins[o, b, j * per + i]) * sums32[t, b, j * per + i])
-                        summs[j] = fma32(dm, F32(mn), summs[j])
-                scale = d[o, b] * ad[t, b]
-                for lane in range(8):
-                    acc[lane] = fma32(scale, F32(lanes[lane]), acc[lane])
-            r = post * hsum8(acc)
-            if mins.size and min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
-                r = r + ((summs[0] + summs[2]) + (summs[1] + summs[3]))
-            elif mins.size:
-                r = r + summs[0]
-            out[t, o] = r
-    return out
-
-
-@numba.njit(cache=True, parallel=True)
 def q0_lanes(values, d, aq, ad, accumulators):  # 32-blocks -> [T, O]: reference q0_lanes / q0_accumulate
     O, nb, _ = values.shape
     T = aq.shape[0]
@@ -390,4 +354,235 @@ def iq1_vec_dot(vs, scales, sub, d, aq, ad, delta_lanes):  # IQ1_S/IQ1_M -> [T, 
                     acc_delta[0] = fma32(scale, F32(delta_sums.sum()), acc_delta[0])
             delta_part = hsum8(acc_delta) if delta_lanes == 8 else acc_delta[0]
             out[t, o] = hsum8(acc) + F32(0.125) * delta_part
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The K-quant and IQ kernels on rows interleaved 16 at a time (mul_mat.GroupRows): one 512-bit vpdpbusd
+# takes 4 elements of 16 rows against 4 activation bytes broadcast, 64 int8 products, and the float
+# epilogue runs on 16 rows side by side. The integer sums are the same integers as the int16 kernels'.
+
+GROUP = 16  # weight rows side by side, one int32 lane each
+GROUP_TOKENS = 8  # activation rows per group_dots call of the tiled kernel
+I8X64, I32X16 = ir.VectorType(ir.IntType(8), 64), ir.VectorType(ir.IntType(32), 16)
+# vpdpbusd where numba compiles for a CPU with AVX512-VNNI (llama.cpp's tiled kernel needs it too);
+# elsewhere the same sums from generic LLVM vectors
+VPDPBUSD = numba.config.CPU_NAME is None and llvm.get_host_cpu_features().get("avx512vnni", False)
+
+
+def dpbusd(builder, acc, a, w):  # <16 x i32> + 4-sums of <64 x u8> a times <64 x i8> w, lane by lane
+    if VPDPBUSD:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512",
+                                              fnty=ir.FunctionType(I32X16, [I32X16, I8X64, I8X64]))
+        return builder.call(fn, [acc, a, w])
+    wide = ir.VectorType(ir.IntType(32), 64)
+    products = builder.mul(builder.zext(a, wide), builder.sext(w, wide))
+    for k in range(4):
+        acc = builder.add(acc, builder.shuffle_vector(products, products, ir.Constant(I32X16, list(range(k, 64, 4)))))
+    return acc
+
+
+def item_pointer(context, builder, array_type, array, indices):  # LLVM i8* to array[indices..., 0, ...]
+    zero = ir.Constant(context.get_value_type(types.intp), 0)
+    view = context.make_array(array_type)(context, builder, array)
+    indices = list(indices) + [zero] * (array_type.ndim - len(indices))
+    at = cgutils.get_item_pointer(context, builder, array_type, view, indices)
+    return builder.bitcast(at, ir.IntType(8).as_pointer())
+
+
+def load_at(builder, base, offset, ty):  # the value of LLVM type ty at byte offset after base (i8*)
+    at = builder.gep(base, [ir.Constant(ir.IntType(64), offset)])
+    return builder.load(builder.bitcast(at, ty.as_pointer()), align=1)
+
+
+def block_sums(builder, weights, sub_scales, acts, n_lanes, n_sub):  # -> (sums[j][lane], the sub-blocks' scales)
+    """Block b's scaled dots of 16 rows (weights: codes[g, b] as i8*) against activation rows (acts:
+    aq[t, b] as i8* each), summed whole (n_lanes 1) or into k_vec_dot's 8 lanes of 4 neighbours of each
+    32-chunk (n_lanes 8): sums[j][l] lane r = sum over the 4-element chunks c with c % n_lanes == l of
+    scale(c, r) * sum_i aq[t_j, b, 4c + i] * codes[g, b, c, r, i], as <16 x i32>. A sub-block's
+    4-sums are added unscaled, then multiplied by its scales once. int32 exact: |(q + 128) * value *
+    scale| <= 255 * 127 * 128 and 256 of them < 2^31."""
+    zero = ir.Constant(I32X16, None)
+    sums = [[zero] * n_lanes for _ in acts]
+    scales = []
+    chunks_per_sub = 64 // n_sub
+    for s in range(n_sub):
+        scales.append(builder.sext(load_at(builder, sub_scales, 16 * s, ir.VectorType(ir.IntType(8), 16)), I32X16))
+        partial = {}
+        for c in range(s * chunks_per_sub, (s + 1) * chunks_per_sub):
+            w = load_at(builder, weights, 64 * c, I8X64)
+            for j, act in enumerate(acts):
+                four = splat(builder, load_at(builder, act, 4 * c, ir.IntType(32)))
+                key = (j, c % n_lanes)
+                partial[key] = dpbusd(builder, partial.get(key, zero), builder.bitcast(four, I8X64), w)
+        for (j, lane), p in partial.items():
+            sums[j][lane] = builder.add(sums[j][lane], builder.mul(p, scales[s]))
+    return sums, scales
+
+
+def splat(builder, x):  # an i32 or float scalar -> the 16-lane vector of it
+    vec = ir.VectorType(x.type, 16)
+    one = builder.insert_element(ir.Constant(vec, None), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(vec, None), ir.Constant(I32X16, [0] * 16))
+
+
+def weighted_sub_sums(builder, table, n_sub, element, sub_sums):  # -> <16 x i32>: sum_s table[s] * sub_sums[s]
+    """table: i8* to n_sub vectors of 16 rows (int8 or int32 elements); sub_sums: i8* to n_sub int32."""
+    total = ir.Constant(I32X16, None)
+    for s in range(n_sub):
+        row = load_at(builder, table, 16 * s * element.width // 8, ir.VectorType(element, 16))
+        row = row if element.width == 32 else builder.sext(row, I32X16)
+        total = builder.add(total, builder.mul(row, splat(builder, load_at(builder, sub_sums, 4 * s, ir.IntType(32)))))
+    return total
+
+
+def array_data(context, builder, array_type, array):  # LLVM i8* to an array's first element
+    return builder.bitcast(context.make_array(array_type)(context, builder, array).data, ir.IntType(8).as_pointer())
+
+
+@intrinsic
+def group_lanes(typingctx, codes, g, b, aq, t, subs, scales, out):  # out [8, 16] int32 <- block_sums' 8 lanes
+    """codes [G, nb, 64, 16, 4] int8, aq [T, nb, 256] uint8 (the Q8_K codes plus 128: vpdpbusd multiplies
+    unsigned by signed bytes), scales [G, nb, nsub, 16] int8 with nsub = subs, a constant."""
+    def codegen(context, builder, signature, args):
+        codes_ty, _, _, aq_ty, _, _, scales_ty, out_ty = signature.args
+        g, b, t = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 4))
+        sums, _ = block_sums(builder, item_pointer(context, builder, codes_ty, args[0], [g, b]),
+                             item_pointer(context, builder, scales_ty, args[6], [g, b]),
+                             [item_pointer(context, builder, aq_ty, args[3], [t, b])], 8, subs.literal_value)
+        out = array_data(context, builder, out_ty, args[7])
+        for lane, v in enumerate(sums[0]):
+            builder.store(v, builder.bitcast(builder.gep(out, [ir.Constant(ir.IntType(64), 64 * lane)]),
+                                             I32X16.as_pointer()), align=1)
+        return context.get_dummy_value()
+    if isinstance(subs, types.IntegerLiteral) and all(x.layout == "C" for x in (codes, aq, scales, out)):
+        return types.none(codes, g, b, aq, t, subs, scales, out), codegen
+
+
+@intrinsic
+def group_tiled_block(typingctx, codes, g, b, aq, t0, tokens, subs, scales, lane_bias, offset_scales, mins, sub_sums,
+                      d0, dmin, ad, buf):  # buf [tokens, 16] f32 <- after block b: reference tiled's epilogue
+    """For each activation row t0 + j: s1 = block_sums less 128 * sum(scale * value) (lane_bias [G, nb,
+    8, 16] int32 summed) less sum_s offset_scales[g, b, s] * sub_sums[t, b, s] (int32 [G, nb, nsub, 16]
+    = offset * scale; 1-D when the type has no offset); x = f32(s1) * d0[g, b]; with mins (int32 [G,
+    nb, 8, 16]; 1-D when absent) x = fma(-dmin[g, b], f32(sum_s mins * sub_sums), x); buf[j] = fma(x,
+    ad[t, b], buf[j]): tiled_block's operations on 16 rows at once, each lane rounding as the scalar
+    code does. sub_sums [T, nb, nsub] int32, d0/dmin [G, nb, 16] f32, ad [T, nb] f32."""
+    def codegen(context, builder, signature, args):
+        tys = signature.args
+        g, b, t0 = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
+        at = lambda i, idx: item_pointer(context, builder, tys[i], args[i], idx)  # noqa: E731
+        rows = [builder.add(t0, ir.Constant(t0.type, j)) for j in range(n_tokens)]
+        sums, _ = block_sums(builder, at(0, [g, b]), at(7, [g, b]), [at(3, [t, b]) for t in rows], 1, n_sub)
+        bias = ir.Constant(I32X16, None)
+        for lane in range(8):
+            bias = builder.add(bias, load_at(builder, at(8, [g, b]), 64 * lane, I32X16))
+        f32x16 = ir.VectorType(ir.FloatType(), 16)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
+        d0 = load_at(builder, at(12, [g, b]), 0, f32x16)
+        neg_dmin = builder.fneg(load_at(builder, at(13, [g, b]), 0, f32x16)) if with_mins else None
+        buf = array_data(context, builder, tys[15], args[15])
+        for j, t in enumerate(rows):
+            subs_t = at(11, [t, b])
+            s1 = builder.sub(sums[j][0], bias)
+            if with_offset:
+                s1 = builder.sub(s1, weighted_sub_sums(builder, at(9, [g, b]), n_sub, ir.IntType(32), subs_t))
+            x = builder.fmul(builder.sitofp(s1, f32x16), d0)
+            if with_mins:
+                s2 = weighted_sub_sums(builder, at(10, [g, b]), 8, ir.IntType(32), subs_t)
+                x = builder.call(fma, [neg_dmin, builder.sitofp(s2, f32x16), x])
+            ad = builder.load(builder.bitcast(at(14, [t, b]), ir.FloatType().as_pointer()))
+            acc = load_at(builder, buf, 64 * j, f32x16)
+            acc = builder.call(fma, [x, splat(builder, ad), acc])
+            builder.store(acc, builder.bitcast(builder.gep(buf, [ir.Constant(ir.IntType(64), 64 * j)]),
+                                               f32x16.as_pointer()), align=1)
+        return context.get_dummy_value()
+    arrays = (codes, aq, scales, lane_bias, offset_scales, mins, sub_sums, d0, dmin, ad, buf)
+    if all(isinstance(x, types.IntegerLiteral) for x in (tokens, subs)) and all(x.layout == "C" for x in arrays):
+        n_tokens, n_sub = tokens.literal_value, subs.literal_value
+        with_offset, with_mins = offset_scales.ndim == 4, mins.ndim == 4
+        return types.none(codes, g, b, aq, t0, tokens, subs, scales, lane_bias, offset_scales, mins, sub_sums, d0, dmin,
+                          ad, buf), codegen
+
+
+@numba.njit(cache=True, parallel=True)
+def group_tiled(codes, scales, lane_bias, offset_scales, d0, dmin, mins, aq, ad, sub_sums):  # -> [T, 16 G]
+    """reference tiled on GroupRows ([G, nb, ...], 16 rows last), aq [T, nb, 256] uint8 (Q8_K codes +
+    128), sub_sums [T, nb, nsub] int32. A thread takes whole groups; each block's 4 KB of codes is read
+    once per GROUP_TOKENS activation rows; group_tiled_block does the rest."""
+    G, nb = codes.shape[:2]
+    T = aq.shape[0]
+    wide = scales.shape[2] == 8  # numba's intrinsics take constants from the call's own source only
+    out = np.zeros((T, G * GROUP), F32)
+    for g in numba.prange(G):
+        buf = np.zeros((GROUP_TOKENS, GROUP), F32)
+        for t0 in range(0, T, GROUP_TOKENS):
+            n = min(GROUP_TOKENS, T - t0)
+            buf[:] = 0
+            for b in range(nb):
+                if n == GROUP_TOKENS and wide:
+                    group_tiled_block(codes, g, b, aq, t0, 8, 8, scales, lane_bias, offset_scales, mins, sub_sums, d0,
+                                      dmin, ad, buf)
+                elif n == GROUP_TOKENS:
+                    group_tiled_block(codes, g, b, aq, t0, 8, 16, scales, lane_bias, offset_scales, mins, sub_sums, d0,
+                                      dmin, ad, buf)
+                else:
+                    for j in range(n):
+                        row = buf[j:j + 1]
+                        if wide:
+                            group_tiled_block(codes, g, b, aq, t0 + j, 1, 8, scales, lane_bias, offset_scales, mins,
+                                              sub_sums, d0, dmin, ad, row)
+                        else:
+                            group_tiled_block(codes, g, b, aq, t0 + j, 1, 16, scales, lane_bias, offset_scales, mins,
+                                              sub_sums, d0, dmin, ad, row)
+            out[t0:t0 + n, g * GROUP:(g + 1) * GROUP] = buf[:n]
+    return out
+
+
+@numba.njit(cache=True, parallel=True)
+def group_vec_dot(codes, offset, scales, lane_bias, d, dmin, mins, min_lanes, post, aq, ad, bsums, sums32):
+    """-> [T, 16 G]: reference k_vec_dot on GroupRows. group_lanes' 8 lanes less their biases are the
+    reference's lane sums of the unsigned codes; Q6_K's offset comes off lane p through the activation
+    sums of the 16-groups 2p and 2p+1 (bsums [T, nb, 16]), as the reference takes it. sums32 [T, nb, 8]
+    int32: the activation sums of the 32-element sub-blocks."""
+    G, nb = codes.shape[:2]
+    T = aq.shape[0]
+    wide = scales.shape[2] == 8
+    out = np.zeros((T, G * GROUP), F32)
+    for g in numba.prange(G):
+        lanes = np.zeros((8, GROUP), np.int32)
+        acc = np.zeros((GROUP, 8), F32)
+        summs = np.zeros((GROUP, 4), F32)
+        for t in range(T):
+            acc[:] = 0
+            summs[:] = 0
+            for b in range(nb):
+                if wide:
+                    group_lanes(codes, g, b, aq, t, 8, scales, lanes)
+                else:
+                    group_lanes(codes, g, b, aq, t, 16, scales, lanes)
+                if offset:
+                    for p in range(8):
+                        for r in range(GROUP):
+                            lanes[p, r] -= offset * (bsums[t, b, 2 * p] * scales[g, b, 2 * p, r]
+                                                     + bsums[t, b, 2 * p + 1] * scales[g, b, 2 * p + 1, r])
+                for r in range(GROUP):
+                    if mins.size:
+                        dm = -ad[t, b] * dmin[g, b, r]
+                        per = 8 // min_lanes
+                        for j in range(min_lanes):
+                            mn = np.int32(0)
+                            for i in range(per):  # |min| <= 63, |sum| <= 32 * 127
+                                mn = np.int32(mn + mins[g, b, j * per + i, r] * sums32[t, b, j * per + i])
+                            summs[r, j] = fma32(dm, F32(mn), summs[r, j])
+                    scale = d[g, b, r] * ad[t, b]
+                    for lane in range(8):
+                        acc[r, lane] = fma32(scale, F32(lanes[lane, r] - lane_bias[g, b, lane, r]), acc[r, lane])
+            for r in range(GROUP):
+                x = post * hsum8(acc[r])
+                if mins.size and min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
+                    x = x + ((summs[r, 0] + summs[r, 2]) + (summs[r, 1] + summs[r, 3]))
+                elif mins.size:
+                    x = x + summs[r, 0]
+                out[t, g * GROUP + r] = x
     return out

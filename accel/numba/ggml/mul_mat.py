@@ -3,10 +3,11 @@ weight type, batch rows and repacking; float weights (F32/F16/BF16) through the 
 vec_dot twins."""
 import sys
 
+import numba
 import numpy as np
 
 from reference.ggml_cpu.blocks import decode_rows
-from reference.ggml_cpu.mul_mat import bounded_mul_mat, float_weight_mul_mat, kernel_path, quant_paths
+from reference.ggml_cpu.mul_mat import TILED_MIN_ROWS, bounded_mul_mat, float_weight_mul_mat, kernel_path, quant_paths
 
 from . import float_dots, int_dots
 from .blocks import DECODERS
@@ -14,6 +15,8 @@ from .quantize import quantize_q8_0, quantize_q8_k
 
 F32 = np.float32
 NONE_INT, NONE_F32 = np.zeros((0, 0, 0), np.int8), np.zeros((0, 0), F32)
+NONE_1D = np.zeros(0, np.int32)
+GROUP = int_dots.GROUP
 
 
 class KernelRows:
@@ -33,6 +36,66 @@ class KernelRows:
         self.sub, self.post, self.offset, self.min_lanes = w.sub, F32(w.post), w.unsigned_offset, w.min_lanes
 
 
+class GroupRows:
+    """A K-quant/IQ/ternary QuantRows for the int_dots.group_* kernels: rows side by side GROUP at a
+    time (the last group padded with zero rows), each field [G, nb, ..., GROUP]. codes [G, nb, 64,
+    GROUP, 4] int8 are QuantRows' values (unsigned where the type has an offset, all within -127..127)
+    in 4-element chunks; scales int8 per sub-block (|scale| <= 128); lane_bias [G, nb, 8, GROUP] int32
+    is 128 * sum(scale * value) over each k_vec_dot lane, what the kernels' activations biased by 128
+    add. 1.1 bytes per weight where KernelRows take 2."""
+    group = GROUP  # weight rows per entry of the first axis (decode_whole reads it)
+
+    def __init__(self, w):
+        O, nb, _ = w.values.shape
+        self.rows = O
+        G, n_sub = -(-O // GROUP), w.scales.shape[-1]
+        self.codes = np.zeros((G, nb, 64, GROUP, 4), np.int8)
+        self.scales = np.zeros((G, nb, n_sub, GROUP), np.int8)
+        self.lane_bias = np.zeros((G, nb, 8, GROUP), np.int32)
+        group_codes(np.ascontiguousarray(w.values), np.ascontiguousarray(w.scales), self.codes, self.scales,
+                    self.lane_bias)
+        self.d, self.d0 = grouped(w.d, F32), grouped(w.d * F32(w.post), F32)
+        self.dmin = np.zeros((0,) * 3, F32) if w.dmin is None else grouped(w.dmin, F32)
+        self.mins = np.zeros((0,) * 4, np.int32) if w.mins is None else grouped(w.mins, np.int32)
+        self.offset_scales = NONE_1D if not w.unsigned_offset else grouped(w.unsigned_offset * w.scales.astype(np.int32),
+                                                                           np.int32)
+        self.sub, self.post, self.offset, self.min_lanes = w.sub, F32(w.post), w.unsigned_offset, w.min_lanes
+
+
+@numba.njit(cache=True, parallel=True)
+def group_codes(values, scales, codes, grouped_scales, lane_bias):  # fills GroupRows' codes, scales and lane_bias
+    """values [O, nb, 256], scales [O, nb, nsub] (integers within int8); rows past O stay zero."""
+    O, nb, _ = values.shape
+    n_sub = scales.shape[2]
+    per_sub = 256 // n_sub
+    for g in numba.prange(codes.shape[0]):
+        for r in range(min(GROUP, O - g * GROUP)):
+            o = g * GROUP + r
+            for b in range(nb):
+                for s in range(n_sub):
+                    grouped_scales[g, b, s, r] = scales[o, b, s]
+                for k in range(256):
+                    codes[g, b, k // 4, r, k % 4] = values[o, b, k]
+                    lane_bias[g, b, (k // 4) % 8, r] += 128 * np.int32(values[o, b, k]) * np.int32(scales[o, b, k // per_sub])
+
+
+def grouped(a, dtype):  # [O, nb, ...] -> [ceil(O / GROUP), nb, ..., GROUP] of dtype, zero rows padding the last group
+    padded = np.zeros((-(-len(a) // GROUP) * GROUP,) + a.shape[1:], dtype)
+    padded[:len(a)] = a
+    return np.ascontiguousarray(np.moveaxis(padded.reshape((-1, GROUP) + a.shape[1:]), 1, -1))
+
+
+UNGROUPED = ("Q2_K", "IQ1_S", "IQ1_M")  # their own vec_dots read KernelRows, so their tiled kernel does too
+
+
+def kernel_rows(w, kind, paths):  # QuantRows, its type, the kernel paths it takes -> GroupRows or KernelRows
+    return GroupRows(w) if kind not in UNGROUPED and set(paths) <= {"tiled", "k_vec_dot"} else KernelRows(w)
+
+
+def biased_codes(a):  # Q8_K acts -> uint8 [T, nb, 256]: q + 128, the unsigned operand of vpdpbusd
+    return np.ascontiguousarray((a.q.astype(np.int16) + 128).astype(np.uint8))
+
+
 def q0_repacked(w, a):  # KernelRows (Q4_0/IQ4_NL, repacked), Q8_0 acts -> [T, O]
     return int_dots.q0_repacked(w.vs, w.d, a.q, a.d)
 
@@ -49,14 +112,27 @@ def sub_block_sums(a, width):  # Q8_K acts -> int32 [T, nb, 256/width]: the acti
     return np.ascontiguousarray(a.bsums.reshape(a.bsums.shape[:2] + (-1, width // 16)).sum(-1), np.int32)
 
 
-def tiled(w, a):  # KernelRows, Q8_K acts -> [T, O]
+def tiled(w, a):  # GroupRows or KernelRows, Q8_K acts -> [T, O]
+    if isinstance(w, GroupRows):
+        return int_dots.group_tiled(*group_tiled_args(w, a))[:, :w.rows]
     q16 = a.q.astype(np.int16)  # widened once here, not in the kernel's loop
     return int_dots.tiled(w.vs, w.offset, w.scales, w.d0, w.dmin, w.mins, q16, a.d, sub_block_sums(a, w.sub))
 
 
-def k_vec_dot(w, a):  # KernelRows, Q8_K acts -> [T, O]
-    return int_dots.k_vec_dot(w.vs, w.offset, w.scales, w.d, w.dmin, w.mins, w.min_lanes, w.post, a.q, a.d, a.bsums,
-                              sub_block_sums(a, 32))
+def group_tiled_args(w, a):  # GroupRows, Q8_K acts -> int_dots.group_tiled's arguments
+    # an absent field goes in 1-D: its number of dimensions tells the kernel's code at compile time
+    dmin, mins = (w.dmin, w.mins) if w.mins.size else (NONE_1D.astype(F32), NONE_1D)
+    return (w.codes, w.scales, w.lane_bias, w.offset_scales, w.d0, dmin, mins, biased_codes(a), a.d,
+            sub_block_sums(a, w.sub))
+
+
+def k_vec_dot(w, a):  # GroupRows, Q8_K acts -> [T, O]
+    return int_dots.group_vec_dot(*group_vec_dot_args(w, a))[:, :w.rows]
+
+
+def group_vec_dot_args(w, a):  # GroupRows, Q8_K acts -> int_dots.group_vec_dot's arguments
+    return (w.codes, w.offset, w.scales, w.lane_bias, w.d, w.dmin, w.mins, w.min_lanes, w.post, biased_codes(a), a.d,
+            a.bsums, sub_block_sums(a, 32))
 
 
 def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K acts -> [T, O]
@@ -68,8 +144,10 @@ def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K]
     path = kernel_path(kind, len(x), weights, name, repack)
     if path == "float":
         return float_weight_mul_mat(x, weights, name, cache, float_dots.float_mul_mat)
+    paths = [kernel_path(kind, n, weights, name, repack) for n in (1, TILED_MIN_ROWS)]  # decode and prefill
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
-                           lambda start, stop: KernelRows(decode_rows(weights, name, start, stop, DECODERS)),
+                           lambda start, stop: kernel_rows(decode_rows(weights, name, start, stop, DECODERS), kind,
+                                                           paths),
                            lambda rows: QUANT_PATHS[path](x, rows, kind))
 
 
