@@ -441,25 +441,6 @@ def array_data(context, builder, array_type, array):  # LLVM i8* to an array's f
 
 
 @intrinsic
-def group_lanes(typingctx, codes, g, b, aq, t, subs, scales, out):  # out [8, 16] int32 <- block_sums' 8 lanes
-    """codes [G, nb, 64, 16, 4] int8, aq [T, nb, 256] uint8 (the Q8_K codes plus 128: vpdpbusd multiplies
-    unsigned by signed bytes), scales [G, nb, nsub, 16] int8 with nsub = subs, a constant."""
-    def codegen(context, builder, signature, args):
-        codes_ty, _, _, aq_ty, _, _, scales_ty, out_ty = signature.args
-        g, b, t = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 4))
-        sums, _ = block_sums(builder, item_pointer(context, builder, codes_ty, args[0], [g, b]),
-                             item_pointer(context, builder, scales_ty, args[6], [g, b]),
-                             [item_pointer(context, builder, aq_ty, args[3], [t, b])], 8, subs.literal_value)
-        out = array_data(context, builder, out_ty, args[7])
-        for lane, v in enumerate(sums[0]):
-            builder.store(v, builder.bitcast(builder.gep(out, [ir.Constant(ir.IntType(64), 64 * lane)]),
-                                             I32X16.as_pointer()), align=1)
-        return context.get_dummy_value()
-    if isinstance(subs, types.IntegerLiteral) and all(x.layout == "C" for x in (codes, aq, scales, out)):
-        return types.none(codes, g, b, aq, t, subs, scales, out), codegen
-
-
-@intrinsic
 def group_tiled_block(typingctx, codes, g, b, aq, t0, tokens, subs, scales, lane_bias, offset_scales, mins, sub_sums,
                       d0, dmin, ad, buf):  # buf [tokens, 16] f32 <- after block b: reference tiled's epilogue
     """For each activation row t0 + j: s1 = block_sums less 128 * sum(scale * value) (lane_bias [G, nb,
@@ -539,50 +520,89 @@ def group_tiled(codes, scales, lane_bias, offset_scales, d0, dmin, mins, aq, ad,
     return out
 
 
+@intrinsic
+def group_vec_dot_block(typingctx, codes, g, b, aq, t, subs, min_lanes, scales, lane_bias, offset_scales, bsums, mins,
+                        sums32, d, dmin, ad, acc, summs):  # acc [8, 16], summs [4, 16] f32 <- after block b
+    """reference k_vec_dot's block step on 16 rows at once: block_sums' 8 lanes less lane_bias [G, nb,
+    8, 16] are its lane sums of the codes; with an unsigned offset (offset_scales int32 [G, nb, 16, 16]
+    = offset * scale, 1-D when absent) lane p loses offset_scales[2p] * bsums[2p] + offset_scales[2p+1]
+    * bsums[2p+1] (bsums [T, nb, 16] int32, the 16-groups' activation sums), as the reference takes it;
+    acc[p] = fma(d[g, b] * ad[t, b], f32(lane p), acc[p]). With mins (int32 [G, nb, 8, 16], 1-D when
+    absent): summs[j] = fma(-ad[t, b] * dmin[g, b], f32(sum over the min_lanes' share of the 8
+    sub-blocks of mins * sums32), summs[j]), sums32 [T, nb, 8] int32. subs, min_lanes: constants."""
+    def codegen(context, builder, signature, args):
+        tys = signature.args
+        g, b, t = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
+        at = lambda i, idx: item_pointer(context, builder, tys[i], args[i], idx)  # noqa: E731
+        sums, _ = block_sums(builder, at(0, [g, b]), at(7, [g, b]), [at(3, [t, b])], 8, n_sub)
+        f32x16 = ir.VectorType(ir.FloatType(), 16)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
+        ad = splat(builder, builder.load(builder.bitcast(at(15, [t, b]), ir.FloatType().as_pointer())))
+        scale = builder.fmul(load_at(builder, at(13, [g, b]), 0, f32x16), ad)
+        acc, summs = array_data(context, builder, tys[16], args[16]), array_data(context, builder, tys[17], args[17])
+        for p, lane in enumerate(sums[0]):
+            lane = builder.sub(lane, load_at(builder, at(8, [g, b]), 64 * p, I32X16))
+            if with_offset:
+                offsets = (builder.mul(load_at(builder, at(9, [g, b]), 64 * s, I32X16),
+                                       splat(builder, load_at(builder, at(10, [t, b]), 4 * s, ir.IntType(32))))
+                           for s in (2 * p, 2 * p + 1))
+                lane = builder.sub(lane, builder.add(*offsets))
+            store_f32x16(builder, acc, p, builder.call(fma, [scale, builder.sitofp(lane, f32x16),
+                                                             load_at(builder, acc, 64 * p, f32x16)]))
+        if with_mins:
+            dm = builder.fmul(builder.fneg(ad), load_at(builder, at(14, [g, b]), 0, f32x16))
+            per = 8 // n_min_lanes
+            for j in range(n_min_lanes):
+                mn = ir.Constant(I32X16, None)
+                for i in range(j * per, (j + 1) * per):
+                    mn = builder.add(mn, builder.mul(load_at(builder, at(11, [g, b]), 64 * i, I32X16),
+                                                     splat(builder, load_at(builder, at(12, [t, b]), 4 * i,
+                                                                            ir.IntType(32)))))
+                store_f32x16(builder, summs, j, builder.call(fma, [dm, builder.sitofp(mn, f32x16),
+                                                                   load_at(builder, summs, 64 * j, f32x16)]))
+        return context.get_dummy_value()
+    arrays = (codes, aq, scales, lane_bias, offset_scales, bsums, mins, sums32, d, dmin, ad, acc, summs)
+    if all(isinstance(x, types.IntegerLiteral) for x in (subs, min_lanes)) and all(x.layout == "C" for x in arrays):
+        n_sub, n_min_lanes = subs.literal_value, min_lanes.literal_value
+        with_offset, with_mins = offset_scales.ndim == 4, mins.ndim == 4
+        return types.none(codes, g, b, aq, t, subs, min_lanes, scales, lane_bias, offset_scales, bsums, mins, sums32,
+                          d, dmin, ad, acc, summs), codegen
+
+
+def store_f32x16(builder, base, i, v):  # the i-th 16-float row after base (i8*) <- v
+    builder.store(v, builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), 64 * i)]),
+                                     ir.VectorType(ir.FloatType(), 16).as_pointer()), align=1)
+
+
 @numba.njit(cache=True, parallel=True)
-def group_vec_dot(codes, offset, scales, lane_bias, d, dmin, mins, min_lanes, post, aq, ad, bsums, sums32):
-    """-> [T, 16 G]: reference k_vec_dot on GroupRows. group_lanes' 8 lanes less their biases are the
-    reference's lane sums of the unsigned codes; Q6_K's offset comes off lane p through the activation
-    sums of the 16-groups 2p and 2p+1 (bsums [T, nb, 16]), as the reference takes it. sums32 [T, nb, 8]
-    int32: the activation sums of the 32-element sub-blocks."""
+def group_vec_dot(codes, scales, lane_bias, offset_scales, d, dmin, mins, min_lanes, post, aq, ad, bsums, sums32):
+    """-> [T, 16 G]: reference k_vec_dot on GroupRows, group_vec_dot_block per block, then per row
+    post * hsum_float_8 of the lanes plus the mins' part as the reference folds it."""
     G, nb = codes.shape[:2]
     T = aq.shape[0]
-    wide = scales.shape[2] == 8
+    wide = scales.shape[2] == 8  # numba's intrinsics take constants from the call's own source only
     out = np.zeros((T, G * GROUP), F32)
     for g in numba.prange(G):
-        lanes = np.zeros((8, GROUP), np.int32)
-        acc = np.zeros((GROUP, 8), F32)
-        summs = np.zeros((GROUP, 4), F32)
+        acc = np.zeros((8, GROUP), F32)
+        summs = np.zeros((4, GROUP), F32)
         for t in range(T):
             acc[:] = 0
             summs[:] = 0
             for b in range(nb):
-                if wide:
-                    group_lanes(codes, g, b, aq, t, 8, scales, lanes)
+                if wide and min_lanes == 4:
+                    group_vec_dot_block(codes, g, b, aq, t, 8, 4, scales, lane_bias, offset_scales, bsums, mins, sums32,
+                                        d, dmin, ad, acc, summs)
+                elif wide:
+                    group_vec_dot_block(codes, g, b, aq, t, 8, 1, scales, lane_bias, offset_scales, bsums, mins, sums32,
+                                        d, dmin, ad, acc, summs)
                 else:
-                    group_lanes(codes, g, b, aq, t, 16, scales, lanes)
-                if offset:
-                    for p in range(8):
-                        for r in range(GROUP):
-                            lanes[p, r] -= offset * (bsums[t, b, 2 * p] * scales[g, b, 2 * p, r]
-                                                     + bsums[t, b, 2 * p + 1] * scales[g, b, 2 * p + 1, r])
-                for r in range(GROUP):
-                    if mins.size:
-                        dm = -ad[t, b] * dmin[g, b, r]
-                        per = 8 // min_lanes
-                        for j in range(min_lanes):
-                            mn = np.int32(0)
-                            for i in range(per):  # |min| <= 63, |sum| <= 32 * 127
-                                mn = np.int32(mn + mins[g, b, j * per + i, r] * sums32[t, b, j * per + i])
-                            summs[r, j] = fma32(dm, F32(mn), summs[r, j])
-                    scale = d[g, b, r] * ad[t, b]
-                    for lane in range(8):
-                        acc[r, lane] = fma32(scale, F32(lanes[lane, r] - lane_bias[g, b, lane, r]), acc[r, lane])
+                    group_vec_dot_block(codes, g, b, aq, t, 16, 1, scales, lane_bias, offset_scales, bsums, mins,
+                                        sums32, d, dmin, ad, acc, summs)
             for r in range(GROUP):
-                x = post * hsum8(acc[r])
+                x = post * hsum8(acc[:, r])
                 if mins.size and min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
-                    x = x + ((summs[r, 0] + summs[r, 2]) + (summs[r, 1] + summs[r, 3]))
+                    x = x + ((summs[0, r] + summs[2, r]) + (summs[1, r] + summs[3, r]))
                 elif mins.size:
-                    x = x + summs[r, 0]
+                    x = x + summs[0, r]
                 out[t, g * GROUP + r] = x
     return out

@@ -5,17 +5,18 @@ import numpy as np
 
 from reference.ggml_cpu.libm import _libm_fn
 
+from .threads import threaded
+
 LIBM = {name: _libm_fn(name) for name in ("expf", "cosf", "sinf", "tanhf", "erff")}
 
 
-def libm_kernel(fn):  # ctypes or njit float(float) -> njit(x f32 [n]) -> f32 [n]
-    @numba.njit
-    def apply(x):
+def libm_kernel(fn):  # ctypes or njit float(float) -> Threaded (work, x f32 [n]) -> f32 [n]
+    def apply(x):  # glibc's float functions are pure: the elements may go to any thread
         out = np.empty_like(x)
-        for i in range(x.size):
+        for i in numba.prange(x.size):
             out[i] = fn(x[i])
         return out
-    return apply
+    return threaded(cache=False)(apply)  # not cached: the glibc functions are ctypes pointers
 
 
 KERNELS = {name: libm_kernel(fn) for name, fn in LIBM.items()}
@@ -23,7 +24,7 @@ KERNELS = {name: libm_kernel(fn) for name, fn in LIBM.items()}
 
 def libm(name, x):  # as reference libm: "expf" | "cosf" | "sinf" | "tanhf" | "erff", [...] f32 -> [...] f32
     x = np.ascontiguousarray(x, np.float32)
-    return KERNELS[name](x.ravel()).reshape(x.shape)
+    return KERNELS[name](x.size, x.ravel()).reshape(x.shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -32,7 +33,6 @@ def libm(name, x):  # as reference libm: "expf" | "cosf" | "sinf" | "tanhf" | "e
 from reference.ggml_cpu.libm import EXP_R, hexf  # noqa: E402
 
 from .rounding import fma32  # noqa: E402
-from .threads import threaded  # noqa: E402
 
 EXPF = LIBM["expf"]
 C_LOG2E, C_LN2_HI, C_LN2_LO = hexf("0x1.715476p+0"), hexf("0x1.62e4p-1"), hexf("0x1.7f7d1cp-20")
@@ -58,7 +58,7 @@ def v_silu_lane(x):  # f32 -> f32: x / (1 + v_expf(0 - x))
     return x / (ONE + v_expf_lane(np.float32(0) - x))
 
 
-v_expf_flat, v_silu_flat = libm_kernel(v_expf_lane), libm_kernel(v_silu_lane)  # f32 [n] -> [n]
+v_expf_flat, v_silu_flat = libm_kernel(v_expf_lane), libm_kernel(v_silu_lane)  # (work, f32 [n]) -> [n]
 
 
 @threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
@@ -76,12 +76,12 @@ def silu_rows_2d(x):  # f32 [R, n] -> [R, n]: v_silu on 16-lane blocks, glibc x/
 
 def v_expf(x):  # [...] f32 -> [...] f32: reference v_expf
     x = np.ascontiguousarray(x, np.float32)
-    return v_expf_flat(x.ravel()).reshape(x.shape)
+    return v_expf_flat(x.size, x.ravel()).reshape(x.shape)
 
 
 def v_silu(x):  # [...] f32 -> [...] f32: reference v_silu
     x = np.ascontiguousarray(x, np.float32)
-    return v_silu_flat(x.ravel()).reshape(x.shape)
+    return v_silu_flat(x.size, x.ravel()).reshape(x.shape)
 
 
 def silu_rows(x):  # [..., n] f32 -> [..., n]: reference silu_rows

@@ -55,11 +55,12 @@ class GroupRows:
         group_codes(np.ascontiguousarray(w.values), np.ascontiguousarray(w.scales), self.codes, self.scales,
                     self.lane_bias)
         self.d, self.d0 = grouped(w.d, F32), grouped(w.d * F32(w.post), F32)
-        self.dmin = np.zeros((0,) * 3, F32) if w.dmin is None else grouped(w.dmin, F32)
-        self.mins = np.zeros((0,) * 4, np.int32) if w.mins is None else grouped(w.mins, np.int32)
+        # an absent field is 1-D: its number of dimensions tells the kernels' code at compile time
+        self.dmin = NONE_1D.astype(F32) if w.dmin is None else grouped(w.dmin, F32)
+        self.mins = NONE_1D if w.mins is None else grouped(w.mins, np.int32)
         self.offset_scales = NONE_1D if not w.unsigned_offset else grouped(w.unsigned_offset * w.scales.astype(np.int32),
                                                                            np.int32)
-        self.sub, self.post, self.offset, self.min_lanes = w.sub, F32(w.post), w.unsigned_offset, w.min_lanes
+        self.sub, self.post, self.min_lanes = w.sub, F32(w.post), w.min_lanes
 
 
 @numba.njit(cache=True, parallel=True)
@@ -120,9 +121,7 @@ def tiled(w, a):  # GroupRows or KernelRows, Q8_K acts -> [T, O]
 
 
 def group_tiled_args(w, a):  # GroupRows, Q8_K acts -> int_dots.group_tiled's arguments
-    # an absent field goes in 1-D: its number of dimensions tells the kernel's code at compile time
-    dmin, mins = (w.dmin, w.mins) if w.mins.size else (NONE_1D.astype(F32), NONE_1D)
-    return (w.codes, w.scales, w.lane_bias, w.offset_scales, w.d0, dmin, mins, biased_codes(a), a.d,
+    return (w.codes, w.scales, w.lane_bias, w.offset_scales, w.d0, w.dmin, w.mins, biased_codes(a), a.d,
             sub_block_sums(a, w.sub))
 
 
@@ -131,8 +130,8 @@ def k_vec_dot(w, a):  # GroupRows, Q8_K acts -> [T, O]
 
 
 def group_vec_dot_args(w, a):  # GroupRows, Q8_K acts -> int_dots.group_vec_dot's arguments
-    return (w.codes, w.offset, w.scales, w.lane_bias, w.d, w.dmin, w.mins, w.min_lanes, w.post, biased_codes(a), a.d,
-            a.bsums, sub_block_sums(a, 32))
+    return (w.codes, w.scales, w.lane_bias, w.offset_scales, w.d, w.dmin, w.mins, w.min_lanes, w.post,
+            biased_codes(a), a.d, a.bsums, sub_block_sums(a, 32))
 
 
 def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K acts -> [T, O]
