@@ -31,19 +31,20 @@ def block_sums_only(typingctx, codes, g, b, aq, t0, tokens, ones, out):  # out[j
         acts = [int_dots.item_pointer(context, builder, tys[3], args[3], [builder.add(t0, t0.type(j)), b])
                 for j in range(tokens.literal_value)]
         sums, _ = int_dots.block_sums(builder, int_dots.item_pointer(context, builder, tys[0], args[0], [g, b]),
-                                      int_dots.array_data(context, builder, tys[6], args[6]), acts, 1, 1)
+                                      int_dots.array_data(context, builder, tys[6], args[6]), acts, 1, 1,
+                                      tys[3].dtype == types.uint8)
         out = int_dots.array_data(context, builder, tys[7], args[7])
         for j, per_lane in enumerate(sums):
             kept = int_dots.load_at(builder, out, 64 * j, int_dots.I32X16)
             builder.store(builder.add(kept, per_lane[0]),
-                          builder.bitcast(builder.gep(out, [t0.type(64 * j)]), int_dots.I32X16.as_pointer()))
+                          builder.bitcast(builder.gep(out, [t0.type(64 * j)]), int_dots.I32X16.as_pointer()), align=1)
         return context.get_dummy_value()
     if isinstance(tokens, types.IntegerLiteral):
         return types.none(codes, g, b, aq, t0, tokens, ones, out), codegen
 
 
 @numba.njit(parallel=True, cache=True)
-def int_floor(codes, aq):  # GroupRows codes [G, nb, 64, 16, 4], aq uint8 [T, nb, 256] -> int32 [G, 8, 16]
+def int_floor(codes, aq):  # GroupRows codes [G, nb, 64, 16, 4], aq [T, nb, 256] (group_acts) -> int32 [G, 8, 16]
     G, nb = codes.shape[:2]
     T = aq.shape[0]
     ones = np.ones(int_dots.GROUP, np.int8)
@@ -75,9 +76,8 @@ def q6_k_rows(rows, n_in, rng):  # -> GroupRows of a random Q6_K-shaped matrix (
 
 def measure(rows, n_in, tokens, repeat, rng):  # -> {name: G MAC/s} of the floor and each kernel at `tokens` rows
     a = quantize_q8_k(rng.standard_normal((tokens, n_in)).astype(np.float32))
-    aq = ggml_mul_mat.biased_codes(a)
     kernel = ggml_mul_mat.k_vec_dot if tokens < 8 else ggml_mul_mat.tiled
-    runs = {"floor": lambda w=q4_k_rows(rows, n_in, rng): int_floor(w.codes, aq)}
+    runs = {"floor": lambda w=q4_k_rows(rows, n_in, rng): int_floor(w.codes, ggml_mul_mat.group_acts(w, a))}
     for kind, make in (("Q4_K", q4_k_rows), ("Q6_K", q6_k_rows)):
         runs[f"{kind} {kernel.__name__}"] = lambda w=make(rows, n_in, rng): kernel(w, a)
     best = {}

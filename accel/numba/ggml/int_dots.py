@@ -358,25 +358,27 @@ def iq1_vec_dot(vs, scales, sub, d, aq, ad, delta_lanes):  # IQ1_S/IQ1_M -> [T, 
 
 
 # ---------------------------------------------------------------------------------------------
-# The K-quant and IQ kernels on rows interleaved 16 at a time (mul_mat.GroupRows): one 512-bit vpdpbusd
-# takes 4 elements of 16 rows against 4 activation bytes broadcast, 64 int8 products, and the float
-# epilogue runs on 16 rows side by side. The integer sums are the same integers as the int16 kernels'.
+# The K-quant, IQ and ternary kernels on rows interleaved 16 at a time (mul_mat.GroupRows): one 512-bit
+# vpdpbusd takes 4 elements of 16 rows against 4 activation bytes broadcast, 64 int8 products, and the
+# float epilogue runs on 16 rows side by side. The integer sums are the same integers as the int16
+# kernels'.
 
 GROUP = 16  # weight rows side by side, one int32 lane each
-GROUP_TOKENS = 8  # activation rows per group_dots call of the tiled kernel
+GROUP_TOKENS = 8  # activation rows per group_tiled_block call
 I8X64, I32X16 = ir.VectorType(ir.IntType(8), 64), ir.VectorType(ir.IntType(32), 16)
+F32X16 = ir.VectorType(ir.FloatType(), 16)
 # vpdpbusd where numba compiles for a CPU with AVX512-VNNI (llama.cpp's tiled kernel needs it too);
 # elsewhere the same sums from generic LLVM vectors
 VPDPBUSD = numba.config.CPU_NAME is None and llvm.get_host_cpu_features().get("avx512vnni", False)
 
 
-def dpbusd(builder, acc, a, w):  # <16 x i32> + 4-sums of <64 x u8> a times <64 x i8> w, lane by lane
+def dpbusd(builder, acc, u, s):  # <16 x i32> + 4-sums of <64 x u8> u times <64 x i8> s, lane by lane
     if VPDPBUSD:
         fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512",
                                               fnty=ir.FunctionType(I32X16, [I32X16, I8X64, I8X64]))
-        return builder.call(fn, [acc, a, w])
+        return builder.call(fn, [acc, u, s])
     wide = ir.VectorType(ir.IntType(32), 64)
-    products = builder.mul(builder.zext(a, wide), builder.sext(w, wide))
+    products = builder.mul(builder.zext(u, wide), builder.sext(s, wide))
     for k in range(4):
         acc = builder.add(acc, builder.shuffle_vector(products, products, ir.Constant(I32X16, list(range(k, 64, 4)))))
     return acc
@@ -390,34 +392,22 @@ def item_pointer(context, builder, array_type, array, indices):  # LLVM i8* to a
     return builder.bitcast(at, ir.IntType(8).as_pointer())
 
 
+def array_data(context, builder, array_type, array):  # LLVM i8* to an array's first element
+    return builder.bitcast(context.make_array(array_type)(context, builder, array).data, ir.IntType(8).as_pointer())
+
+
 def load_at(builder, base, offset, ty):  # the value of LLVM type ty at byte offset after base (i8*)
     at = builder.gep(base, [ir.Constant(ir.IntType(64), offset)])
     return builder.load(builder.bitcast(at, ty.as_pointer()), align=1)
 
 
-def block_sums(builder, weights, sub_scales, acts, n_lanes, n_sub):  # -> (sums[j][lane], the sub-blocks' scales)
-    """Block b's scaled dots of 16 rows (weights: codes[g, b] as i8*) against activation rows (acts:
-    aq[t, b] as i8* each), summed whole (n_lanes 1) or into k_vec_dot's 8 lanes of 4 neighbours of each
-    32-chunk (n_lanes 8): sums[j][l] lane r = sum over the 4-element chunks c with c % n_lanes == l of
-    scale(c, r) * sum_i aq[t_j, b, 4c + i] * codes[g, b, c, r, i], as <16 x i32>. A sub-block's
-    4-sums are added unscaled, then multiplied by its scales once. int32 exact: |(q + 128) * value *
-    scale| <= 255 * 127 * 128 and 256 of them < 2^31."""
-    zero = ir.Constant(I32X16, None)
-    sums = [[zero] * n_lanes for _ in acts]
-    scales = []
-    chunks_per_sub = 64 // n_sub
-    for s in range(n_sub):
-        scales.append(builder.sext(load_at(builder, sub_scales, 16 * s, ir.VectorType(ir.IntType(8), 16)), I32X16))
-        partial = {}
-        for c in range(s * chunks_per_sub, (s + 1) * chunks_per_sub):
-            w = load_at(builder, weights, 64 * c, I8X64)
-            for j, act in enumerate(acts):
-                four = splat(builder, load_at(builder, act, 4 * c, ir.IntType(32)))
-                key = (j, c % n_lanes)
-                partial[key] = dpbusd(builder, partial.get(key, zero), builder.bitcast(four, I8X64), w)
-        for (j, lane), p in partial.items():
-            sums[j][lane] = builder.add(sums[j][lane], builder.mul(p, scales[s]))
-    return sums, scales
+def store_at(builder, base, offset, v):  # the value v at byte offset after base (i8*)
+    at = builder.gep(base, [ir.Constant(ir.IntType(64), offset)])
+    builder.store(v, builder.bitcast(at, v.type.as_pointer()), align=1)
+
+
+def int8_row(builder, base, offset):  # 16 int8 at byte offset after base -> <16 x i32>
+    return builder.sext(load_at(builder, base, offset, ir.VectorType(ir.IntType(8), 16)), I32X16)
 
 
 def splat(builder, x):  # an i32 or float scalar -> the 16-lane vector of it
@@ -426,71 +416,108 @@ def splat(builder, x):  # an i32 or float scalar -> the 16-lane vector of it
     return builder.shuffle_vector(one, ir.Constant(vec, None), ir.Constant(I32X16, [0] * 16))
 
 
-def weighted_sub_sums(builder, table, n_sub, element, sub_sums):  # -> <16 x i32>: sum_s table[s] * sub_sums[s]
-    """table: i8* to n_sub vectors of 16 rows (int8 or int32 elements); sub_sums: i8* to n_sub int32."""
-    total = ir.Constant(I32X16, None)
+def int_at(builder, base, i):  # the i-th int32 after base (i8*), as a 16-lane vector
+    return splat(builder, load_at(builder, base, 4 * i, ir.IntType(32)))
+
+
+def block_sums(builder, weights, sub_scales, acts, n_lanes, n_sub, biased):  # -> (sums[j][lane], sub-block scales)
+    """Block b's scaled dots of 16 rows (weights: codes[g, b] as i8*) against activation rows (acts:
+    aq[t, b] as i8* each), summed whole (n_lanes 1) or into k_vec_dot's 8 lanes of 4 neighbours of each
+    32-chunk (n_lanes 8): sums[j][l] lane r = sum over the 4-element chunks c with c % n_lanes == l of
+    scale(c, r) * sum_i aq[t_j, b, 4c + i] * codes[g, b, c, r, i], as <16 x i32>. vpdpbusd multiplies
+    unsigned by signed bytes: unsigned codes (biased False) take the Q8_K codes as they are, signed ones
+    the codes plus 128 (biased True). A sub-block's 4-sums are added unscaled, then multiplied by its
+    scales once. int32 exact: |aq * code * scale| <= 255 * 127 * 128 and 256 of them < 2^31."""
+    zero = ir.Constant(I32X16, None)
+    sums = [[zero] * n_lanes for _ in acts]
+    scales = []
+    chunks_per_sub = 64 // n_sub
     for s in range(n_sub):
-        row = load_at(builder, table, 16 * s * element.width // 8, ir.VectorType(element, 16))
-        row = row if element.width == 32 else builder.sext(row, I32X16)
-        total = builder.add(total, builder.mul(row, splat(builder, load_at(builder, sub_sums, 4 * s, ir.IntType(32)))))
-    return total
+        scales.append(int8_row(builder, sub_scales, 16 * s))
+        partial = {}
+        for c in range(s * chunks_per_sub, (s + 1) * chunks_per_sub):
+            w = load_at(builder, weights, 64 * c, I8X64)
+            for j, act in enumerate(acts):
+                four = builder.bitcast(int_at(builder, act, c), I8X64)
+                key = (j, c % n_lanes)
+                previous = partial.get(key, zero)
+                partial[key] = dpbusd(builder, previous, four, w) if biased else dpbusd(builder, previous, w, four)
+        for (j, lane), p in partial.items():
+            sums[j][lane] = builder.add(sums[j][lane], builder.mul(p, scales[s]))
+    return sums, scales
 
 
-def array_data(context, builder, array_type, array):  # LLVM i8* to an array's first element
-    return builder.bitcast(context.make_array(array_type)(context, builder, array).data, ir.IntType(8).as_pointer())
+def less_offset(builder, value, offset, terms):  # -> value - offset * sum(terms), offset an i32
+    """Taken for the types with 16 sub-blocks a block, whose offset is 0 but for Q6_K and TQ1_0/TQ2_0
+    (GroupRows refuses an offset with 8): a branch on the offset would split the block step and cost
+    the tiled kernel half its speed."""
+    total = ir.Constant(I32X16, None)
+    for term in terms:
+        total = builder.add(total, term)
+    return builder.sub(value, builder.mul(splat(builder, offset), total))
+
+
+def fma_f32x16(builder, a, b, c):  # a * b + c rounded once, lane by lane (vfmadd231ps)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32X16, [F32X16] * 3), "llvm.fma.v16f32")
+    return builder.call(fn, [a, b, c])
+
+
+def group_common(context, builder, signature, args):  # -> (pointer at(i, indices), g, b and the t argument as intp)
+    tys = signature.args
+    g, b, t = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
+    return (lambda i, indices: item_pointer(context, builder, tys[i], args[i], indices)), g, b, t
 
 
 @intrinsic
-def group_tiled_block(typingctx, codes, g, b, aq, t0, tokens, subs, scales, lane_bias, offset_scales, mins, sub_sums,
-                      d0, dmin, ad, buf):  # buf [tokens, 16] f32 <- after block b: reference tiled's epilogue
-    """For each activation row t0 + j: s1 = block_sums less 128 * sum(scale * value) (lane_bias [G, nb,
-    8, 16] int32 summed) less sum_s offset_scales[g, b, s] * sub_sums[t, b, s] (int32 [G, nb, nsub, 16]
-    = offset * scale; 1-D when the type has no offset); x = f32(s1) * d0[g, b]; with mins (int32 [G,
-    nb, 8, 16]; 1-D when absent) x = fma(-dmin[g, b], f32(sum_s mins * sub_sums), x); buf[j] = fma(x,
-    ad[t, b], buf[j]): tiled_block's operations on 16 rows at once, each lane rounding as the scalar
-    code does. sub_sums [T, nb, nsub] int32, d0/dmin [G, nb, 16] f32, ad [T, nb] f32."""
+def group_tiled_block(typingctx, codes, g, b, aq, t0, tokens, subs, scales, lane_bias, offset, mins, sub_sums, d0,
+                      dmin, ad, buf):  # buf [tokens, 16] f32 <- after block b: reference tiled's epilogue
+    """For each activation row t0 + j: s1 = block_sums less the bias's 128 * sum(scale * code) (lane_bias
+    [G, nb, 8, 16] int32, summed; 1-D for unsigned codes) less offset * sum_s scales[g, b, s] *
+    sub_sums[t, b, s]; x = f32(s1) * d0[g, b]; with mins (int8 [G, nb, 8, 16]; 1-D when absent)
+    x = fma(-dmin[g, b], f32(sum_s mins * sub_sums), x); buf[j] = fma(x, ad[t, b], buf[j]):
+    tiled_block's operations on 16 rows at once, each lane rounding as the scalar code does. aq [T, nb,
+    256]: uint8 (Q8_K codes + 128) for signed codes, int8 for unsigned; sub_sums [T, nb, nsub] int32,
+    d0/dmin [G, nb, 16] f32, ad [T, nb] f32, offset int32."""
     def codegen(context, builder, signature, args):
-        tys = signature.args
-        g, b, t0 = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
-        at = lambda i, idx: item_pointer(context, builder, tys[i], args[i], idx)  # noqa: E731
+        at, g, b, t0 = group_common(context, builder, signature, args)
         rows = [builder.add(t0, ir.Constant(t0.type, j)) for j in range(n_tokens)]
-        sums, _ = block_sums(builder, at(0, [g, b]), at(7, [g, b]), [at(3, [t, b]) for t in rows], 1, n_sub)
+        sums, scale_rows = block_sums(builder, at(0, [g, b]), at(7, [g, b]), [at(3, [t, b]) for t in rows], 1, n_sub,
+                                      biased)
         bias = ir.Constant(I32X16, None)
-        for lane in range(8):
+        for lane in range(8 if biased else 0):
             bias = builder.add(bias, load_at(builder, at(8, [g, b]), 64 * lane, I32X16))
-        f32x16 = ir.VectorType(ir.FloatType(), 16)
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
-        d0 = load_at(builder, at(12, [g, b]), 0, f32x16)
-        neg_dmin = builder.fneg(load_at(builder, at(13, [g, b]), 0, f32x16)) if with_mins else None
-        buf = array_data(context, builder, tys[15], args[15])
+        offset = context.cast(builder, args[9], signature.args[9], types.int32)
+        d0 = load_at(builder, at(12, [g, b]), 0, F32X16)
+        neg_dmin = builder.fneg(load_at(builder, at(13, [g, b]), 0, F32X16)) if with_mins else None
+        buf = array_data(context, builder, signature.args[15], args[15])
         for j, t in enumerate(rows):
             subs_t = at(11, [t, b])
             s1 = builder.sub(sums[j][0], bias)
-            if with_offset:
-                s1 = builder.sub(s1, weighted_sub_sums(builder, at(9, [g, b]), n_sub, ir.IntType(32), subs_t))
-            x = builder.fmul(builder.sitofp(s1, f32x16), d0)
+            if n_sub == 16:
+                s1 = less_offset(builder, s1, offset, [builder.mul(row, int_at(builder, subs_t, s))
+                                                       for s, row in enumerate(scale_rows)])
+            x = builder.fmul(builder.sitofp(s1, F32X16), d0)
             if with_mins:
-                s2 = weighted_sub_sums(builder, at(10, [g, b]), 8, ir.IntType(32), subs_t)
-                x = builder.call(fma, [neg_dmin, builder.sitofp(s2, f32x16), x])
+                s2 = ir.Constant(I32X16, None)
+                for s in range(8):
+                    s2 = builder.add(s2, builder.mul(int8_row(builder, at(10, [g, b]), 16 * s), int_at(builder, subs_t, s)))
+                x = fma_f32x16(builder, neg_dmin, builder.sitofp(s2, F32X16), x)
             ad = builder.load(builder.bitcast(at(14, [t, b]), ir.FloatType().as_pointer()))
-            acc = load_at(builder, buf, 64 * j, f32x16)
-            acc = builder.call(fma, [x, splat(builder, ad), acc])
-            builder.store(acc, builder.bitcast(builder.gep(buf, [ir.Constant(ir.IntType(64), 64 * j)]),
-                                               f32x16.as_pointer()), align=1)
+            store_at(builder, buf, 64 * j, fma_f32x16(builder, x, splat(builder, ad), load_at(builder, buf, 64 * j, F32X16)))
         return context.get_dummy_value()
-    arrays = (codes, aq, scales, lane_bias, offset_scales, mins, sub_sums, d0, dmin, ad, buf)
+    arrays = (codes, aq, scales, lane_bias, mins, sub_sums, d0, dmin, ad, buf)
     if all(isinstance(x, types.IntegerLiteral) for x in (tokens, subs)) and all(x.layout == "C" for x in arrays):
         n_tokens, n_sub = tokens.literal_value, subs.literal_value
-        with_offset, with_mins = offset_scales.ndim == 4, mins.ndim == 4
-        return types.none(codes, g, b, aq, t0, tokens, subs, scales, lane_bias, offset_scales, mins, sub_sums, d0, dmin,
-                          ad, buf), codegen
+        biased, with_mins = aq.dtype == types.uint8, mins.ndim == 4
+        return types.none(codes, g, b, aq, t0, tokens, subs, scales, lane_bias, offset, mins, sub_sums, d0, dmin, ad,
+                          buf), codegen
 
 
 @numba.njit(cache=True, parallel=True)
-def group_tiled(codes, scales, lane_bias, offset_scales, d0, dmin, mins, aq, ad, sub_sums):  # -> [T, 16 G]
-    """reference tiled on GroupRows ([G, nb, ...], 16 rows last), aq [T, nb, 256] uint8 (Q8_K codes +
-    128), sub_sums [T, nb, nsub] int32. A thread takes whole groups; each block's 4 KB of codes is read
-    once per GROUP_TOKENS activation rows; group_tiled_block does the rest."""
+def group_tiled(codes, scales, lane_bias, offset, d0, dmin, mins, aq, ad, sub_sums):  # -> [T, 16 G]
+    """reference tiled on GroupRows ([G, nb, ...], 16 rows last), aq [T, nb, 256] (mul_mat.group_acts),
+    sub_sums [T, nb, nsub] int32. A thread takes whole groups; each block's 4 KB of codes is read once
+    per GROUP_TOKENS activation rows; group_tiled_block does the rest."""
     G, nb = codes.shape[:2]
     T = aq.shape[0]
     wide = scales.shape[2] == 8  # numba's intrinsics take constants from the call's own source only
@@ -502,80 +529,70 @@ def group_tiled(codes, scales, lane_bias, offset_scales, d0, dmin, mins, aq, ad,
             buf[:] = 0
             for b in range(nb):
                 if n == GROUP_TOKENS and wide:
-                    group_tiled_block(codes, g, b, aq, t0, 8, 8, scales, lane_bias, offset_scales, mins, sub_sums, d0,
-                                      dmin, ad, buf)
+                    group_tiled_block(codes, g, b, aq, t0, 8, 8, scales, lane_bias, offset, mins, sub_sums, d0, dmin,
+                                      ad, buf)
                 elif n == GROUP_TOKENS:
-                    group_tiled_block(codes, g, b, aq, t0, 8, 16, scales, lane_bias, offset_scales, mins, sub_sums, d0,
-                                      dmin, ad, buf)
+                    group_tiled_block(codes, g, b, aq, t0, 8, 16, scales, lane_bias, offset, mins, sub_sums, d0, dmin,
+                                      ad, buf)
                 else:
                     for j in range(n):
                         row = buf[j:j + 1]
                         if wide:
-                            group_tiled_block(codes, g, b, aq, t0 + j, 1, 8, scales, lane_bias, offset_scales, mins,
+                            group_tiled_block(codes, g, b, aq, t0 + j, 1, 8, scales, lane_bias, offset, mins,
                                               sub_sums, d0, dmin, ad, row)
                         else:
-                            group_tiled_block(codes, g, b, aq, t0 + j, 1, 16, scales, lane_bias, offset_scales, mins,
+                            group_tiled_block(codes, g, b, aq, t0 + j, 1, 16, scales, lane_bias, offset, mins,
                                               sub_sums, d0, dmin, ad, row)
             out[t0:t0 + n, g * GROUP:(g + 1) * GROUP] = buf[:n]
     return out
 
 
 @intrinsic
-def group_vec_dot_block(typingctx, codes, g, b, aq, t, subs, min_lanes, scales, lane_bias, offset_scales, bsums, mins,
+def group_vec_dot_block(typingctx, codes, g, b, aq, t, subs, min_lanes, scales, lane_bias, offset, bsums, mins,
                         sums32, d, dmin, ad, acc, summs):  # acc [8, 16], summs [4, 16] f32 <- after block b
-    """reference k_vec_dot's block step on 16 rows at once: block_sums' 8 lanes less lane_bias [G, nb,
-    8, 16] are its lane sums of the codes; with an unsigned offset (offset_scales int32 [G, nb, 16, 16]
-    = offset * scale, 1-D when absent) lane p loses offset_scales[2p] * bsums[2p] + offset_scales[2p+1]
-    * bsums[2p+1] (bsums [T, nb, 16] int32, the 16-groups' activation sums), as the reference takes it;
-    acc[p] = fma(d[g, b] * ad[t, b], f32(lane p), acc[p]). With mins (int32 [G, nb, 8, 16], 1-D when
-    absent): summs[j] = fma(-ad[t, b] * dmin[g, b], f32(sum over the min_lanes' share of the 8
-    sub-blocks of mins * sums32), summs[j]), sums32 [T, nb, 8] int32. subs, min_lanes: constants."""
+    """reference k_vec_dot's block step on 16 rows at once: block_sums' 8 lanes less the bias's lane_bias
+    [G, nb, 8, 16] (1-D for unsigned codes) are its lane sums of the codes; with an unsigned offset lane
+    p loses offset * (scales[2p] * bsums[2p] + scales[2p+1] * bsums[2p+1]) (bsums [T, nb, 16] int32, the
+    16-groups' activation sums), as the reference takes it; acc[p] = fma(d[g, b] * ad[t, b], f32(lane
+    p), acc[p]). With mins (int8 [G, nb, 8, 16], 1-D when absent): summs[j] = fma(-ad[t, b] *
+    dmin[g, b], f32(sum over the min_lanes' share of the 8 sub-blocks of mins * sums32), summs[j]),
+    sums32 [T, nb, 8] int32. aq as group_tiled_block's; subs, min_lanes: constants."""
     def codegen(context, builder, signature, args):
-        tys = signature.args
-        g, b, t = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
-        at = lambda i, idx: item_pointer(context, builder, tys[i], args[i], idx)  # noqa: E731
-        sums, _ = block_sums(builder, at(0, [g, b]), at(7, [g, b]), [at(3, [t, b])], 8, n_sub)
-        f32x16 = ir.VectorType(ir.FloatType(), 16)
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
+        at, g, b, t = group_common(context, builder, signature, args)
+        sums, scale_rows = block_sums(builder, at(0, [g, b]), at(7, [g, b]), [at(3, [t, b])], 8, n_sub, biased)
+        offset = context.cast(builder, args[9], signature.args[9], types.int32)
         ad = splat(builder, builder.load(builder.bitcast(at(15, [t, b]), ir.FloatType().as_pointer())))
-        scale = builder.fmul(load_at(builder, at(13, [g, b]), 0, f32x16), ad)
-        acc, summs = array_data(context, builder, tys[16], args[16]), array_data(context, builder, tys[17], args[17])
+        scale = builder.fmul(load_at(builder, at(13, [g, b]), 0, F32X16), ad)
+        acc, summs = (array_data(context, builder, signature.args[i], args[i]) for i in (16, 17))
+        bsums = at(10, [t, b])
         for p, lane in enumerate(sums[0]):
-            lane = builder.sub(lane, load_at(builder, at(8, [g, b]), 64 * p, I32X16))
-            if with_offset:
-                offsets = (builder.mul(load_at(builder, at(9, [g, b]), 64 * s, I32X16),
-                                       splat(builder, load_at(builder, at(10, [t, b]), 4 * s, ir.IntType(32))))
-                           for s in (2 * p, 2 * p + 1))
-                lane = builder.sub(lane, builder.add(*offsets))
-            store_f32x16(builder, acc, p, builder.call(fma, [scale, builder.sitofp(lane, f32x16),
-                                                             load_at(builder, acc, 64 * p, f32x16)]))
+            if biased:
+                lane = builder.sub(lane, load_at(builder, at(8, [g, b]), 64 * p, I32X16))
+            if n_sub == 16:  # the reference's offset pairs are the 16-sub-block scales 2p and 2p + 1
+                lane = less_offset(builder, lane, offset, [builder.mul(scale_rows[s], int_at(builder, bsums, s))
+                                                           for s in (2 * p, 2 * p + 1)])
+            store_at(builder, acc, 64 * p, fma_f32x16(builder, scale, builder.sitofp(lane, F32X16),
+                                                      load_at(builder, acc, 64 * p, F32X16)))
         if with_mins:
-            dm = builder.fmul(builder.fneg(ad), load_at(builder, at(14, [g, b]), 0, f32x16))
+            dm = builder.fmul(builder.fneg(ad), load_at(builder, at(14, [g, b]), 0, F32X16))
             per = 8 // n_min_lanes
             for j in range(n_min_lanes):
                 mn = ir.Constant(I32X16, None)
                 for i in range(j * per, (j + 1) * per):
-                    mn = builder.add(mn, builder.mul(load_at(builder, at(11, [g, b]), 64 * i, I32X16),
-                                                     splat(builder, load_at(builder, at(12, [t, b]), 4 * i,
-                                                                            ir.IntType(32)))))
-                store_f32x16(builder, summs, j, builder.call(fma, [dm, builder.sitofp(mn, f32x16),
-                                                                   load_at(builder, summs, 64 * j, f32x16)]))
+                    mn = builder.add(mn, builder.mul(int8_row(builder, at(11, [g, b]), 16 * i), int_at(builder, at(12, [t, b]), i)))
+                store_at(builder, summs, 64 * j, fma_f32x16(builder, dm, builder.sitofp(mn, F32X16),
+                                                            load_at(builder, summs, 64 * j, F32X16)))
         return context.get_dummy_value()
-    arrays = (codes, aq, scales, lane_bias, offset_scales, bsums, mins, sums32, d, dmin, ad, acc, summs)
+    arrays = (codes, aq, scales, lane_bias, bsums, mins, sums32, d, dmin, ad, acc, summs)
     if all(isinstance(x, types.IntegerLiteral) for x in (subs, min_lanes)) and all(x.layout == "C" for x in arrays):
         n_sub, n_min_lanes = subs.literal_value, min_lanes.literal_value
-        with_offset, with_mins = offset_scales.ndim == 4, mins.ndim == 4
-        return types.none(codes, g, b, aq, t, subs, min_lanes, scales, lane_bias, offset_scales, bsums, mins, sums32,
-                          d, dmin, ad, acc, summs), codegen
-
-
-def store_f32x16(builder, base, i, v):  # the i-th 16-float row after base (i8*) <- v
-    builder.store(v, builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), 64 * i)]),
-                                     ir.VectorType(ir.FloatType(), 16).as_pointer()), align=1)
+        biased, with_mins = aq.dtype == types.uint8, mins.ndim == 4
+        return types.none(codes, g, b, aq, t, subs, min_lanes, scales, lane_bias, offset, bsums, mins, sums32, d, dmin,
+                          ad, acc, summs), codegen
 
 
 @numba.njit(cache=True, parallel=True)
-def group_vec_dot(codes, scales, lane_bias, offset_scales, d, dmin, mins, min_lanes, post, aq, ad, bsums, sums32):
+def group_vec_dot(codes, scales, lane_bias, offset, d, dmin, mins, min_lanes, post, aq, ad, bsums, sums32):
     """-> [T, 16 G]: reference k_vec_dot on GroupRows, group_vec_dot_block per block, then per row
     post * hsum_float_8 of the lanes plus the mins' part as the reference folds it."""
     G, nb = codes.shape[:2]
@@ -590,14 +607,14 @@ def group_vec_dot(codes, scales, lane_bias, offset_scales, d, dmin, mins, min_la
             summs[:] = 0
             for b in range(nb):
                 if wide and min_lanes == 4:
-                    group_vec_dot_block(codes, g, b, aq, t, 8, 4, scales, lane_bias, offset_scales, bsums, mins, sums32,
-                                        d, dmin, ad, acc, summs)
+                    group_vec_dot_block(codes, g, b, aq, t, 8, 4, scales, lane_bias, offset, bsums, mins, sums32, d,
+                                        dmin, ad, acc, summs)
                 elif wide:
-                    group_vec_dot_block(codes, g, b, aq, t, 8, 1, scales, lane_bias, offset_scales, bsums, mins, sums32,
-                                        d, dmin, ad, acc, summs)
+                    group_vec_dot_block(codes, g, b, aq, t, 8, 1, scales, lane_bias, offset, bsums, mins, sums32, d,
+                                        dmin, ad, acc, summs)
                 else:
-                    group_vec_dot_block(codes, g, b, aq, t, 16, 1, scales, lane_bias, offset_scales, bsums, mins,
-                                        sums32, d, dmin, ad, acc, summs)
+                    group_vec_dot_block(codes, g, b, aq, t, 16, 1, scales, lane_bias, offset, bsums, mins, sums32, d,
+                                        dmin, ad, acc, summs)
             for r in range(GROUP):
                 x = post * hsum8(acc[:, r])
                 if mins.size and min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)

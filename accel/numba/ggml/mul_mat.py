@@ -7,6 +7,7 @@ import numba
 import numpy as np
 
 from reference.ggml_cpu.blocks import decode_rows
+from reference.ggml_cpu.build import GgmlCpuError
 from reference.ggml_cpu.mul_mat import TILED_MIN_ROWS, bounded_mul_mat, float_weight_mul_mat, kernel_path, quant_paths
 
 from . import float_dots, int_dots
@@ -39,45 +40,52 @@ class KernelRows:
 class GroupRows:
     """A K-quant/IQ/ternary QuantRows for the int_dots.group_* kernels: rows side by side GROUP at a
     time (the last group padded with zero rows), each field [G, nb, ..., GROUP]. codes [G, nb, 64,
-    GROUP, 4] int8 are QuantRows' values (unsigned where the type has an offset, all within -127..127)
-    in 4-element chunks; scales int8 per sub-block (|scale| <= 128); lane_bias [G, nb, 8, GROUP] int32
-    is 128 * sum(scale * value) over each k_vec_dot lane, what the kernels' activations biased by 128
-    add. 1.1 bytes per weight where KernelRows take 2."""
+    GROUP, 4] int8 are QuantRows' values in 4-element chunks (all within -127..127); scales and mins
+    int8 per sub-block. vpdpbusd multiplies unsigned by signed bytes: types with mins or an unsigned
+    offset have codes >= 0 and take the Q8_K codes as they are; the others take them plus 128
+    (biased), and lane_bias [G, nb, 8, GROUP] int32 = 128 * sum(scale * code) over each k_vec_dot lane
+    takes that bias off again (1-D when unused). 1.0-1.2 bytes per weight where KernelRows take 2."""
     group = GROUP  # weight rows per entry of the first axis (decode_whole reads it)
 
     def __init__(self, w):
         O, nb, _ = w.values.shape
         self.rows = O
         G, n_sub = -(-O // GROUP), w.scales.shape[-1]
+        if w.unsigned_offset and n_sub != 16:  # group_vec_dot_block takes the offset per pair of 16-groups
+            raise GgmlCpuError(f"an unsigned offset with {n_sub} sub-blocks a block")
+        self.biased = w.mins is None and not w.unsigned_offset
         self.codes = np.zeros((G, nb, 64, GROUP, 4), np.int8)
         self.scales = np.zeros((G, nb, n_sub, GROUP), np.int8)
-        self.lane_bias = np.zeros((G, nb, 8, GROUP), np.int32)
-        group_codes(np.ascontiguousarray(w.values), np.ascontiguousarray(w.scales), self.codes, self.scales,
-                    self.lane_bias)
+        lane_bias = np.zeros((G, nb, 8, GROUP), np.int32)
+        group_codes(np.ascontiguousarray(w.values), np.ascontiguousarray(w.scales), self.codes, self.scales, lane_bias)
+        self.lane_bias = lane_bias if self.biased else NONE_1D
         self.d, self.d0 = grouped(w.d, F32), grouped(w.d * F32(w.post), F32)
         # an absent field is 1-D: its number of dimensions tells the kernels' code at compile time
         self.dmin = NONE_1D.astype(F32) if w.dmin is None else grouped(w.dmin, F32)
-        self.mins = NONE_1D if w.mins is None else grouped(w.mins, np.int32)
-        self.offset_scales = NONE_1D if not w.unsigned_offset else grouped(w.unsigned_offset * w.scales.astype(np.int32),
-                                                                           np.int32)
-        self.sub, self.post, self.min_lanes = w.sub, F32(w.post), w.min_lanes
+        self.mins = NONE_1D.astype(np.int8) if w.mins is None else grouped(w.mins, np.int8)
+        self.sub, self.post, self.offset, self.min_lanes = w.sub, F32(w.post), np.int32(w.unsigned_offset), w.min_lanes
 
 
 @numba.njit(cache=True, parallel=True)
 def group_codes(values, scales, codes, grouped_scales, lane_bias):  # fills GroupRows' codes, scales and lane_bias
-    """values [O, nb, 256], scales [O, nb, nsub] (integers within int8); rows past O stay zero."""
+    """values [O, nb, 256], scales [O, nb, nsub] (integers within int8); rows past O stay zero. A
+    group's block (4 KB of codes) is filled row by row while it stays in the L1 cache."""
     O, nb, _ = values.shape
-    n_sub = scales.shape[2]
-    per_sub = 256 // n_sub
+    chunks_per_sub = 64 // scales.shape[2]
     for g in numba.prange(codes.shape[0]):
-        for r in range(min(GROUP, O - g * GROUP)):
-            o = g * GROUP + r
-            for b in range(nb):
-                for s in range(n_sub):
-                    grouped_scales[g, b, s, r] = scales[o, b, s]
-                for k in range(256):
-                    codes[g, b, k // 4, r, k % 4] = values[o, b, k]
-                    lane_bias[g, b, (k // 4) % 8, r] += 128 * np.int32(values[o, b, k]) * np.int32(scales[o, b, k // per_sub])
+        lanes = np.zeros(8, np.int32)
+        for b in range(nb):
+            for r in range(min(GROUP, O - g * GROUP)):
+                o = g * GROUP + r
+                grouped_scales[g, b, :, r] = scales[o, b]
+                lanes[:] = 0
+                for c in range(64):
+                    total = np.int32(0)
+                    for i in range(4):
+                        codes[g, b, c, r, i] = values[o, b, 4 * c + i]
+                        total += np.int32(values[o, b, 4 * c + i])
+                    lanes[c % 8] += total * np.int32(scales[o, b, c // chunks_per_sub])
+                lane_bias[g, b, :, r] = 128 * lanes
 
 
 def grouped(a, dtype):  # [O, nb, ...] -> [ceil(O / GROUP), nb, ..., GROUP] of dtype, zero rows padding the last group
@@ -93,8 +101,10 @@ def kernel_rows(w, kind, paths):  # QuantRows, its type, the kernel paths it tak
     return GroupRows(w) if kind not in UNGROUPED and set(paths) <= {"tiled", "k_vec_dot"} else KernelRows(w)
 
 
-def biased_codes(a):  # Q8_K acts -> uint8 [T, nb, 256]: q + 128, the unsigned operand of vpdpbusd
-    return np.ascontiguousarray((a.q.astype(np.int16) + 128).astype(np.uint8))
+def group_acts(w, a):  # GroupRows, Q8_K acts -> [T, nb, 256]: q + 128 as uint8 for biased codes, else q
+    if w.biased:  # vpdpbusd's unsigned operand
+        return np.ascontiguousarray((a.q.astype(np.int16) + 128).astype(np.uint8))
+    return np.ascontiguousarray(a.q)
 
 
 def q0_repacked(w, a):  # KernelRows (Q4_0/IQ4_NL, repacked), Q8_0 acts -> [T, O]
@@ -121,7 +131,7 @@ def tiled(w, a):  # GroupRows or KernelRows, Q8_K acts -> [T, O]
 
 
 def group_tiled_args(w, a):  # GroupRows, Q8_K acts -> int_dots.group_tiled's arguments
-    return (w.codes, w.scales, w.lane_bias, w.offset_scales, w.d0, w.dmin, w.mins, biased_codes(a), a.d,
+    return (w.codes, w.scales, w.lane_bias, w.offset, w.d0, w.dmin, w.mins, group_acts(w, a), a.d,
             sub_block_sums(a, w.sub))
 
 
@@ -130,8 +140,8 @@ def k_vec_dot(w, a):  # GroupRows, Q8_K acts -> [T, O]
 
 
 def group_vec_dot_args(w, a):  # GroupRows, Q8_K acts -> int_dots.group_vec_dot's arguments
-    return (w.codes, w.scales, w.lane_bias, w.offset_scales, w.d, w.dmin, w.mins, w.min_lanes, w.post,
-            biased_codes(a), a.d, a.bsums, sub_block_sums(a, 32))
+    return (w.codes, w.scales, w.lane_bias, w.offset, w.d, w.dmin, w.mins, w.min_lanes, w.post, group_acts(w, a),
+            a.d, np.ascontiguousarray(a.bsums, np.int32), sub_block_sums(a, 32))
 
 
 def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K acts -> [T, O]
