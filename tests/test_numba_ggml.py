@@ -79,18 +79,20 @@ GROUPED_TYPES = ["Q6_K", "Q5_K", "Q4_K", "Q3_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", 
                  "TQ1_0", "TQ2_0"]
 
 
-@pytest.mark.parametrize("kind", GROUPED_TYPES)
+@pytest.mark.parametrize("kind,repack", [(kind, False) for kind in GROUPED_TYPES] + [("Q4_K", True)])
 @pytest.mark.parametrize("rows", [1, 3, 8, 17])  # k_vec_dot; from 8 the tiled kernel, a tile of 8 and a tail
-def test_group_rows_of_a_partial_group_are_the_numpy_twins(kind, rows):  # 40 rows: the last group 8 real, 8 padded
+def test_group_rows_of_a_partial_group_are_the_numpy_twins(kind, repack, rows):  # 40 rows: 8 real, 8 padded
     """numba decodes these types into GroupRows, 16 weight rows interleaved; a row count that is no
-    multiple of 16 pads the last group with zero rows, which must not reach the output."""
+    multiple of 16 pads the last group with zero rows, which must not reach the output. Q4_K with the
+    repack (40 rows: whole groups of 8) takes the repacked gemm (4-row groups) and gemv (the rest)."""
     rng = np.random.default_rng(7)
     weights = ggml_harness.BlockWeights(kind, 40, 768, rng)  # 3 blocks: sums carried across blocks
     x = rng.standard_normal((rows, 768)).astype(np.float32)
     cache = {}
-    got = numba_mul_mat.mul_mat(x, weights, "w", cache, repack=False)
+    got = numba_mul_mat.mul_mat(x, weights, "w", cache, repack=repack)
     assert isinstance(cache["w"], numba_mul_mat.GroupRows) and cache["w"].codes.shape[0] == 3
-    assert_identical(ggml_cpu.mul_mat(x, weights, "w", {}, repack=False), got, f"{kind}, 40 rows, {rows} activation rows")
+    ref = ggml_cpu.mul_mat(x, weights, "w", {}, repack=repack)
+    assert_identical(ref, got, f"{kind}, 40 rows, {rows} activation rows, repack {repack}")
 
 
 @pytest.mark.parametrize("kind", QUANT_TYPES)

@@ -420,11 +420,13 @@ def int_at(builder, base, i):  # the i-th int32 after base (i8*), as a 16-lane v
     return splat(builder, load_at(builder, base, 4 * i, ir.IntType(32)))
 
 
-def block_sums(builder, weights, sub_scales, acts, n_lanes, n_sub, biased):  # -> (sums[j][lane], sub-block scales)
+def block_sums(builder, weights, sub_scales, acts, n_lanes, n_sub, biased, parts=False):  # -> (sums[j][l], scales)
     """Block b's scaled dots of 16 rows (weights: codes[g, b] as i8*) against activation rows (acts:
-    aq[t, b] as i8* each), summed whole (n_lanes 1) or into k_vec_dot's 8 lanes of 4 neighbours of each
-    32-chunk (n_lanes 8): sums[j][l] lane r = sum over the 4-element chunks c with c % n_lanes == l of
-    scale(c, r) * sum_i aq[t_j, b, 4c + i] * codes[g, b, c, r, i], as <16 x i32>. vpdpbusd multiplies
+    aq[t, b] as i8* each), summed whole (n_lanes 1), into k_vec_dot's 8 lanes of 4 neighbours of each
+    32-chunk (n_lanes 8), or with `parts` into n_lanes consecutive parts of the block (the repacked
+    gemm's FMA steps): sums[j][l] lane r = sum over the 4-element chunks c with c % n_lanes == l (with
+    parts: c * n_lanes // 64 == l) of scale(c, r) * sum_i aq[t_j, b, 4c + i] * codes[g, b, c, r, i],
+    as <16 x i32>. vpdpbusd multiplies
     unsigned by signed bytes: unsigned codes (biased False) take the Q8_K codes as they are, signed ones
     the codes plus 128 (biased True). A sub-block's 4-sums are added unscaled, then multiplied by its
     scales once. int32 exact: |aq * code * scale| <= 255 * 127 * 128 and 256 of them < 2^31."""
@@ -439,7 +441,7 @@ def block_sums(builder, weights, sub_scales, acts, n_lanes, n_sub, biased):  # -
             w = load_at(builder, weights, 64 * c, I8X64)
             for j, act in enumerate(acts):
                 four = builder.bitcast(int_at(builder, act, c), I8X64)
-                key = (j, c % n_lanes)
+                key = (j, c * n_lanes // 64 if parts else c % n_lanes)
                 previous = partial.get(key, zero)
                 partial[key] = dpbusd(builder, previous, four, w) if biased else dpbusd(builder, previous, w, four)
         for (j, lane), p in partial.items():
@@ -622,4 +624,71 @@ def group_vec_dot(codes, scales, lane_bias, offset, d, dmin, mins, min_lanes, po
                 elif mins.size:
                     x = x + summs[0, r]
                 out[t, g * GROUP + r] = x
+    return out
+
+
+@intrinsic
+def group_repacked_block(typingctx, codes, g, b, aq, t0, tokens, steps, scales, mins, sub_sums, d, dmin, ad, acc,
+                         acc_min):  # acc, acc_min [tokens, 16] f32 <- after block b: reference k_repacked_rows
+    """Q4_K (unsigned codes, 8 sub-blocks, mins) in the CPU repack's gemm and gemv: per FMA step p of
+    the block's `steps` (4 of 64 elements in the gemm, 1 of 256 in the gemv; a constant) dots =
+    block_sums' part p and mn = sum over the step's sub-blocks of mins * sub_sums; acc = fma(f32(dots),
+    d[g, b] * ad[t, b], acc), acc_min = fma(f32(mn), dmin[g, b] * ad[t, b], acc_min), 16 rows at once.
+    aq [T, nb, 256] int8, mins int8 [G, nb, 8, 16], sub_sums [T, nb, 8] int32."""
+    def codegen(context, builder, signature, args):
+        at, g, b, t0 = group_common(context, builder, signature, args)
+        rows = [builder.add(t0, ir.Constant(t0.type, j)) for j in range(n_tokens)]
+        sums, _ = block_sums(builder, at(0, [g, b]), at(7, [g, b]), [at(3, [t, b]) for t in rows], n_steps, 8, False,
+                             parts=True)
+        d, dmin = (load_at(builder, at(i, [g, b]), 0, F32X16) for i in (10, 11))
+        acc, acc_min = (array_data(context, builder, signature.args[i], args[i]) for i in (13, 14))
+        per_step = 8 // n_steps
+        for j, t in enumerate(rows):
+            ad = splat(builder, builder.load(builder.bitcast(at(12, [t, b]), ir.FloatType().as_pointer())))
+            scale, scale_min = builder.fmul(d, ad), builder.fmul(dmin, ad)
+            subs_t = at(9, [t, b])
+            for p in range(n_steps):
+                mn = ir.Constant(I32X16, None)
+                for i in range(p * per_step, (p + 1) * per_step):
+                    mn = builder.add(mn, builder.mul(int8_row(builder, at(8, [g, b]), 16 * i), int_at(builder, subs_t, i)))
+                store_at(builder, acc, 64 * j, fma_f32x16(builder, builder.sitofp(sums[j][p], F32X16), scale,
+                                                          load_at(builder, acc, 64 * j, F32X16)))
+                store_at(builder, acc_min, 64 * j, fma_f32x16(builder, builder.sitofp(mn, F32X16), scale_min,
+                                                              load_at(builder, acc_min, 64 * j, F32X16)))
+        return context.get_dummy_value()
+    arrays = (codes, aq, scales, mins, sub_sums, d, dmin, ad, acc, acc_min)
+    if all(isinstance(x, types.IntegerLiteral) for x in (tokens, steps)) and all(x.layout == "C" for x in arrays):
+        n_tokens, n_steps = tokens.literal_value, steps.literal_value
+        return types.none(codes, g, b, aq, t0, tokens, steps, scales, mins, sub_sums, d, dmin, ad, acc, acc_min), codegen
+
+
+@numba.njit(cache=True, parallel=True)
+def group_repacked(codes, scales, mins, d, dmin, aq, ad, sub_sums, elements_per_fma):  # -> [T, 16 G]
+    """reference k_repacked_rows on Q4_K GroupRows: group_repacked_block per block, out = acc - acc_min."""
+    G, nb = codes.shape[:2]
+    T = aq.shape[0]
+    gemm = elements_per_fma == 64  # numba's intrinsics take constants from the call's own source only
+    out = np.zeros((T, G * GROUP), F32)
+    for g in numba.prange(G):
+        acc = np.zeros((GROUP_TOKENS, GROUP), F32)
+        acc_min = np.zeros((GROUP_TOKENS, GROUP), F32)
+        for t0 in range(0, T, GROUP_TOKENS):
+            n = min(GROUP_TOKENS, T - t0)
+            acc[:] = 0
+            acc_min[:] = 0
+            for b in range(nb):
+                if n == GROUP_TOKENS and gemm:
+                    group_repacked_block(codes, g, b, aq, t0, 8, 4, scales, mins, sub_sums, d, dmin, ad, acc, acc_min)
+                elif n == GROUP_TOKENS:
+                    group_repacked_block(codes, g, b, aq, t0, 8, 1, scales, mins, sub_sums, d, dmin, ad, acc, acc_min)
+                else:
+                    for j in range(n):
+                        row, row_min = acc[j:j + 1], acc_min[j:j + 1]
+                        if gemm:
+                            group_repacked_block(codes, g, b, aq, t0 + j, 1, 4, scales, mins, sub_sums, d, dmin, ad,
+                                                 row, row_min)
+                        else:
+                            group_repacked_block(codes, g, b, aq, t0 + j, 1, 1, scales, mins, sub_sums, d, dmin, ad,
+                                                 row, row_min)
+            out[t0:t0 + n, g * GROUP:(g + 1) * GROUP] = acc[:n] - acc_min[:n]
     return out

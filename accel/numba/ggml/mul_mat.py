@@ -98,7 +98,9 @@ UNGROUPED = ("Q2_K", "IQ1_S", "IQ1_M")  # their own vec_dots read KernelRows, so
 
 
 def kernel_rows(w, kind, paths):  # QuantRows, its type, the kernel paths it takes -> GroupRows or KernelRows
-    return GroupRows(w) if kind not in UNGROUPED and set(paths) <= {"tiled", "k_vec_dot"} else KernelRows(w)
+    # k_repacked among the grouped types: Q4_K in the CPU repack
+    grouped = kind not in UNGROUPED and set(paths) <= {"tiled", "k_vec_dot", "k_repacked"}
+    return GroupRows(w) if grouped else KernelRows(w)
 
 
 def group_acts(w, a):  # GroupRows, Q8_K acts -> [T, nb, 256]: q + 128 as uint8 for biased codes, else q
@@ -144,7 +146,10 @@ def group_vec_dot_args(w, a):  # GroupRows, Q8_K acts -> int_dots.group_vec_dot'
             a.d, np.ascontiguousarray(a.bsums, np.int32), sub_block_sums(a, 32))
 
 
-def k_repacked_rows(w, a, elements_per_fma):  # KernelRows (Q4_K/Q2_K), Q8_K acts -> [T, O]
+def k_repacked_rows(w, a, elements_per_fma):  # GroupRows (Q4_K) or KernelRows (Q2_K), Q8_K acts -> [T, O]
+    if isinstance(w, GroupRows):
+        return int_dots.group_repacked(w.codes, w.scales, w.mins, w.d, w.dmin, group_acts(w, a), a.d,
+                                       sub_block_sums(a, w.sub), elements_per_fma)[:, :w.rows]
     return int_dots.k_repacked_rows(w.vs, w.d, w.dmin, w.mins, a.q, a.d, sub_block_sums(a, w.sub), elements_per_fma)
 
 
