@@ -107,6 +107,10 @@ def int_dot_cases(rng):  # every quantized type x batch rows x repack, through i
     for kind in sorted(DECODERS):
         w = BlockWeights(kind, 16, 512, rng)
         rows = decode(w, "w")
+        # the layout numba's mul_mat decodes the matrix into, for the paths of decode and prefill
+        layouts = {repack: numba_mul_mat.kernel_rows(rows, kind, [kernel_path(kind, n, w, "w", repack)
+                                                                  for n in (1, TILED_MIN_ROWS)])
+                   for repack in (True, False)}
         for n_rows in (1, 3, 4, 8, 10):
             x = rows_with_edges(rng, n_rows, 512)
             for repack in (True, False):
@@ -114,9 +118,7 @@ def int_dot_cases(rng):  # every quantized type x batch rows x repack, through i
                     path = kernel_path(kind, n_rows, w, "w", repack)
                 except GgmlCpuError:  # a kernel the emulation refuses (the Q2_K vec_dot)
                     continue
-                # the layout numba's mul_mat decodes the matrix into, for the paths of decode and prefill
-                kernel_rows = numba_mul_mat.kernel_rows(rows, kind, [kernel_path(kind, n, w, "w", repack)
-                                                                     for n in (1, TILED_MIN_ROWS)])
+                kernel_rows = layouts[repack]
                 run = (lambda x=x, path=path, kind=kind, rows=rows, kernel_rows=kernel_rows:
                        ([QUANT_PATHS[path](x, rows, kind)], [numba_mul_mat.QUANT_PATHS[path](x, kernel_rows, kind)]))
                 cases.append(TwinCase("int_dots", f"{path} {kind} x[{n_rows},512] repack {'on' if repack else 'off'}",

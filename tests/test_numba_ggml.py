@@ -408,6 +408,22 @@ def test_drafter_on_numba_near_transformers_and_bit_identical_to_numpy():  # rop
     assert_identical(emulated, ours, "drafter block logits, numba against the NumPy emulation")
 
 
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("rows", [3, 10])
+def test_pair_sum_kernels_on_generic_vectors_are_the_numpy_twins(kind, rows, monkeypatch):  # CPUs without AVX2
+    import numba
+    from accel.numba.ggml import int_dots
+    from reference.ggml_cpu.blocks import decode
+    monkeypatch.setattr(int_dots, "PMADDWD", False)  # read when a kernel compiles: fresh, uncached ones
+    weights = model(fixture(kind)[0]["model"]).weights
+    name = "blk.0.ffn_down.weight"
+    x = activations(rows, weights.shape(name)[1], rows)
+    w, a = numba_mul_mat.KernelRows(decode(weights, name)), numba_quantize.quantize_q8_0(x)
+    got = numba.njit(parallel=True)(int_dots.q0_lanes.py_func)(w.vs, w.d, a.q, a.d, 1)  # chunk_sums' pair sums
+    ref = ggml_cpu.mul_mat(x, weights, name, {}, repack=False)  # the repacked Q4_0 would take another kernel
+    assert_identical(ref, got, f"{weights.type_name(name)}, {rows} rows, generic vectors")
+
+
 @pytest.mark.parametrize("kind", ["q4_k_m", "q6_k", "iq2_xxs"])
 @pytest.mark.parametrize("rows", [3, 10])  # k_vec_dot (its lanes), the tiled kernel (a tile of 8, then 2 rows)
 def test_kernels_on_generic_vectors_are_the_numpy_twins(kind, rows, monkeypatch):  # CPUs without AVX512-VNNI

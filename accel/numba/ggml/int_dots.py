@@ -37,9 +37,7 @@ TILE = 4  # activation rows per tile_dots call
 
 
 @numba.njit(cache=True, inline="always")
-def tiled_block(s1, offset, scales, d0, dmin, mins, ad, sub_sums, t, o, b, buf):  # -> buf after block b of row t
-    if offset:
-        s1 -= offset * np.int64(scaled_sum(scales, sub_sums, t, o, b))
+def tiled_block(s1, d0, dmin, mins, ad, sub_sums, t, o, b, buf):  # -> buf after block b of row t
     r = F32(s1) * d0[o, b]
     if mins.size:
         r = fma32(-dmin[o, b], F32(scaled_sum(mins, sub_sums, t, o, b)), r)
@@ -47,10 +45,10 @@ def tiled_block(s1, offset, scales, d0, dmin, mins, ad, sub_sums, t, o, b, buf):
 
 
 @numba.njit(cache=True, parallel=True)
-def tiled(vs, offset, scales, d0, dmin, mins, aq, ad, sub_sums):  # -> [T, O]: reference tiled
+def tiled(vs, d0, dmin, mins, aq, ad, sub_sums):  # -> [T, O]: reference tiled on KernelRows (Q2_K, IQ1_S, IQ1_M)
     """vs [O, nb, 256] int16: each value times its sub-block's scale, so s1 = sum(scale * dot) is one
-    dot product; the unsigned offset comes off through the activation sums of the sub-blocks
-    (sub_sums [T, nb, 256/sub] int32, the same integer). A thread takes whole rows and runs every
+    dot product; these types have no unsigned offset (the others take group_tiled); sub_sums [T, nb,
+    256/sub] int32 carry the mins' activation sums. A thread takes whole rows and runs every
     activation row past each, TILE rows per weight load (aq int16: no widening in the loop); the
     weights stream once."""
     O, nb, _ = vs.shape
@@ -65,14 +63,13 @@ def tiled(vs, offset, scales, d0, dmin, mins, aq, ad, sub_sums):  # -> [T, O]: r
             for b in range(nb):
                 tile_dots(vs, o, b, aq, t0, TILE, s1)
                 for j in range(TILE):
-                    buf[j] = tiled_block(np.int64(s1[j]), offset, scales, d0, dmin, mins, ad, sub_sums, t0 + j, o, b,
-                                         buf[j])
+                    buf[j] = tiled_block(np.int64(s1[j]), d0, dmin, mins, ad, sub_sums, t0 + j, o, b, buf[j])
             out[t0:t0 + TILE, o] = buf
         for t in range(tiles, T):
             acc = F32(0)
             for b in range(nb):
                 s_t = np.int64(whole_block_dot(vs, aq, t, o, b))
-                acc = tiled_block(s_t, offset, scales, d0, dmin, mins, ad, sub_sums, t, o, b, acc)
+                acc = tiled_block(s_t, d0, dmin, mins, ad, sub_sums, t, o, b, acc)
             out[t, o] = acc
     return out
 
@@ -195,17 +192,12 @@ def four_sum(pairs, lane):  # chunk_sums' pairs [16] -> the sum of lane's 4 neig
 
 
 @numba.njit(cache=True, inline="always")
-def vec_dot_lanes(vs, offset, scales, aq, bsums, t, o, b, chunk, lanes):  # int64 [8] <- the 8 lane sums
+def vec_dot_lanes(vs, aq, t, o, b, chunk, lanes):  # int64 [8] <- the 8 lane sums
     """Lane l holds elements 4l..4l+3 of every 32-element chunk: the chunks' neighbour pairs are
-    summed into chunk [>= 16] (int32 or int64), then each lane's 2 pairs; Q6_K's offset comes off lane p
-    through the activation sums of the 16-groups 2p and 2p+1. vs [O, nb, 256], aq [T, nb, 256]."""
+    summed into chunk [>= 16] (int32 or int64), then each lane's 2 pairs. vs [O, nb, 256], aq [T, nb, 256]."""
     chunk_sums(vs, o, aq, t, b, 8, chunk)
     for lane in range(8):
         lanes[lane] = four_sum(chunk, lane)
-    if offset:
-        for p in range(8):
-            lanes[p] -= offset * (np.int64(bsums[t, b, 2 * p]) * scales[o, b, 2 * p]
-                                  + np.int64(bsums[t, b, 2 * p + 1]) * scales[o, b, 2 * p + 1])
 
 
 @numba.njit(cache=True, parallel=True)
@@ -292,7 +284,7 @@ def wide_block_vec_dot(values, d, aq, ad, lanes):  # Q1_0/Q2_0 rows, Q8_0 acts -
 
 @numba.njit(cache=True, inline="always")
 def q2_k_block(vs, d, dmin, mins, aq, ad, bsums, t, o, b, chunk, lanes, acc):  # acc [8] <- block b: mins, then codes
-    vec_dot_lanes(vs, 0, mins, aq, bsums, t, o, b, chunk, lanes)
+    vec_dot_lanes(vs, aq, t, o, b, chunk, lanes)
     dm = -ad[t, b] * dmin[o, b]
     for lane in range(8):
         mn = np.int64(mins[o, b, 2 * lane]) * bsums[t, b, 2 * lane] \

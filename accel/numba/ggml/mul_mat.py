@@ -24,7 +24,7 @@ class KernelRows:
     """A decoded QuantRows with every field as a contiguous array the kernels take (empty when absent)."""
 
     def __init__(self, w):
-        # each value times its sub-block's scale (int16, |v * s| <= 127 * 63), which the K-quant and IQ
+        # each value times its sub-block's scale (int16, |v * s| <= 127 * 63), which the Q2_K and IQ1
         # kernels read in place of the int8 values; types without scales keep the values themselves
         self.vs = np.ascontiguousarray(w.values) if w.scales is None else np.ascontiguousarray(
             w.values.astype(np.int16) * np.repeat(w.scales, w.sub, axis=-1).astype(np.int16))
@@ -34,7 +34,7 @@ class KernelRows:
         self.dmin = NONE_F32 if w.dmin is None else np.ascontiguousarray(w.dmin, F32)
         self.m = NONE_F32 if w.m is None else np.ascontiguousarray(w.m, F32)
         self.d0 = (self.d * F32(w.post)).astype(F32)  # the tiled kernel's d times the IQ power of two
-        self.sub, self.post, self.offset, self.min_lanes = w.sub, F32(w.post), w.unsigned_offset, w.min_lanes
+        self.sub = w.sub
 
 
 class GroupRows:
@@ -99,8 +99,8 @@ UNGROUPED = ("Q2_K", "IQ1_S", "IQ1_M")  # their own vec_dots read KernelRows, so
 
 def kernel_rows(w, kind, paths):  # QuantRows, its type, the kernel paths it takes -> GroupRows or KernelRows
     # k_repacked among the grouped types: Q4_K in the CPU repack
-    grouped = kind not in UNGROUPED and set(paths) <= {"tiled", "k_vec_dot", "k_repacked"}
-    return GroupRows(w) if grouped else KernelRows(w)
+    in_groups = kind not in UNGROUPED and set(paths) <= {"tiled", "k_vec_dot", "k_repacked"}
+    return GroupRows(w) if in_groups else KernelRows(w)
 
 
 def group_acts(w, a):  # GroupRows, Q8_K acts -> [T, nb, 256]: q + 128 as uint8 for biased codes, else q
@@ -129,7 +129,7 @@ def tiled(w, a):  # GroupRows or KernelRows, Q8_K acts -> [T, O]
     if isinstance(w, GroupRows):
         return int_dots.group_tiled(*group_tiled_args(w, a))[:, :w.rows]
     q16 = a.q.astype(np.int16)  # widened once here, not in the kernel's loop
-    return int_dots.tiled(w.vs, w.offset, w.scales, w.d0, w.dmin, w.mins, q16, a.d, sub_block_sums(a, w.sub))
+    return int_dots.tiled(w.vs, w.d0, w.dmin, w.mins, q16, a.d, sub_block_sums(a, w.sub))
 
 
 def group_tiled_args(w, a):  # GroupRows, Q8_K acts -> int_dots.group_tiled's arguments
