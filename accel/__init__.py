@@ -1,24 +1,20 @@
-"""The ops of reference/, faster. `make_backend` is the one entry point the command line uses, so
-that reference/ imports accel only when a faster backend is asked for."""
+"""The ops of reference/, faster. reference/factory.py finds them through the tables below, importing
+a module only when its backend is asked for, so that reference/ never names numba or CuPy."""
+from reference.factory import FactoryError
+
+BACKENDS = {  # (--backend, --numerics) -> "module:callable" making the backend: (dtype) or GgmlCpuBackend's arguments
+    ("numba", "exact"): "accel.numba:NumbaBackend",
+    ("numba", "ggml-cpu"): "accel.numba.ggml:GgmlCpuNumbaBackend",
+    ("cupy", "exact"): "accel:cupy_backend",
+}
+TEXT_MODELS = {  # (--backend, --numerics) -> "module:callable": a TextModel of the backend's own (gguf_model, dtype, backend)
+    ("cupy", "exact"): "accel.cupy.text:DeviceTextModel",
+}
+EXTRAS = {"numba": ("numba", "accel"), "cupy": ("CuPy", "cuda")}  # --backend -> (package it needs, extra installing it)
 
 
-class BackendError(Exception):
-    """A backend that cannot be made here (unknown name, missing package); one-line message."""
-
-
-def make_backend(name, dtype):  # "numpy" | "numba" | "cupy", dtype -> backend object
-    if name == "numpy":
-        from reference.backend import NumpyBackend
-        return NumpyBackend(dtype)
-    if name == "numba":
-        try:
-            from .numba import NumbaBackend
-        except ImportError as e:
-            raise BackendError(f"--backend numba needs numba ({e}); install the accel extra") from None
-        return NumbaBackend(dtype)
-    if name == "cupy":
-        return cupy_backend(dtype)
-    raise BackendError(f"unknown backend {name!r} (numpy, numba or cupy)")
+class BackendError(FactoryError):
+    """A backend that cannot be made here (a missing package or device); one-line message."""
 
 
 def cupy_backend(dtype):  # -> CupyBackend on the current CUDA device, or BackendError saying why not

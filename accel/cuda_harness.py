@@ -215,9 +215,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.what in ("bench", "products") and not args.model:
         p.error(f"{args.what} needs a model")
-    from . import BackendError, make_backend
-    return exit_status("accel.cuda_harness", lambda: run(args, make_backend("cupy", np.float32)),
-                       (BackendError, gguf.GGUFError))
+    from reference import factory
+    return exit_status("accel.cuda_harness", lambda: run(args, factory.backend(factory.Build(backend="cupy"))),
+                       (factory.FactoryError, gguf.GGUFError))
 
 
 def run(args, backend):  # -> exit status

@@ -230,10 +230,10 @@ def main(argv=None):
     if set(args.ops) - set(GATES):
         return fail("accel.harness", f"{', '.join(sorted(set(args.ops) - set(GATES)))}: ggml-cpu kernel files, "
                                      "for --numerics ggml-cpu")
-    from accel import BackendError, make_backend
+    from reference import factory
     try:
-        backend = make_backend(args.backend, np.float32)
-    except BackendError as e:
+        backend = factory.backend(factory.Build(backend=args.backend))
+    except factory.FactoryError as e:
         return fail("accel.harness", e)
     dtypes = getattr(backend, "dtypes", ("float32", "float64"))  # cupy computes in float32 only
     failed = skipped = 0

@@ -18,23 +18,21 @@ from functools import partial
 import numpy as np
 from tqdm import tqdm
 
-from . import gguf
+from . import factory, gguf
 from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
 from .cli import OneLineParser, UsageError, check_output, exit_status, float_in, int_in, parse_token_ids
-from .dflash import Drafter, Speculator, acceptance
-from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
+from .dflash import Speculator, acceptance
+from .factory import DEFAULT_MODEL, Build, FactoryError
+from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuError
 from .governor import CostGovernor, FloorBandit
 from .image import ImageError, load_rgb
 from .kv import CacheError, layer_rows
 from .positions import SUFFIX, parse_positions, resolve, sparse_golden
-from .text import TextModel
 from .tokenizer import Tokenizer, TokenizerError, detokenize
-from .tp import TensorParallelBackend, TPError, check_tp
+from .tp import TPError
 from .trace import Tracer, TraceError
-from .vision import DEFAULT_MAX_TOKENS, VisionModel, check_compatible
+from .vision import DEFAULT_MAX_TOKENS, check_compatible
 
-GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden")
-DEFAULT_MODEL = os.path.join(GOLDEN, "models", "glimmer-default-f16.gguf")  # trained: tools/train_tiny.py
 DEFAULT_PROMPT = "initial value. If it"  # a held-out docstring line (golden/prompts/glimmer-default.jsonl)
 HINT = ("[more: --prompt TEXT | --chat --prompt TEXT | --draft-model golden/models/glimmer-default-dflash-f16.gguf"
         " | --mmproj golden/models/glimmer-default-mmproj-f16.gguf --image IMG | --logits-out F.npy | --trace DIR"
@@ -145,9 +143,9 @@ def add_image_flags(p):
 # -------------------------------------------------------------------------------------------------
 # What the flags say together, checked before anything loads
 
-def check_flags(args):  # -> None; UsageError for flags that contradict each other
+def check_flags(args):  # -> None; UsageError (FactoryError) for flags that contradict each other
     check_prompt_flags(args)
-    check_compute_flags(args)
+    factory.check(build(args))
     check_output_flags(args)
     if args.image and args.draft_model:
         raise UsageError("--draft-model with --image is not supported")
@@ -155,6 +153,8 @@ def check_flags(args):  # -> None; UsageError for flags that contradict each oth
         raise UsageError("--mmproj and --embeddings-out need --image")
     if args.image and not args.mmproj:
         raise UsageError("--image needs --mmproj")
+    if args.image:
+        factory.check_tower(build(args))
 
 
 def check_prompt_flags(args):
@@ -167,16 +167,6 @@ def check_prompt_flags(args):
         raise UsageError("--chat parses the template's special tokens: it takes no --no-special")
     if args.no_special and not text:
         raise UsageError("--no-special only applies to --prompt or --prompt-file")
-
-
-def check_compute_flags(args):
-    if args.numerics == "ggml-cpu" and (args.dtype != "float32" or args.backend not in ("numpy", "numba")
-                                        or args.tp != 1):
-        raise UsageError("--numerics ggml-cpu computes in float32 on the numpy or numba backend, without --tp")
-    if args.numerics != "ggml-cpu" and (args.kv_type or args.flash_attn or args.repack):
-        raise UsageError("--kv-type, --flash-attn and --repack choose llama.cpp's build for --numerics ggml-cpu only")
-    if args.tp != 1 and args.backend != "numpy":
-        raise UsageError("--tp simulates tensor parallelism on the numpy backend only")
 
 
 def check_output_flags(args):
@@ -288,7 +278,7 @@ def check_context(cfg, n_ctx, layout, dtype):  # refuse a context whose KV cache
 def image_embeddings(args, lm):  # -> [[n_i, n_embd] per --image]
     if not args.image:
         return []
-    vision = VisionModel(gguf.load(args.mmproj, "mmproj"), dtype=lm.dtype, numerics=args.numerics)
+    vision = factory.vision_model(gguf.load(args.mmproj, "mmproj"), build(args), lm.backend)
     check_compatible(vision, lm.cfg, model_path(args))
     # one trace directory per image: the tower's point names (attn_out-0, ...) are also text ones
     traces = [Tracer(os.path.join(args.trace, f"image-{i}") if args.trace else None) for i in range(len(args.image))]
@@ -329,45 +319,10 @@ def cache_layout(args):  # -> (KV cache kind, prefill chunk): llama.cpp's under 
     return args.kv, args.prefill_chunk
 
 
-def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend with llama.cpp's cache type and attention
-    for difference in host_differences():
-        print(f"reference.run: warning: ggml-cpu models llama.cpp's x86-64 AVX512 build; here {difference}",
-              file=sys.stderr)
-    kv_type = args.kv_type or "f16"
-    # a quantized V cache needs flash attention: llama.cpp's "auto" turns it on, "off" refuses the context
-    flash_attn = args.flash_attn == "on" if args.flash_attn else kv_type == "q8_0"
-    repack = args.repack != "off"
-    if args.backend == "numba":
-        from accel.numba.ggml import GgmlCpuNumbaBackend
-        return GgmlCpuNumbaBackend(kv_type, flash_attn, check_host=False, repack=repack)
-    return GgmlCpuBackend(kv_type, flash_attn, check_host=False, repack=repack)
-
-
-def accel_backend(args):  # --backend other than numpy -> backend from accel/ (imported only then)
-    from accel import BackendError, make_backend
-    try:
-        return make_backend(args.backend, np.dtype(args.dtype))
-    except BackendError as e:
-        raise UsageError(str(e)) from None
-
-
-def build_backend(args, cfg):  # -> the backend the model computes with (None: the numpy reference)
-    if args.numerics == "ggml-cpu":  # check_flags let through at most one of these three
-        return ggml_cpu_backend(args)
-    if args.tp != 1:
-        check_tp(cfg, args.tp)
-        return TensorParallelBackend(np.dtype(args.dtype), args.tp)
-    if args.backend != "numpy":
-        return accel_backend(args)
-    return None
-
-
-def text_model(model, args):  # GGUFModel -> the TextModel that runs it on the chosen backend
-    backend = build_backend(args, model.config)
-    if args.backend == "cupy":  # the whole text forward resident on the GPU
-        from accel.cupy.text import DeviceTextModel
-        return DeviceTextModel(model, np.dtype(args.dtype), backend)
-    return TextModel(model, np.dtype(args.dtype), backend)
+def build(args):  # -> factory.Build: what --backend, --numerics, --dtype, --tp and llama.cpp's build flags ask for
+    on_off = {None: None, "on": True, "off": False}
+    return Build(args.backend, args.numerics, args.dtype, args.tp, args.kv_type, on_off[args.flash_attn],
+                 on_off[args.repack])
 
 
 # -------------------------------------------------------------------------------------------------
@@ -491,10 +446,13 @@ def print_report(args, tok, prompt, result, text):  # the prompt and its continu
 
 def run(args):  # parsed args -> exit status
     check_flags(args)
+    for warning in factory.host_warnings(build(args)):
+        print(f"reference.run: warning: {warning}", file=sys.stderr)
     t0 = time.perf_counter()
+    backend = factory.backend(build(args))  # numba or CuPy missing: refused before any GGUF loads
     model = gguf.load(model_path(args), "text")
-    lm = text_model(model, args)
-    drafter = Drafter(gguf.load(args.draft_model, "dflash"), lm) if args.draft_model else None
+    lm = factory.text_model(model, build(args), backend)
+    drafter = factory.drafter(gguf.load(args.draft_model, "dflash"), lm) if args.draft_model else None
     load_s = time.perf_counter() - t0
     prompt = prompt_tokens(args, model.tokenizer)
     if args.tokenize_only:
@@ -515,7 +473,8 @@ def run(args):  # parsed args -> exit status
 def main(argv=None):
     args = build_parser().parse_args(argv)
     return exit_status("reference.run", lambda: run(args), (gguf.GGUFError, CacheError, TraceError, TPError,
-                                                            TokenizerError, ChatError, ImageError, GgmlCpuError))
+                                                            TokenizerError, ChatError, ImageError, GgmlCpuError,
+                                                            FactoryError))
 
 
 if __name__ == "__main__":

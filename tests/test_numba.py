@@ -21,9 +21,9 @@ require("numba")  # the [accel] extra
 from gguf import GGMLQuantizationType as GT, GGUFReader, GGUFWriter  # noqa: E402
 from gguf import quants  # noqa: E402
 
-from accel import BackendError, harness, make_backend  # noqa: E402
+from accel import harness  # noqa: E402
 from accel.numba import NumbaBackend, quant  # noqa: E402
-from reference import gguf, ops, vision  # noqa: E402
+from reference import factory, gguf, ops, vision  # noqa: E402
 from reference.backend import NumpyBackend  # noqa: E402
 from reference.gguf import Weights  # noqa: E402
 from reference.text import TextModel  # noqa: E402
@@ -167,11 +167,11 @@ def test_float16_activations_get_the_reference_product():
     assert np.array_equal(NumbaBackend(np.float32).linear(x, weights, "Q4_K"), ops.linear(x, weights.get("Q4_K", np.float64)))
 
 
-def test_make_backend():
-    assert isinstance(make_backend("numba", np.float32), NumbaBackend)
-    assert isinstance(make_backend("numpy", np.float32), NumpyBackend)
-    with pytest.raises(BackendError):
-        make_backend("tpu", np.float32)
+def test_the_factory_builds_the_numba_backend():
+    assert isinstance(factory.backend(factory.Build(backend="numba")), NumbaBackend)
+    assert isinstance(factory.backend(factory.Build()), NumpyBackend)
+    with pytest.raises(factory.FactoryError):
+        factory.backend(factory.Build(backend="tpu"))
 
 
 def test_cli_backend_numba_gives_the_numpy_logits_and_tokens(tmp_path):

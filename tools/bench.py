@@ -25,10 +25,8 @@ from functools import partial
 import numpy as np
 from tqdm import tqdm
 
-from accel import BackendError
-from reference import gguf
+from reference import factory, gguf
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, output_file, write_json
-from reference.text import TextModel
 
 # Bounds of the size arguments, checked as they are parsed, before anything is allocated from them.
 # Prefill returns logits [prompt_len, n_vocab] float32: 4096 positions are 3.3 GB at the release's
@@ -59,7 +57,7 @@ def best_of(repeat, fn):  # -> the fastest wall time of `repeat` calls (the leas
 
 
 def reference_runs(model, ids, n_decode, dtype=np.float32):  # GGUFModel -> (prefill fn, decode fn)
-    lm = TextModel(model, dtype)
+    lm = factory.text_model(model, factory.Build(dtype=np.dtype(dtype).name))
     n_ctx = len(ids) + n_decode
 
     def prefill():
@@ -119,11 +117,11 @@ def bench_text(args):  # -> report dict
 
 def bench_vision(args):  # -> report dict
     import tempfile
-    from reference.vision import VisionModel
     from tools.make_synthetic import VisionDims, write_mmproj_gguf
     from tools.make_vision_goldens import synthetic_image
     with tempfile.TemporaryDirectory() as tmp:
-        m = VisionModel(gguf.load(write_mmproj_gguf(f"{tmp}/mm.gguf", VisionDims(n_pos=1024, n_layer=args.layers)), "mmproj"))
+        mmproj = gguf.load(write_mmproj_gguf(f"{tmp}/mm.gguf", VisionDims(n_pos=1024, n_layer=args.layers)), "mmproj")
+        m = factory.vision_model(mmproj, factory.Build())
         px = {k * k: m.preprocess(synthetic_image(448 * k, 448 * k, 1, "smooth")) for k in (1, 2, 3)}
         photo = m.preprocess(synthetic_image(1024, 1024, 2, "smooth"))
         m.is_global = lambda il: False
@@ -137,16 +135,13 @@ def bench_vision(args):  # -> report dict
 
 def bench_scale(args):  # -> report dict of one full-size run, with this process's peak RSS
     import resource
-    from accel import make_backend
-    from reference.vision import VisionModel
     from tools.make_vision_goldens import synthetic_image
     report = {"backend": args.backend}
     # both GGUFs and the backend are checked before the text run, which takes hours at full size
-    lm = vision = None
-    if args.model:
-        lm = TextModel(gguf.load(args.model, "text"), np.float32, make_backend(args.backend, np.float32))
-    if args.mmproj:
-        vision = VisionModel(gguf.load(args.mmproj, "mmproj"))
+    build = factory.Build(backend=args.backend)
+    backend = factory.backend(build)
+    lm = factory.text_model(gguf.load(args.model, "text"), build, backend) if args.model else None
+    vision = factory.vision_model(gguf.load(args.mmproj, "mmproj"), build, backend) if args.mmproj else None
     if lm is not None:
         ids = list(np.random.default_rng(0).integers(0, lm.cfg.n_vocab, args.prompt_len))
         cache = lm.new_cache(args.prompt_len + args.n_predict, "ring")
@@ -230,7 +225,7 @@ def main(argv=None):
         if args.json:
             write_json(args.json, report)
         return 0
-    return exit_status("tools.bench", work, (gguf.GGUFError, BackendError))
+    return exit_status("tools.bench", work, (gguf.GGUFError, factory.FactoryError))
 
 
 if __name__ == "__main__":

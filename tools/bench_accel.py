@@ -30,10 +30,8 @@ from dataclasses import replace
 import numpy as np
 from gguf import GGUFValueType, GGUFWriter
 
-from accel import BackendError
-from reference import gguf, ops
+from reference import factory, gguf, ops
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, names_in, output_file, write_json
-from reference.text import TextModel
 from tools.bench import MAX_REPEAT
 from tools.make_synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
                                   text_keys, text_shapes)
@@ -116,8 +114,7 @@ def make(args):  # -> exit status
 
 def reference_engine(path, backend, last=False):  # -> (prefill(ids) -> logits, decode(id) -> logits)
     """`last`: the prefill computes and returns the last position's logits only ([1, V])."""
-    from accel import make_backend
-    lm = TextModel(gguf.load(path, "text"), np.float32, make_backend(backend, np.float32))
+    lm = factory.text_model(gguf.load(path, "text"), factory.Build(backend=backend))
     state = {}
 
     def prefill(ids):
@@ -132,9 +129,8 @@ def reference_engine(path, backend, last=False):  # -> (prefill(ids) -> logits, 
 def ggml_engine(path, threads, last=False):  # -> (prefill, decode): GgmlCpuNumbaBackend as llama_cpp_engine's context
     """llama.cpp's defaults (F16 KV cache, flash attention off), weights outside the CPU_REPACK buffer
     (repack=False, as use_extra_bufts=False loads them) and the same ubatches: the same logits."""
-    from accel.numba.ggml import GgmlCpuNumbaBackend
-    lm = TextModel(gguf.load(path, "text"), np.float32, GgmlCpuNumbaBackend(n_threads=threads, check_host=False,
-                                                                          repack=False))
+    build = factory.Build(backend="numba", numerics="ggml-cpu", repack=False, n_threads=threads)
+    lm = factory.text_model(gguf.load(path, "text"), build)
     state = {}
 
     def prefill(ids):
@@ -308,8 +304,8 @@ def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, n
     same rows and activations in one process, the best of `repeat` rounds each. One engine's rounds
     run together: OpenBLAS threads spin for a while after a call and would slow numba's next one."""
     set_threads(args.threads)
-    from accel.numba.backend import NumbaBackend
     from reference.metrics import nmse
+    numba = factory.backend(factory.Build(backend="numba"))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rows.gguf")
@@ -319,7 +315,7 @@ def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, n
             (n_out, n_in), type_name = weights.shape(name), weights.type_name(name)
             for T in args.tokens:
                 x = np.random.default_rng(0).standard_normal((T, n_in)).astype(np.float32)
-                engines = {"numba": lambda: NumbaBackend(np.float32).linear(x, weights, name),
+                engines = {"numba": lambda: numba.linear(x, weights, name),
                            # rows() dequantizes every call, as the reference does for a matrix too big to cache
                            "numpy": lambda: ops.linear(x, weights.rows(name, slice(None), np.float64))}
                 out, best = {}, {}
@@ -356,8 +352,8 @@ def ceiling(args):  # -> report dict
 
 def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kernels' rows are copied
     set_threads(args.threads)
-    from accel.numba.backend import NumbaBackend
     from tools import kernel_floor
+    numba = factory.backend(factory.Build(backend="numba"))
     n_vocab = text_vocab(args.model)
     counts = weights_per_type(args.model)
     rng = np.random.default_rng(0)
@@ -377,7 +373,7 @@ def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kern
             kernels[weights.type_name(name)] = name, rng.standard_normal((1, weights.shape(name)[1])).astype(np.float32)
     runs = {**{("floor", f"{4 + b}-bit"): (lambda loop=loop: loop(low, high, x, out), args.rows * args.n_in)
                for b, loop in loops.items()},
-            **{("kernel", t): (lambda name=name, xk=xk: NumbaBackend(np.float32).linear(xk, weights, name),
+            **{("kernel", t): (lambda name=name, xk=xk: numba.linear(xk, weights, name),
                                int(np.prod(weights.shape(name)))) for t, (name, xk) in kernels.items()},
             **q4_k_steps(weights, kernels)}
     for run, _ in runs.values():
@@ -561,7 +557,7 @@ def main(argv=None):
         if args.json:
             write_json(args.json, report)
         return 0
-    return exit_status("tools.bench_accel", work, (gguf.GGUFError, BackendError))
+    return exit_status("tools.bench_accel", work, (gguf.GGUFError, factory.FactoryError))
 
 
 if __name__ == "__main__":

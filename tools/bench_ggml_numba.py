@@ -12,11 +12,10 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from reference import gguf
+from reference import factory, gguf
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, output_file
-from reference.ggml_cpu import KV_TYPES, UBATCH, GgmlCpuBackend
+from reference.ggml_cpu import KV_TYPES, UBATCH
 from reference.metrics import max_abs_diff, nmse
-from reference.text import TextModel
 
 MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden", "models")
 
@@ -31,14 +30,13 @@ def timed_run(lm, ids, fed):  # -> (prefill s, decode s per token, logits [len(i
 
 
 def bench_model(name, args):  # -> {engine: (best prefill s, best decode s/token)}, max |diff|, NMSE
-    from accel.numba.ggml import GgmlCpuNumbaBackend
     model = gguf.load(os.path.join(MODELS, name + ".gguf"), "text")
     rng = np.random.default_rng(0)
     ids = [int(i) for i in rng.integers(0, model.config.n_vocab, args.prompt_len)]
     fed = [int(i) for i in rng.integers(0, model.config.n_vocab, args.n_decode)]
-    engines = {"numpy": GgmlCpuBackend, "numba": GgmlCpuNumbaBackend}
-    lms = {e: TextModel(model, backend=b(args.kv_type, args.flash_attn == "on", check_host=False))
-           for e, b in engines.items()}
+    engines = ("numpy", "numba")
+    lms = {e: factory.text_model(model, factory.Build(e, "ggml-cpu", kv_type=args.kv_type,
+                                                      flash_attn=args.flash_attn == "on")) for e in engines}
     timed_run(lms["numba"], ids[:UBATCH], fed[:2])  # compilation
     best, logits = {e: (np.inf, np.inf) for e in engines}, {}
     for _ in tqdm(range(args.repeat), desc=name, leave=False):

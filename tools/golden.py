@@ -201,12 +201,12 @@ def preflight(args) -> None:
 
 
 def reference_engine(args) -> Engine:
-    from reference.text import TextModel
+    from reference import factory
     from reference.tokenizer import Tokenizer, TokenizerError
 
     path = Path(args.model)
     model = load_text_gguf(args)
-    lm = TextModel(model, np.dtype(args.dtype))
+    lm = factory.text_model(model, factory.Build(dtype=args.dtype))
     try:
         tokenizer = Tokenizer(model.tokenizer)
     except TokenizerError as e:

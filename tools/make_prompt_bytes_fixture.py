@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from reference.run import DEFAULT_MODEL
+from reference.factory import DEFAULT_MODEL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "prompt-bytes", "llama-cpp-ids.json")

@@ -33,11 +33,10 @@ import time
 
 import numpy as np
 
-from reference import gguf, run
+from reference import factory, gguf
 from reference.cli import OneLineParser, UsageError, check_output, exit_status, int_in
 from reference.ggml_cpu import KV_TYPES, GgmlCpuError, libm
 from reference.kv import CacheError
-from reference.text import TextModel
 from reference.tokenizer import Tokenizer, TokenizerError
 from tools.diff import check_plot, pyplot, save_figure
 
@@ -475,15 +474,16 @@ class F32Base:
 # ---------------------------------------------------------------------------------------------
 # The reference forward over llama-perplexity's chunks and batches
 
-def load_model(args):  # -> TextModel with the backend reference.run would build for these options
-    model = gguf.load(args.model, "text")
-    backend = run.accel_backend(args) if args.backend != "numpy" else None
-    if args.numerics == "ggml-cpu":
-        args.flash_attn = args.flash_attn or "on"  # llama-perplexity's -fa auto is on for the CPU
-        backend = run.ggml_cpu_backend(args)
-    elif args.kv_type or args.flash_attn or args.repack:
-        raise UsageError("--kv-type, --flash-attn and --no-repack choose llama.cpp's build for --numerics ggml-cpu only")
-    return TextModel(model, np.dtype(args.dtype), backend)
+def load_model(args):  # -> TextModel on the backend the options ask for
+    on = {"on": True, "off": False}
+    # llama-perplexity's -fa auto is on for the CPU
+    flash_attn = on.get(args.flash_attn, True if args.numerics == "ggml-cpu" else None)
+    build = factory.Build(args.backend, args.numerics, args.dtype, kv_type=args.kv_type, flash_attn=flash_attn,
+                          repack=on.get(args.repack))
+    for warning in factory.host_warnings(build):
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    backend = factory.backend(build)
+    return factory.text_model(gguf.load(args.model, "text"), build, backend)
 
 
 def chunk_logits(lm, ids, args):  # ids [n_ctx] (BOS already first) -> f32 [n_scored, V] of [n_ctx/2, n_ctx - 1)
@@ -492,7 +492,7 @@ def chunk_logits(lm, ids, args):  # ids [n_ctx] (BOS already first) -> f32 [n_sc
     n_ctx = len(ids)
     batch = args.batch_size if args.batch_size < n_ctx else n_ctx
     ubatch = min(args.ubatch_size, batch)
-    cache = lm.new_cache(n_ctx, args.kv, ubatch)
+    cache = lm.new_cache(n_ctx, "ring", ubatch)
     out = [lm.prefill(ids[start:start + batch], cache, ubatch) for start in range(0, n_ctx, batch)]
     return np.concatenate(out)[n_ctx // 2:n_ctx - 1].astype(F32)
 
@@ -740,7 +740,6 @@ def build_parser():  # -> llama-perplexity's options and the reference's
     p.add_argument("-nr", "--no-repack", dest="repack", action="store_const", const="off",
                    help="with --numerics ggml-cpu: weights outside llama.cpp's CPU_REPACK buffer, as "
                         "llama-perplexity --no-repack loads them")
-    p.set_defaults(tp=1, kv="ring", prefill_chunk=None)  # what reference.run's backend builders read
     return p
 
 
@@ -755,13 +754,13 @@ def work(args):  # -> exit status
         raise UsageError("-m M.gguf is required (or --compare-kld Q.kld BASE.kld)")
     if args.chunks == 0:
         raise UsageError("--chunks must be -1 (all) or at least 1")
-    args.prefill_chunk = args.ubatch_size
     return kl_mode(args) if args.kl_divergence else ppl_mode(args)
 
 
 def main(argv=None):  # -> exit status
     args = build_parser().parse_args(argv)
-    return exit_status(PROG, lambda: work(args), (KldError, gguf.GGUFError, TokenizerError, GgmlCpuError, CacheError))
+    return exit_status(PROG, lambda: work(args), (KldError, gguf.GGUFError, TokenizerError, GgmlCpuError, CacheError,
+                                                   factory.FactoryError))
 
 
 if __name__ == "__main__":
