@@ -34,10 +34,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT, GGUFReader, GGUFWriter
 
-from accel import BackendError, cuda_harness, harness, make_backend
+from accel import BackendError, cuda_harness, harness
 from accel.cupy import CupyBackend, kernels, launch
 from accel.cupy.text import DeviceTextModel
-from reference import gguf, ops
+from reference import factory, gguf, ops
 from reference.gguf import Weights
 from reference.text import TextModel
 from reference.trace import Capture, Tracer, layer_input
@@ -551,6 +551,30 @@ def test_trace_points_match_the_reference(backend):
         assert nmse(ref[name].ravel(), dev[name].ravel()) <= cuda_harness.MODEL_GATE, name
 
 
+def test_per_op_path_with_a_reference_cache(backend):
+    """DeviceTextModel given a reference KVCache: TextModel's forward, each op a CupyBackend kernel
+    on the emulated runtime (its device methods replace none of TextModel's). The reference's
+    logits, prefill and decode, under the whole-model gate, as the device path's; both paths agree."""
+    model = gguf.load(os.path.join(MODELS, "tiny-b-q4_k_m.gguf"), "text")
+    ref_lm, dev_lm = TextModel(model), DeviceTextModel(model, np.float32, backend)
+    calls = []
+    linear = backend.linear
+    backend.linear = lambda *a: calls.append(a[2]) or linear(*a)  # the per-op path's products, by name
+    try:
+        logits = {}
+        runs = (("ref", ref_lm, ref_lm.new_cache(8)), ("per-op", dev_lm, TextModel.new_cache(dev_lm, 8)),
+                ("device", dev_lm, dev_lm.new_cache(8)))
+        for name, lm, cache in runs:
+            first = lm.prefill([497, 5, 17, 99, 123], cache)
+            logits[name] = np.concatenate([first, *(lm.prefill([t], cache) for t in (7, 8))])
+    finally:
+        del backend.linear
+    assert "output.weight" in calls and "blk.0.ffn_down.weight" in calls
+    for name in ("per-op", "device"):
+        assert nmse(logits["ref"].ravel(), logits[name].ravel()) <= cuda_harness.MODEL_GATE, name
+    assert nmse(logits["device"].ravel(), logits["per-op"].ravel()) <= cuda_harness.MODEL_GATE
+
+
 def test_drafter_layer_inputs_and_rollback(backend):
     """The residuals a DFlash drafter reads, and truncate() (rejected drafts): decoding again after
     a rollback gives the logits of the first time."""
@@ -577,7 +601,7 @@ def test_cli_backend_cupy_runs_the_device_model(backend, monkeypatch, capsys):
     the prompt and greedy tokens of the numpy backend, through DeviceTextModel's graphs."""
     import accel
     from reference import run
-    monkeypatch.setattr(accel, "make_backend", lambda name, dtype: backend)
+    monkeypatch.setattr(accel, "cupy_backend", lambda dtype: backend)  # the registry's "accel:cupy_backend"
     outputs = []
     for name in ("numpy", "cupy"):
         args = ["--model", os.path.join(MODELS, "tiny-b-f32.gguf"), "--backend", name, "--n-predict", "3", "--json"]
@@ -589,10 +613,10 @@ def test_cli_backend_cupy_runs_the_device_model(backend, monkeypatch, capsys):
 # ---------------------------------------------------------------------------------------------
 # Without CuPy or a GPU: one line, exit 2
 
-def test_make_backend_without_cupy(monkeypatch):
+def test_cupy_backend_without_cupy(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
     with pytest.raises(BackendError, match="needs CuPy"):
-        make_backend("cupy", np.float32)
+        factory.backend(factory.Build(backend="cupy"))
 
 
 @pytest.mark.skipif(not NO_GPU, reason="a GPU is present: --backend cupy runs here")

@@ -96,7 +96,9 @@ class Recorder:
 
 class DeviceTextModel(TextModel):
     """A TextModel whose forward runs on the device when given a DeviceKVCache (new_cache makes
-    one); with a reference KVCache it is the per-op path through the backend."""
+    one); with a reference KVCache (TextModel.new_cache) it is TextModel's per-op path through the
+    backend. The device step's own methods are named device_*, so none of them replaces one of
+    TextModel's that the per-op path calls."""
 
     def __init__(self, gguf_model, dtype, backend):
         super().__init__(gguf_model, dtype, backend)
@@ -134,11 +136,11 @@ class DeviceTextModel(TextModel):
         self.rt.copy_in(s.cos, np.cos(theta))
         self.rt.copy_in(s.sin, np.sin(theta))
         if trace.enabled or T > GRAPH_MAX_TOKENS or not self.use_graphs:
-            self.run(s, cache, Recorder(self.rt, trace))
+            self.device_step(s, cache, Recorder(self.rt, trace))
         else:
             if T not in cache.graphs:
                 self.upload()  # nothing may be copied to the device while a stream captures
-                cache.graphs[T] = self.rt.capture(lambda: self.run(s, cache, Recorder(self.rt)))
+                cache.graphs[T] = self.rt.capture(lambda: self.device_step(s, cache, Recorder(self.rt)))
             cache.graphs[T].replay()
         cache.n_past = max(cache.n_past, int(positions.max()) + 1)
         logits = self.rt.to_host(s.logits)
@@ -149,75 +151,75 @@ class DeviceTextModel(TextModel):
             if name == "token_embd.weight":  # the host looks up the input rows
                 continue
             if len(self.weights.shape(name)) == 2:
-                self.matrix(name)
+                self.device_matrix(name)
             else:
-                self.norm(name)
+                self.device_vector(name)
 
-    def matrix(self, name):
+    def device_matrix(self, name):  # -> the DeviceTensor of a matrix
         t = self.backend.tensor(self.weights, name)
         if t is None:
             raise ValueError(f"tensor {name} ({self.weights.type_name(name)}) has no device kernel")
         return t
 
-    def norm(self, name):
+    def device_vector(self, name):  # -> device float32 [n]: a norm weight or a bias
         return self.backend.vector(self.weights, name)
 
-    def linear(self, x, name, y):  # device x [T, in] -> y [T, out]
-        launch.linear(self.rt, x, self.matrix(name), y, self.backend.tables)
+    def device_linear(self, x, name, y):  # device x [T, in] -> y [T, out]
+        launch.linear(self.rt, x, self.device_matrix(name), y, self.backend.tables)
 
-    def run(self, s, cache, rec):  # the launches of one step: s.rows, s.step, s.cos/sin -> s.logits
+    def device_step(self, s, cache, rec):  # the launches of one step: s.rows, s.step, s.cos/sin -> s.logits
         c, rt = self.cfg, self.rt
-        launch.residual_norm(rt, s.rows, None, c.rms_eps, None, s.x, self.norm("blk.0.attn_norm.weight"),
+        launch.residual_norm(rt, s.rows, None, c.rms_eps, None, s.x, self.device_vector("blk.0.attn_norm.weight"),
                              c.rms_eps, s.u)
         rec("embd_norm", s.x)
         rec(point("attn_norm", 0), s.u)
         for il in range(c.n_layer):
             b = f"blk.{il}."
-            self.attention_block(il, s, cache, rec)
+            self.device_attention(il, s, cache, rec)
             a_normed = rec.buffer((s.T, c.n_embd))
-            launch.residual_norm(rt, s.a, self.norm(b + "post_attention_norm.weight"), c.post_norm_eps, s.x, s.x,
-                                 self.norm(b + "ffn_norm.weight"), c.rms_eps, s.u, a_normed)
+            launch.residual_norm(rt, s.a, self.device_vector(b + "post_attention_norm.weight"), c.post_norm_eps,
+                                 s.x, s.x, self.device_vector(b + "ffn_norm.weight"), c.rms_eps, s.u, a_normed)
             rec(point("attn_post_norm", il), a_normed)
             rec(point("ffn_inp", il), s.x)
             rec(point("ffn_norm", il), s.u)
-            self.linear(s.u, b + "ffn_gate.weight", s.ffn_gate)
-            self.linear(s.u, b + "ffn_up.weight", s.ffn_up)
+            self.device_linear(s.u, b + "ffn_gate.weight", s.ffn_gate)
+            self.device_linear(s.u, b + "ffn_up.weight", s.ffn_up)
             launch.elementwise(rt, "swiglu_flat", s.ffn_act, s.ffn_gate, s.ffn_up)
-            self.linear(s.ffn_act, b + "ffn_down.weight", s.f)
+            self.device_linear(s.ffn_act, b + "ffn_down.weight", s.f)
             rec(point("ffn_out", il), s.f)
             last = il == c.n_layer - 1
             f_normed = rec.buffer((s.T, c.n_embd))
-            launch.residual_norm(rt, s.f, self.norm(b + "post_ffw_norm.weight"), c.post_norm_eps, s.x, s.x,
-                                 self.norm("output_norm.weight" if last else f"blk.{il + 1}.attn_norm.weight"),
-                                 c.rms_eps, s.u, f_normed)
+            next_norm = "output_norm.weight" if last else f"blk.{il + 1}.attn_norm.weight"
+            launch.residual_norm(rt, s.f, self.device_vector(b + "post_ffw_norm.weight"), c.post_norm_eps, s.x, s.x,
+                                 self.device_vector(next_norm), c.rms_eps, s.u, f_normed)
             rec(point("ffn_post_norm", il), f_normed)
             rec(point("l_out", il), s.x)
             rec("result_norm" if last else point("attn_norm", il + 1), s.u)
-        self.linear(s.u, "output.weight", s.raw_logits)
+        self.device_linear(s.u, "output.weight", s.raw_logits)
         launch.scale_softcap(rt, s.raw_logits, np.float32(c.logit_scale), c.softcap, s.logits)
         rec("result_output", s.logits)
 
-    def attention_block(self, il, s, cache, rec):  # s.u -> s.a (before the post-attention norm)
+    def device_attention(self, il, s, cache, rec):  # s.u -> s.a (before the post-attention norm)
         c, rt, w, b = self.cfg, self.rt, self.weights, f"blk.{il}."
         T, H, Hkv, D, swa = s.T, c.n_head, c.n_head_kv, c.head_dim, c.swa_layers[il]
         if self.fused_qkv:
-            self.linear(s.u, b + "attn_qkv.weight", s.qkv)
+            self.device_linear(s.u, b + "attn_qkv.weight", s.qkv)
         else:
             for p, y in (("q", s.q), ("k", s.k), ("v", s.v)):
-                self.linear(s.u, b + f"attn_{p}.weight", y)
+                self.device_linear(s.u, b + f"attn_{p}.weight", y)
         for p, y in (("q", s.q), ("k", s.k), ("v", s.v)):
             if b + f"attn_{p}.bias" in w:
-                launch.add_bias(rt, y, self.norm(b + f"attn_{p}.bias"))
+                launch.add_bias(rt, y, self.device_vector(b + f"attn_{p}.bias"))
         rec(point("Qcur", il), s.q, (T, H, D))
         rec(point("Kcur", il), s.k, (T, Hkv, D))
         rec(point("Vcur", il), s.v, (T, Hkv, D))
-        self.linear(s.u, b + "attn_gate.weight", s.gate)
+        self.device_linear(s.u, b + "attn_gate.weight", s.gate)
         rec(point("attn_gate_proj", il), s.gate)
         layer = cache.layers[il]
         q_normed, k_normed = rec.buffer((T, H, D)), rec.buffer((T, Hkv, D))
         k_roped = rec.buffer((T, Hkv, D)) if swa else None
-        launch.qk_norm_rope_store(rt, s.q, s.k, s.v, self.norm(b + "attn_q_norm.weight"),
-                                  self.norm(b + "attn_k_norm.weight"), c.rms_eps, s.cos if swa else None,
+        launch.qk_norm_rope_store(rt, s.q, s.k, s.v, self.device_vector(b + "attn_q_norm.weight"),
+                                  self.device_vector(b + "attn_k_norm.weight"), c.rms_eps, s.cos if swa else None,
                                   s.sin if swa else None, s.step, H, Hkv, D, s.q_rope, layer, q_normed, k_normed,
                                   k_roped)
         rec(point("Qcur_normed", il), q_normed)
@@ -232,5 +234,5 @@ class DeviceTextModel(TextModel):
         rec(point("attn_out", il), attn_out)
         rec(point("attn_gate_sig", il), gate_sig)
         rec(point("attn_gated", il), s.attn)
-        self.linear(s.attn, b + "attn_output.weight", s.a)
+        self.device_linear(s.attn, b + "attn_output.weight", s.a)
         rec(point("attn_o_proj", il), s.a)
