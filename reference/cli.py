@@ -86,7 +86,7 @@ def check_train_context(n, n_train, what, model, beyond, error=UsageError):  # -
     the same way, unless --beyond-n-ctx-train asks for it; the caller records that it did."""
     if n_train and n > n_train:
         if not beyond:
-            raise error(f"{what} of {n} tokens exceeds the training context of {os.path.basename(str(model))} "
+            raise error(f"{what} {n} exceeds the training context of {os.path.basename(str(model))} "
                         f"({n_train} tokens; {BEYOND_TRAIN} runs it anyway)")
         return True
     return False

@@ -441,7 +441,7 @@ def new_caches(args, lm, drafter, n_rows):  # -> (target cache, Speculator or No
     n_ctx = args.ctx or n_rows + args.n_predict
     if not args.ctx:  # a given --ctx was checked before the images
         check_context(lm.cfg, n_ctx, layout, args.dtype)
-        args.beyond_train = check_train_context(n_ctx, lm.cfg.n_ctx_train, "the prompt and --n-predict",
+        args.beyond_train = check_train_context(n_ctx, lm.cfg.n_ctx_train, "a context (prompt + --n-predict) of",
                                                 model_path(args), args.beyond_n_ctx_train)
     cache = lm.new_cache(n_ctx, *layout)
     return cache, Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), layout[1]) if drafter else None
