@@ -166,26 +166,33 @@ def write_failed(path, e, error):  # OSError while writing `path` -> the caller'
     return error(f"{path}: cannot write it ({reason}); {path} left as it was")
 
 
-def write_file(path, write, error=ArtifactError):  # write(binary file) -> sha256 hex of what was written
-    """`path` gets what write() wrote, whole, or stays as it was (a full disk, a signal, an error)."""
+@contextlib.contextmanager
+def writing(path, error=ArtifactError):  # -> yields a binary file; on a clean exit it replaces `path`, whole
+    """`path` gets what was written, whole, or stays as it was (a full disk, a signal, an error).
+    The context's value after the block: none; write_file returns the digest."""
     path = os.fspath(path)
     tmp = temporary_name(path)
     _unfinished[tmp] = path
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        digest = file_sha256(tmp)
-        os.replace(tmp, path)
-        fsync_dir(os.path.dirname(path) or ".")
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fsync_dir(os.path.dirname(path) or ".")
+        except OSError as e:
+            raise write_failed(path, e, error) from None
         _written.add(path)
-        return digest
-    except OSError as e:
-        raise write_failed(path, e, error) from None
     finally:
         _unfinished.pop(tmp, None)
         remove(tmp)  # gone already once renamed
+
+
+def write_file(path, write, error=ArtifactError):  # write(binary file) -> sha256 hex of what was written
+    with writing(path, error) as f:
+        write(f)
+    return file_sha256(path)
 
 
 def write_bytes(path, data, error=ArtifactError):  # -> sha256
@@ -318,7 +325,7 @@ def check_zip(path, error=ArtifactError, what="zip archive"):  # -> None; the ar
         with open_regular(path, error, None, what) as f, zipfile.ZipFile(f) as archive:
             members = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        raise error(f"{path}: corrupt {what} ({e})") from None
+        raise error(f"{path}: not a {what} (a corrupt zip: {e})") from None
     for info in members:
         if info.file_size > max(INFLATE_RATIO * info.compress_size, INFLATE_FLOOR):
             raise error(f"{path}: member {info.filename} inflates {info.compress_size} bytes to {info.file_size}, "
