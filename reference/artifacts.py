@@ -303,9 +303,10 @@ def json_depth(data):  # bytes or str of JSON -> its deepest nesting of [ and {,
     return int(np.cumsum(steps).max(initial=0))
 
 
-def parse_json(data, where, error=ArtifactError, depth=JSON_DEPTH):  # bytes | str -> value
+def parse_json(data, where, error=ArtifactError, depth=JSON_DEPTH, what=None):  # bytes | str -> value
     """json.loads recurses once per level and raises RecursionError near 900: deeper input is
-    refused first, by its bracket depth."""
+    refused first, by its bracket depth. `what` names the file's kind in the message."""
+    where = f"{where}: cannot read the {what}" if what else where
     if json_depth(data) > depth:
         raise error(f"{where}: JSON nested more than {depth} deep")
     try:
@@ -315,7 +316,7 @@ def parse_json(data, where, error=ArtifactError, depth=JSON_DEPTH):  # bytes | s
 
 
 def read_json(path, error=ArtifactError, cap=JSON_CAP, what="JSON file"):  # -> the value of a JSON file
-    return parse_json(read_bytes(path, error, cap, what), path, error)
+    return parse_json(read_bytes(path, error, cap, what), path, error, what=what)
 
 
 def check_zip(path, error=ArtifactError, what="zip archive"):  # -> None; the archive may be read in full

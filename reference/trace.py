@@ -117,7 +117,11 @@ class Tracer:
         if self.keep_in_memory:
             self.points[name] = a
         if self.directory is not None:
-            np.save(os.path.join(self.directory, name + ".npy"), a)
+            path = os.path.join(self.directory, name + ".npy")
+            try:  # inside a directory not yet in place: a file cut short here is never seen under the trace's name
+                np.save(path, a)
+            except OSError as e:
+                raise artifacts.write_failed(path, e, TraceError) from None
         flat = a.reshape(-1).astype(np.float64)
         self.index.append({
             "name": name, "shape": list(a.shape), "sum": float(flat.sum()),

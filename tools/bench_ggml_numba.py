@@ -12,7 +12,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from reference import gguf
+from reference import artifacts, gguf
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, output_file
 from reference.ggml_cpu import KV_TYPES, UBATCH, GgmlCpuBackend
 from reference.metrics import max_abs_diff, nmse
@@ -62,7 +62,7 @@ def plot(rows, path):  # [(model, prefill speed-up, decode speed-up)] -> PNG bar
     ax.set_title("--numerics ggml-cpu: numba over the NumPy emulation, same run")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    artifacts.save_figure(fig, path, UsageError, dpi=120)
 
 
 def main(argv=None):
