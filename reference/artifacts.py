@@ -57,8 +57,11 @@ _written = set()
 # -------------------------------------------------------------------------------------------------
 # Signals
 
-def interrupted_line(prog):  # -> the one line a command prints when SIGINT or SIGTERM stops it
-    target = next(iter(_unfinished.values()), None) or next((p for p in _declared if p not in _written), None)
+def unfinished_target():  # -> the output being written now, or the first declared one not yet whole, or None
+    return next(iter(_unfinished.values()), None) or next((p for p in _declared if p not in _written), None)
+
+
+def interrupted_line(prog, target):  # -> the one line a command prints when SIGINT or SIGTERM stops it
     return f"{prog}: interrupted; {target} left as it was" if target else f"{prog}: interrupted; nothing was written"
 
 
@@ -85,8 +88,8 @@ def interruptible(prog):  # the body of a command's main: SIGINT/SIGTERM -> clea
         yield
         return
 
-    def handler(signum, frame):
-        raise Interrupted(signum)
+    def handler(signum, frame):  # the target is taken now: unwinding removes it from _unfinished
+        raise Interrupted(signum, unfinished_target())
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     _declared.clear()
     _written.clear()
@@ -97,7 +100,7 @@ def interruptible(prog):  # the body of a command's main: SIGINT/SIGTERM -> clea
             signal.signal(s, signal.SIG_IGN)
         remove_unfinished()
         sys.stdout.flush()
-        print(interrupted_line(prog), file=sys.stderr, flush=True)
+        print(interrupted_line(prog, e.args[1]), file=sys.stderr, flush=True)
         raise SystemExit(128 + e.args[0]) from None
     finally:
         for s, h in old.items():
