@@ -457,6 +457,8 @@ def read_reply(reply, url: str, limit: int) -> bytes:  # -> the body, refused on
     data = reply.read(limit + 1)
     if len(data) > limit:
         raise GoldenError(f"{url}: the reply passes {limit} bytes, more than such a reply can need")
+    if length and length.isdigit() and len(data) < int(length):  # read(n) returns what came before the close
+        raise GoldenError(f"{url}: broken HTTP reply (IncompleteRead: {len(data)} of its {length} bytes)")
     return data
 
 
@@ -494,7 +496,7 @@ def http_bytes(url: str, body: dict | None, limits: HttpLimits) -> bytes:  # -> 
             wait = limits.connect if connection.sock is None else limits.read
             raise GoldenError(f"{url}: waited {wait:g} s {which} ({option})") from None
         if isinstance(e, http.client.HTTPException):
-            raise GoldenError(f"{url}: broken HTTP reply ({type(e).__name__}: {str(e)[:80]})") from None
+            raise GoldenError(f"{url}: broken HTTP reply ({type(e).__name__}: {ascii(str(e)[:80])})") from None
         raise GoldenError(f"{url}: {e.strerror or e}") from None
     finally:
         timer.cancel()
