@@ -94,7 +94,7 @@ PROMPT_LOGPROBS_FORMAT = ("<id>.positions.npz (reference.positions top-k form) o
 MAX_TOKENS = 1 << 20
 MAX_THREADS = 512    # llama.cpp's GGML_MAX_N_THREADS
 MAX_WORKERS = 1024   # Ray actors, each a process holding a model: a cluster of 1024 model slots
-EXTRAS = {"llama_cpp": "parity", "torch": "parity", "transformers": "parity", "tokenizers": "parity"}  # setup.cfg
+EXTRAS = {"llama_cpp": "parity", "torch": "parity", "transformers": "parity", "tokenizers": "tokenizer"}  # setup.cfg
 # HTTP, per request: a server on the same LAN connects in milliseconds; a non-streamed reply comes
 # when the whole generation is done (minutes for a 30B on CPU), so the wait for its first byte is long
 # and a total deadline bounds a server that trickles. All three are options.
