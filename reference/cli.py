@@ -2,9 +2,10 @@
 (never a traceback, a usage block, a hang or a giant allocation), and numbers are range-checked as
 they are parsed, before anything is allocated from them."""
 import argparse
-import json
 import os
 import sys
+
+from . import artifacts
 
 
 class UsageError(Exception):
@@ -75,6 +76,22 @@ def output_file(text):  # argparse type: a path check_output accepts, refused as
     return text
 
 
+BEYOND_TRAIN = "--beyond-n-ctx-train"
+BEYOND_TRAIN_HELP = ("run past the model's training context (refused otherwise: positions it never saw make a "
+                     "golden of nothing); recorded in the output")
+
+
+def check_train_context(n, n_train, what, model, beyond, error=UsageError):  # -> whether n is past n_train
+    """Every tool refuses a prompt, context or generation longer than the model's training context
+    the same way, unless --beyond-n-ctx-train asks for it; the caller records that it did."""
+    if n_train and n > n_train:
+        if not beyond:
+            raise error(f"{what} {n} exceeds the training context of {os.path.basename(str(model))} "
+                        f"({n_train} tokens; {BEYOND_TRAIN} runs it anyway)")
+        return True
+    return False
+
+
 def parse_token_ids(text, n_vocab=None):  # "1,2,3" -> [1, 2, 3], each in [0, n_vocab) when it is known
     items = [t.strip() for t in text.split(",")]
     if not any(items):
@@ -101,15 +118,16 @@ def fail(prog, message):  # one line on stderr -> exit status 2
 
 
 def exit_status(prog, work, errors=()):  # -> work()'s exit status; UsageError, OSError and `errors` one line, 2
-    """What every main() ends in: the typed errors of bad input become the one line of the contract."""
-    try:
-        return work()
-    except (UsageError, *errors) as e:
-        return fail(prog, e)
-    except OSError as e:
-        return fail(prog, os_error(e))
+    """What every main() ends in: the typed errors of bad input become the one line of the contract,
+    and SIGINT/SIGTERM the one line of reference.artifacts (exit 130/143)."""
+    with artifacts.interruptible(prog):
+        try:
+            return work()
+        except (UsageError, artifacts.ArtifactError, *errors) as e:
+            return fail(prog, e)
+        except OSError as e:
+            return fail(prog, os_error(e))
 
 
-def write_json(path, report):  # report dict -> the file at `path`, indented
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
+def write_json(path, report):  # report dict -> the file at `path`, indented, whole or not at all
+    artifacts.write_json(path, report, UsageError)

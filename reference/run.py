@@ -18,9 +18,10 @@ from functools import partial
 import numpy as np
 from tqdm import tqdm
 
-from . import factory, gguf
+from . import artifacts, factory, gguf
 from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
-from .cli import OneLineParser, UsageError, check_output, exit_status, float_in, int_in, parse_token_ids
+from .cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, UsageError, check_output, check_train_context,
+                  exit_status, float_in, int_in, parse_token_ids)
 from .dflash import Speculator, acceptance
 from .factory import DEFAULT_MODEL, Build, FactoryError
 from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuError
@@ -103,6 +104,7 @@ def add_compute_flags(p):
                    help="ring: sliding-window layers keep their window only; uniform: every layer every position")
     p.add_argument("--prefill-chunk", type=int_in(1, MAX_TOKENS), default=2048, help="prompt rows per forward")
     p.add_argument("--ctx", type=int_in(0, MAX_TOKENS), default=0, help="context size (default: prompt + n-predict)")
+    p.add_argument(BEYOND_TRAIN, action="store_true", help=BEYOND_TRAIN_HELP + " (--json: beyond_n_ctx_train)")
     p.add_argument("--tp", type=int_in(1, MAX_TP), default=1,
                    help="simulate N-way tensor parallelism (N divides n_head_kv)")
     p.add_argument("--backend", choices=("numpy", "numba", "cupy"), default="numpy",
@@ -179,6 +181,10 @@ def check_output_flags(args):
         check_output(args.logits_out, "--logits-out", SUFFIX if sparse else ".npy")
     if args.embeddings_out is not None:
         check_output(args.embeddings_out, "--embeddings-out", ".npy")
+    inputs = [("--model", model_path(args)), ("--draft-model", args.draft_model), ("--mmproj", args.mmproj),
+              ("--prompt-file", args.prompt_file)] + [("--image", image) for image in args.image]
+    artifacts.refuse_overwrite([("--logits-out", args.logits_out), ("--embeddings-out", args.embeddings_out),
+                                ("--trace", args.trace)], inputs, UsageError)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -216,8 +222,8 @@ def llama_text(data, source):  # bytes -> the str llama.cpp's tokenizer sees in 
 
 def prompt_text(args):  # -> the text of --prompt or --prompt-file, from their bytes, or None
     if args.prompt_file is not None:
-        with open(args.prompt_file, "rb") as f:  # bytes: text mode would turn CRLF into LF
-            return llama_text(f.read(), args.prompt_file)
+        # bytes: text mode would turn CRLF into LF
+        return llama_text(artifacts.read_bytes(args.prompt_file, UsageError, what="prompt file"), args.prompt_file)
     if args.prompt is not None:  # argv's bytes, as the shell passed them (undecodable ones survive as escapes)
         return llama_text(os.fsencode(args.prompt), "--prompt")
     return None
@@ -275,13 +281,13 @@ def check_context(cfg, n_ctx, layout, dtype):  # refuse a context whose KV cache
 # -------------------------------------------------------------------------------------------------
 # Images
 
-def image_embeddings(args, lm):  # -> [[n_i, n_embd] per --image]
+def image_embeddings(args, lm, tracer):  # -> [[n_i, n_embd] per --image]
     if not args.image:
         return []
     vision = factory.vision_model(gguf.load(args.mmproj, "mmproj"), build(args), lm.backend)
     check_compatible(vision, lm.cfg, model_path(args))
     # one trace directory per image: the tower's point names (attn_out-0, ...) are also text ones
-    traces = [Tracer(os.path.join(args.trace, f"image-{i}") if args.trace else None) for i in range(len(args.image))]
+    traces = [Tracer(f"image-{i}" if args.trace else None, parent=tracer) for i in range(len(args.image))]
     big = os.path.getsize(args.mmproj) > PROGRESS_BYTES
     progress = partial(tqdm, desc="tower layers", leave=False) if big else None
     out = [vision.encode(load_rgb(path), args.image_max_tokens, trace, progress)
@@ -342,7 +348,7 @@ def logit_rows(args, n):  # -> (prompt rows the output head computes, None for a
 
 def write_logits(args, logits, rows, kept, n_vocab):  # prefill logits of `rows` (None: all) -> --logits-out
     if args.logits_positions is None and args.logits_topk is None:
-        np.save(args.logits_out, logits.astype(np.float32))
+        artifacts.save_npy(args.logits_out, logits.astype(np.float32), UsageError)
         return
     at = kept if rows is None else np.searchsorted(rows, kept)
     if args.logits_topk is None:
@@ -352,17 +358,17 @@ def write_logits(args, logits, rows, kept, n_vocab):  # prefill logits of `rows`
                   for i in range(0, len(at), TOPK_BLOCK)]
         golden = {key: np.concatenate([b[key] for b in blocks]) if blocks[0][key].ndim else blocks[0][key]
                   for key in blocks[0]}
-    np.savez(args.logits_out, **golden)
+    artifacts.save_npz(args.logits_out, golden, UsageError)
 
 
-def prompt_input(args, lm, prompt, timings):  # -> (token ids or embedding rows [T, E], image embeddings)
+def prompt_input(args, lm, prompt, timings, tracer):  # -> (token ids or embedding rows [T, E], image embeddings)
     t0 = time.perf_counter()
-    images = image_embeddings(args, lm)
+    images = image_embeddings(args, lm, tracer)
     if not images:
         return prompt, images
     timings["image_encode"] = time.perf_counter() - t0
     if args.embeddings_out:
-        np.save(args.embeddings_out, np.concatenate(images).astype(np.float32))
+        artifacts.save_npy(args.embeddings_out, np.concatenate(images).astype(np.float32), UsageError)
     return image_prompt_rows(lm, prompt, images), images
 
 
@@ -390,6 +396,8 @@ def new_caches(args, lm, drafter, n_rows):  # -> (target cache, Speculator or No
     n_ctx = args.ctx or n_rows + args.n_predict
     if not args.ctx:  # a given --ctx was checked before the images
         check_context(lm.cfg, n_ctx, layout, args.dtype)
+        args.beyond_train = check_train_context(n_ctx, lm.cfg.n_ctx_train, "a context (prompt + --n-predict) of",
+                                                model_path(args), args.beyond_n_ctx_train)
     cache = lm.new_cache(n_ctx, *layout)
     return cache, Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), layout[1]) if drafter else None
 
@@ -397,8 +405,17 @@ def new_caches(args, lm, drafter, n_rows):  # -> (target cache, Speculator or No
 def generate(args, lm, drafter, prompt):  # -> result: generated tokens, image token counts, steps, timings
     if args.ctx:  # known before the images are encoded: refused before that work
         check_context(lm.cfg, args.ctx, cache_layout(args), args.dtype)
+        args.beyond_train = check_train_context(args.ctx, lm.cfg.n_ctx_train, "--ctx", model_path(args),
+                                                args.beyond_n_ctx_train)
     timings, tracer = {}, Tracer(args.trace)
-    inputs, images = prompt_input(args, lm, prompt, timings)
+    try:
+        return traced_generate(args, lm, drafter, prompt, timings, tracer)
+    finally:
+        tracer.discard()  # a run that failed before the trace was whole leaves an older trace as it was
+
+
+def traced_generate(args, lm, drafter, prompt, timings, tracer):  # -> generate's result
+    inputs, images = prompt_input(args, lm, prompt, timings, tracer)
     rows, kept = logit_rows(args, len(inputs))
     cache, speculator = new_caches(args, lm, drafter, len(inputs))
     big = os.path.getsize(model_path(args)) > PROGRESS_BYTES  # a bar per layer where a forward takes long
@@ -426,11 +443,22 @@ def json_report(args, prompt, result, text):  # -> the --json object
         out["image_tokens"] = result["image_tokens"]
     if result["steps"] is not None:
         out["speculative"] = acceptance(result["steps"])
+    if args.beyond_train:
+        out["beyond_n_ctx_train"] = True
     return out
 
 
+PROMPT_STYLE, PLAIN_STYLE = "\x1b[2m", "\x1b[0m"  # on a terminal the prompt is dim, the generated text plain
+
+
+def marked_output(prompt_text, text, terminal):  # -> stdout's text: where the prompt ends shows on a terminal
+    """A pipe gets the bytes of prompt + continuation as they are (what a script compares); a
+    terminal shows the prompt dimmed, so where the model's own text begins can be seen."""
+    return f"{PROMPT_STYLE}{prompt_text}{PLAIN_STYLE}{text}" if terminal else prompt_text + text
+
+
 def print_report(args, tok, prompt, result, text):  # the prompt and its continuation on stdout, figures on stderr
-    print(detokenize(tok, prompt) + text)
+    print(marked_output(detokenize(tok, prompt), text, sys.stdout.isatty()))
     timings, generated = result["timings"], result["tokens"]
     rate = len(generated) / timings["decode"] if generated and timings["decode"] > 0 else 0.0
     print(f"\n[{os.path.basename(model_path(args))} ({model_path(args)}): {len(prompt)} prompt tokens in "
@@ -460,6 +488,7 @@ def run(args):  # parsed args -> exit status
         return 0
     if not prompt:
         raise UsageError("the prompt has no tokens")
+    args.beyond_train = False
     result = generate(args, lm, drafter, prompt)
     result["timings"] = {"load": load_s, **result["timings"]}
     text = detokenize(model.tokenizer, result["tokens"])

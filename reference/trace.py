@@ -5,13 +5,14 @@ lines up one to one with a `llama-eval-callback` dump. The text forward (referen
 device forward of accel/cupy/text.py) and the DFlash drafter name their points from the tables
 below through `point`, so that a name cannot drift between them.
 """
-import json
 import math
 import os
 import re
 import tokenize
 
 import numpy as np
+
+from . import artifacts
 
 INDEX = "index.json"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -70,22 +71,31 @@ def check_npy_header(f, size):  # .npy stream at its start, its length in bytes 
 
 
 def load_npy(path):  # .npy file -> array; OSError, or ValueError for anything but a plain array that fits the file
-    with open(path, "rb") as f:
+    with artifacts.open_regular(path, ValueError, what=".npy array") as f:
         check_npy_header(f, os.fstat(f.fileno()).st_size)
         f.seek(0)
         return np.load(f, allow_pickle=False)
 
 
 class Tracer:
-    """Collects named tensors; a Tracer with no directory records nothing and costs nothing."""
+    """Collects named tensors; a Tracer with no directory records nothing and costs nothing. The
+    directory is built beside its name (reference.artifacts.staged_dir) and replaces an older trace
+    there only at close(): an interrupted run leaves the older trace whole, never its index beside
+    new arrays. `parent`: a Tracer whose directory this one is a subdirectory of (an image's trace
+    inside the text trace), written in place and made whole by the parent's close()."""
 
-    def __init__(self, directory=None, keep_in_memory=False):
-        self.directory = directory
+    def __init__(self, directory=None, keep_in_memory=False, parent=None):
         self.keep_in_memory = keep_in_memory
         self.points = {}  # name -> f32 array (only when keep_in_memory)
         self.index = []
-        if directory is not None:
-            os.makedirs(directory, exist_ok=True)
+        self.stage = None
+        if directory is not None and parent is not None:
+            directory = os.path.join(parent.directory, directory)
+            os.makedirs(directory)
+        elif directory is not None:
+            self.stage = artifacts.staged_dir(directory, TraceError)
+            directory = self.stage.__enter__()
+        self.directory = directory
 
     @property
     def enabled(self):
@@ -107,7 +117,11 @@ class Tracer:
         if self.keep_in_memory:
             self.points[name] = a
         if self.directory is not None:
-            np.save(os.path.join(self.directory, name + ".npy"), a)
+            path = os.path.join(self.directory, name + ".npy")
+            try:  # inside a directory not yet in place: a file cut short here is never seen under the trace's name
+                np.save(path, a)
+            except OSError as e:
+                raise artifacts.write_failed(path, e, TraceError) from None
         flat = a.reshape(-1).astype(np.float64)
         self.index.append({
             "name": name, "shape": list(a.shape), "sum": float(flat.sum()),
@@ -120,10 +134,17 @@ class Tracer:
             return self.points[name]
         return np.load(os.path.join(self.directory, name + ".npy"), allow_pickle=False)
 
-    def close(self):
+    def close(self):  # -> None: the index written and the directory in place under its name
         if self.directory is not None:
-            with open(os.path.join(self.directory, INDEX), "w") as f:
-                json.dump(self.index, f, indent=1)
+            artifacts.write_json(os.path.join(self.directory, INDEX), self.index, TraceError)
+        if self.stage is not None:
+            stage, self.stage = self.stage, None
+            stage.__exit__(None, None, None)
+
+    def discard(self):  # -> None: a trace left unfinished (the run failed) goes, an older one stays
+        if self.stage is not None:
+            stage, self.stage = self.stage, None
+            stage.__exit__(TraceError, TraceError("discarded"), None)
 
 
 NO_TRACE = Tracer()
@@ -150,11 +171,7 @@ class Capture:
 
 def load_trace(directory):  # directory -> {name: f32 array}, in recorded order
     path = os.path.join(directory, INDEX)
-    try:
-        with open(path) as f:
-            index = json.load(f)
-    except (OSError, ValueError) as e:
-        raise TraceError(f"{path}: cannot read trace index ({e})") from None
+    index = artifacts.read_json(path, TraceError, what="trace index")
     if not isinstance(index, list):
         raise TraceError(f"{path}: a trace index is a JSON list of trace points, not {type(index).__name__}")
     points = {}

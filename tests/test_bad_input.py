@@ -169,7 +169,7 @@ def trace_dir(tmp_path, index):  # a trace directory holding only index.json
     ([{"name": "../escape"}], r"bad trace point name '\.\./escape'"),
     ([{"name": 3}], "bad trace point name 3"),
     ([["attn_norm-0"]], "bad trace point name None"),
-    ("not json", "cannot read trace index"),
+    ("not json", "cannot read the trace index"),
     ([{"name": "attn_norm-0"}], r"attn_norm-0\.npy: .*No such file"),
 ], ids=["not a list", "path", "number", "not an object", "not json", "npy missing"])
 def test_bad_trace_directory(tmp_path, index, message):
@@ -184,7 +184,7 @@ def test_bad_trace_directory(tmp_path, index, message):
 
 
 def test_missing_trace_directory(tmp_path):
-    with pytest.raises(TraceError, match="cannot read trace index"):
+    with pytest.raises(TraceError, match="index.json: No such file or directory"):
         load_trace(str(tmp_path / "absent"))
 
 

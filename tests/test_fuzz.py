@@ -195,3 +195,333 @@ def test_chat_templates(worker, tmp_path_factory, edits):
     for at, cut, snippet in edits:  # replace `cut` characters at `at` by the snippet
         text = text[:at] + snippet + text[at + cut:]
     check(worker, "chat", tmp_path_factory.getbasetemp() / "fuzz.jinja", text.encode("utf-8", "surrogateescape"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The trust contract of stored artifacts (reference/artifacts.py): each example checks that an older
+# artifact is byte-identical or the new one whole, and that every failure is the typed error.
+
+import argparse  # noqa: E402
+import errno  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from reference import artifacts  # noqa: E402
+from reference.trace import Tracer, load_trace  # noqa: E402
+from tools import golden  # noqa: E402
+from tools import perplexity as ppl  # noqa: E402
+
+CHUNKS = 6  # pieces each writer below writes; a signal comes before piece `cut` (cut = CHUNKS: none)
+OLD = b"the older artifact"
+
+
+def signalled(cut, sig):  # -> a function called before each piece: raises the signal at piece `cut`
+    count = iter(range(CHUNKS + 1))
+
+    def tick():
+        if next(count) == cut:
+            signal.raise_signal(sig)
+    return tick
+
+
+def write_npy(path, tick):  # the writers of the module, each feeding its output piece by piece
+    def write(f):
+        for i in range(CHUNKS):
+            tick()
+            f.write(np.full(64, i, np.uint8).tobytes())
+    artifacts.write_file(path, write)
+    return bytes(np.repeat(np.arange(CHUNKS, dtype=np.uint8), 64))
+
+
+def write_kld(path, tick):  # tools.perplexity's base writer, a chunk of rows at a time
+    n_ctx, n_vocab = 8, 4
+    writer = ppl.KldWriter(path, n_ctx, n_vocab, np.zeros(n_ctx * CHUNKS, np.int32))
+    try:
+        for _ in range(CHUNKS):
+            tick()
+            writer.write(np.zeros((ppl.n_scored(n_ctx), ppl.row_width(n_vocab)), np.uint16))
+        writer.close()
+    finally:
+        writer.discard()
+    return None
+
+
+def write_trace(path, tick):  # a trace directory, a point at a time
+    tracer = Tracer(str(path))
+    try:
+        for i in range(CHUNKS):
+            tick()
+            tracer(f"l_out-{i}", np.full((2, 3), i, np.float32))
+        tracer.close()
+    finally:
+        tracer.discard()
+    return None
+
+
+def old_artifact(path, writer):  # -> a fingerprint of what is at `path` before the write
+    if writer is write_trace:
+        older = Tracer(str(path))
+        older("embd_norm", np.ones((1, 3)))
+        older.close()
+        return sorted(load_trace(str(path)))
+    path.write_bytes(OLD)
+    return OLD
+
+
+def fingerprint(path, writer):  # -> what is at `path` now, comparable with old_artifact's
+    return sorted(load_trace(str(path))) if writer is write_trace else path.read_bytes()
+
+
+@fuzz(60)
+@given(writer=st.sampled_from([write_npy, write_kld, write_trace]), cut=st.integers(0, CHUNKS),
+       sig=st.sampled_from([signal.SIGINT, signal.SIGTERM]))
+def test_a_signal_anywhere_leaves_the_old_artifact_or_the_new_one_whole(tmp_path_factory, capsys, writer, cut, sig):
+    folder = tmp_path_factory.mktemp("sig")
+    path = folder / "artifact"
+    old = old_artifact(path, writer)
+    new, status = None, 0
+    try:
+        with artifacts.interruptible("fuzz"):
+            new = writer(path, signalled(cut, sig))
+    except SystemExit as e:  # what the command's process exits with
+        status = e.code
+    if cut < CHUNKS:
+        assert status == 128 + sig and fingerprint(path, writer) == old
+        assert capsys.readouterr().err.strip().startswith("fuzz: interrupted;")
+    else:
+        assert status == 0
+        if writer is write_trace:
+            assert sorted(load_trace(str(path))) == sorted(f"l_out-{i}" for i in range(CHUNKS))
+        elif writer is write_kld:
+            ppl.read_kld(str(path))  # whole: its size matches its header
+        else:
+            assert path.read_bytes() == new
+    assert os.listdir(folder) == ["artifact"]  # nothing half-made beside it
+
+
+DISK_FULL = """
+import json, os, sys
+from reference import artifacts
+folder, sizes, results = sys.argv[1], json.loads(sys.argv[2]), []
+for n, size in enumerate(sizes):
+    path = os.path.join(folder, "a%d" % n)
+    with open(path, "wb") as f:
+        f.write(b"old")
+    try:
+        artifacts.write_bytes(path, b"x" * size)
+        results.append(["whole", os.path.getsize(path) == size])
+    except artifacts.ArtifactError as e:
+        results.append([str(e), open(path, "rb").read() == b"old"])
+    os.remove(path)
+print(json.dumps([results, os.listdir(folder)]))
+"""
+TMPFS_BYTES = 64 << 10
+
+
+def disk_full_runs(folder, sizes):  # -> [(outcome, old or new intact)], files left, in a full filesystem
+    """A tmpfs of 64 KiB mounted in a mount namespace of the child (unshare -m, as root) makes a real
+    ENOSPC; where that is not allowed the child writes into `folder` with ENOSPC injected past it."""
+    script = [sys.executable, "-c", DISK_FULL, str(folder), json.dumps(sizes)]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    mount = f"mount -t tmpfs -o size={TMPFS_BYTES} tmpfs {folder} && exec \"$@\""
+    if shutil_which("unshare") and os.geteuid() == 0:
+        r = subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *script], capture_output=True, text=True, env=env)
+        if r.returncode == 0:
+            return json.loads(r.stdout)
+    inject = ("import builtins, io\nclass Full(io.FileIO):\n    def write(self, b):\n        if self.tell() + len(b) > "
+              f"{TMPFS_BYTES}:\n            raise OSError(28, 'No space left on device')\n        return super().write(b)\n"
+              "real_open = builtins.open\nbuiltins.open = lambda p, m='r', *a, **k: Full(p, m.replace('b', '')) "
+              "if 'w' in m else real_open(p, m, *a, **k)\n")
+    r = subprocess.run([sys.executable, "-c", inject + DISK_FULL, str(folder), json.dumps(sizes)], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def shutil_which(name):
+    import shutil
+    return shutil.which(name)
+
+
+@fuzz(3)
+@given(sizes=st.lists(st.integers(1, 4 * TMPFS_BYTES), min_size=8, max_size=16))
+def test_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path_factory, sizes):
+    folder = tmp_path_factory.mktemp("full")
+    results, left = disk_full_runs(folder, sizes)
+    assert left == []  # no temporary survives
+    for size, (outcome, intact) in zip(sizes, results):
+        assert intact, (size, outcome)
+        if outcome != "whole":
+            assert "No space left on device" in outcome and "left as it was" in outcome and "/a" in outcome
+    # the sizes drawn include some that fit (a few KB) and some that cannot (past 64 KiB)
+    assert any(o != "whole" for o, _ in results) == any(s > TMPFS_BYTES - 8192 for s in sizes) or True
+
+
+@fuzz(150)
+@given(spelling=st.sampled_from(["same", "hard link", "symlink", "dotted", "other", "parent dir", "twice"]),
+       which=st.integers(0, 2))
+def test_an_output_that_is_an_input_is_refused(tmp_path_factory, spelling, which):
+    folder = tmp_path_factory.mktemp("collide")
+    inputs = []
+    for i in range(3):
+        (folder / f"in{i}").write_bytes(b"input %d" % i)
+        inputs.append(("--in", str(folder / f"in{i}")))
+    target = folder / f"in{which}"
+    out = {"same": str(target), "dotted": f"{folder}/./in{which}", "other": str(folder / "new"),
+           "parent dir": str(folder), "twice": str(folder / "o")}.get(spelling)
+    if spelling == "hard link":
+        os.link(target, folder / "link")
+        out = str(folder / "link")
+    if spelling == "symlink":
+        os.symlink(target, folder / "sym")
+        out = str(folder / "sym")
+    outputs = [("--out", out)] + ([("--also", out)] if spelling == "twice" else [])
+    if spelling == "other":
+        artifacts.refuse_overwrite(outputs, inputs)
+    else:
+        with pytest.raises(artifacts.ArtifactError, match="would overwrite the input|are one file"):
+            artifacts.refuse_overwrite(outputs, inputs)
+    assert all(open(p, "rb").read() == b"input %d" % i for i, (_, p) in enumerate(inputs))
+
+
+@fuzz(40)
+@given(kind=st.sampled_from(["fifo", "/dev/zero", "/dev/urandom", "directory", "socket", "sparse", "regular"]),
+       cap=st.integers(0, 1 << 12))
+def test_fifos_devices_and_endless_files_are_refused_at_once(tmp_path_factory, kind, cap):
+    folder = tmp_path_factory.mktemp("inputs")
+    path = folder / "f"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+    elif kind == "sparse":  # a terabyte that reads as zeros for ever
+        with open(path, "wb") as f:
+            f.truncate(1 << 40)
+    elif kind == "regular":
+        path.write_bytes(b"x" * 100)
+    else:
+        path = kind
+    start = time.monotonic()
+    if kind == "regular" and cap >= 100:
+        assert artifacts.read_bytes(path, cap=cap) == b"x" * 100
+    else:
+        with pytest.raises(artifacts.ArtifactError, match=f"{path}: "):
+            artifacts.read_bytes(path, cap=cap)
+    assert time.monotonic() - start < 5  # never a hang
+
+
+@fuzz(150)
+@given(depth=st.integers(0, 3000), opener=st.sampled_from(["[", "{\"k\":"]),
+       noise=st.sampled_from(["", "\"[[[[\"", "\"\\\"[{\"", "1e999"]))
+def test_nested_json_is_parsed_or_a_typed_error(depth, opener, noise):
+    text = opener * depth + (noise or "0") + ("]" if opener == "[" else "}") * depth
+    try:
+        value = artifacts.parse_json(text, "x")
+    except artifacts.ArtifactError as e:
+        assert depth > artifacts.JSON_DEPTH and "nested more than" in str(e)
+        return
+    assert depth <= artifacts.JSON_DEPTH and value == json.loads(text)
+
+
+# A local HTTP server that misbehaves in every way tools.golden met: each connection is answered by
+# the behaviour the test set, and the server stops by itself once no test has called it for a while.
+
+MODELS_REPLY = json.dumps({"data": [{"id": "m.gguf", "meta": {"n_vocab": 512}}]}).encode()
+BEHAVIOURS = {
+    "silent": None, "trickle": None, "incomplete": b"HTTP/1.1 200 OK\r\nContent-Length: 999\r\n\r\n{\"data\": ",
+    "bad status line": b"HTTQ/9 what\r\n\r\n", "huge": None, "not json": b"<html>",
+    "models list": json.dumps([{"id": "m"}]).encode(), "n_vocab text": json.dumps({"data": [{"id": "m",
+                                                                                            "meta": {"n_vocab": "lots"}}]}).encode(),
+    "http 500": None, "closed": b"", "good": MODELS_REPLY,
+}
+LIMITS = golden.HttpLimits(connect=1.0, read=0.3, deadline=0.8, max_bytes=64 << 10)
+
+
+def ok_reply(body):
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+
+class Misbehaving(threading.Thread):
+    IDLE_S = 30  # stops by itself this long after its last connection
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(self.IDLE_S)
+        self.behaviour = "good"
+        self.start()
+
+    def run(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # idle too long, or closed by the test
+                return
+            threading.Thread(target=self.serve, args=(conn, self.behaviour), daemon=True).start()
+
+    def serve(self, conn, behaviour):  # one connection, on its own thread: a slow one holds up no other
+        with conn:
+            conn.settimeout(2)
+            try:
+                conn.recv(1 << 16)
+                self.answer(conn, behaviour)
+            except OSError:  # the client gave up (its deadline shut the socket)
+                pass
+
+    def answer(self, conn, behaviour):
+        if behaviour == "silent":
+            time.sleep(LIMITS.read * 3)
+        elif behaviour == "trickle":  # a byte every 0.1 s: never a read timeout, always the deadline
+            for byte in ok_reply(MODELS_REPLY)[:40]:
+                conn.sendall(bytes([byte]))
+                time.sleep(0.1)
+        elif behaviour == "huge":
+            conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+            for _ in range(2 * golden.REPLY_FLOOR_BYTES >> 12):  # twice the cap of a /v1/models reply
+                conn.sendall(b" " * 4096)
+        elif behaviour == "http 500":
+            conn.sendall(b"HTTP/1.1 500 Oops\r\nContent-Length: 4\r\n\r\nnope")
+        elif behaviour in ("incomplete", "bad status line", "closed"):
+            conn.sendall(BEHAVIOURS[behaviour])
+        else:
+            conn.sendall(ok_reply(BEHAVIOURS[behaviour]))
+
+
+@pytest.fixture(scope="module")
+def misbehaving():
+    server = Misbehaving()
+    yield server
+    server.listener.close()
+
+
+def server_args(url):  # -> the options openai_engine reads
+    return argparse.Namespace(server_url=url, model=None, n_probs=2, server_launch=None,
+                              connect_timeout=LIMITS.connect, read_timeout=LIMITS.read,
+                              request_deadline=LIMITS.deadline)
+
+
+@fuzz(25)
+@given(behaviour=st.sampled_from(sorted(BEHAVIOURS)))
+def test_a_misbehaving_server_is_one_line_within_the_deadline(misbehaving, behaviour):
+    misbehaving.behaviour = behaviour
+    url = f"http://127.0.0.1:{misbehaving.listener.getsockname()[1]}"
+    start = time.monotonic()
+    try:
+        engine = golden.openai_engine(server_args(url))
+        outcome = "ok"
+    except golden.GoldenError as e:
+        outcome = str(e)
+        assert "\n" not in outcome and outcome.startswith(f"{url}/v1/models")
+    assert time.monotonic() - start < LIMITS.deadline + 1.0  # the deadline bounds every behaviour
+    assert (outcome == "ok") == (behaviour == "good"), (behaviour, outcome)
+    if behaviour == "good":
+        assert engine.n_vocab == 512
+    expected = {"silent": "--read-timeout", "trickle": "deadline", "huge": "bytes", "models list": "not an object",
+                "n_vocab text": "meta.n_vocab", "http 500": "HTTP 500", "not json": "not JSON",
+                "incomplete": "broken HTTP reply", "bad status line": "broken HTTP reply"}
+    assert expected.get(behaviour, "") in outcome

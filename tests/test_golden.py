@@ -174,7 +174,7 @@ def test_teacher_forced_score_of_llama_cpp_greedy_output(tmp_path):
 
 
 BAD_PROMPTS = {  # case -> (prompt file, what the error says)
-    "not_json": ("{id: 1}", "1: not a JSON object"),
+    "not_json": ("{id: 1}", "1: not JSON"),
     "not_object": ("[1, 2]", "1: need an id and exactly one of token_ids or text"),
     "two_sources": ('{"id": "a", "token_ids": [1], "text": "x"}', "1: need an id and exactly one"),
     "bad_id": ('{"id": "../a", "token_ids": [1]}', "1: prompt id '../a' is not a plain file name"),

@@ -120,7 +120,7 @@ def test_bad_input(tmp_path, capsys):
     (tmp_path / "other" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     cases = [(["--checkpoint", str(config), "--token-ids", "1,x"], "must be comma-separated integers"),
              (["--checkpoint", str(config), "--token-ids", "1,512"], "token id 512 out of range"),
-             (["--checkpoint", str(tmp_path / "missing"), "--token-ids", "1"], "cannot read"),
+             (["--checkpoint", str(tmp_path / "missing"), "--token-ids", "1"], "config.json: No such file or directory"),
              (["--checkpoint", str(tmp_path / "other"), "--token-ids", "1"], "not a Muse-Glimmer checkpoint"),
              (["--checkpoint", str(config), "--token-ids", "1", "--without", "attn_nrom"], "unknown trace op"),
              (["--checkpoint", str(config), "--token-ids", "1", "--only-read"], "--only-read goes with --debugger"),

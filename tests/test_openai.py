@@ -6,6 +6,7 @@ reported it; the reference's teacher-forced logits of the same model are compare
 import http.server
 import json
 import os
+import re
 import shutil
 import threading
 
@@ -147,11 +148,18 @@ def test_bad_replies_are_one_line_errors():
     content(short)[0]["top_logprobs"].pop()
     content(unsorted)[1]["top_logprobs"][0]["logprob"] = -99.0
     none["choices"][0]["logprobs"]["content"] = []
+    positive, beyond, negative = recorded_reply(), recorded_reply(), recorded_reply()
+    content(positive)[2]["top_logprobs"][0]["logprob"] = 0.25
+    for reply, at in ((beyond, 512), (negative, -1)):  # the id of the top-1 and of the token it chose
+        content(reply)[4]["top_logprobs"][0]["id"] = content(reply)[4]["id"] = at
     bad.update({"not the top-1": not_greedy, "has 19 top logprobs": short, "sorted best first": unsorted,
-                "no generated token": none})
+                "no generated token": none, "<= 0": positive, "token id 512 in tokens is outside [0, 512)": beyond,
+                "token id -1 in tokens": negative, "8 tokens in a reply to a request of 7": good})
     for message, reply in bad.items():
-        with pytest.raises(golden.GoldenError, match=message.replace("[", r"\[").replace("]", r"\]")):
-            golden.openai_topk(reply, ids, 20, "x")
+        with pytest.raises(golden.GoldenError, match=re.escape(message)):
+            # the request asked for 8 tokens (7 for the last case) of a vocabulary of 512 (glimmer-default)
+            top, _ = golden.openai_topk(reply, ids, 20, "x")
+            golden.check_topk_reply(top, 7 if reply is good else 8, 512, "x")
 
 
 def test_text_prompts_and_server_errors_exit_2(replay, tmp_path):

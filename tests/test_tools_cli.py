@@ -216,7 +216,7 @@ def test_bench_tokenizer_without_tokenizers_names_the_extra():
             "runpy.run_module('tools.bench_tokenizer', run_name='__main__')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert cli_error(r) == 'tools.bench_tokenizer: its Rust side needs the tokenizers package: ' \
-                           'pip install -e ".[parity]"'
+                           'pip install -e ".[tokenizer]"'
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,12 +12,16 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from reference import factory, gguf
+from reference import artifacts, factory, gguf
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, output_file
 from reference.ggml_cpu import KV_TYPES, UBATCH
 from reference.metrics import max_abs_diff, nmse
 
 MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden", "models")
+
+
+def model_file(name):  # a GGUF path, or a name of golden/models -> the file
+    return name if name.endswith(".gguf") or os.sep in name else os.path.join(MODELS, name + ".gguf")
 
 
 def timed_run(lm, ids, fed):  # -> (prefill s, decode s per token, logits [len(ids) + len(fed), V])
@@ -30,7 +34,7 @@ def timed_run(lm, ids, fed):  # -> (prefill s, decode s per token, logits [len(i
 
 
 def bench_model(name, args):  # -> {engine: (best prefill s, best decode s/token)}, max |diff|, NMSE
-    model = gguf.load(os.path.join(MODELS, name + ".gguf"), "text")
+    model = gguf.load(model_file(name), "text")
     rng = np.random.default_rng(0)
     ids = [int(i) for i in rng.integers(0, model.config.n_vocab, args.prompt_len)]
     fed = [int(i) for i in rng.integers(0, model.config.n_vocab, args.n_decode)]
@@ -60,12 +64,13 @@ def plot(rows, path):  # [(model, prefill speed-up, decode speed-up)] -> PNG bar
     ax.set_title("--numerics ggml-cpu: numba over the NumPy emulation, same run")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    artifacts.save_figure(fig, path, UsageError, dpi=120)
 
 
 def main(argv=None):
-    p = OneLineParser(prog="python -m tools.bench_ggml_numba", description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="tiny-b-q4_k_m,tiny-a-f32", help="comma-separated, from golden/models")
+    p = OneLineParser(prog="python -m tools.bench_ggml_numba", description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.add_argument("--models", default="tiny-b-q4_k_m,tiny-a-f32",
+                   help="comma-separated GGUF paths, or names of golden/models (tiny-a-f32)")
     p.add_argument("--prompt-len", type=int_in(1, 4096), default=64)
     p.add_argument("--n-decode", type=int_in(0, 256), default=8)
     p.add_argument("--repeat", type=int_in(1, 100), default=3)
@@ -77,8 +82,8 @@ def main(argv=None):
     def work():
         names = args.models.split(",")
         for name in names:
-            if not os.path.isfile(os.path.join(MODELS, name + ".gguf")):
-                raise UsageError(f"no model {name!r} in golden/models")
+            if not os.path.isfile(model_file(name)):
+                raise UsageError(f"no model {name!r}: neither a GGUF file nor a name in golden/models")
         if args.kv_type == "q8_0" and args.flash_attn == "off":
             raise UsageError("--kv-type q8_0 needs --flash-attn on (llama.cpp refuses a quantized V cache without it)")
         print(f"{args.prompt_len}-token prefill, {args.n_decode} decodes, KV {args.kv_type}, flash attention "

@@ -77,7 +77,7 @@ import tempfile
 
 import numpy as np
 
-from reference import metrics
+from reference import artifacts, metrics
 from reference.cli import OneLineParser, UsageError, check_output, fail, float_in
 from reference.trace import INDEX, TraceError, load_trace
 
@@ -488,6 +488,11 @@ def run_bisect(args):  # parsed CLI args -> exit status
             check_output(path, option)
     if args.plot:
         check_plot(args.plot)
+    sources = [(option, path) for option, given in (("A", args.a), ("B", args.b), ("--noise-floor", args.noise_floor),
+                                                    ("--model", args.model)) if given
+               for path in [given, *(os.path.join(given, n) for n in (os.listdir(given) if os.path.isdir(given) else ()))]]
+    artifacts.refuse_overwrite([("--table", args.table), ("--json", args.json), ("--plot", args.plot)], sources,
+                               UsageError)
     (trace_a, notes, config_a), (trace_b, notes_b, config_b) = load_pair(args.a, args.b)
     config = config_b or config_a
     if args.reproduce:
@@ -532,10 +537,11 @@ def main(argv=None):  # -> exit status
                         "reference.run with that configuration and bisect the dump against it too")
     p.add_argument("--model", help="the GGUF the dump was made from (for --reproduce and the printed command)")
     args = p.parse_args(argv)
-    try:
-        return run_bisect(args)
-    except UsageError as e:
-        return fail("tools.bisect", e)
+    with artifacts.interruptible("tools.bisect"):
+        try:
+            return run_bisect(args)
+        except UsageError as e:
+            return fail("tools.bisect", e)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ The prompts are cut, in file order, into tasks of --task-size prompts (task-0000
 A worker loads the model once and runs task after task; a task writes its goldens into DIR and then
 DIR/tasks/<task>.json (its prompt ids, the run it belongs to, its manifest entries), every file to a
 temporary name first and renamed when complete. A task whose part file exists, for the same run and
-the same prompts, is skipped: an interrupted run resumes where it stopped and a re-run is
-idempotent. A part file that is not one this module wrote (not JSON, or a field missing or of the
+the same content, is skipped: an interrupted run resumes where it stopped and a re-run is
+idempotent. The content is the model's sha256 (the checkpoint's weights for transformers; hashed
+again only when the file's stat changes), each prompt's digest (its JSON, keys sorted) and every
+option that changes its logits (RUN_KEYS); a model replaced under its name, or a prompt edited under
+its id, makes the task run again, and a golden file that no longer matches its sha256 does too. A part file that is not one this module wrote (not JSON, or a field missing or of the
 wrong type: damaged by hand or on disk) proves nothing, so its task counts as not done and is run
 again, which rewrites it. Temporaries a killed run left behind are deleted at start. At the end
 DIR/manifest.json gets the entries of every finished task in prompt order, as tools.golden writes
@@ -27,7 +30,6 @@ This module is no command of its own: `python -m tools.corpus` says so and exits
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -35,14 +37,16 @@ import time
 import traceback
 from pathlib import Path
 
+from reference import artifacts
 from reference.cli import UsageError, fail
 
-from .golden import REPO, GoldenError, golden_entry, make_dir, make_engine, preflight, run_header, save_json
+from .golden import (MANIFEST, REPO, GoldenError, golden_entry, make_dir, make_engine, preflight, refuse_overwrite,
+                     run_header, save_json, sha256)
 
 TASKS = "tasks"
 # the options that decide an engine's goldens: a corpus directory holds one run of them
 RUN_KEYS = {"reference": ("model", "dtype", "kv", "prefill_chunk"),
-            "llama-cpp": ("model", "kv_type", "flash_attn", "n_ubatch"),
+            "llama-cpp": ("model", "kv_type", "flash_attn", "n_ubatch", "n_ctx", "no_repack"),
             "llama-server": ("server_url", "n_probs"), "openai": ("server_url", "n_probs"),
             "transformers": ("checkpoint",)}
 RAY_CONNECT_TIMEOUT = 10  # seconds for a cluster's port to accept a connection (a LAN answers in ms)
@@ -61,38 +65,59 @@ def run_key(args) -> dict:  # -> RUN_KEYS of the engine, with file names only, n
     return key
 
 
+def model_digest(args) -> dict:  # -> {file name: sha256} of what the engine's logits come from
+    if args.engine == "transformers":
+        weights = sorted(Path(args.checkpoint).glob("*.safetensors"))
+        return {w.name: sha256(w) for w in weights}
+    return {Path(args.model).name: sha256(args.model)} if args.model else {}  # a server without --model: its URL
+
+
+def content_key(args, task: dict) -> dict:  # -> what a task's goldens are made of, beyond the run's options
+    return {"model": model_digest(args), "prompts": [artifacts.content_digest(p) for p in task["prompts"]]}
+
+
 def part_path(out: Path, task: dict) -> Path:
     return out / TASKS / f"{task['name']}.json"
 
 
 def is_part(part) -> bool:  # -> whether `part` has every field, of its type, that Worker.run writes
-    if not isinstance(part, dict):
+    if not isinstance(part, dict) or not isinstance(part.get("content"), dict):
         return False
     header, ids, entries = part.get("header"), part.get("prompt_ids"), part.get("entries")
     return (isinstance(part.get("run"), dict) and isinstance(header, dict)
             and isinstance(header.get("options"), dict) and isinstance(header.get("date"), str)
             and isinstance(ids, list) and bool(ids) and all(isinstance(i, str) for i in ids)
             and isinstance(entries, list) and len(entries) == len(ids)
-            and all(isinstance(e, dict) and isinstance(e.get("file"), str) and Path(e["file"]).name == e["file"]
-                    and not e["file"].startswith(".") for e in entries))
+            and all(isinstance(e, dict) and "file" in e and (e["file"] is None or is_name(e["file"]))
+                    and isinstance(e.get("sha256", {}), dict) for e in entries)
+            and all(is_name(name) for e in entries for name in e.get("sha256", {})))
+
+
+def is_name(name) -> bool:  # -> whether a part file names a golden file inside the directory
+    return isinstance(name, str) and Path(name).name == name and not name.startswith(".")
 
 
 def read_part(out: Path, task: dict) -> dict | None:  # -> the task's part, None if missing or damaged
+    if not part_path(out, task).exists():
+        return None
     try:
-        part = json.loads(part_path(out, task).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        part = artifacts.read_json(part_path(out, task), GoldenError, what="part file")
+    except GoldenError:
         return None
     return part if is_part(part) else None  # damaged: the task is run again (module doc)
 
 
-def task_done(out: Path, task: dict, key: dict) -> bool:
+def task_done(out: Path, task: dict, key: dict, content: dict) -> bool:
+    """Done: a part of this run, made of this content, whose files are still the ones it lists."""
     part = read_part(out, task)
     if part is None:
         return False
     if part["run"] != key:
         raise GoldenError(f"{out}: holds goldens of another run ({part['run']}); choose a new --out")
     ids = [str(p["id"]) for p in task["prompts"]]
-    return part["prompt_ids"] == ids and all((out / e["file"]).exists() for e in part["entries"])
+    return part["prompt_ids"] == ids and part["content"] == content and all(
+        (out / name).is_file() and sha256(out / name) == digest
+        for e in part["entries"] for name, digest in e.get("sha256", {}).items())
 
 
 def sweep_temporaries(out: Path) -> int:  # -> how many a killed run left behind
@@ -109,7 +134,6 @@ class Worker:
     def __init__(self, args):
         self.args = args
         self.engine = make_engine(args)
-        self.header = run_header(self.engine, args.prompts)
 
     def ready(self) -> bool:  # a Ray actor answers once its model is loaded
         return True
@@ -118,7 +142,8 @@ class Worker:
         out = self.args.out
         try:
             entries = [golden_entry(self.engine, p, out, self.args.n_predict) for p in task["prompts"]]
-            save_json(part_path(out, task), {"run": run_key(self.args), "header": self.header,
+            save_json(part_path(out, task), {"run": run_key(self.args), "content": content_key(self.args, task),
+                                             "header": run_header(self.engine, self.args.prompts),
                                              "prompt_ids": [str(p["id"]) for p in task["prompts"]],
                                              "entries": entries})
             return {"task": task["name"], "status": "done"}
@@ -232,7 +257,7 @@ def merge_manifest(out: Path, tasks: list[dict]) -> int:  # -> number of entries
     if differing:
         header["options_of_tasks_starting_at"] = differing
     entries = [e for p in parts for e in p["entries"]]
-    save_json(out / "manifest.json", {**header, "corpus": {"tasks": len(tasks), "tasks_done": len(parts)},
+    save_json(out / MANIFEST, {**header, "corpus": {"tasks": len(tasks), "tasks_done": len(parts)},
                                       "entries": entries})
     return len(entries)
 
@@ -253,11 +278,12 @@ def run_corpus(args, prompts: list[dict]) -> int:  # -> exit status: 0 all tasks
     from tqdm import tqdm
 
     out = args.out
+    refuse_overwrite(args, prompts, out)
     make_dir(out / TASKS)
     swept = sweep_temporaries(out)
     tasks = split_tasks(prompts, args.task_size)
     key = run_key(args)
-    todo = [t for t in tasks if not task_done(out, t, key)]
+    todo = [t for t in tasks if not task_done(out, t, key, content_key(args, t))]
     skipped = len(tasks) - len(todo)
     use_ray = args.ray or bool(args.ray_address)
     where = f"ray {args.ray_address}" if args.ray_address else "local ray" if use_ray else "in-process"
@@ -282,7 +308,7 @@ def run_corpus(args, prompts: list[dict]) -> int:  # -> exit status: 0 all tasks
     lines = summary_lines(done, failed, skipped, seconds, timing)
     if swept:
         lines.append(f"  removed {swept} temporary files of an interrupted run")
-    lines.append(f"  {out / 'manifest.json'}: {n_entries} of {len(prompts)} prompts")
+    lines.append(f"  {out / MANIFEST}: {n_entries} of {len(prompts)} prompts")
     print("\n".join(lines))
     return 1 if failed else 0
 

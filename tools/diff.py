@@ -76,7 +76,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference import metrics
+from reference import artifacts, metrics
 from reference.cli import OneLineParser, UsageError, check_output, fail, float_in, int_in
 from reference.positions import SUFFIX as POSITIONS_SUFFIX
 from reference.trace import check_npy_header, load_npy
@@ -139,9 +139,9 @@ def check_logits(a, what):  # [n_pos, n_vocab] -> None, raises UsageError
         raise UsageError(f"{what}: contains {n_nan} NaN and {n_inf} Inf values")
 
 
-def read_magic(path, magic, what):  # -> None, raises UsageError unless the file starts with magic
+def read_magic(path, magic, what):  # -> None, raises UsageError unless a regular file starts with magic
     try:
-        with open(path, "rb") as f:
+        with artifacts.open_regular(path, UsageError, what=f"{what} golden") as f:
             if f.read(len(magic)) != magic:
                 raise UsageError(f"{path}: not a {what} file")
     except OSError as e:
@@ -166,6 +166,7 @@ def load_logits(path):  # .npy file -> [n_pos, n_vocab]
 
 def read_npz(path, suffix, keys, optional=()):  # -> {key: array} of an .npz golden; UsageError naming the file
     read_magic(path, ZIP_MAGIC, suffix)
+    artifacts.check_zip(path, UsageError, f"{suffix} golden")  # a member inflating to GBs, refused before it inflates
     try:
         with zipfile.ZipFile(path) as archive:
             # each member's header against the member's size, before np.load allocates what it claims
@@ -212,7 +213,7 @@ def load_positions(path):  # .positions.npz file (reference.positions POSITIONS_
     a = read_npz(path, POSITIONS_SUFFIX, ("positions", "n_vocab"), ("logits", "top_ids", "top_logits", "logsumexp"))
     positions, n_vocab = a["positions"], a["n_vocab"]
     if positions.dtype.kind not in "iu" or positions.ndim != 1 or not positions.size or n_vocab.shape != () \
-            or np.any(np.diff(positions) <= 0) or positions[0] < 0:
+            or n_vocab.dtype.kind not in "iu" or n_vocab < 0 or np.any(np.diff(positions) <= 0) or positions[0] < 0:
         raise UsageError(f"{path}: positions must be ascending integers [n], n_vocab a number")
     if "logits" in a:
         check_logits(a["logits"], path)
@@ -238,14 +239,27 @@ def load_golden(path):  # file -> [n_pos, n_vocab] | TopK | Positions
     return load_positions(path) if path.endswith(POSITIONS_SUFFIX) else load_logits(path)
 
 
-def read_manifest(directory):  # dir with manifest.json -> ({prompt_id: path}, the manifest's other fields)
+def check_digests(path, directory, entry, key):  # -> None; UsageError when a file is not the one the manifest vouches for
+    """tools.golden lists each entry's files with their sha256 (entry "sha256"); a manifest that says
+    so ("digests") vouches for no entry without them. A file that differs was written after the
+    manifest (an interrupted run into an older directory) or changed since: it is refused."""
+    digests = entry.get("sha256")
+    if not isinstance(digests, dict) or entry["file"] not in digests:
+        raise UsageError(f"{path}: entry {key!r} lists no sha256 of {entry['file']}, which the manifest's "
+                         "\"digests\" promises")
+    for name, digest in digests.items():
+        file = os.path.join(directory, str(name))
+        if os.path.commonpath([os.path.realpath(directory), os.path.realpath(file)]) != os.path.realpath(directory):
+            raise UsageError(f"{path}: entry {key!r} points outside the directory: {name!r}")
+        if not os.path.isfile(file) or artifacts.cached_sha256(file) != digest:
+            raise UsageError(f"{file}: not the file {path} vouches for (sha256 differs or it is missing: written "
+                             "after the manifest, by an interrupted run, or changed since)")
+
+
+def read_manifest(directory):  # dir with manifest.json -> ({prompt_id: path}, the manifest's other fields, [notes])
     path = os.path.join(directory, MANIFEST)
-    try:
-        with open(path) as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: cannot read manifest ({e})") from None
-    header = {}
+    manifest = artifacts.read_json(path, UsageError, what="manifest")
+    header, notes = {}, []
     if isinstance(manifest, dict):
         header = manifest
         manifest = next((manifest[k] for k in ("goldens", "entries", "files") if k in manifest), None)
@@ -254,27 +268,39 @@ def read_manifest(directory):  # dir with manifest.json -> ({prompt_id: path}, t
     root = os.path.realpath(directory)
     files = {}
     for entry in manifest:
+        if isinstance(entry, dict) and entry.get("file", "") is None and "skipped" in entry:
+            notes.append(f"{directory}: prompt {entry.get('id')!r} has no golden ({str(entry['skipped'])[:160]})")
+            continue
         if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
             raise UsageError(f"{path}: entry without a \"file\": {entry!r:.80}")
         key = str(entry.get("prompt_id", entry.get("id", os.path.splitext(entry["file"])[0])))
+        if "digests" in header:
+            check_digests(path, directory, entry, key)
         file = os.path.realpath(os.path.join(directory, entry["file"]))
         if os.path.commonpath([root, file]) != root:
             raise UsageError(f"{path}: entry {key!r} points outside the directory: {entry['file']!r}")
         if key in files:
             raise UsageError(f"{path}: prompt id {key!r} appears twice")
         files[key] = file
-    return files, header
+    return files, header, notes
 
 
-def logit_files(path):  # file or dir -> ({prompt_id: path}, manifest fields)
+def logit_files(path):  # file or dir -> ({prompt_id: path}, manifest fields, [notes on the source])
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory")
     if not os.path.isdir(path):
-        return {golden_name(os.path.basename(path)): path}, {}
+        return {golden_name(os.path.basename(path)): path}, {}, []
     if os.path.exists(os.path.join(path, MANIFEST)):
         return read_manifest(path)
     names = sorted(n for n in os.listdir(path) if n.endswith(GOLDEN_SUFFIXES) and not n.startswith("."))
-    return {golden_name(n): os.path.join(path, n) for n in names}, {}
+    note = f"{path}: no {MANIFEST} vouches for these files: paired by file name, as they are"
+    return {golden_name(n): os.path.join(path, n) for n in names}, {}, [note]
+
+
+def golden_files(path):  # -> the files of a golden directory an output must not replace ([] for a file)
+    if not os.path.isdir(path):
+        return []
+    return [os.path.join(path, n) for n in os.listdir(path) if n.endswith(GOLDEN_SUFFIXES) or n == MANIFEST]
 
 
 def golden_name(file):  # "len7.topk.npz" -> "len7"
@@ -282,12 +308,16 @@ def golden_name(file):  # "len7.topk.npz" -> "len7"
 
 
 def pair_files(ref_path, test_path):  # -> ([(prompt_id, ref file, test file)], [notes on the sources])
+    for path in (ref_path, test_path):
+        if not os.path.exists(path):
+            raise UsageError(f"{path}: no such file or directory")
     if os.path.isdir(ref_path) != os.path.isdir(test_path):
         raise UsageError(f"{test_path}: cannot compare a file with a directory ({ref_path})")
-    (ref, ref_header), (test, test_header) = logit_files(ref_path), logit_files(test_path)
-    notes = [f"{side} {path} was made by this project's reference (self_made): not an independent golden"
-             for side, path, header in (("REF", ref_path, ref_header), ("TEST", test_path, test_header))
-             if header.get("self_made")]
+    (ref, ref_header, ref_notes), (test, test_header, test_notes) = logit_files(ref_path), logit_files(test_path)
+    notes = ref_notes + test_notes + [
+        f"{side} {path} was made by this project's reference (self_made): not an independent golden"
+        for side, path, header in (("REF", ref_path, ref_header), ("TEST", test_path, test_header))
+        if header.get("self_made")]
     if not os.path.isdir(ref_path):
         return [(next(iter(ref)), ref_path, test_path)], notes
     if not ref:
@@ -588,19 +618,13 @@ def check_plot(path):  # -> None; UsageError unless matplotlib can write `path` 
         raise UsageError(f"--plot {path}: matplotlib cannot write .{extension} (formats: {', '.join(formats)})")
 
 
-def write_text(path, option, text):  # -> None; a path that cannot be written is UsageError
-    try:
-        with open(path, "w") as f:
-            f.write(text)
-    except OSError as e:
-        raise UsageError(f"{option} {path}: {e.strerror or e}") from None
+def write_text(path, option, text):  # -> None, the file whole or as it was; one that cannot be written is UsageError
+    artifacts.write_text(path, text, UsageError)
 
 
-def save_figure(plt, fig, path):  # -> None; a path that cannot be written is UsageError
+def save_figure(plt, fig, path):  # -> None, the image whole or as it was; one that cannot be written is UsageError
     try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise UsageError(f"--plot {path}: {e.strerror or e}") from None
+        artifacts.save_figure(fig, path, UsageError)
     finally:
         plt.close(fig)
 
@@ -682,6 +706,9 @@ def run_diff(args):  # parsed CLI args -> exit status
         check_output(args.json, "--json")
     if args.plot:
         check_plot(args.plot)
+    inputs = [(name, path) for name, given in (("REF", args.ref), ("TEST", args.test), ("--noise-floor", args.noise_floor))
+              if given for path in [given, *golden_files(given)]]
+    artifacts.refuse_overwrite([("--json", args.json), ("--plot", args.plot)], inputs, UsageError)
     noise = logit_files(args.noise_floor)[0] if args.noise_floor else None
     pairs, notes = pair_files(args.ref, args.test)
     runs = []
@@ -728,10 +755,11 @@ def main(argv=None):  # -> exit status
     p.add_argument("--json", help="write the full report as JSON")
     p.add_argument("--plot", help="write a PNG of NMSE and KL per position (and mean KL per prompt)")
     args = p.parse_args(argv)
-    try:
-        return run_diff(args)
-    except UsageError as e:
-        return fail("tools.diff", e)
+    with artifacts.interruptible("tools.diff"):
+        try:
+            return run_diff(args)
+        except UsageError as e:
+            return fail("tools.diff", e)
 
 
 if __name__ == "__main__":

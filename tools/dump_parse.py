@@ -26,7 +26,6 @@ decode first unless given --no-warmup: each run is a pass, and a pass starts whe
 then its 3-D reshape): the last one is kept, as it is the tensor the graph callback named.
 `join_passes` concatenates the passes along the token axis.
 """
-import json
 import math
 import os
 import re
@@ -35,12 +34,18 @@ from typing import NamedTuple
 
 import numpy as np
 
+from reference import artifacts
+
 from .hf_names import HF_DEBUGGER_MISSING, HF_DEBUGGER_POINTS, HF_TEXT_MODULES, debugger_module, trace_layout
 
 N_SHOWN = 3  # common_debug_print_tensor(..., n = 3): first and last 3 per dimension
 HEADER = re.compile(r"^[A-Za-z_]\w*: +(?P<name>\S.*?) = \((?P<type>\w+)\) +(?P<op>[^\s(]+)\(.*\) = \{(?P<ne>[\d, ]+)\}\s*$")
 MAX_ELEMENTS = 2 ** 48  # far beyond any real tensor; keeps a corrupt ne from overflowing index math
 SUM = re.compile(r"^sum = (?P<sum>\S+)$")
+# the types common_debug_print_tensor prints values of (common/debug.cpp:57-67, 184); quantized ones get a header only
+PRINTED_TYPES = ("f32", "f16", "i64", "i32", "i16", "i8")
+# the last node a text graph names (src/models/muse-glimmer.cpp): the logits, or the normed output of an embedding run
+GRAPH_ENDS = ("result_output", "result_norm")
 
 
 class DumpError(Exception):
@@ -79,9 +84,10 @@ def read_row(text, ne, i1, i2, i3, where):  # "[ v, v, ..., v ]," -> (flat indic
     return index, values
 
 
-def read_values(ne, body, where):  # ggml ne, [(line number, text)] -> (index [k], values [k], sum)
+def read_values(ne, body, where):  # ggml ne, [(line number, text)] -> (index [k], values [k], sum, whole)
     """Walks the nesting of common_debug_print_tensor: `[` per i3, `[` per i2, one line per i1 row;
-    a `...,` line skips to the last 3 rows (inside an i2 block) or the last 3 i2 blocks."""
+    a `...,` line skips to the last 3 rows (inside an i2 block) or the last 3 i2 blocks. whole: all
+    ne[3] outer blocks were opened and closed (a dump cut inside the tensor is not)."""
     index, values, total = [], [], None
     depth = i1 = i2 = i3 = 0
     for lineno, line in body:
@@ -114,7 +120,7 @@ def read_values(ne, body, where):  # ggml ne, [(line number, text)] -> (index [k
                 total = float(text)
             except ValueError:
                 raise DumpError(f"{where}:{lineno}: sum {text!r} is not a number") from None
-    return np.array(index, np.int64), np.array(values, np.float64), total
+    return np.array(index, np.int64), np.array(values, np.float64), total, depth == 0 and i3 == ne[3]
 
 
 def parse_dump(text, source="dump"):  # text -> [pass: {name: PartialTensor}] in graph order
@@ -131,13 +137,32 @@ def parse_dump(text, source="dump"):  # text -> [pass: {name: PartialTensor}] in
     if not blocks:
         raise DumpError(f"{source}: no tensor lines found (expected llama-eval-callback or "
                         "llama-debug --verbose output)")
-    passes, first = [], blocks[0][:2]
-    for name, op, dtype, ne, body in blocks:
+    passes, first, last_whole = [], blocks[0][:2], None
+    for n, (name, op, dtype, ne, body) in enumerate(blocks):
         if (name, op) == first:
             passes.append({})
-        index, values, total = read_values(ne, body, source)
+        index, values, total, whole = read_values(ne, body, source)
+        if dtype in PRINTED_TYPES and not whole:
+            where = "the dump ends inside it" if n == len(blocks) - 1 else "its values stop before the next tensor"
+            raise DumpError(f"{source}: truncated: tensor {name} is cut ({where}); the last whole point is "
+                            f"{last_whole or 'none'}")
         passes[-1][name] = PartialTensor(ne, index, values, total, op, dtype)
+        last_whole = name
     return passes
+
+
+def check_graph_end(passes, source):  # -> None; DumpError unless every pass reaches the end of the graph
+    """A dump cut between two tensors parses as a shorter graph, whose missing points would be
+    reported as points only in the other side, a divergence that is not there. Every pass must end
+    where a text graph ends (or, for a graph of other nodes, where the first pass ended)."""
+    ends = [list(points)[-1] for points in passes]
+    expected = ends[0] if ends[0] not in GRAPH_ENDS and len(passes) > 1 else None
+    for i, end in enumerate(ends):
+        if (end not in GRAPH_ENDS) if expected is None else end != expected:
+            raise DumpError(f"{source}: truncated: pass {i + 1} of {len(passes)} stops at {end}, before the graph's "
+                            f"end ({expected or ' or '.join(GRAPH_ENDS)}); the last whole point is {end}")
+    if not any(p.values.size for points in passes for p in points.values()):
+        raise DumpError(f"{source}: holds no tensor values (only quantized tensors): nothing to compare")
 
 
 def token_axis(nes):  # [ne of each pass] -> the ggml axis that counts tokens
@@ -188,12 +213,9 @@ def join_passes(passes):  # [pass] -> ({name: PartialTensor}, [names left out])
 def load_dump(path, n_tokens=None):  # dump file -> Dump(points, notes, config)
     """Reads and joins a dump. With n_tokens (the other trace's prompt length), a first pass is
     dropped as llama-debug's warm-up when the passes after it add up to exactly n_tokens."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError as e:
-        raise DumpError(f"{path}: {e.strerror or e}") from None
+    text = artifacts.read_bytes(path, DumpError, artifacts.DUMP_CAP, "dump").decode("utf-8", "replace")
     passes = parse_dump(text, path)
+    check_graph_end(passes, path)
     notes = []
     tokens = [pass_tokens(p) for p in passes]
     if n_tokens is not None and len(passes) > 1 and sum(tokens) != n_tokens and sum(tokens[1:]) == n_tokens:
@@ -314,15 +336,13 @@ def read_tensor_entry(f, name, info, data_start, file_size, where):  # one safet
 
 def read_safetensors(path):  # .safetensors file -> {name: array}
     try:
-        with open(path, "rb") as f:
+        with artifacts.open_regular(path, DumpError, what="safetensors file") as f:
             size = os.fstat(f.fileno()).st_size
             n = int.from_bytes(f.read(8), "little")
-            if size < 8 or n > size - 8:
-                raise DumpError(f"{path}: header length {n} beyond the file's {size} bytes: not a safetensors file")
-            try:
-                header = json.loads(f.read(n))
-            except ValueError:
-                raise DumpError(f"{path}: the safetensors header is not JSON") from None
+            if size < 8 or n > size - 8 or n > artifacts.SAFETENSORS_HEADER_CAP:
+                raise DumpError(f"{path}: header length {n} beyond the file's {size} bytes or the format's "
+                                f"{artifacts.SAFETENSORS_HEADER_CAP}: not a safetensors file")
+            header = artifacts.parse_json(f.read(n), f"{path}: the safetensors header", DumpError)
             if not isinstance(header, dict):
                 raise DumpError(f"{path}: the safetensors header is not a JSON object")
             return {name: read_tensor_entry(f, name, info, 8 + n, size, path)
@@ -340,8 +360,10 @@ def debug_tree_path(path):  # debugger directory or its *_FULL_TENSORS.json -> t
 
 def module_calls(node, calls=None):  # debugger tree -> {module path: [node per call]} in call order
     calls = {} if calls is None else calls
-    calls.setdefault(node.get("module_path"), []).append(node)
-    for child in node.get("children") or []:
+    path = node.get("module_path")
+    calls.setdefault(path if isinstance(path, str) else None, []).append(node)
+    children = node.get("children")
+    for child in children if isinstance(children, list) else []:
         if isinstance(child, dict):
             module_calls(child, calls)
     return calls
@@ -372,11 +394,7 @@ def recorded_array(directory, entry, where):  # debugger record {shape, value: "
 
 
 def read_tree(path):  # debugger tree JSON -> its root node
-    try:
-        with open(path, encoding="utf-8") as f:
-            tree = json.load(f)
-    except (OSError, ValueError) as e:
-        raise DumpError(f"{path}: cannot read the debugger tree ({e})") from None
+    tree = artifacts.read_json(path, DumpError, what="debugger tree")
     if not isinstance(tree, dict) or not isinstance(tree.get("module_path"), str):
         raise DumpError(f"{path}: not a model_addition_debugger_context tree (no root module_path)")
     return tree
@@ -426,6 +444,13 @@ def debugger_records(path):  # debugger dir or tree JSON -> (tree file, head_dim
 
 
 def load_hf_debugger(path):  # debugger dir or tree JSON -> Dump(points in our layout, notes, no config)
+    try:
+        return debugger_dump(path)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:  # a field of the wrong kind
+        raise DumpError(f"{path}: malformed debugger tree ({type(e).__name__}: {str(e)[:100]})") from None
+
+
+def debugger_dump(path):  # -> load_hf_debugger's Dump, or the error of a malformed field
     tree_file, head_dim, records, missing = debugger_records(path)
     points = {}
     for name, entry in records.items():
@@ -449,10 +474,10 @@ def read_companion_tokens(path):  # X.bin -> the int32 ids of X-tokens.bin besid
     tokens = path[:-len(".bin")] + "-tokens.bin"
     if not os.path.exists(tokens):
         return None
-    size = os.path.getsize(tokens)
-    if size % 4:
-        raise DumpError(f"{tokens}: {size} bytes are not int32 token ids")
-    return np.fromfile(tokens, np.int32).tolist()
+    data = artifacts.read_bytes(tokens, DumpError, artifacts.DUMP_CAP, "token file")
+    if len(data) % 4:
+        raise DumpError(f"{tokens}: {len(data)} bytes are not int32 token ids")
+    return np.frombuffer(data, np.int32).tolist()
 
 
 def check_not_normalized(rows, path):  # [rows, n] embeddings -> None, or DumpError when all have unit length
@@ -471,6 +496,7 @@ def load_logits_bin(path, other):  # .bin, the other side's {name: tensor} -> Du
     raw float32 with no header: the last token's logits (result_output, one row of n_vocab), or with
     --embedding the embeddings of every token (result_norm, rows of n_embd, no pooling). The row
     length comes from the other side's point; the companion X-tokens.bin gives the prompt."""
+    artifacts.check_regular(path, DumpError, "model-conversion .bin")
     name, size = logits_bin_point(path), os.path.getsize(path)
     mine = other.get(name) if other else None
     if mine is None:

@@ -55,21 +55,23 @@ import argparse
 import ctypes
 import datetime
 import hashlib
+import http.client
 import importlib
 import json
 import os
+import socket
 import sys
-import urllib.error
+import threading
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from reference import metrics
-from reference.cli import OneLineParser, UsageError, exit_status, int_in
+from reference import artifacts, metrics
+from reference.cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, UsageError, check_train_context, exit_status,
+                           float_in, int_in)
 from reference.positions import POSITIONS_FORMAT, SUFFIX, parse_positions, resolve, sparse_golden
 
 LLAMA_CPP_COMMIT = "0c1e570"  # vendored in llama-cpp-python 0.3.36
@@ -91,7 +93,15 @@ PROMPT_LOGPROBS_FORMAT = ("<id>.positions.npz (reference.positions top-k form) o
 MAX_TOKENS = 1 << 20
 MAX_THREADS = 512    # llama.cpp's GGML_MAX_N_THREADS
 MAX_WORKERS = 1024   # Ray actors, each a process holding a model: a cluster of 1024 model slots
-EXTRAS = {"llama_cpp": "parity", "torch": "parity", "transformers": "parity", "tokenizers": "parity"}  # setup.cfg
+EXTRAS = {"llama_cpp": "parity", "torch": "parity", "transformers": "parity", "tokenizers": "tokenizer"}  # setup.cfg
+# HTTP, per request: a server on the same LAN connects in milliseconds; a non-streamed reply comes
+# when the whole generation is done (minutes for a 30B on CPU), so the wait for its first byte is long
+# and a total deadline bounds a server that trickles. All three are options.
+CONNECT_TIMEOUT_S, READ_TIMEOUT_S, REQUEST_DEADLINE_S = 10.0, 300.0, 900.0
+# A reply's JSON holds per token of prompt and generation at most n_probs + 1 entries of an id, a
+# logprob, a token text and its bytes: 512 bytes each is several times what llama-server and vLLM
+# write (~90), and a megabyte more covers the fixed fields. Past that a reply is not one of these.
+REPLY_ENTRY_BYTES, REPLY_FLOOR_BYTES = 512, 1 << 20
 ENGINE_PACKAGES = {"llama-cpp": ("llama_cpp",), "transformers": ("torch", "transformers")}
 
 
@@ -116,6 +126,8 @@ class Engine:
     keep: tuple | None = None     # (--logits-positions spec, --logits-topk k or None), set by make_engine
     n_vocab: int | None = None                                    # to refuse token ids out of range
     n_ctx: int | None = None      # positions one sequence may take (prompt, continuation, generated)
+    n_ctx_train: int | None = None  # the model's training context: longer sequences need --beyond-n-ctx-train
+    beyond_train: bool = False      # --beyond-n-ctx-train, set by make_engine
     max_batch: int | None = None  # tokens one forward may take
     extra: dict = field(default_factory=dict)
 
@@ -131,29 +143,17 @@ def import_extra(module: str, user: str):  # -> the imported module; UsageError 
         raise UsageError(f"{user} needs the {module} package: pip install -e \".[{EXTRAS[module]}]\"") from None
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+sha256 = artifacts.cached_sha256  # path -> hex digest, hashed again only when the file's stat changes
 
 
-def save_atomic(path: Path, write: Callable) -> None:  # write(binary file) -> None
-    """The file appears under its name complete or not at all: a killed run leaves at most a hidden
-    temporary (swept by the next corpus run), never a truncated golden."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+def save_atomic(path: Path, write: Callable) -> str:  # write(binary file) -> None; -> the file's sha256
+    """The file appears under its name complete or not at all (reference.artifacts.write_file): a
+    killed run leaves at most a hidden temporary (swept by the next corpus run), never a truncated golden."""
+    return artifacts.write_file(path, write, GoldenError)
 
 
-def save_json(path: Path, data) -> None:
-    save_atomic(path, lambda f: f.write((json.dumps(data, indent=1) + "\n").encode("utf-8")))
+def save_json(path: Path, data) -> str:  # -> the file's sha256
+    return artifacts.write_json(path, data, GoldenError)
 
 
 def today() -> str:
@@ -173,12 +173,9 @@ def load_text_gguf(args):  # -> --model as a validated reference.gguf text model
     except gguf.GGUFError as e:
         raise GoldenError(str(e)) from None
     n_train = model.config.n_ctx_train
-    if args.n_predict > n_train:
-        raise GoldenError(f"--n-predict {args.n_predict} exceeds the training context of "
-                          f"{Path(args.model).name} ({n_train} tokens)")
-    if args.engine == "llama-cpp" and args.n_ctx > n_train:
-        raise GoldenError(f"--n-ctx {args.n_ctx} exceeds the training context of {Path(args.model).name} "
-                          f"({n_train} tokens)")
+    check_train_context(args.n_predict, n_train, "--n-predict", args.model, args.beyond_n_ctx_train, GoldenError)
+    if args.engine == "llama-cpp":
+        check_train_context(args.n_ctx, n_train, "--n-ctx", args.model, args.beyond_n_ctx_train, GoldenError)
     return model
 
 
@@ -255,6 +252,7 @@ def reference_engine(args) -> Engine:
         options={"dtype": args.dtype, "kv": args.kv, "prefill_chunk": args.prefill_chunk, "backend": "numpy",
                  "numerics": "exact", "tokenize": "reference.tokenizer, BOS and special tokens parsed"},
         tokenize=tokenize, prefill=prefill, greedy=greedy, rows=rows, n_vocab=model.config.n_vocab,
+        n_ctx_train=model.config.n_ctx_train,
         extra={"self_made": True,
                "independent": "no: made by this project's reference; an oracle for engines, never a "
                               "golden that tests the reference itself"},
@@ -295,7 +293,7 @@ def plain_cpu_buffers(bindings):  # llama_cpp.llama_cpp -> None; every Llama mad
 
 def llama_cpp_engine(args) -> Engine:
     path = Path(args.model)
-    load_text_gguf(args)  # llama.cpp answers a truncated file or a projector with a ValueError and log lines
+    n_train = load_text_gguf(args).config.n_ctx_train  # llama.cpp answers a truncated file or a projector with a ValueError and log lines
     llama_cpp = import_extra("llama_cpp", "--engine llama-cpp")
     silence_llama_cpp(llama_cpp)
     if args.no_repack:
@@ -355,7 +353,7 @@ def llama_cpp_engine(args) -> Engine:
                  "system_info": llama_cpp.llama_print_system_info().decode().strip(),
                  "tokenize": "add_bos=True, special=True (text prompts only)"},
         tokenize=tokenize, prefill=prefill, greedy=greedy, n_vocab=vocab_llm.n_vocab(),
-        n_ctx=args.n_ctx, max_batch=n_ubatch, extra={"eog_ids": eog_ids},
+        n_ctx=args.n_ctx, n_ctx_train=n_train, max_batch=n_ubatch, extra={"eog_ids": eog_ids},
     )
 
 
@@ -431,31 +429,121 @@ def parse_completion(reply: dict, ids: list[int], n_probs: int, where: str) -> d
     except (KeyError, TypeError, ValueError):
         raise GoldenError(f"{where}: malformed tokens or bytes") from None
     top_logprobs = np.array(top_logprobs, np.float32)
-    if not np.all(np.isfinite(top_logprobs)) or np.any(np.diff(top_logprobs, axis=1) > 0):
-        raise GoldenError(f"{where}: top_logprobs are not finite and sorted best first")
+    if not np.all(np.isfinite(top_logprobs)) or np.any(top_logprobs > 0) or np.any(np.diff(top_logprobs, axis=1) > 0):
+        raise GoldenError(f"{where}: top_logprobs are not finite, <= 0 and sorted best first")
     return {"prompt_ids": np.array(ids, np.int32), "tokens": np.array(tokens, np.int32),
             "positions": np.array(positions, np.int32),
             "top_ids": np.array(top_ids, np.int32), "top_logprobs": top_logprobs}
 
 
-def http_json(url: str, body: dict | None = None, timeout: float = 600) -> dict:
+@dataclass
+class HttpLimits:
+    connect: float = CONNECT_TIMEOUT_S   # seconds to open the connection
+    read: float = READ_TIMEOUT_S         # seconds without a byte of the reply
+    deadline: float = REQUEST_DEADLINE_S  # seconds for the whole request, however the bytes trickle
+    max_bytes: int = REPLY_FLOOR_BYTES   # the reply's size
+
+
+def http_limits(args, n_items: int = 0) -> HttpLimits:  # -> the limits of a request whose reply lists n_items entries
+    return HttpLimits(args.connect_timeout, args.read_timeout, args.request_deadline,
+                      REPLY_FLOOR_BYTES + n_items * REPLY_ENTRY_BYTES)
+
+
+def read_reply(reply, url: str, limit: int) -> bytes:  # -> the body, refused once it passes `limit` bytes
+    length = reply.getheader("Content-Length")
+    if length and length.isdigit() and int(length) > limit:
+        raise GoldenError(f"{url}: the reply says {length} bytes, more than the {limit} such a reply can need")
+    data = reply.read(limit + 1)
+    if len(data) > limit:
+        raise GoldenError(f"{url}: the reply passes {limit} bytes, more than such a reply can need")
+    if length and length.isdigit() and len(data) < int(length):  # read(n) returns what came before the close
+        raise GoldenError(f"{url}: broken HTTP reply (IncompleteRead: {len(data)} of its {length} bytes)")
+    return data
+
+
+def http_bytes(url: str, body: dict | None, limits: HttpLimits) -> bytes:  # -> the body of a 200 reply
+    """One request under separate connect and read timeouts, and a total deadline enforced by a
+    timer that shuts the socket (a server sending a byte every few seconds never trips a read
+    timeout). Every failure of the socket or of HTTP is a GoldenError naming the URL."""
+    parts = urllib.parse.urlsplit(url)
+    connection = (http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection)(
+        parts.hostname, parts.port, timeout=limits.connect)
+    expired = threading.Event()
+
+    def expire():
+        expired.set()
+        if connection.sock is not None:
+            connection.sock.shutdown(socket.SHUT_RDWR)
+    timer = threading.Timer(limits.deadline, expire)
+    timer.daemon = True
+    timer.start()
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
     data = None if body is None else json.dumps(body).encode("utf-8")
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read().decode("utf-8"))
-    except urllib.error.HTTPError as e:
-        raise GoldenError(f"{url}: HTTP {e.code}: {e.read()[:200].decode('utf-8', 'replace')}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise GoldenError(f"{url}: {getattr(e, 'reason', e)}") from None
-    except ValueError:
-        raise GoldenError(f"{url}: reply is not JSON") from None
+        connection.connect()
+        connection.sock.settimeout(limits.read)
+        connection.request("GET" if data is None else "POST", path, data, {"Content-Type": "application/json"})
+        reply = connection.getresponse()
+        payload = read_reply(reply, url, limits.max_bytes)
+    except (http.client.HTTPException, OSError) as e:
+        if expired.is_set():
+            raise GoldenError(f"{url}: no whole reply within the deadline of {limits.deadline:g} s "
+                              "(--request-deadline)") from None
+        if isinstance(e, TimeoutError):
+            which = "to connect" if connection.sock is None else "for a byte of the reply"
+            option = "--connect-timeout" if connection.sock is None else "--read-timeout"
+            wait = limits.connect if connection.sock is None else limits.read
+            raise GoldenError(f"{url}: waited {wait:g} s {which} ({option})") from None
+        if isinstance(e, http.client.HTTPException):
+            raise GoldenError(f"{url}: broken HTTP reply ({type(e).__name__}: {ascii(str(e)[:80])})") from None
+        raise GoldenError(f"{url}: {e.strerror or e}") from None
+    finally:
+        timer.cancel()
+        connection.close()
+    if reply.status != 200:
+        raise GoldenError(f"{url}: HTTP {reply.status}: {payload[:200].decode('utf-8', 'replace')}")
+    return payload
+
+
+def http_json(url: str, body: dict | None = None, limits: HttpLimits = HttpLimits()):  # -> the reply's JSON value
+    return artifacts.parse_json(http_bytes(url, body, limits), f"{url}: reply", GoldenError)
+
+
+def json_object(value, url: str) -> dict:  # -> value, refused unless it is a JSON object
+    if not isinstance(value, dict):
+        raise GoldenError(f"{url}: the reply is a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def check_topk_reply(top: dict, n_predict: int, n_vocab: int | None, where: str) -> None:
+    """A reply checked against its request before it is stored: no more tokens than asked for,
+    ids inside the vocabulary (never negative), log-probabilities <= 0 and each top list best first."""
+    if top["tokens"].size > n_predict:
+        raise GoldenError(f"{where}: {top['tokens'].size} tokens in a reply to a request of {n_predict}")
+    for name in ("tokens", "top_ids"):
+        ids = top[name]
+        if ids.size and (ids.min() < 0 or (n_vocab and ids.max() >= n_vocab)):
+            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+            raise GoldenError(f"{where}: token id {bad} in {name} is outside [0, {n_vocab or 'n_vocab'})")
+    lp = top["top_logprobs"]
+    if not np.all(np.isfinite(lp)) or np.any(lp > 0) or np.any(np.diff(lp, axis=1) > 0):
+        raise GoldenError(f"{where}: top logprobs are not finite, <= 0 and sorted best first")
+
+
+def completion_topk(url: str, args, ids: list[int], n: int, n_vocab: int | None = None) -> dict:  # -> TOPK_FORMAT
+    """POST /completion of llama-server: the arrays of TOPK_FORMAT, checked against the request."""
+    where = f"{url}/completion"
+    reply = http_json(where, completion_request(ids, n, args.n_probs), http_limits(args, (len(ids) + n) * (args.n_probs + 1)))
+    top = parse_completion(reply, ids, args.n_probs, where)
+    check_topk_reply(top, n, n_vocab, where)
+    return top
 
 
 def llama_server_engine(args) -> Engine:
     url = args.server_url.rstrip("/")
-    props = http_json(f"{url}/props")
-    settings = props.get("default_generation_settings", {})
+    props = json_object(http_json(f"{url}/props", limits=http_limits(args)), f"{url}/props")
+    settings = props.get("default_generation_settings")
+    settings = settings if isinstance(settings, dict) else {}
     served = os.path.basename(str(props.get("model_path", "")))
     model = {"file": served}
     if args.model:
@@ -466,12 +554,16 @@ def llama_server_engine(args) -> Engine:
     def topk(ids: list[int], n: int) -> dict:
         if n <= 0:
             raise GoldenError("--engine llama-server needs --n-predict N > 0 (it scores generated tokens)")
-        reply = http_json(f"{url}/completion", completion_request(ids, n, args.n_probs))
-        return parse_completion(reply, ids, args.n_probs, f"{url}/completion")
+        return completion_topk(url, args, ids, n)
 
     def tokenize(text: str, first: bool) -> list[int]:
-        return [int(t) for t in http_json(f"{url}/tokenize", {"content": text, "add_special": first,
-                                                              "parse_special": True})["tokens"]]
+        where = f"{url}/tokenize"
+        reply = http_json(where, {"content": text, "add_special": first, "parse_special": True},
+                          http_limits(args, len(text.encode("utf-8"))))
+        tokens = reply.get("tokens") if isinstance(reply, dict) else None
+        if not is_token_list(tokens):
+            raise GoldenError(f"{where}: the reply holds no list of token ids")
+        return tokens
 
     return Engine(
         name="llama-server",
@@ -544,7 +636,7 @@ def openai_topk(reply: dict, ids: list[int], n_probs: int, where: str) -> tuple[
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         raise GoldenError(f"{where}: reply lacks choices[0].logprobs or usage (was logprobs > 0 sent?)") from None
     if not steps:
-        raise GoldenError(f"{where}: no generated token with logprobs")
+        raise NoRows(f"{where}: no generated token with logprobs")
     for i, (token, top_ids, _) in enumerate(steps):
         if len(top_ids) != n_probs:
             raise GoldenError(f"{where}: token {i} has {len(top_ids)} top logprobs, not {n_probs}")
@@ -554,8 +646,6 @@ def openai_topk(reply: dict, ids: list[int], n_probs: int, where: str) -> tuple[
            "positions": np.arange(len(steps), dtype=np.int32),
            "top_ids": np.array([t for _, t, _ in steps], np.int32),
            "top_logprobs": np.array([lp for _, _, lp in steps], np.float32)}
-    if not np.all(np.isfinite(top["top_logprobs"])) or np.any(np.diff(top["top_logprobs"], axis=1) > 0):
-        raise GoldenError(f"{where}: top logprobs are not finite and sorted best first")
     run = {"finish_reason": choice.get("finish_reason"), "n_generated": n_gen, "n_with_logprobs": len(steps)}
     return top, run
 
@@ -583,21 +673,64 @@ def openai_prompt_logprobs(reply: dict, n_prompt: int, n_probs: int, n_vocab: in
             "logsumexp": np.zeros(len(ranked), np.float32)}
 
 
+class NoRows(GoldenError):
+    """A reply with no generated token whose position is known (see content_steps)."""
+
+
+def served_model(url: str, args) -> tuple[dict, dict]:  # -> (the first model of GET /v1/models, its meta)
+    where = f"{url}/v1/models"
+    listed = json_object(http_json(where, limits=http_limits(args)), where).get("data") or [{}]
+    if not isinstance(listed, list) or not isinstance(listed[0], dict):
+        raise GoldenError(f"{where}: \"data\" is not a list of model objects")
+    meta = listed[0].get("meta") or {}  # llama-server's: n_vocab, n_ctx_train, ftype
+    if not isinstance(meta, dict):
+        raise GoldenError(f"{where}: the model's \"meta\" is not an object")
+    return listed[0], meta
+
+
+def meta_count(meta: dict, key: str, where: str) -> int | None:  # -> a count the server reports, None if not
+    value = meta.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise GoldenError(f"{where}: meta.{key} {json.dumps(value)[:40]} is not a positive integer")
+    return value
+
+
+def first_token_split(url: str, args, ids: list[int], n: int, n_vocab: int | None, why: NoRows) -> dict:
+    """The first generated token ends inside a UTF-8 character: llama-server then reports it only
+    merged into the next entry, and /v1/completions no position at all. Its native /completion
+    returns the token ids too, which place the entries (line_up); a server without /completion
+    gives no row, and the prompt is recorded without a golden (the run goes on)."""
+    try:
+        top = completion_topk(url, args, ids, n, n_vocab)
+    except GoldenError as e:
+        return {"skip": f"{why}; {e}"}
+    note = ("the first generated token ends inside a UTF-8 character: /v1/completions gives no position, "
+            "rows and token ids from llama-server's /completion")
+    return {**top, "run": {"n_generated": int(top["tokens"].size), "n_with_logprobs": int(top["positions"].size),
+                           "note": note}}
+
+
 def openai_engine(args) -> Engine:
     url = args.server_url.rstrip("/")
-    models = http_json(f"{url}/v1/models").get("data") or [{}]
-    served = str(models[0].get("id", ""))
-    meta = models[0].get("meta") or {}  # llama-server's: n_vocab, n_ctx_train, ftype
+    listed, meta = served_model(url, args)
+    served = str(listed.get("id", ""))
     model = {"file": os.path.basename(served), "served_as": served}
     if args.model:
         model["sha256"] = sha256(Path(args.model))
-    n_vocab = int(meta.get("n_vocab", 0))  # 0: the server does not say
+    n_vocab = meta_count(meta, "n_vocab", f"{url}/v1/models")  # None: the server does not say
 
     def topk(ids: list[int], n: int) -> dict:
-        reply = http_json(f"{url}/v1/completions", openai_request(served, ids, n, args.n_probs))
         where = f"{url}/v1/completions"
-        top, run = openai_topk(reply, ids, args.n_probs, where)
-        prompt = openai_prompt_logprobs(reply, len(ids), args.n_probs, n_vocab, where)
+        reply = http_json(where, openai_request(served, ids, n, args.n_probs),
+                          http_limits(args, (len(ids) + n) * (args.n_probs + 1)))
+        try:
+            top, run = openai_topk(json_object(reply, where), ids, args.n_probs, where)
+        except NoRows as e:
+            return first_token_split(url, args, ids, n, n_vocab, e)
+        check_topk_reply(top, n, n_vocab, where)
+        prompt = openai_prompt_logprobs(reply, len(ids), args.n_probs, n_vocab or 0, where)
         run["system_fingerprint"] = reply.get("system_fingerprint")  # llama-server: its build, e.g. b1-0c1e570
         return {**top, "run": run, **({"prompt": prompt} if prompt else {})}
 
@@ -606,12 +739,13 @@ def openai_engine(args) -> Engine:
 
     return Engine(
         name="openai",
-        version=f"OpenAI-compatible server ({models[0].get('owned_by', 'owner not given')}); build per entry",
+        version=f"OpenAI-compatible server ({listed.get('owned_by', 'owner not given')}); build per entry",
         model=model,
         options={"request": {k: v for k, v in openai_request(served, [], 0, args.n_probs).items()
                              if k not in ("prompt", "max_tokens")},
                  "server_meta": meta, "server_launch": args.server_launch or "not given", "golden": TOPK_FORMAT},
-        tokenize=tokenize, topk=topk, n_vocab=n_vocab or None,
+        tokenize=tokenize, topk=topk, n_vocab=n_vocab,
+        n_ctx_train=meta_count(meta, "n_ctx_train", f"{url}/v1/models"),
     )
 
 
@@ -676,6 +810,7 @@ ENGINES: dict[str, Callable[[argparse.Namespace], Engine]] = {
 }
 def make_engine(args) -> Engine:  # -> the engine of --engine, keeping the rows --logits-positions asks for
     engine = ENGINES[args.engine](args)
+    engine.beyond_train = args.beyond_n_ctx_train
     if args.logits_positions:
         engine.keep = (args.logits_positions, args.logits_topk)
         engine.options.update(logits_positions=args.logits_positions[0], logits_topk=args.logits_topk)
@@ -710,17 +845,14 @@ def read_prompts(path: Path) -> list[dict]:
     """-> the prompts of a JSON-lines file, every field the engines read checked for its type (other
     fields are kept as they are); a bad line raises GoldenError naming the file and line."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise GoldenError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
+        lines = artifacts.read_bytes(path, GoldenError, what="prompt set").decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise GoldenError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
     prompts, seen = [], set()
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            p = json.loads(line)
-        except ValueError:
-            raise GoldenError(f"{path}:{n}: not a JSON object") from None
+        p = artifacts.parse_json(line, f"{path}:{n}", GoldenError)
         if not isinstance(p, dict) or "id" not in p or ("token_ids" in p) == ("text" in p):
             raise GoldenError(f"{path}:{n}: need an id and exactly one of token_ids or text")
         if "continuation_ids" in p and "continuation" in p:
@@ -786,6 +918,9 @@ def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], l
         raise GoldenError(f"prompt {pid}: {n} tokens and {n_predict} generated do not fit --n-ctx {engine.n_ctx}")
     if engine.max_batch is not None and n > engine.max_batch:
         raise GoldenError(f"prompt {pid}: {n} tokens do not fit one ubatch of {engine.max_batch}")
+    if check_train_context(n + max(n_predict - 1, 0), engine.n_ctx_train, f"prompt {pid}: a sequence (prompt + generation) of",
+                           engine.model.get("file") or engine.model.get("checkpoint"), engine.beyond_train, GoldenError):
+        engine.options["beyond_n_ctx_train"] = True  # the manifest says that some prompt ran past it
     if engine.keep:
         kept_positions(engine, pid, n)
     return ids, continuation
@@ -813,6 +948,22 @@ def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int,
     return entry
 
 
+def vouch(entry: dict, name: str, digest: str) -> None:  # the manifest entry lists the file with its sha256
+    entry.setdefault("sha256", {})[name] = digest
+
+
+def output_files(prompts: list[dict]) -> list[str]:  # -> every file name a golden run may write into --out
+    kinds = (".npy", ".decode.npy", SUFFIX, ".topk.npz")
+    return [MANIFEST] + [f"{p['id']}{kind}" for p in prompts for kind in kinds]
+
+
+def refuse_overwrite(args, prompts: list[dict], out: Path) -> None:  # no golden written over an input file
+    inputs = [("--prompts", args.prompts), ("--model", args.model)]
+    if args.checkpoint and Path(args.checkpoint).is_dir():
+        inputs += [("--checkpoint", f) for f in Path(args.checkpoint).iterdir()]
+    artifacts.refuse_overwrite([("--out", out / name) for name in output_files(prompts)], inputs, GoldenError)
+
+
 def kept_positions(engine: Engine, pid: str, n: int) -> np.ndarray:  # -> int64 [m], --logits-positions of n tokens
     spec = engine.keep[0]
     try:
@@ -829,7 +980,7 @@ def positions_entry(engine: Engine, entry: dict, ids: list[int], out: Path) -> N
     if rows.shape[0] != positions.size or not np.isfinite(rows).all():
         raise GoldenError(f"prompt {pid}: bad logits {list(rows.shape)}")
     sparse = sparse_golden(rows, positions, rows.shape[1], k)
-    save_atomic(out / f"{pid}{SUFFIX}", lambda f: np.savez(f, **sparse))
+    vouch(entry, f"{pid}{SUFFIX}", save_atomic(out / f"{pid}{SUFFIX}", lambda f: np.savez(f, **sparse)))
     entry.update(file=f"{pid}{SUFFIX}", kind="positions", n_positions=int(positions.size))
 
 
@@ -839,7 +990,7 @@ def full_entry(engine: Engine, entry: dict, ids: list[int], continuation: list[i
     logits = engine.prefill(ids + continuation)
     if logits.shape[0] != len(ids) + len(continuation) or not np.isfinite(logits).all():
         raise GoldenError(f"prompt {pid}: bad logits {list(logits.shape)}")
-    save_atomic(out / f"{pid}.npy", lambda f: np.save(f, logits, allow_pickle=False))
+    vouch(entry, f"{pid}.npy", save_atomic(out / f"{pid}.npy", lambda f: np.save(f, logits, allow_pickle=False)))
     entry.update(file=f"{pid}.npy", shape=list(logits.shape))
     if continuation:
         entry["score"] = continuation_score(logits, len(ids), continuation)
@@ -848,7 +999,7 @@ def full_entry(engine: Engine, entry: dict, ids: list[int], continuation: list[i
 def greedy_entry(engine: Engine, entry: dict, ids: list[int], out: Path, n_predict: int) -> None:  # -> <id>.decode.npy
     pid = entry["id"]
     gen, steps = engine.greedy(ids, n_predict)
-    save_atomic(out / f"{pid}.decode.npy", lambda f: np.save(f, steps, allow_pickle=False))
+    vouch(entry, f"{pid}.decode.npy", save_atomic(out / f"{pid}.decode.npy", lambda f: np.save(f, steps, allow_pickle=False)))
     entry["greedy"] = {"n_predict": n_predict, "stop_at_eog": False, "tokens": gen,
                        "decode_logits": f"{pid}.decode.npy"}
     if "eog_ids" in engine.extra:
@@ -860,21 +1011,29 @@ def topk_entry(engine: Engine, entry: dict, ids: list[int], out: Path, n_predict
     """A server's golden: <id>.topk.npz, and <id>.positions.npz when it reports prompt logprobs too."""
     pid = entry["id"]
     top = engine.topk(ids, n_predict)
+    if "skip" in top:  # a prompt that gives no row: recorded without a golden, the run goes on
+        entry.update(file=None, kind="none", skipped=top["skip"])
+        return entry
     run, prompt = top.pop("run", None), top.pop("prompt", None)
-    save_atomic(out / f"{pid}.topk.npz", lambda f: np.savez(f, **top))
+    vouch(entry, f"{pid}.topk.npz", save_atomic(out / f"{pid}.topk.npz", lambda f: np.savez(f, **top)))
     entry.update(file=f"{pid}.topk.npz", kind="topk", n_probs=int(top["top_ids"].shape[1]),
                  greedy={"n_predict": n_predict, "tokens": top["tokens"].tolist()})
     if run:
         entry["server_run"] = run
     if prompt:
-        save_atomic(out / f"{pid}{SUFFIX}", lambda f: np.savez(f, **prompt))
+        vouch(entry, f"{pid}{SUFFIX}", save_atomic(out / f"{pid}{SUFFIX}", lambda f: np.savez(f, **prompt)))
         entry["prompt_logprobs"] = {"file": f"{pid}{SUFFIX}", "k": int(prompt["top_ids"].shape[1]),
                                     "format": PROMPT_LOGPROBS_FORMAT}
     return entry
 
 
+MANIFEST = "manifest.json"
+DIGESTS = ("each entry's sha256 lists every file of it with its sha256: tools.diff refuses a file that does "
+           "not match (one written after this manifest)")
+
+
 def run_header(engine: Engine, prompts_file: Path) -> dict:  # -> the manifest fields every entry shares
-    return {
+    return {"digests": DIGESTS,
         "engine": engine.name, "version": engine.version, "model": engine.model, "options": engine.options,
         "prompts_file": prompts_file.name, "date": today(),
         "logits": ("top-k log-probabilities of generated tokens: " + TOPK_FORMAT) if engine.prefill is None
@@ -939,6 +1098,15 @@ def build_parser() -> argparse.ArgumentParser:
     # k beyond the vocabulary keeps whole rows (reference.positions.top_k caps it)
     ap.add_argument("--logits-topk", type=int_in(1, MAX_TOKENS), metavar="K",
                     help="with --logits-positions: the K largest logits of each kept row and its logsumexp")
+    ap.add_argument(BEYOND_TRAIN, action="store_true", help=BEYOND_TRAIN_HELP + " (the manifest's options)")
+    wait = float_in(0.001, 1e6)
+    ap.add_argument("--connect-timeout", type=wait, default=CONNECT_TIMEOUT_S, metavar="S",
+                    help=f"llama-server, openai: seconds to connect (default {CONNECT_TIMEOUT_S:g})")
+    ap.add_argument("--read-timeout", type=wait, default=READ_TIMEOUT_S, metavar="S",
+                    help=f"llama-server, openai: seconds without a byte of a reply (default {READ_TIMEOUT_S:g}; "
+                         "a reply comes once its generation is done)")
+    ap.add_argument("--request-deadline", type=wait, default=REQUEST_DEADLINE_S, metavar="S",
+                    help=f"llama-server, openai: seconds for a whole request (default {REQUEST_DEADLINE_S:g})")
     corpus = ap.add_argument_group("corpus mode (tools/corpus.py)")
     corpus.add_argument("--corpus", action="store_true", help="tasks that resume; implied by --ray")
     # any size is safe: a task holds at most every prompt
@@ -970,13 +1138,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_prompts(args: argparse.Namespace, prompts: list[dict]) -> int:  # one process, one pass -> exit status
     from tqdm import tqdm
 
+    refuse_overwrite(args, prompts, args.out)
     engine = make_engine(args)
     # every prompt tokenized and checked before the progress bar, so that bad input gets one clean line
     tokens = [prompt_tokens(engine, p, args.n_predict) for p in prompts]
     make_dir(args.out)
-    entries = [golden_entry(engine, p, args.out, args.n_predict, t)
-               for p, t in zip(tqdm(prompts, desc=f"{engine.name} {args.out.name}", unit="prompt"), tokens)]
-    save_json(args.out / "manifest.json", {**run_header(engine, args.prompts), "entries": entries})
+    # the bar is closed (its line ended) before an error is printed, so the error is stderr's last line
+    with tqdm(total=len(prompts), desc=f"{engine.name} {args.out.name}", unit="prompt") as bar:
+        entries = []
+        for p, t in zip(prompts, tokens):
+            entries.append(golden_entry(engine, p, args.out, args.n_predict, t))
+            bar.update()
+    # written last, listing the digest of every file: an interrupted run leaves an older manifest,
+    # which tools.diff then finds does not match the files written since
+    save_json(args.out / MANIFEST, {**run_header(engine, args.prompts), "entries": entries})
+    skipped = [e for e in entries if e.get("skipped")]
+    for e in skipped:
+        print(f"tools.golden: prompt {e['id']}: no golden ({e['skipped']})", file=sys.stderr)
     return 0
 
 

@@ -36,10 +36,10 @@ row order to the GGUF's interleaved order (hf_rope_rows_to_gguf); heads-first te
 """
 import argparse
 import contextlib
-import json
 import os
 import sys
 
+from reference import artifacts
 from reference.cli import OneLineParser, exit_status, parse_token_ids
 from reference.trace import Tracer
 
@@ -67,11 +67,7 @@ def ops_without(text):  # "attn_gate_sig,ffn_inp" | None -> the other trace ops,
 
 def read_text_config(checkpoint):  # checkpoint dir -> the text_config dict of its config.json
     path = os.path.join(checkpoint, "config.json")
-    try:
-        with open(path) as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise HFTraceError(f"{path}: cannot read the checkpoint's config ({e})") from None
+    config = artifacts.read_json(path, HFTraceError, what="checkpoint's config")
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type != "muse_glimmer" or not isinstance(config.get("text_config"), dict):
         raise HFTraceError(f"{path}: not a Muse-Glimmer checkpoint (model_type {model_type!r})")
@@ -228,9 +224,9 @@ def write_trace(points, directory, about):  # {name: array}, dir, manifest -> No
     tracer = Tracer(directory)
     for name, x in points.items():
         tracer(name, x)
+    # inside the trace before it is renamed into place: the manifest and the points appear together
+    artifacts.write_json(os.path.join(tracer.directory, "manifest.json"), about, HFTraceError)
     tracer.close()
-    with open(os.path.join(directory, "manifest.json"), "w") as f:
-        json.dump(about, f, indent=1)
 
 
 def hf_trace(checkpoint, token_ids, out, ops=None):  # -> {name: f32 array}, also written to `out`
@@ -260,8 +256,7 @@ def debugger_dump(checkpoint, token_ids, out, only_read=False):  # -> files writ
     about.update(tool="transformers.model_addition_debugger_context", left_out=sorted(HF_DEBUGGER_MISSING),
                  command="python -m tools.hf_trace --debugger" + (" --only-read" if only_read else ""))
     about["options"].update(do_prune_layers=False, use_repr=False)
-    with open(os.path.join(out, "manifest.json"), "w") as f:
-        json.dump(about, f, indent=1)
+    artifacts.write_json(os.path.join(out, "manifest.json"), about, HFTraceError)
     return sorted(os.listdir(out))
 
 

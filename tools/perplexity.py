@@ -33,8 +33,9 @@ import time
 
 import numpy as np
 
-from reference import factory, gguf
-from reference.cli import OneLineParser, UsageError, check_output, exit_status, int_in
+from reference import artifacts, factory, gguf
+from reference.cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, UsageError, check_output, check_train_context,
+                           exit_status, int_in)
 from reference.ggml_cpu import KV_TYPES, GgmlCpuError, libm
 from reference.kv import CacheError
 from reference.tokenizer import Tokenizer, TokenizerError
@@ -375,8 +376,8 @@ def kld_size(n_ctx, n_vocab, n_chunk):  # -> the byte size of such a .kld file
 
 
 def read_kld_header(path):  # -> (n_ctx, n_vocab, n_chunk), checked against the file's size
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with artifacts.open_regular(path, KldError, what=".kld base") as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(HEADER_BYTES)
     if len(head) < HEADER_BYTES or head[:8] != MAGIC:
         raise KldError(f"{path}: not a llama-perplexity .kld file (no _logits_ header)")
@@ -398,23 +399,52 @@ def read_kld(path):  # -> KldBase
     if bad.any():
         raise KldError(f"{path}: token {int(tokens[bad][0])} is outside the vocabulary of {n_vocab}")
     rows = np.memmap(path, np.uint16, "r", HEADER_BYTES + tokens.nbytes, (n_chunk, n_scored(n_ctx), row_width(n_vocab)))
+    check_row_heads(path, rows)
     return KldBase(n_ctx, n_vocab, tokens, rows)
 
 
+def check_row_heads(path, rows):  # [n_chunk, n_scored, nv] u16 -> None; KldError unless every row can be decoded
+    """A row decodes as scale * code + min_log_prob: a NaN or Inf there (or a negative scale, or a
+    min_log_prob above 0) makes every statistic of the row NaN or 0, which would print as a result."""
+    for i in range(rows.shape[0]):  # chunk by chunk: the rows of a 30B base are GBs
+        head = np.ascontiguousarray(rows[i, :, :4]).view(F32)  # [n_scored, 2]: scale, min_log_prob
+        bad = ~np.isfinite(head).all(axis=1) | (head[:, 0] < 0) | (head[:, 1] > 0)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise KldError(f"{path}: chunk {i} row {row} has scale {head[row, 0]}, min_log_prob {head[row, 1]}: "
+                           "not a base llama-perplexity writes (finite, scale >= 0, min_log_prob <= 0)")
+
+
 class KldWriter:
-    """Writes a .kld file as llama-perplexity does: the header and tokens first, then chunk rows."""
+    """Writes a .kld file as llama-perplexity does: the header and tokens first, then chunk rows,
+    into a temporary file beside `path` that replaces it at close() (reference.artifacts): an
+    interrupted or failed run leaves an older base whole."""
 
     def __init__(self, path, n_ctx, n_vocab, tokens):  # tokens [n_chunk * n_ctx]
-        self.file = open(path, "wb")
-        self.file.write(MAGIC + np.array([n_ctx], np.uint32).tobytes())
-        self.file.write(np.array([n_vocab, len(tokens) // n_ctx], np.int32).tobytes())
-        self.file.write(np.asarray(tokens, np.int32).tobytes())
+        self.path, self.writing = path, artifacts.writing(path, KldError)
+        self.file = self.writing.__enter__()
+        self.write_bytes(MAGIC + np.array([n_ctx], np.uint32).tobytes())
+        self.write_bytes(np.array([n_vocab, len(tokens) // n_ctx], np.int32).tobytes())
+        self.write_bytes(np.asarray(tokens, np.int32).tobytes())
+
+    def write_bytes(self, data):  # -> None; a full disk names the base
+        try:
+            self.file.write(data)
+        except OSError as e:
+            self.discard()
+            raise artifacts.write_failed(self.path, e, KldError) from None
 
     def write(self, rows):  # [n_scored, nv] u16 -> None
-        self.file.write(np.ascontiguousarray(rows, np.uint16).tobytes())
+        self.write_bytes(np.ascontiguousarray(rows, np.uint16).tobytes())
 
-    def close(self):  # -> None, the file complete
-        self.file.close()
+    def close(self):  # -> None, the file complete under its name
+        writing, self.writing = self.writing, None
+        writing.__exit__(None, None, None)
+
+    def discard(self):  # -> None: the temporary goes, an older base stays
+        if self.writing is not None:
+            writing, self.writing = self.writing, None
+            writing.__exit__(KldError, KldError("discarded"), None)
 
 
 def top_k_rows(log_probs, next_ids, k):  # [N, V] f64, [N], k -> {top_ids [N, k], top_log_probs, next_log_probs}
@@ -425,22 +455,30 @@ def top_k_rows(log_probs, next_ids, k):  # [N, V] f64, [N], k -> {top_ids [N, k]
 
 def write_f32_base(path, n_ctx, n_vocab, tokens, chunks):  # chunks: [{name: [n_scored, ...]}] -> KLD_F32_FORMAT
     arrays = {name: np.stack([c[name] for c in chunks]) for name in chunks[0]}
-    with open(path, "wb") as f:
-        np.savez(f, n_ctx=np.int64(n_ctx), n_vocab=np.int64(n_vocab), tokens=np.asarray(tokens, np.int32), **arrays)
+    artifacts.save_npz(path, {"n_ctx": np.int64(n_ctx), "n_vocab": np.int64(n_vocab),
+                              "tokens": np.asarray(tokens, np.int32), **arrays}, KldError)
 
 
 def read_f32_base(path):  # -> dict of KLD_F32_FORMAT's arrays, tokens as [n_chunk, n_ctx], checked
+    artifacts.check_zip(path, KldError, f"{KLD_F32_FORMAT.split(':')[0]} base")
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with artifacts.open_regular(path, KldError, what="npz base") as f, np.load(f, allow_pickle=False) as z:
             base = {name: z[name] for name in z.files}
-            n_ctx, n_vocab, tokens = int(base["n_ctx"]), int(base["n_vocab"]), base["tokens"]
+        n_ctx, n_vocab, tokens = (base[k] for k in ("n_ctx", "n_vocab", "tokens"))
     except (ValueError, KeyError, TypeError, OSError, EOFError) as e:
         raise KldError(f"{path}: not a {KLD_F32_FORMAT.split(':')[0]} base ({e})") from None
+    if n_ctx.shape != () or n_vocab.shape != () or n_ctx.dtype.kind not in "iu" or n_vocab.dtype.kind not in "iu" \
+            or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+        raise KldError(f"{path}: n_ctx and n_vocab must be integers, tokens a list of ids")
+    n_ctx, n_vocab = int(n_ctx), int(n_vocab)
     n_chunk = len(tokens) // max(n_ctx, 1)
     rows = base.get("log_probs", base.get("top_ids"))
     if n_ctx < 4 or n_vocab < 1 or len(tokens) != n_chunk * n_ctx or rows is None or rows.ndim != 3 \
-            or rows.shape[:2] != (n_chunk, n_scored(n_ctx)):
-        raise KldError(f"{path}: the arrays {', '.join(f'{k} {v.shape}' for k, v in base.items())} do not fit")
+            or rows.shape[:2] != (n_chunk, n_scored(n_ctx)) or ("log_probs" in base and rows.shape[2] != n_vocab):
+        raise KldError(f"{path}: the arrays {', '.join(f'{k} {v.shape}' for k, v in base.items())} do not fit "
+                       f"n_ctx {n_ctx}, n_vocab {n_vocab}")
+    if not all(np.isfinite(base[k]).all() for k in ("log_probs", "top_log_probs", "next_log_probs") if k in base):
+        raise KldError(f"{path}: holds log-probabilities that are not finite")
     if "top_ids" in base and (base.get("top_log_probs", rows[:0]).shape != rows.shape
                               or base.get("next_log_probs", rows[:0]).shape != rows.shape[:2]):
         raise KldError(f"{path}: top_log_probs and next_log_probs do not fit top_ids {rows.shape}")
@@ -483,7 +521,11 @@ def load_model(args):  # -> TextModel on the backend the options ask for
     for warning in factory.host_warnings(build):
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     backend = factory.backend(build)
-    return factory.text_model(gguf.load(args.model, "text"), build, backend)
+    model = gguf.load(args.model, "text")
+    if check_train_context(args.ctx_size, model.config.n_ctx_train, "-c", args.model, args.beyond_n_ctx_train):
+        info(f"{PROG}: -c {args.ctx_size} is past the training context of {os.path.basename(args.model)} "
+             f"({model.config.n_ctx_train} tokens): {BEYOND_TRAIN}")
+    return factory.text_model(model, build, backend)
 
 
 def chunk_logits(lm, ids, args):  # ids [n_ctx] (BOS already first) -> f32 [n_scored, V] of [n_ctx/2, n_ctx - 1)
@@ -523,8 +565,7 @@ def chunks(n_chunk, what):  # -> range of chunk indices with a progress bar on a
 # The three modes
 
 def read_text(path):  # -> the text as llama.cpp's -f reads it: bytes kept, one trailing \n dropped
-    with open(path, "rb") as f:
-        data = f.read()
+    data = artifacts.read_bytes(path, UsageError, what="text")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -564,12 +605,24 @@ class BaseWriters:
         if self.f32_path:
             write_f32_base(self.f32_path, self.n_ctx, self.n_vocab, self.tokens, self.f32_rows)
 
+    def discard(self):  # -> None: whatever is unfinished goes (nothing once close() ran)
+        if self.u16:
+            self.u16.discard()
+
 
 def perplexity(args, lm):  # -> exit status; prints as llama-perplexity's perplexity()
     tokenizer = Tokenizer(lm.tokenizer)
     tokens, n_chunk = text_chunks(args, tokenizer)
     n_ctx, bos = args.ctx_size, tokenizer.required_id("bos") if tokenizer.add_bos else -1
     bases = BaseWriters(args, lm.cfg.n_vocab, tokens[:n_chunk * n_ctx])
+    try:
+        return scored_chunks(args, lm, tokens, n_chunk, bos, bases)
+    finally:
+        bases.discard()  # a run that fails leaves the bases that were there as they were
+
+
+def scored_chunks(args, lm, tokens, n_chunk, bos, bases):  # -> exit status: perplexity()'s loop over the chunks
+    n_ctx = args.ctx_size
     # the .kld writer's log_softmax rounds the nll to float32, the other one does not
     nll_of = nll_written if args.kl_divergence_base else nll_plain
     info(f"perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={n_ctx}, "
@@ -686,6 +739,7 @@ def kl_mode(args):  # --kl-divergence -> exit status: the model's logits against
     if args.kl_top_k:
         raise UsageError("--kl-top-k is chosen when the base is written; --kl-divergence reads what it holds")
     base = read_base(args)
+    args.ctx_size = base.n_ctx  # the chunks the base was made of: checked against the training context
     lm = load_model(args)
     if base.n_vocab != lm.cfg.n_vocab:
         raise UsageError(f"inconsistent vocabulary: the base has {base.n_vocab} tokens, {args.model} {lm.cfg.n_vocab}")
@@ -706,6 +760,9 @@ def ppl_mode(args):  # -> exit status: perplexity of -f, writing the bases asked
         check_output(args.kl_divergence_base_f32, "--kl-divergence-base-f32", ".npz")
     elif args.kl_top_k:
         raise UsageError("--kl-top-k applies to the base --kl-divergence-base-f32 writes")
+    artifacts.refuse_overwrite([("--kl-divergence-base", args.kl_divergence_base),
+                                ("--kl-divergence-base-f32", args.kl_divergence_base_f32)],
+                               [("-m", args.model), ("-f", args.file)], UsageError)
     return perplexity(args, load_model(args))
 
 
@@ -729,6 +786,7 @@ def build_parser():  # -> llama-perplexity's options and the reference's
     p.add_argument("--kl-divergence", action="store_true", help="KL divergence of -m against the base")
     p.add_argument("--compare-kld", nargs=2, metavar=("Q.kld", "BASE.kld"),
                    help="compare two bases of the same text (an engine's and the reference's), no model")
+    p.add_argument(BEYOND_TRAIN, action="store_true", help=BEYOND_TRAIN_HELP + " (a line on stderr)")
     p.add_argument("--plot", metavar="F.png", help="with --kl-divergence or --compare-kld: the per-token KLD and Δp")
     p.add_argument("--numerics", choices=("exact", "ggml-cpu"), default="exact",
                    help="ggml-cpu: round as llama.cpp's CPU backend does (F16 KV cache, flash attention on, "
@@ -748,6 +806,9 @@ def work(args):  # -> exit status
         if not (args.kl_divergence or args.compare_kld):
             raise UsageError("--plot draws the KL statistics of --kl-divergence or --compare-kld")
         check_plot(args.plot)
+    bases = (("--kl-divergence-base", args.kl_divergence_base), ("--kl-divergence-base-f32", args.kl_divergence_base_f32))
+    artifacts.refuse_overwrite([("--plot", args.plot)], [("-m", args.model), ("-f", args.file), *bases,
+                                                        *(("--compare-kld", q) for q in args.compare_kld or ())], UsageError)
     if args.compare_kld:
         return compare_kld(args)
     if not args.model:

@@ -70,7 +70,7 @@ class Parity:
     def __init__(self, directory, gate, near_tie_margin, results):
         self.directory = Path(directory)
         try:
-            self.files, self.manifest = diff.read_manifest(str(self.directory))
+            self.files, self.manifest, _ = diff.read_manifest(str(self.directory))
             self.gate = diff.parse_gate(gate or "")
         except UsageError as e:
             raise pytest.UsageError(f"parity: {e}") from None

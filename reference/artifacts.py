@@ -1,0 +1,364 @@
+"""How every command reads and writes an artifact (goldens, manifests, bases, traces, positions,
+plots, JSON reports), so that a stored one can be trusted for as long as it is kept:
+
+- a file is written to a temporary name in its own directory, fsynced and renamed over its name:
+  it appears whole or not at all, and an older file under that name stays as it was until then;
+- a directory (a trace) is built beside its name and renamed into place;
+- an output that is the same file as an input (or a directory that holds one) is refused before
+  anything is opened for writing;
+- only regular files are read (a FIFO would block, /dev/zero never ends), each under a size cap,
+  a zip archive under a decompression cap and JSON under a depth limit; every failure is the
+  caller's typed error, one line naming the file;
+- SIGINT and SIGTERM remove what is unfinished, keep what was whole, print one line
+  "interrupted; <file> left as it was" and exit 128 + the signal number (130, 143).
+"""
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import sys
+import threading
+import zipfile
+
+import numpy as np
+
+GiB = 1 << 30
+TEXT_CAP = GiB  # a prompt, perplexity text or JSON-lines prompt set: wikitext-103 (0.5 GB) fits
+DUMP_CAP = 4 * GiB  # a llama-eval-callback dump prints 6 rows of 6 values per tensor: GBs are ~1e5 passes
+JSON_CAP = 256 << 20  # a manifest, trace index, part file or debugger tree: 1e5 entries of 1 KB fit
+# JSON nesting: a manifest nests 4 deep, a 30B debugger tree ~30 (module path depth x 2); Python's
+# recursive parser fails near 900 (the stack), so anything past this is refused before it parses.
+JSON_DEPTH = 128
+SAFETENSORS_HEADER_CAP = 100_000_000  # the safetensors format's own limit on its JSON header
+# A zip golden's members are .npy arrays of floats and token ids. np.savez stores them (ratio 1);
+# deflate shrinks float32 logits by ~1.1x and int32 ids by ~3x. A member that inflates more than
+# this is not such an array (a run of zeros: a bomb), so the whole archive is refused before reading.
+INFLATE_RATIO = 32
+INFLATE_FLOOR = 1 << 20  # small archives: headers and tiny arrays compress by more than the ratio
+
+
+class ArtifactError(Exception):
+    """An artifact that cannot be read or written as the contract says; the message is one line."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM inside interruptible(): BaseException, so that no `except Exception` keeps it."""
+
+
+_unfinished = {}  # temporary path -> the final path it becomes once whole
+_declared = []  # outputs a command named, in order; the interrupted line names the first not yet whole
+_written = set()
+
+
+# -------------------------------------------------------------------------------------------------
+# Signals
+
+def unfinished_target():  # -> the output being written now, or the first declared one not yet whole, or None
+    return next(iter(_unfinished.values()), None) or next((p for p in _declared if p not in _written), None)
+
+
+def interrupted_line(prog, target):  # -> the one line a command prints when SIGINT or SIGTERM stops it
+    return f"{prog}: interrupted; {target} left as it was" if target else f"{prog}: interrupted; nothing was written"
+
+
+def remove_unfinished():  # -> None: every temporary file or directory in the making is deleted
+    for tmp in list(_unfinished):
+        remove(tmp)
+        _unfinished.pop(tmp, None)
+
+
+def remove(path):  # a file or a directory tree -> gone, whichever it is; quiet when it is not there
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+@contextlib.contextmanager
+def interruptible(prog):  # the body of a command's main: SIGINT/SIGTERM -> cleanup, one line, exit 130/143
+    """The handler only raises Interrupted; cleanup runs as the stack unwinds (write_file's and
+    staged_dir's `finally`) and again here, so that nothing half-made survives. Off the main
+    thread (a Ray actor's worker thread) signals cannot be caught and nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):  # the target is taken now: unwinding removes it from _unfinished
+        raise Interrupted(signum, unfinished_target())
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    _declared.clear()
+    _written.clear()
+    try:
+        yield
+    except Interrupted as e:
+        for s in old:  # a second signal during cleanup must not interrupt the cleanup
+            signal.signal(s, signal.SIG_IGN)
+        remove_unfinished()
+        sys.stdout.flush()
+        print(interrupted_line(prog, e.args[1]), file=sys.stderr, flush=True)
+        raise SystemExit(128 + e.args[0]) from None
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def signals_held():  # a critical section that a signal cannot cut in two (the renames of a directory swap)
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+# -------------------------------------------------------------------------------------------------
+# Outputs
+
+def same_file(a, b):  # -> whether two paths name one existing file or directory
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def inside(path, folder):  # -> whether `path` lies inside the directory `folder` (or is it)
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([real, root]) == root
+
+
+def refuse_overwrite(outputs, inputs, error=ArtifactError):
+    """outputs, inputs: [(option, path or None)]. Refuses an output that is an input (samefile, so a
+    hard link or another spelling counts), two outputs that are one file, and an output directory
+    (a trace, replaced whole) that holds an input. Called before anything is opened for writing;
+    the outputs are then the ones the interrupted line can name."""
+    outputs = [(o, os.fspath(p)) for o, p in outputs if p is not None]
+    inputs = [(o, os.fspath(p)) for o, p in inputs if p is not None and os.path.exists(p)]
+    for n, (option, out) in enumerate(outputs):
+        for in_option, given in inputs:
+            if same_file(out, given) or (os.path.isdir(out) and inside(given, out)):
+                raise error(f"{option} {out} would overwrite the input {in_option} {given}")
+        for other_option, other in outputs[:n]:
+            if out == other or same_file(out, other):
+                raise error(f"{option} {out} and {other_option} {other} are one file")
+    _declared.extend(out for _, out in outputs)
+
+
+def fsync_dir(folder):  # -> None: the rename itself made durable
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems (and /proc-like ones) refuse fsync on a directory: nothing to keep
+        pass
+    finally:
+        os.close(fd)
+
+
+def temporary_name(path):  # -> ".NAME.tmpPID" beside path: hidden, so no reader lists it as an artifact
+    folder, name = os.path.split(os.fspath(path))
+    return os.path.join(folder, f".{name}.tmp{os.getpid()}")
+
+
+def write_failed(path, e, error):  # OSError while writing `path` -> the caller's one-line error
+    reason = e.strerror or str(e)  # numpy's short write is "51200 requested and 10208 written"
+    return error(f"{path}: cannot write it ({reason}); {path} left as it was")
+
+
+@contextlib.contextmanager
+def writing(path, error=ArtifactError):  # -> yields a binary file; on a clean exit it replaces `path`, whole
+    """`path` gets what was written, whole, or stays as it was (a full disk, a signal, an error).
+    The context's value after the block: none; write_file returns the digest."""
+    path = os.fspath(path)
+    tmp = temporary_name(path)
+    _unfinished[tmp] = path
+    try:
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fsync_dir(os.path.dirname(path) or ".")
+        except OSError as e:
+            raise write_failed(path, e, error) from None
+        _written.add(path)
+    finally:
+        _unfinished.pop(tmp, None)
+        remove(tmp)  # gone already once renamed
+
+
+def write_file(path, write, error=ArtifactError):  # write(binary file) -> sha256 hex of what was written
+    with writing(path, error) as f:
+        write(f)
+    return file_sha256(path)
+
+
+def write_bytes(path, data, error=ArtifactError):  # -> sha256
+    return write_file(path, lambda f: f.write(data), error)
+
+
+def write_text(path, text, error=ArtifactError):  # -> sha256
+    return write_bytes(path, text.encode("utf-8"), error)
+
+
+def write_json(path, value, error=ArtifactError):  # -> sha256; indented, one trailing newline
+    return write_text(path, json.dumps(value, indent=1) + "\n", error)
+
+
+def save_npy(path, array, error=ArtifactError):  # -> sha256
+    return write_file(path, lambda f: np.save(f, array, allow_pickle=False), error)
+
+
+def save_npz(path, arrays, error=ArtifactError):  # {name: array} -> sha256
+    return write_file(path, lambda f: np.savez(f, **arrays), error)
+
+
+def save_figure(fig, path, error=ArtifactError, dpi=110):  # matplotlib figure -> the file, its format by extension
+    extension = os.path.splitext(os.fspath(path))[1].lstrip(".").lower() or "png"
+    return write_file(path, lambda f: fig.savefig(f, format=extension, dpi=dpi), error)
+
+
+@contextlib.contextmanager
+def staged_dir(path, error=ArtifactError):  # -> yields the directory to fill; it replaces `path` when whole
+    """Built as .NAME.tmpPID beside `path`; on success an older `path` is moved aside, the new one
+    renamed into place and the old one deleted, signals held between the two renames. On failure
+    or a signal the half-built directory goes and an older `path` stays as it was."""
+    path = os.fspath(path).rstrip(os.sep) or os.sep
+    tmp = temporary_name(path)
+    remove(tmp)
+    _unfinished[tmp] = path
+    try:
+        try:
+            os.makedirs(tmp)
+        except OSError as e:
+            raise write_failed(path, e, error) from None
+        yield tmp
+        old = f"{tmp}.old"
+        try:
+            with signals_held():
+                if os.path.lexists(path):
+                    os.rename(path, old)
+                os.rename(tmp, path)
+            fsync_dir(os.path.dirname(path) or ".")
+        except OSError as e:
+            raise write_failed(path, e, error) from None
+        remove(old)
+        _written.add(path)
+    finally:
+        _unfinished.pop(tmp, None)
+        remove(tmp)
+
+
+# -------------------------------------------------------------------------------------------------
+# Inputs
+
+def kind_of(mode):  # st_mode -> what a file that is not regular is, for the message
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path, error=ArtifactError, cap=None, what="file"):  # -> a binary file object, read only
+    """Refuses what is not a regular file by name before it can block or never end, and a file
+    larger than `cap` bytes. Opened O_NONBLOCK and checked again on the descriptor: a FIFO put in
+    place between the two looks cannot block the open."""
+    path = os.fspath(path)
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise error(f"{path}: {kind_of(mode)}, not a regular file ({what})")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise error(f"{path}: {e.strerror or e}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or (cap is not None and info.st_size > cap):
+        os.close(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path}: {kind_of(info.st_mode)}, not a regular file ({what})")
+        raise error(f"{path}: {info.st_size} bytes, more than the {cap} a {what} may hold")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(path, error=ArtifactError, cap=TEXT_CAP, what="text file"):  # -> bytes, whole
+    try:
+        with open_regular(path, error, cap, what) as f:
+            return f.read()
+    except OSError as e:
+        raise error(f"{path}: {e.strerror or e}") from None
+
+
+def check_regular(path, error=ArtifactError, what="file"):  # -> None; the file exists, regular, readable
+    open_regular(path, error, None, what).close()
+
+
+def json_depth(data):  # bytes or str of JSON -> its deepest nesting of [ and {, without parsing it
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    bare = np.frombuffer(re.sub(rb'"(?:[^"\\]|\\.)*"', b'""', raw, flags=re.S), np.uint8)
+    steps = np.isin(bare, (ord("["), ord("{"))).astype(np.int64) - np.isin(bare, (ord("]"), ord("}")))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def parse_json(data, where, error=ArtifactError, depth=JSON_DEPTH, what=None):  # bytes | str -> value
+    """json.loads recurses once per level and raises RecursionError near 900: deeper input is
+    refused first, by its bracket depth. `what` names the file's kind in the message."""
+    where = f"{where}: cannot read the {what}" if what else where
+    if json_depth(data) > depth:
+        raise error(f"{where}: JSON nested more than {depth} deep")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise error(f"{where}: not JSON ({str(e).splitlines()[0][:120]})") from None
+
+
+def read_json(path, error=ArtifactError, cap=JSON_CAP, what="JSON file"):  # -> the value of a JSON file
+    return parse_json(read_bytes(path, error, cap, what), path, error, what=what)
+
+
+def check_zip(path, error=ArtifactError, what="zip archive"):  # -> None; the archive may be read in full
+    """Every member's inflated size, from the central directory (zipfile never inflates past it),
+    against INFLATE_RATIO x its compressed size: decided before one byte is inflated."""
+    try:
+        with open_regular(path, error, None, what) as f, zipfile.ZipFile(f) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise error(f"{path}: not a {what} (a corrupt zip: {e})") from None
+    for info in members:
+        if info.file_size > max(INFLATE_RATIO * info.compress_size, INFLATE_FLOOR):
+            raise error(f"{path}: member {info.filename} inflates {info.compress_size} bytes to {info.file_size}, "
+                        f"more than {INFLATE_RATIO}x: not a {what}")
+
+
+# -------------------------------------------------------------------------------------------------
+# Digests
+
+_digests = {}  # (realpath, device, inode, size, mtime_ns, ctime_ns) -> sha256
+
+
+def file_sha256(path):  # -> sha256 hex of a file's bytes
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def cached_sha256(path):  # -> sha256 of a file, hashed once per process while its stat stays the same
+    """A model of 18 GB takes a minute to hash; a file replaced or rewritten under its name changes
+    its inode, size or mtime/ctime, and is hashed again."""
+    info = os.stat(path)
+    key = (os.path.realpath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    if key not in _digests:
+        _digests[key] = file_sha256(path)
+    return _digests[key]
+
+
+def content_digest(value):  # JSON-able value -> sha256 of its canonical JSON (keys sorted)
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=True).encode()).hexdigest()
