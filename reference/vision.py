@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from . import ops
-from .backend import NumpyBackend
+from .backend import GRAPH_OPS, NumpyBackend
 from .ggml_cpu import GgmlCpuBackend
 from .gguf import GGUFError
 from .image import resize_lanczos
@@ -87,7 +87,7 @@ class VisionModel:
         self.dtype = np.dtype(dtype)
         if numerics == "ggml-cpu":
             backend = backend or GgmlCpuBackend()
-            if not hasattr(backend, "graph_attention") or self.dtype != np.float32:
+            if not all(hasattr(backend, op) for op in GRAPH_OPS) or self.dtype != np.float32:
                 raise ValueError("numerics ggml-cpu computes in float32 on a ggml-cpu backend")
         self.backend = backend or NumpyBackend(self.dtype)
         n_pos = self.weights.shape("v.position_embd.weight")[0]
@@ -156,14 +156,15 @@ class VisionModel:
         patches = pixels.reshape(gh, p, gw, p, 3).transpose(0, 2, 4, 1, 3).reshape(gh * gw, 3 * p * p)
         kernel = self.weights.get("v.patch_embd.weight", np.float64).reshape(self.cfg.n_embd, 3 * p * p)
         if self.numerics == "ggml-cpu":  # the F16 im2col is the mul_mat's src0, the kernel its src1
-            return self.backend.matmul(kernel, patches, "F16").T
+            return self.backend.float_matmul(kernel, patches, "F16").T
         return self.backend.matmul(patches, kernel)
 
     def position_embed(self, gh, gw):  # -> [gh*gw, E]; table row y*side + x
         side = self.pos_side
         table = self.weights.get("v.position_embd.weight", self.dtype).reshape(side, side, -1)
-        resize = self.backend.interpolate if self.numerics == "ggml-cpu" else ops.resize_bilinear_border
-        return resize(table, gh, gw).reshape(gh * gw, -1)
+        if self.numerics == "ggml-cpu":
+            return self.backend.interpolate(table, gh, gw).reshape(gh * gw, -1)
+        return ops.resize_bilinear_border(table, gh, gw).reshape(gh * gw, -1)
 
     def layer_norm(self, x, prefix):  # x [T, E] -> [T, E]
         weight, bias = (self.weights.get(prefix + part, self.dtype) for part in (".weight", ".bias"))

@@ -45,8 +45,11 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         cache = self.decoded.setdefault(weights, {})
         return mul_mat(np.ascontiguousarray(x, F32), weights, name, cache, self.repack, self.cache_bytes)
 
-    def matmul(self, x, w, kind="F32"):  # x [T, in], w [out, in] arrays -> [T, out]: a GGML_OP_MUL_MAT of kind
-        """Both operands converted to kind ("F32" or "F16": ggml_conv_2d's F16 im2col times its kernel)."""
+    def matmul(self, x, w):  # x [T, in], w [out, in] f32 arrays -> [T, out]: an F32 GGML_OP_MUL_MAT
+        return self.float_matmul(x, w, "F32")
+
+    def float_matmul(self, x, w, kind):  # x [T, in], w [out, in] arrays -> [T, out]: a GGML_OP_MUL_MAT of kind
+        """Both operands converted to kind ("F32", or "F16": ggml_conv_2d's F16 im2col times its kernel)."""
         rounding = FLOAT_KERNELS[kind][0]
         return self.float_product(rounding(np.asarray(x, F32)), np.ascontiguousarray(rounding(np.asarray(w, F32))), kind)
 
