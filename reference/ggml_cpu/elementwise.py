@@ -1,7 +1,7 @@
 """Element-wise ops (ops.cpp, unary-ops.cpp, vec.h)."""
 import numpy as np
 
-from ..ops import bilinear_taps
+from ..ops import bilinear_corners
 
 from .libm import libm, silu_rows, v_expf
 from .rounding import F32, F64, fma32, hsum16
@@ -35,12 +35,8 @@ def interpolate_bilinear(grid, out_h, out_w):  # grid [h, w, C] f32 -> [out_h, o
     """upscale_f32 in bilinear mode (ops.bilinear_taps: half-pixel centres, border clamp), its
     a*(1-dx)*(1-dy) + b*dx*(1-dy) + c*(1-dx)*dy + d*dx*dy as GCC contracts it: the first product
     fused with the second, then one FMA per further term."""
-    y0, y1, dy = bilinear_taps(grid.shape[0], out_h, F32)
-    x0, x1, dx = bilinear_taps(grid.shape[1], out_w, F32)
-    dy, dx = dy[:, None, None], dx[None, :, None]
+    a, b, c, d, dx, dy = bilinear_corners(grid, out_h, out_w)
     one = F32(1)
-    a, b = grid[y0][:, x0], grid[y0][:, x1]
-    c, d = grid[y1][:, x0], grid[y1][:, x1]
     val = fma32(a * (one - dx), one - dy, (b * dx) * (one - dy))
     val = fma32(c * (one - dx), dy, val)
     return fma32(d * dx, dy, val)
