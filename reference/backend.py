@@ -58,7 +58,25 @@ class Backend(Protocol):
         ...
 
 
-OPS = tuple(name for name in vars(Backend) if not name.startswith("_") and callable(vars(Backend)[name]))
+class GgmlGraph(Protocol):
+    """What mtmd's CPU graph of the vision tower computes beyond Backend's ops, declared by the
+    ggml-cpu backends only (the tower's numerics "ggml-cpu" needs one of them)."""
+
+    def float_matmul(self, x, w, kind):  # x [T, in], w [out, in] arrays, "F32" | "F16" -> [T, out]
+        ...
+
+    def graph_attention(self, q, k, v, visible, scale):  # [T, H, D] x3, [T, T] -> [T, H, D]: no KV cache
+        ...
+
+    def interpolate(self, grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]: bilinear, border clamp
+        ...
+
+
+def declared(protocol):  # -> the op names a Protocol declares
+    return tuple(name for name in vars(protocol) if not name.startswith("_") and callable(vars(protocol)[name]))
+
+
+OPS, GRAPH_OPS = declared(Backend), declared(GgmlGraph)
 
 
 class NumpyBackend:

@@ -135,14 +135,16 @@ def bilinear_taps(n_in, n_out, dtype):  # -> lo [n_out], hi [n_out], frac [n_out
     return lo, hi, np.clip(s - lo.astype(dtype), 0, 1).astype(dtype)
 
 
-def resize_bilinear_border(grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]
+def bilinear_corners(grid, out_h, out_w):  # grid [h, w, C] -> a, b, c, d [out_h, out_w, C], dx [1, out_w, 1], dy [out_h, 1, 1]
     dtype = grid.dtype.type
     y0, y1, dy = bilinear_taps(grid.shape[0], out_h, dtype)
     x0, x1, dx = bilinear_taps(grid.shape[1], out_w, dtype)
-    dy, dx = dy[:, None, None], dx[None, :, None]
-    one = dtype(1)
-    a, b = grid[y0][:, x0], grid[y0][:, x1]
-    c, d = grid[y1][:, x0], grid[y1][:, x1]
+    return grid[y0][:, x0], grid[y0][:, x1], grid[y1][:, x0], grid[y1][:, x1], dx[None, :, None], dy[:, None, None]
+
+
+def resize_bilinear_border(grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]
+    a, b, c, d, dx, dy = bilinear_corners(grid, out_h, out_w)
+    one = grid.dtype.type(1)
     # ggml's expression order, so float32 rounds as it does
     return a * (one - dx) * (one - dy) + b * dx * (one - dy) + c * (one - dx) * dy + d * dx * dy
 

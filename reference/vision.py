@@ -18,7 +18,8 @@ import math
 import numpy as np
 
 from . import ops
-from .backend import NumpyBackend
+from .backend import GRAPH_OPS, NumpyBackend
+from .ggml_cpu import GgmlCpuBackend
 from .gguf import GGUFError
 from .image import resize_lanczos
 from .trace import NO_TRACE, layer_range
@@ -70,10 +71,11 @@ NUMERICS = ("exact", "ggml-cpu")
 
 
 class VisionModel:
-    """`numerics="ggml-cpu"` adds the rounding llama.cpp's CPU graph does that the exact mode does
-    not: ggml_conv_2d builds its im2col in F16, so the normalised pixels and the patch kernel are
-    rounded to f16 before the patch embedding (nearly all of what separates the two, §8); and a
-    matmul with F16 weights rounds its activations to f16."""
+    """`numerics="ggml-cpu"` computes mtmd's CPU graph on a ggml-cpu backend (reference.ggml_cpu or
+    its numba twin; default GgmlCpuBackend()): ggml_conv_2d's F16 im2col times the kernel converted
+    to F16 (nearly all of what separates it from the exact mode, §8), every product and op as ggml
+    rounds it, and the window attention as clip.cpp builds it: every layer over all patches, the
+    sparse ones through a block-diagonal mask, flash attention as the backend has it."""
 
     def __init__(self, gguf_model, dtype=np.float32, backend=None, numerics="exact"):
         if numerics not in NUMERICS:
@@ -83,6 +85,10 @@ class VisionModel:
         self.cfg = gguf_model.config
         self.weights = gguf_model.weights
         self.dtype = np.dtype(dtype)
+        if numerics == "ggml-cpu":
+            backend = backend or GgmlCpuBackend()
+            if not all(hasattr(backend, op) for op in GRAPH_OPS) or self.dtype != np.float32:
+                raise ValueError("numerics ggml-cpu computes in float32 on a ggml-cpu backend")
         self.backend = backend or NumpyBackend(self.dtype)
         n_pos = self.weights.shape("v.position_embd.weight")[0]
         self.pos_side = math.isqrt(n_pos)
@@ -149,14 +155,15 @@ class VisionModel:
         gh, gw = pixels.shape[0] // p, pixels.shape[1] // p
         patches = pixels.reshape(gh, p, gw, p, 3).transpose(0, 2, 4, 1, 3).reshape(gh * gw, 3 * p * p)
         kernel = self.weights.get("v.patch_embd.weight", np.float64).reshape(self.cfg.n_embd, 3 * p * p)
-        if self.numerics == "ggml-cpu":
-            patches = patches.astype(np.float16).astype(patches.dtype)
-            kernel = kernel.astype(np.float16).astype(kernel.dtype)
+        if self.numerics == "ggml-cpu":  # the F16 im2col is the mul_mat's src0, the kernel its src1
+            return self.backend.float_matmul(kernel, patches, "F16").T
         return self.backend.matmul(patches, kernel)
 
     def position_embed(self, gh, gw):  # -> [gh*gw, E]; table row y*side + x
         side = self.pos_side
         table = self.weights.get("v.position_embd.weight", self.dtype).reshape(side, side, -1)
+        if self.numerics == "ggml-cpu":
+            return self.backend.interpolate(table, gh, gw).reshape(gh * gw, -1)
         return ops.resize_bilinear_border(table, gh, gw).reshape(gh * gw, -1)
 
     def layer_norm(self, x, prefix):  # x [T, E] -> [T, E]
@@ -164,8 +171,6 @@ class VisionModel:
         return self.backend.layer_norm(x, weight, bias, self.cfg.layer_norm_eps)
 
     def linear(self, x, name):  # x [T, in] -> [T, out]
-        if self.numerics == "ggml-cpu" and self.weights.type_name(name) == "F16":
-            x = x.astype(np.float16).astype(x.dtype)  # ggml's F16 dot product reads f16 activations
         return self.backend.linear(x, self.weights, name)
 
     def dense(self, x, name):  # x [T, in] -> [T, out]; a GGUF linear with its bias
@@ -197,8 +202,11 @@ class VisionModel:
     def attend(self, q, k, v, spans):  # q/k/v [T, H, D], spans [(start, stop)] -> [T, H, D]
         """Bidirectional attention inside each span; queries go in blocks small enough that one
         block's scores fit ATTENTION_SCORES_BUDGET (a global layer at 4096 tokens has N = 16384)."""
-        out = np.empty_like(q)
         scale = 1.0 / math.sqrt(q.shape[-1])
+        if self.numerics == "ggml-cpu":
+            window = np.repeat(np.arange(len(spans)), [stop - start for start, stop in spans])
+            return self.backend.graph_attention(q, k, v, window[:, None] == window[None, :], scale)
+        out = np.empty_like(q)
         for start, stop in spans:
             n = stop - start
             block = max(1, ATTENTION_SCORES_BUDGET // (q.shape[1] * n))

@@ -16,7 +16,7 @@ from accel.cupy import CupyBackend
 from accel.numba import NumbaBackend
 from accel.numba.ggml import GgmlCpuNumbaBackend
 from reference import gguf
-from reference.backend import OPS, Backend, NumpyBackend
+from reference.backend import GRAPH_OPS, OPS, Backend, GgmlGraph, NumpyBackend
 from reference.ggml_cpu import GgmlCpuBackend
 from reference.text import TextModel
 from reference.tp import TensorParallelBackend
@@ -42,6 +42,12 @@ def test_backend_implements_the_declared_op(backend, op):
     assert parameters(fn) == parameters(getattr(Backend, op)), f"{backend.__name__}.{op} parameters"
 
 
+@pytest.mark.parametrize("backend, op", [case(backend, op) for backend in (GgmlCpuBackend, GgmlCpuNumbaBackend)
+                                         for op in GRAPH_OPS])
+def test_ggml_cpu_backends_implement_the_graph_ops(backend, op):
+    assert parameters(getattr(backend, op)) == parameters(getattr(GgmlGraph, op)), f"{backend.__name__}.{op}"
+
+
 def backend_calls(source):  # -> {op names called as self.backend.<op>(...) or be.<op> in a model file}
     calls = set()
     for node in ast.walk(ast.parse(source)):
@@ -57,8 +63,8 @@ def test_the_models_call_only_declared_ops_and_every_declared_op_is_called():
     for name in MODELS:
         with open(os.path.join(REFERENCE, name)) as f:
             called |= backend_calls(f.read())
-    assert called <= set(OPS), f"called but not declared: {sorted(called - set(OPS))}"
-    assert set(OPS) <= called, f"declared but no model calls: {sorted(set(OPS) - called)}"
+    assert called <= set(OPS + GRAPH_OPS), f"called but not declared: {sorted(called - set(OPS + GRAPH_OPS))}"
+    assert set(OPS + GRAPH_OPS) <= called, f"declared but no model calls: {sorted(set(OPS) - called)}"
 
 
 def test_the_models_compute_nothing_through_ops_directly():

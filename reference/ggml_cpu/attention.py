@@ -22,14 +22,15 @@ def pad_cells(a, n_kv):  # [S, ...] -> [n_kv, ...], zero cells past the filled o
     return np.concatenate([a, np.zeros((n_kv - len(a),) + a.shape[1:], a.dtype)]) if n_kv > len(a) else a
 
 
-def attention_mul_mat(q, k, v, visible, scale, kv_type, kernels=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+def attention_mul_mat(q, k, v, visible, scale, kv_type, kernels=None, cells=True):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
     """Flash attention off: kq = K.Q (mul_mat), soft_max_ext(kq, F32 mask, scale), kqv = V^T.P.
     kernels: the module of float_mul_mat, vec_dot_f32 and soft_max (default this emulation's; the
-    numba twin passes its own)."""
+    numba twin passes its own). cells: K and V are a KV cache's cells (padded to n_kv_cells); False:
+    a graph's tensors, as long as they are (attention_graph)."""
     kernels = kernels or KERNELS
     H = q.shape[1]
     group = H // k.shape[1]
-    n_kv = n_kv_cells(len(k))
+    n_kv = n_kv_cells(len(k)) if cells else len(k)
     visible = pad_cells(visible.T, n_kv).T
     if kv_type == "f16":
         k, v = round_f16(k), round_f16(v)
@@ -212,6 +213,37 @@ def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 val
         for kk in range(FA_TILE):
             acc = np.where(rows[..., None], fma32(v[start + kk][None], p[:, :, kk, None], acc), acc)
     return flash_normalise(s_sum, acc)
+
+
+GRAPH_SCORES = 1 << 20  # scores per query block of a graph attention (with vec_dot_f32's [rows, T, D] products: 4 MiB x D)
+
+
+def attention_graph(q, k, v, visible, scale, flash_attn, kernels=None):  # [T, H, D] x3, [T, T] -> [T, H, D]
+    """An attention inside a graph, over tensors and no KV cache (clip.cpp build_attn): n_kv is the
+    graph's own T, not padded cells. Flash attention off: kq = K.Q by vec_dot_f32 (Q is permuted, so
+    no tinyBLAS), soft_max_ext with the F32 mask, V^T.P as an F32 mul_mat. On: K, V and the mask cast
+    to F16; from 64 query rows (the graph's, not a block's) the tiled kernel, whose last KV tile
+    is padded with masked cells, else the one-chunk kernel. Each query row's result depends on its
+    own row only, so the rows go in blocks that bound the scores held at once. kernels as for
+    attention_mul_mat."""
+    kernels = kernels or KERNELS
+    T, H, _ = q.shape
+    tiled = flash_attn and T >= FA_TILE
+    if flash_attn:
+        n_kv = -(-len(k) // FA_TILE) * FA_TILE if tiled else len(k)
+        k, v = round_f16(pad_cells(k, n_kv)), round_f16(pad_cells(v, n_kv))
+        visible = pad_cells(visible.T, n_kv).T
+    out = np.empty_like(q)
+    rows = max(1, GRAPH_SCORES // (H * len(k)))
+    for q0 in range(0, T, rows):
+        block = slice(q0, q0 + rows)
+        if tiled:
+            out[block] = kernels.flash_tiled(q[block], k, v, visible[block], scale)
+        elif flash_attn:
+            out[block] = kernels.flash_chunk(q[block], k, v, visible[block], scale, range(len(k)), "f16")
+        else:
+            out[block] = attention_mul_mat(q[block], k, v, visible[block], scale, "f32", kernels, cells=False)
+    return out
 
 
 KERNELS = sys.modules[__name__]  # the kernels the attention functions call unless given others

@@ -3,10 +3,10 @@ import warnings
 
 import numpy as np
 
-from .attention import attention_flash, attention_mul_mat, attention_q8_0
-from .elementwise import gelu_erf, layer_norm, rms_norm, rope_2d, rope_neox, rope_norm, sigmoid, softcap, swiglu
+from .attention import attention_flash, attention_graph, attention_mul_mat, attention_q8_0
+from .elementwise import gelu_erf, interpolate_bilinear, layer_norm, rms_norm, rope_2d, rope_neox, rope_norm, sigmoid, softcap, swiglu
 from .build import BUILD, KV_TYPES, GgmlCpuError, host_differences
-from .mul_mat import float_mul_mat, mul_mat
+from .mul_mat import FLOAT_KERNELS, float_mul_mat, mul_mat
 from .rounding import F32
 
 
@@ -24,6 +24,8 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
 
     With check_host it warns when this machine's llama.cpp build would round differently."""
     name = "ggml-cpu"
+    float_product = staticmethod(float_mul_mat)  # the kernels matmul and graph_attention call (the numba twin's its own)
+    attention_kernels = None
 
     def __init__(self, kv_type="f16", flash_attn=False, n_threads=2, check_host=True, repack=True, cache_bytes=None):
         if kv_type not in KV_TYPES:
@@ -43,8 +45,13 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         cache = self.decoded.setdefault(weights, {})
         return mul_mat(np.ascontiguousarray(x, F32), weights, name, cache, self.repack, self.cache_bytes)
 
-    def matmul(self, x, w):  # x [T, in], w [out, in] f32 array -> [T, out]: an F32 GGML_OP_MUL_MAT
-        return float_mul_mat(np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32), "F32")
+    def matmul(self, x, w):  # x [T, in], w [out, in] f32 arrays -> [T, out]: an F32 GGML_OP_MUL_MAT
+        return self.float_matmul(x, w, "F32")
+
+    def float_matmul(self, x, w, kind):  # x [T, in], w [out, in] arrays -> [T, out]: a GGML_OP_MUL_MAT of kind
+        """Both operands converted to kind ("F32", or "F16": ggml_conv_2d's F16 im2col times its kernel)."""
+        rounding = FLOAT_KERNELS[kind][0]
+        return self.float_product(rounding(np.asarray(x, F32)), np.ascontiguousarray(rounding(np.asarray(w, F32))), kind)
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         # scale is used as a float32: llama.cpp's kq_scale is 1.0f/sqrtf(head_dim), computed in float32
@@ -54,6 +61,14 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         if self.flash_attn:
             return attention_flash(q, k, v, visible, scale, self.n_threads)
         return attention_mul_mat(q, k, v, visible, scale, self.kv_type)
+
+    def graph_attention(self, q, k, v, visible, scale):  # [T, H, D] x3, [T, T] -> [T, H, D]
+        """Attention over a graph's own tensors, no KV cache (mtmd's vision tower)."""
+        return attention_graph(*(np.asarray(a, F32) for a in (q, k, v)), visible, scale, self.flash_attn,
+                               self.attention_kernels)
+
+    def interpolate(self, grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]: bilinear ggml_interpolate
+        return interpolate_bilinear(np.asarray(grid, F32), out_h, out_w)
 
     def rms_norm(self, x, eps):  # x [..., n] -> [..., n]
         return rms_norm(np.asarray(x, F32), eps)

@@ -1,6 +1,8 @@
 """Element-wise ops (ops.cpp, unary-ops.cpp, vec.h)."""
 import numpy as np
 
+from ..ops import bilinear_corners
+
 from .libm import libm, silu_rows, v_expf
 from .rounding import F32, F64, fma32, hsum16
 
@@ -27,6 +29,17 @@ def layer_norm(x, w, b, eps):  # x [..., n] f32, w [n], b [n] -> [..., n]: ggml_
     total = np.cumsum(np.concatenate([blocks, squares[..., n16:].astype(F64)], axis=-1), axis=-1)[..., -1]
     scale = F32(1) / np.sqrt((total / n).astype(F32) + F32(eps))
     return (centered * scale[..., None]) * np.asarray(w, F32) + np.asarray(b, F32)
+
+
+def interpolate_bilinear(grid, out_h, out_w):  # grid [h, w, C] f32 -> [out_h, out_w, C]: ggml_interpolate
+    """upscale_f32 in bilinear mode (ops.bilinear_taps: half-pixel centres, border clamp), its
+    a*(1-dx)*(1-dy) + b*dx*(1-dy) + c*(1-dx)*dy + d*dx*dy as GCC contracts it: the first product
+    fused with the second, then one FMA per further term."""
+    a, b, c, d, dx, dy = bilinear_corners(grid, out_h, out_w)
+    one = F32(1)
+    val = fma32(a * (one - dx), one - dy, (b * dx) * (one - dy))
+    val = fma32(c * (one - dx), dy, val)
+    return fma32(d * dx, dy, val)
 
 
 def rope_norm(x, theta):  # x [T, H, D], theta [T, D/2] (ops.rope_angles) -> [T, H, D]; pairs (2i, 2i+1)

@@ -15,13 +15,12 @@ F32 = np.float32
 
 class GgmlCpuNumbaBackend(GgmlCpuBackend):
     name = "numba-ggml-cpu"
+    float_product = staticmethod(float_mul_mat)
+    attention_kernels = attention.KERNELS
 
     def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
         cache = self.decoded.setdefault(weights, {})
         return mul_mat(np.ascontiguousarray(x, np.float32), weights, name, cache, self.repack, self.cache_bytes)
-
-    def matmul(self, x, w):  # x [T, in], w [out, in] f32 array -> [T, out]: an F32 GGML_OP_MUL_MAT
-        return float_mul_mat(np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32), "F32")
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         q, k, v = (np.asarray(a, F32) for a in (q, k, v))
