@@ -31,9 +31,6 @@ BACKENDS = ("numpy", "numba", "cupy")
 DTYPES = ("float32", "float64")
 GGML_CPU_BACKENDS = ("numpy", "numba")
 # Backends that do not compute every op the vision tower needs, and why: refused, never replaced
-TOWER_MISSING = {"ggml-cpu": "its attention rounds K and V as its KV cache type; the tower's are uncached float32"}
-
-
 class FactoryError(Exception):
     """Flags that build no model (a contradiction, a missing package or device); one-line message."""
 
@@ -78,10 +75,6 @@ def check(build):  # -> None; FactoryError for flags that contradict each other
 def check_tower(build):  # -> None; FactoryError where the tower cannot be built on this backend
     if build.tp != 1:
         raise FactoryError("--tp shards the text model only: the vision tower has no tensor-parallel plan")
-    name = "ggml-cpu" if build.ggml_cpu else build.backend
-    if name in TOWER_MISSING:
-        raise FactoryError(f"--numerics {build.numerics} --backend {build.backend}: the vision tower is not "
-                           f"emulated on the {name} backend ({TOWER_MISSING[name]})")
 
 
 def host_warnings(build):  # -> lines: where this machine's llama.cpp would round unlike the emulated build

@@ -116,8 +116,6 @@ def test_reference_names_no_numba_or_cupy_module():
 # The vision tower: on the text model's backend, or refused
 
 @pytest.mark.parametrize("flags, message", [
-    (["--numerics", "ggml-cpu"], "the vision tower is not emulated on the ggml-cpu backend"),
-    (["--numerics", "ggml-cpu", "--backend", "numba"], "the vision tower is not emulated on the ggml-cpu backend"),
     (["--tp", "2"], "--tp shards the text model only"),
 ])
 def test_a_tower_the_backend_cannot_compute_is_refused_before_any_load(tmp_path, flags, message):
@@ -134,6 +132,27 @@ def test_the_tower_runs_on_numba_and_matches_llama_cpp():
     ours = tower.encode(rgb, LLAMA["cases"][CASE]["max_tokens"] or DEFAULT_MAX_TOKENS)[::stride]
     assert ours.shape == ref.shape
     assert nmse(ref.ravel(), ours.ravel()) <= EXACT_GATE
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("flash_attn", ["off", "on"])
+def test_ggml_cpu_cli_tower_is_mtmds(tmp_path, backend, flash_attn):
+    """`--numerics ggml-cpu --image` builds mtmd's CPU graph on the text model's ggml-cpu backend, with
+    its --flash-attn: mtmd's committed rows bit for bit (no tolerance: the emulation claims ggml's
+    roundings)."""
+    if backend == "numba":
+        require("numba")
+    rgb, _, stride = case_image()
+    from PIL import Image
+    png, emb = str(tmp_path / "img.png"), str(tmp_path / "emb.npy")
+    Image.fromarray(rgb).save(png)
+    entry = LLAMA["cases"][CASE]
+    ref = np.load(os.path.join(VISION, "llama-cpp", entry["files"][f"f32-fa-{flash_attn}"]))
+    assert run_main(["--model", TEXT_MODEL, "--mmproj", MMPROJ, "--image", png, "--numerics", "ggml-cpu",
+                     "--backend", backend, "--flash-attn", flash_attn, "--n-predict", "0",
+                     "--embeddings-out", emb]) == 0
+    ours = np.load(emb)[::stride]
+    assert ours.shape == ref.shape and np.max(np.abs(ours - ref)) == 0
 
 
 def test_cli_builds_the_tower_on_the_text_models_backend(tmp_path, monkeypatch, capsys):
