@@ -7,6 +7,7 @@ import functools
 import numpy as np
 
 from .rounding import F32, fma32
+from .target import AVX512
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,8 +62,9 @@ def v_expf(x, scalef=True):  # [...] f32 -> [...] f32: ggml_v_expf (max error 1.
         k = (e + ONE_BITS).view(F32)
         g = np.where(n <= 0, SCALE_SIGN, np.uint32(0)).astype(np.uint32)
         s1, s2 = (g + SCALE_BITS).view(F32), (e - g).view(F32)
-        return np.where(np.abs(n) > 192, s1 * s1,
-                        np.where(np.abs(n) > 126, fma32(s2, j, s2) * s1, fma32(k, j, k))).astype(F32)
+        # a NaN x: which NaN comes out (its sign) depends on the operand order GCC gives the FMAs; x itself
+        out = np.where(np.abs(n) > 192, s1 * s1, np.where(np.abs(n) > 126, fma32(s2, j, s2) * s1, fma32(k, j, k)))
+        return np.where(np.isnan(x), x, out).astype(F32)
 
 
 def v_silu(x, scalef=True):  # [...] f32 -> [...] f32: ggml_v_silu, x / (1 + v_expf(-x))
@@ -70,7 +72,7 @@ def v_silu(x, scalef=True):  # [...] f32 -> [...] f32: ggml_v_silu, x / (1 + v_e
     return x / (F32(1) + v_expf(F32(0) - x, scalef))
 
 
-def silu_rows(x, target):  # [..., n] f32 -> [..., n]: ggml_v_silu on blocks of the target's lanes, glibc on the tail
+def silu_rows(x, target=AVX512):  # [..., n] f32 -> [..., n]: ggml_v_silu on blocks of the target's lanes, glibc on the tail
     """ggml_vec_swiglu_f32 (llama.cpp/ggml/src/ggml-cpu/vec.cpp:278-314): the vector loop while a whole
     register remains, then ggml_silu_f32, x/(1+expf(-x)) with glibc expf."""
     whole = x.shape[-1] - x.shape[-1] % target.lanes
