@@ -22,7 +22,7 @@ from . import gguf
 from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
 from .cli import OneLineParser, UsageError, check_output, exit_status, float_in, int_in, parse_token_ids
 from .dflash import Drafter, Speculator, acceptance
-from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
+from .ggml_cpu import KV_TYPES, TARGETS, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences, target
 from .governor import CostGovernor, FloorBandit
 from .image import ImageError, load_rgb
 from .kv import CacheError, layer_rows
@@ -118,6 +118,9 @@ def add_compute_flags(p):
                         "attention on)")
     p.add_argument("--flash-attn", choices=("on", "off"),
                    help="with --numerics ggml-cpu: llama.cpp's flash attention (default off, on for --kv-type q8_0)")
+    p.add_argument("--cpu", choices=tuple(TARGETS),
+                   help="with --numerics ggml-cpu: the CPU build of llama.cpp to round as (default avx512; "
+                        "neon and neon-i8mm are not emulated yet)")
     p.add_argument("--repack", choices=("on", "off"),
                    help="with --numerics ggml-cpu: llama.cpp's CPU repack of Q4_0/IQ4_NL/Q4_K/Q2_K weights "
                         "(default on; off as llama-cpp-python's use_extra_bufts=False or the tools' --no-repack)")
@@ -173,8 +176,8 @@ def check_compute_flags(args):
     if args.numerics == "ggml-cpu" and (args.dtype != "float32" or args.backend not in ("numpy", "numba")
                                         or args.tp != 1):
         raise UsageError("--numerics ggml-cpu computes in float32 on the numpy or numba backend, without --tp")
-    if args.numerics != "ggml-cpu" and (args.kv_type or args.flash_attn or args.repack):
-        raise UsageError("--kv-type, --flash-attn and --repack choose llama.cpp's build for --numerics ggml-cpu only")
+    if args.numerics != "ggml-cpu" and (args.kv_type or args.flash_attn or args.repack or args.cpu):
+        raise UsageError("--kv-type, --flash-attn, --repack and --cpu choose llama.cpp's build for --numerics ggml-cpu only")
     if args.tp != 1 and args.backend != "numpy":
         raise UsageError("--tp simulates tensor parallelism on the numpy backend only")
 
@@ -330,7 +333,12 @@ def cache_layout(args):  # -> (KV cache kind, prefill chunk): llama.cpp's under 
 
 
 def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend with llama.cpp's cache type and attention
-    for difference in host_differences():
+    cpu = args.cpu or "avx512"
+    try:
+        chosen = target(cpu)
+    except GgmlCpuError as e:
+        raise UsageError(str(e)) from None
+    for difference in host_differences(chosen) if not args.cpu else ():
         print(f"reference.run: warning: ggml-cpu models llama.cpp's x86-64 AVX512 build; here {difference}",
               file=sys.stderr)
     kv_type = args.kv_type or "f16"
@@ -339,8 +347,8 @@ def ggml_cpu_backend(args):  # --numerics ggml-cpu -> GgmlCpuBackend with llama.
     repack = args.repack != "off"
     if args.backend == "numba":
         from accel.numba.ggml import GgmlCpuNumbaBackend
-        return GgmlCpuNumbaBackend(kv_type, flash_attn, check_host=False, repack=repack)
-    return GgmlCpuBackend(kv_type, flash_attn, check_host=False, repack=repack)
+        return GgmlCpuNumbaBackend(kv_type, flash_attn, check_host=False, repack=repack, cpu=cpu)
+    return GgmlCpuBackend(kv_type, flash_attn, check_host=False, repack=repack, cpu=cpu)
 
 
 def accel_backend(args):  # --backend other than numpy -> backend from accel/ (imported only then)
