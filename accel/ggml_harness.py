@@ -24,11 +24,13 @@ from reference.ggml_cpu.blocks import DECODERS, decode
 from reference.ggml_cpu.build import GgmlCpuError
 from reference.ggml_cpu.mul_mat import QUANT_PATHS, TILED_MIN_ROWS, kernel_path
 from reference.ggml_cpu.rounding import round_bf16, round_f16
+from reference.ggml_cpu.target import TARGETS
 from reference.gguf import GgmlType
 from reference.random_blocks import F16_SCALE_OFFSETS
 
 F32 = np.float32
 WHY = "the same float32 operations in the same order (integer sums exact in any order): every bit equal"
+EMULATED = [name for name, target in TARGETS.items() if target.emulated]  # the CPU targets the float kernels take
 SCALE_OFFSETS = {**F16_SCALE_OFFSETS, GT.Q1_0: (0,), GgmlType.Q2_0: (0,)}  # f16 d (and m) of each block; IQ1_M: its own
 
 
@@ -130,16 +132,21 @@ def float_dot_cases(rng):
     cases = []
     for n in (64, 256, 300, 72, 13):  # whole 64-steps, tails of 16 + 8, of 8, of < 8
         x, y = rng.standard_normal((5, 1, n)).astype(F32), rng.standard_normal((1, 4, n)).astype(F32)
-        cases += [twin("float_dots", "vec_dot_f32", x, y, label=f" [5,4,{n}]"),
-                  twin("float_dots", "vec_dot_f16", round_f16(x), round_f16(y), label=f" [5,4,{n}]"),
-                  twin("float_dots", "vec_dot_bf16", round_bf16(x), round_bf16(y), label=f" [5,4,{n}]")]
+        for cpu in EMULATED:
+            cases += [twin("float_dots", "vec_dot_f32", x, y, TARGETS[cpu], label=f" [5,4,{n}] {cpu}"),
+                      twin("float_dots", "vec_dot_f16", round_f16(x), round_f16(y), TARGETS[cpu],
+                           label=f" [5,4,{n}] {cpu}"),
+                      twin("float_dots", "vec_dot_bf16", round_bf16(x), round_bf16(y), TARGETS[cpu],
+                           label=f" [5,4,{n}] {cpu}")]
     x, w = rng.standard_normal((7, 256)).astype(F32), rng.standard_normal((12, 256)).astype(F32)
-    cases += [twin("float_dots", "tinyblas", x, w, label=" x[7,256] w[12,256]"),
-              twin("float_dots", "tinyblas_bf16", round_bf16(x), round_bf16(w), label=" x[7,256] w[12,256]")]
+    cases += [twin("float_dots", "tinyblas", x, w, TARGETS[cpu], label=f" x[7,256] w[12,256] {cpu}")
+              for cpu in EMULATED]
+    cases.append(twin("float_dots", "tinyblas_bf16", round_bf16(x), round_bf16(w), label=" x[7,256] w[12,256]"))
     for T, O in ((1, 12), (3, 12), (3, 10)):  # vec_dot rows, tinyBLAS, vec_dot for O not a multiple of 4
         for kind, rounding in (("F32", np.asarray), ("F16", round_f16), ("BF16", round_bf16)):
-            cases.append(twin("float_dots", "float_mul_mat", rounding(x[:T]), rounding(w[:O]), kind,
-                              label=f" {kind} x[{T},256] w[{O},256]", reference_module="mul_mat"))
+            cases += [twin("float_dots", "float_mul_mat", rounding(x[:T]), rounding(w[:O]), kind, TARGETS[cpu],
+                           label=f" {kind} x[{T},256] w[{O},256] {cpu}", reference_module="mul_mat")
+                      for cpu in EMULATED]
     return cases
 
 
@@ -155,25 +162,33 @@ def elementwise_cases(rng):
     visible[0], visible[1] = False, True  # a row that sees nothing (NaN through the -inf max), one all
     special = np.concatenate([30 * rng.standard_normal(300), [0, -0.0, np.inf, -np.inf, np.nan, 88.8, -104]])
     special = special.astype(F32).reshape(-1, 1)
-    return [
+    theta_7 = ops.rope_angles(np.arange(5), 14, 10000.0, F32)  # 7 pairs: AVX2's 4 + 2 + a plain one
+    x14 = rng.standard_normal((5, 3, 14)).astype(F32)
+    cases = [
         twin("elementwise", "rms_norm", x2, 1e-5, label=" x[7,6656]"),
         twin("elementwise", "rms_norm", odd, 1e-6, label=" x[4,300]"),
-        twin("elementwise", "layer_norm", odd, odd[0], odd[1], 1e-6, label=" x[4,300]"),
-        twin("elementwise", "rope_norm", x3, theta, label=" x[5,3,64]"),
-        twin("elementwise", "rope_norm", x40, theta_odd, label=" x[5,3,40]"),
-        twin("elementwise", "rope_neox", x3, theta, label=" x[5,3,64]"),
-        twin("elementwise", "rope_neox", x3, quarter, label=" x[5,3,64] 32 dims rotated"),
-        twin("elementwise", "rope_2d", x3, quarter, quarter * F32(0.5), label=" x[5,3,64]"),
-        twin("elementwise", "swiglu", 4 * odd, odd[::-1].copy(), label=" x[4,300]"),
-        twin("elementwise", "soft_max", scores, visible, 0.125, label=" x[9,300] masked rows"),
-        twin("elementwise", "soft_max", scores[:, :64], visible[:, :64], 1.0, label=" x[9,64]"),
         twin("elementwise", "sigmoid", special, label=" with inf/NaN"),
         twin("elementwise", "softcap", special, 30.0, label=" 30 with inf/NaN"),
         twin("elementwise", "gelu_erf", special, label=" with inf/NaN"),
-        twin("libm", "v_expf", special, label=" with inf/NaN"),
-        twin("libm", "v_silu", special, label=" with inf/NaN"),
-        twin("libm", "silu_rows", 4 * odd[:, :37], label=" x[4,37]"),
     ]
+    for cpu in EMULATED:
+        target = TARGETS[cpu]
+        cases += [
+            twin("elementwise", "layer_norm", odd, odd[0], odd[1], 1e-6, target, label=f" x[4,300] {cpu}"),
+            twin("elementwise", "rope_norm", x3, theta, target, label=f" x[5,3,64] {cpu}"),
+            twin("elementwise", "rope_norm", x40, theta_odd, target, label=f" x[5,3,40] {cpu}"),
+            twin("elementwise", "rope_norm", x14, theta_7, target, label=f" x[5,3,14] {cpu}"),
+            twin("elementwise", "rope_neox", x3, theta, target, label=f" x[5,3,64] {cpu}"),
+            twin("elementwise", "rope_neox", x3, quarter, target, label=f" x[5,3,64] 32 dims rotated {cpu}"),
+            twin("elementwise", "rope_2d", x3, quarter, quarter * F32(0.5), target, label=f" x[5,3,64] {cpu}"),
+            twin("elementwise", "swiglu", 4 * odd, odd[::-1].copy(), target, label=f" x[4,300] {cpu}"),
+            twin("elementwise", "soft_max", scores, visible, 0.125, target, label=f" x[9,300] masked rows {cpu}"),
+            twin("elementwise", "soft_max", scores[:, :64], visible[:, :64], 1.0, target, label=f" x[9,64] {cpu}"),
+            twin("libm", "v_expf", special, target.scalef, label=f" with inf/NaN {cpu}"),
+            twin("libm", "v_silu", special, target.scalef, label=f" with inf/NaN {cpu}"),
+            twin("libm", "silu_rows", 4 * odd[:, :37], target, label=f" x[4,37] {cpu}"),
+        ]
+    return cases
 
 
 def attention_case(rng, fn, shape, *extra, path=""):  # -> TwinCase of a causal prefill chunk ending the cache
@@ -188,14 +203,18 @@ def attention_case(rng, fn, shape, *extra, path=""):  # -> TwinCase of a causal 
 
 def attention_cases(rng):
     cases = []
-    for shape in ((1, 40, 4, 2, 32), (5, 20, 3, 1, 64), (7, 7, 2, 2, 128), (3, 10, 2, 2, 40)):
-        cases += [attention_case(rng, "attention_mul_mat", shape, kv, path=f" {kv}") for kv in ("f16", "f32")]
-    for path, shape in ((" one chunk", (1, 40, 4, 2, 32)), (" KV split", (1, 600, 2, 1, 64)),
-                        (" one chunk", (5, 20, 3, 1, 40)), (" tiled", (70, 70, 2, 1, 32)),
-                        (" tiled", (64, 300, 4, 2, 96))):
-        cases.append(attention_case(rng, "attention_flash", shape, 2, path=path))
-    for path, shape in (("", (1, 40, 4, 2, 32)), (" rotated", (5, 20, 3, 1, 64)), (" rotated", (3, 30, 2, 2, 128))):
-        cases.append(attention_case(rng, "attention_q8_0", shape, path=path))
+    for cpu in EMULATED:
+        target = TARGETS[cpu]
+        for shape in ((1, 40, 4, 2, 32), (5, 20, 3, 1, 64), (7, 7, 2, 2, 128), (3, 10, 2, 2, 40), (6, 9, 8, 1, 16)):
+            cases += [attention_case(rng, "attention_mul_mat", shape, kv, target, path=f" {kv} {cpu}")
+                      for kv in ("f16", "f32")]
+        for path, shape in ((" one chunk", (1, 40, 4, 2, 32)), (" KV split", (1, 600, 2, 1, 64)),
+                            (" one chunk", (5, 20, 3, 1, 40)), (" tiled", (70, 70, 2, 1, 32)),
+                            (" tiled", (64, 300, 4, 2, 96))):
+            cases.append(attention_case(rng, "attention_flash", shape, 2, target, path=f"{path} {cpu}"))
+        for path, shape in (("", (1, 40, 4, 2, 32)), (" rotated", (5, 20, 3, 1, 64)),
+                            (" rotated", (3, 30, 2, 2, 128))):
+            cases.append(attention_case(rng, "attention_q8_0", shape, target, path=f"{path} {cpu}"))
     x = rng.standard_normal((5, 3, 128)).astype(F32)
     return cases + [twin("attention", "fwht", x, n, label=f" x[5,3,128] H_{n}") for n in (64, 128)]
 

@@ -19,7 +19,8 @@ import numpy as np
 
 from .backend import NumpyBackend
 from .dflash import Drafter
-from .ggml_cpu import KV_TYPES, GgmlCpuBackend, host_differences
+from .ggml_cpu import DEFAULT_TARGET, KV_TYPES, GgmlCpuBackend, GgmlCpuError, host_differences
+from .ggml_cpu import target as cpu_target
 from .text import TextModel
 from .tp import TensorParallelBackend, check_tp
 from .vision import NUMERICS, VisionModel
@@ -48,6 +49,7 @@ class Build:
     flash_attn: bool | None = None
     repack: bool | None = None
     n_threads: int = 2
+    cpu: str | None = None  # the llama.cpp CPU build emulated under ggml-cpu (None: avx512, with host warnings)
 
     @property
     def ggml_cpu(self):  # -> whether llama.cpp's CPU rounding is emulated
@@ -61,9 +63,15 @@ def check(build):  # -> None; FactoryError for flags that contradict each other
             raise FactoryError(f"unknown {what} {value!r} ({', '.join(known[:-1])} or {known[-1]})")
     if build.ggml_cpu and (build.dtype != "float32" or build.backend not in GGML_CPU_BACKENDS or build.tp != 1):
         raise FactoryError("--numerics ggml-cpu computes in float32 on the numpy or numba backend, without --tp")
-    if not build.ggml_cpu and (build.kv_type or build.flash_attn is not None or build.repack is not None):
-        raise FactoryError("--kv-type, --flash-attn and --repack/--no-repack choose llama.cpp's build "
+    if not build.ggml_cpu and (build.kv_type or build.flash_attn is not None or build.repack is not None
+                               or build.cpu is not None):
+        raise FactoryError("--kv-type, --flash-attn, --repack/--no-repack and --cpu choose llama.cpp's build "
                            "for --numerics ggml-cpu only")
+    if build.cpu is not None:
+        try:
+            cpu_target(build.cpu)
+        except GgmlCpuError as e:
+            raise FactoryError(f"--cpu {build.cpu}: {e}") from None
     if build.kv_type is not None and build.kv_type not in KV_TYPES:
         raise FactoryError(f"--kv-type {build.kv_type}: one of {', '.join(KV_TYPES)}")
     if build.tp != 1 and build.backend != "numpy":
@@ -78,9 +86,10 @@ def check_tower(build):  # -> None; FactoryError where the tower cannot be built
 
 
 def host_warnings(build):  # -> lines: where this machine's llama.cpp would round unlike the emulated build
-    if not build.ggml_cpu:
+    if not build.ggml_cpu or build.cpu is not None:  # a target named on purpose is no surprise
         return []
-    return [f"ggml-cpu models llama.cpp's x86-64 AVX512 build; here {d}" for d in host_differences()]
+    return [f"ggml-cpu models llama.cpp's x86-64 AVX512 build; here {d}"
+            for d in host_differences(cpu_target(DEFAULT_TARGET))]
 
 
 def backend(build):  # -> the backend object `build` asks for (FactoryError: unknown, or not here)
@@ -90,7 +99,8 @@ def backend(build):  # -> the backend object `build` asks for (FactoryError: unk
         # a quantized V cache needs flash attention: llama.cpp's "auto" turns it on, "off" refuses it
         flash = kv_type == "q8_0" if build.flash_attn is None else build.flash_attn
         make = accel_callable("BACKENDS", build) or GgmlCpuBackend
-        return make(kv_type, flash, n_threads=build.n_threads, check_host=False, repack=build.repack is not False)
+        return make(kv_type, flash, n_threads=build.n_threads, check_host=False, repack=build.repack is not False,
+                    cpu=build.cpu or DEFAULT_TARGET)
     if build.tp != 1:
         return TensorParallelBackend(np.dtype(build.dtype), build.tp)
     make = accel_callable("BACKENDS", build) or NumpyBackend

@@ -24,7 +24,7 @@ from .cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, UsageError, ch
                   exit_status, float_in, int_in, parse_token_ids)
 from .dflash import Speculator, acceptance
 from .factory import DEFAULT_MODEL, Build, FactoryError
-from .ggml_cpu import KV_TYPES, UBATCH, GgmlCpuError
+from .ggml_cpu import KV_TYPES, TARGETS, UBATCH, GgmlCpuError
 from .governor import CostGovernor, FloorBandit
 from .image import ImageError, load_rgb
 from .kv import CacheError, layer_rows
@@ -118,6 +118,9 @@ def add_compute_flags(p):
                         "attention on)")
     p.add_argument("--flash-attn", choices=("on", "off"),
                    help="with --numerics ggml-cpu: llama.cpp's flash attention (default off, on for --kv-type q8_0)")
+    p.add_argument("--cpu", choices=tuple(TARGETS),
+                   help="with --numerics ggml-cpu: the CPU build of llama.cpp to round as (default avx512; "
+                        "neon and neon-i8mm are not emulated yet)")
     p.add_argument("--repack", choices=("on", "off"),
                    help="with --numerics ggml-cpu: llama.cpp's CPU repack of Q4_0/IQ4_NL/Q4_K/Q2_K weights "
                         "(default on; off as llama-cpp-python's use_extra_bufts=False or the tools' --no-repack)")
@@ -328,7 +331,7 @@ def cache_layout(args):  # -> (KV cache kind, prefill chunk): llama.cpp's under 
 def build(args):  # -> factory.Build: what --backend, --numerics, --dtype, --tp and llama.cpp's build flags ask for
     on_off = {None: None, "on": True, "off": False}
     return Build(args.backend, args.numerics, args.dtype, args.tp, args.kv_type, on_off[args.flash_attn],
-                 on_off[args.repack])
+                 on_off[args.repack], cpu=args.cpu)
 
 
 # -------------------------------------------------------------------------------------------------

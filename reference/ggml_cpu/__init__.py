@@ -1,10 +1,12 @@
 """The `ggml-cpu` numerics mode: what llama.cpp's CPU backend rounds, emulated in NumPy so that the
 reference reproduces its logits bit for bit (docs/ggml-cpu-numerics.md).
 
-The build it models (BUILD): llama.cpp 0c1e570 as llama-cpp-python 0.3.36 compiles it on x86-64
-with GGML_NATIVE (GCC, -march=native on an AVX512 F/BW/DQ/VL/VNNI/BF16 CPU), llamafile tinyBLAS and
-CPU repack on, glibc 2.36 libm, 2 threads. The emulation itself runs anywhere; `host_differences`
-says where this machine's own llama.cpp build would round differently.
+The builds it models (BUILD, target.py): llama.cpp 0c1e570 as llama-cpp-python 0.3.36 compiles it
+with GCC, llamafile tinyBLAS and CPU repack on, glibc 2.36 libm, 2 threads, for one CPU target:
+`avx512` (the default: x86-64 AVX512 F/BW/DQ/VL/VNNI/BF16, what GGML_NATIVE makes on this kind of
+machine) or `avx2` (AVX2 + FMA + F16C + BMI2, most prebuilt x86 builds); `neon` and `neon-i8mm` are
+named, not yet emulated. The emulation itself runs anywhere; `host_differences` says where this
+machine could not run the modelled build.
 
 Each llama.cpp kernel is one function doing the same float32 operations in the same order: every
 rounding is explicit (float32 arrays, `fma32` for a fused multiply-add, the lane layout and the
@@ -25,7 +27,7 @@ that are multiples of 64 q, k, v and the attention output are rotated by Walsh-H
 Not modelled (GgmlCpuError): other quantized KV types, weight types without a decoder below (MXFP4
 among them).
 
-The package maps llama.cpp's CPU backend file by file: `rounding` (f16/bf16, fma32, SIMD horizontal
+The package maps llama.cpp's CPU backend file by file: `target` (the CPU builds), `rounding` (f16/bf16, fma32, SIMD horizontal
 sums), `libm` (glibc through ctypes, ggml's vectorised expf and silu), `elementwise` (norms, RoPE,
 activations, softmax), `float_dots` (tinyBLAS and vec_dot for F32/F16/BF16 weights), `blocks` (the
 block decoders), `quantize` (the activation quantizers), `int_dots` (the integer kernels and their
@@ -36,7 +38,8 @@ from .attention import (attention_flash, attention_mul_mat, attention_q8_0, flas
                         fwht, hadamard_sizes, n_kv_cells, pad_cells)
 from .backend import GgmlCpuBackend
 from .blocks import DECODERS, QuantRows, decode
-from .build import BUILD, KV_TYPES, UBATCH, GgmlCpuError, host_differences
+from .build import BUILD, KV_TYPES, UBATCH, GgmlCpuError
+from .target import DEFAULT_TARGET, TARGETS, Target, host_differences, target, target_of_system_info
 from .elementwise import gelu_erf, layer_norm, rms_norm, rope_2d, rope_norm, sigmoid, soft_max, softcap, swiglu
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled, vec_dot_q8_0
@@ -45,4 +48,4 @@ from .int_dots import iq1_vec_dot
 from .libm import libm, silu_rows, v_expf, v_silu
 from .mul_mat import float_mul_mat, mul_mat
 from .quantize import QuantActs, quantize_q8_0, quantize_q8_k
-from .rounding import fma32, hsum8, hsum16, round_bf16, round_f16
+from .rounding import fma32, hsum4, hsum8, hsum16, register_sum, round_bf16, round_f16, vec_reduce

@@ -11,7 +11,8 @@ from .int_dots import vec_dot_q8_0
 from .libm import libm, v_expf
 from .mul_mat import float_mul_mat  # noqa: F401 (called through KERNELS)
 from .quantize import QuantActs, quantize_q8_0
-from .rounding import F32, F64, fma32, hsum16, round_f16
+from .rounding import F32, F64, fma32, register_sum, round_f16
+from .target import AVX512
 
 
 def n_kv_cells(n_rows):  # rows a layer has filled -> the n_kv the graph reads (llama_kv_cache::get_n_kv)
@@ -22,7 +23,7 @@ def pad_cells(a, n_kv):  # [S, ...] -> [n_kv, ...], zero cells past the filled o
     return np.concatenate([a, np.zeros((n_kv - len(a),) + a.shape[1:], a.dtype)]) if n_kv > len(a) else a
 
 
-def attention_mul_mat(q, k, v, visible, scale, kv_type, kernels=None, cells=True):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, kernels=None, cells=True):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
     """Flash attention off: kq = K.Q (mul_mat), soft_max_ext(kq, F32 mask, scale), kqv = V^T.P.
     kernels: the module of float_mul_mat, vec_dot_f32 and soft_max (default this emulation's; the
     numba twin passes its own). cells: K and V are a KV cache's cells (padded to n_kv_cells); False:
@@ -39,12 +40,12 @@ def attention_mul_mat(q, k, v, visible, scale, kv_type, kernels=None, cells=True
     for h in range(H):
         kh, vh, qh = k[:, h // group], v[:, h // group], q[:, h]
         if kv_type == "f16":  # Q converted to f16 first, then contiguous: the F16 matmul
-            kq = kernels.float_mul_mat(round_f16(qh), kh, "F16")
+            kq = kernels.float_mul_mat(round_f16(qh), kh, "F16", target)
         else:  # the permuted Q is not contiguous, so llamafile refuses it: vec_dot_f32 row by row
-            kq = kernels.vec_dot_f32(qh[:, None, :], kh[None])
-        p = kernels.soft_max(kq, visible, scale)
-        out[:, h] = (kernels.float_mul_mat(round_f16(p), vh.T, "F16") if kv_type == "f16"
-                     else kernels.float_mul_mat(p, vh.T, "F32"))
+            kq = kernels.vec_dot_f32(qh[:, None, :], kh[None], target)
+        p = kernels.soft_max(kq, visible, scale, target)
+        out[:, h] = (kernels.float_mul_mat(round_f16(p), vh.T, "F16", target) if kv_type == "f16"
+                     else kernels.float_mul_mat(p, vh.T, "F32", target))
     return out
 
 
@@ -71,7 +72,7 @@ def fwht(x, n):  # x [..., D] f32, n a power of two dividing D -> [..., D]: each
     return y.reshape(np.shape(x))
 
 
-def attention_q8_0(q, k, v, visible, scale, kernels=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+def attention_q8_0(q, k, v, visible, scale, target=AVX512, kernels=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
     """A Q8_0 cache (flash attention on): q, k, v rotated (head sizes multiple of 64), K and V rows
     stored through quantize_row_q8_0, the one-chunk kernel (tiled and KV-split kernels take only F16/F32
     caches) with Q in Q8_0 and V dequantized exactly, the output rotated back. kernels: the module of
@@ -89,7 +90,7 @@ def attention_q8_0(q, k, v, visible, scale, kernels=None):  # [T, H, D], [S, Hkv
     # dequantize_row_q8_0: f16 scale times int8 is exact in float32
     v_values = (v_rows.d[..., None] * v_rows.q.astype(F32)).reshape(len(v), H, D).astype(F32)
     out = kernels.flash_chunk(q, (k_rows.d.reshape(len(k), H, -1), k_rows.q.reshape(len(k), H, -1, 32)), v_values,
-                              visible, scale, range(len(k)), "q8_0")
+                              visible, scale, range(len(k)), "q8_0", target)
     return kernels.fwht(out, rotation[1]) if rotation else out
 
 
@@ -97,7 +98,7 @@ FA_TILE = 64  # GGML_FA_TILE_Q = GGML_FA_TILE_KV
 FA_SPLIT_MIN_CELLS = 512  # decode rows read cells split across threads from this n_kv on
 
 
-def attention_flash(q, k, v, visible, scale, n_threads, kernels=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+def attention_flash(q, k, v, visible, scale, n_threads, target=AVX512, kernels=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
     """ggml_compute_forward_flash_attn_ext_f16 with K and V in F16 (an F32 cache is cast): the tiled
     kernel for ubatches of 64+ rows, the KV-split one for a single row over 512+ cells, else the
     one-chunk kernel. kernels: the module of flash_tiled, flash_split and flash_chunk."""
@@ -108,17 +109,17 @@ def attention_flash(q, k, v, visible, scale, n_threads, kernels=None):  # [T, H,
     k, v = round_f16(pad_cells(k, n_kv))[:, heads], round_f16(pad_cells(v, n_kv))[:, heads]  # [n_kv, H, D]
     visible = pad_cells(visible.T, n_kv).T
     if T >= FA_TILE:
-        return kernels.flash_tiled(q, k, v, visible, scale)
+        return kernels.flash_tiled(q, k, v, visible, scale, target)
     if T == 1 and n_kv >= FA_SPLIT_MIN_CELLS:
-        return kernels.flash_split(q, k, v, visible, scale, n_threads)
-    return kernels.flash_chunk(q, k, v, visible, scale, range(n_kv), "f16")
+        return kernels.flash_split(q, k, v, visible, scale, n_threads, target)
+    return kernels.flash_chunk(q, k, v, visible, scale, range(n_kv), "f16", target)
 
 
 def flash_normalise(s_sum, acc):  # S [T, H], VKQ [T, H, D] -> [T, H, D]: VKQ * (S == 0 ? 0 : 1/S)
     return acc * np.where(s_sum == 0, F32(0), F32(1) / np.where(s_sum == 0, F32(1), s_sum))[..., None]
 
 
-def flash_chunk(q, k, v, visible, scale, cells, kv_type, partial=False):  # q [T, H, D] -> [T, H, D]
+def flash_chunk(q, k, v, visible, scale, cells, kv_type, target=AVX512, partial=False):  # q [T, H, D] -> [T, H, D]
     """The one-chunk kernel over v [n_kv, H, D] (partial: M [T, H], S [T, H] and the unnormalised
     VKQ [T, H, D]). Cells are visited in order skipping masked ones; the score is the K row's
     vec_dot with Q converted to K's vec_dot type, times scale; an online softmax with glibc expf.
@@ -142,7 +143,7 @@ def flash_chunk(q, k, v, visible, scale, cells, kv_type, partial=False):  # q [T
         if not live.any():
             continue
         if kv_type == "f16":
-            s = vec_dot_f16(k[j][None], q16) * F32(scale)
+            s = vec_dot_f16(k[j][None], q16, target) * F32(scale)
         else:
             s = vec_dot_q8_0(QuantActs(k[0][j][None], k[1][j][None]), q8) * F32(scale)
         new_max = live & (s > m)
@@ -157,7 +158,7 @@ def flash_chunk(q, k, v, visible, scale, cells, kv_type, partial=False):  # q [T
     return (m, s_sum, acc) if partial else flash_normalise(s_sum, acc)
 
 
-def flash_split(q, k, v, visible, scale, n_threads):  # one query row over n_kv >= 512 cells -> [1, H, D]
+def flash_split(q, k, v, visible, scale, n_threads, target=AVX512):  # one query row over n_kv >= 512 cells -> [1, H, D]
     """Each thread runs the one-chunk kernel over ceil(n_kv/n_threads) cells; the partials are merged
     with glibc expf and the contracted products VKQ*scale_old + VKQ_chunk*scale_new."""
     n_kv = len(k)
@@ -166,7 +167,8 @@ def flash_split(q, k, v, visible, scale, n_threads):  # one query row over n_kv 
     s_all = np.zeros(q.shape[:2], F32)
     acc_all = np.zeros(q.shape[:2] + (v.shape[-1],), F32)
     for start in range(0, n_kv, size):
-        m, s_sum, acc = flash_chunk(q, k, v, visible, scale, range(start, min(start + size, n_kv)), "f16", True)
+        m, s_sum, acc = flash_chunk(q, k, v, visible, scale, range(start, min(start + size, n_kv)), "f16", target,
+                                    True)
         use = s_sum != 0
         m_new = np.maximum(m_all, m)
         with np.errstate(invalid="ignore"):
@@ -178,7 +180,7 @@ def flash_split(q, k, v, visible, scale, n_threads):  # one query row over n_kv 
     return acc_all * np.where(s_all != 0, F32(1) / np.where(s_all != 0, s_all, F32(1)), F32(1))[..., None]
 
 
-def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 values), [T, n_kv] -> [T, H, D]
+def flash_tiled(q, k, v, visible, scale, target=AVX512):  # [T, H, D], [n_kv, H, D] x2 (f16 values), [T, n_kv] -> [T, H, D]
     """The tiled kernel: per 64-cell tile, KQ = f32 Q times the K tile by FMA chains over the head
     dimension (simd_gemm), times scale, plus the mask; the online softmax takes the tile max, rescales
     by glibc expf when it grows, adds the tile's ggml_vec_soft_max_f32 sum (double) to S, and
@@ -206,8 +208,8 @@ def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 val
         s_sum = np.where(grow, s_sum * ms, s_sum)
         m = m_new
         with np.errstate(invalid="ignore"):
-            p = v_expf(kq - np.where(rows, m, 0)[..., None])
-        block_sums = hsum16(p.reshape(T, H, -1, 16)).astype(F64)
+            p = v_expf(kq - np.where(rows, m, 0)[..., None], target.scalef)
+        block_sums = register_sum(p.reshape(T, H, -1, target.lanes)).astype(F64)
         total = np.cumsum(block_sums, axis=-1)[..., -1]
         s_sum = np.where(rows, (s_sum.astype(F64) + total).astype(F32), s_sum)
         for kk in range(FA_TILE):
@@ -218,7 +220,7 @@ def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 val
 GRAPH_SCORES = 1 << 20  # scores per query block of a graph attention (with vec_dot_f32's [rows, T, D] products: 4 MiB x D)
 
 
-def attention_graph(q, k, v, visible, scale, flash_attn, kernels=None):  # [T, H, D] x3, [T, T] -> [T, H, D]
+def attention_graph(q, k, v, visible, scale, flash_attn, target=AVX512, kernels=None):  # [T, H, D] x3, [T, T] -> [T, H, D]
     """An attention inside a graph, over tensors and no KV cache (clip.cpp build_attn): n_kv is the
     graph's own T, not padded cells. Flash attention off: kq = K.Q by vec_dot_f32 (Q is permuted, so
     no tinyBLAS), soft_max_ext with the F32 mask, V^T.P as an F32 mul_mat. On: K, V and the mask cast
@@ -238,11 +240,11 @@ def attention_graph(q, k, v, visible, scale, flash_attn, kernels=None):  # [T, H
     for q0 in range(0, T, rows):
         block = slice(q0, q0 + rows)
         if tiled:
-            out[block] = kernels.flash_tiled(q[block], k, v, visible[block], scale)
+            out[block] = kernels.flash_tiled(q[block], k, v, visible[block], scale, target)
         elif flash_attn:
-            out[block] = kernels.flash_chunk(q[block], k, v, visible[block], scale, range(len(k)), "f16")
+            out[block] = kernels.flash_chunk(q[block], k, v, visible[block], scale, range(len(k)), "f16", target)
         else:
-            out[block] = attention_mul_mat(q[block], k, v, visible[block], scale, "f32", kernels, cells=False)
+            out[block] = attention_mul_mat(q[block], k, v, visible[block], scale, "f32", target, kernels, cells=False)
     return out
 
 

@@ -5,9 +5,10 @@ import numpy as np
 
 from .attention import attention_flash, attention_graph, attention_mul_mat, attention_q8_0
 from .elementwise import gelu_erf, interpolate_bilinear, layer_norm, rms_norm, rope_2d, rope_neox, rope_norm, sigmoid, softcap, swiglu
-from .build import BUILD, KV_TYPES, GgmlCpuError, host_differences
+from .build import BUILD, KV_TYPES, GgmlCpuError
 from .mul_mat import FLOAT_KERNELS, float_mul_mat, mul_mat
 from .rounding import F32
+from .target import DEFAULT_TARGET, host_differences, target
 
 
 class GgmlCpuBackend:
@@ -15,27 +16,30 @@ class GgmlCpuBackend:
     llama.cpp's CPU backend computes. kv_type: "f16" (llama.cpp's default), "f32" or "q8_0" (needs
     flash attention, as in llama.cpp); flash_attn as the llama.cpp context had it (llama-cpp-python's
     default: off); repack: whether llama.cpp's CPU_REPACK buffer holds the weights (its default;
-off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_threads matters only for the KV-split flash-attention decode.
+off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_threads matters only for the KV-split flash-attention decode;
+    cpu: the CPU build of llama.cpp to round as (target.py: "avx2", "avx512"; the default avx512).
     cache_bytes bounds the decoded weights kept between calls (the rest are decoded per call). Use a uniform cache
     and prompt chunks of at most UBATCH rows:
 
         lm = TextModel(gguf.load(path, "text"), backend=GgmlCpuBackend())
         logits = lm.prefill(ids, lm.new_cache(n_ctx, "uniform"), chunk=UBATCH)
 
-    With check_host it warns when this machine's llama.cpp build would round differently."""
+    With check_host it warns when this machine could not run that build as modelled."""
     name = "ggml-cpu"
     float_product = staticmethod(float_mul_mat)  # the kernels matmul and graph_attention call (the numba twin's its own)
     attention_kernels = None
 
-    def __init__(self, kv_type="f16", flash_attn=False, n_threads=2, check_host=True, repack=True, cache_bytes=None):
+    def __init__(self, kv_type="f16", flash_attn=False, n_threads=2, check_host=True, repack=True, cache_bytes=None,
+                 cpu=DEFAULT_TARGET):
         if kv_type not in KV_TYPES:
             raise GgmlCpuError(f"KV cache type {kv_type!r} is not emulated ({', '.join(KV_TYPES)})")
         if kv_type == "q8_0" and not flash_attn:
             raise GgmlCpuError("a q8_0 KV cache needs flash attention "
                                "(llama.cpp refuses a quantized V cache without it)")
-        for difference in host_differences() if check_host else ():
-            warnings.warn(f"ggml-cpu numerics model {BUILD}; this machine's llama.cpp differs: {difference}",
-                          stacklevel=2)
+        self.target = target(cpu)
+        for difference in host_differences(self.target) if check_host else ():
+            warnings.warn(f"ggml-cpu numerics model the {cpu} build of {BUILD}; this machine's llama.cpp differs: "
+                          f"{difference}", stacklevel=2)
         self.dtype = np.dtype(F32)
         self.kv_type, self.flash_attn, self.n_threads, self.repack = kv_type, flash_attn, n_threads, repack
         self.decoded = {}  # Weights -> {tensor name: decoded}: a drafter's blk.* names are also its target's
@@ -43,7 +47,7 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
 
     def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
         cache = self.decoded.setdefault(weights, {})
-        return mul_mat(np.ascontiguousarray(x, F32), weights, name, cache, self.repack, self.cache_bytes)
+        return mul_mat(np.ascontiguousarray(x, F32), weights, name, cache, self.repack, self.cache_bytes, self.target)
 
     def matmul(self, x, w):  # x [T, in], w [out, in] f32 arrays -> [T, out]: an F32 GGML_OP_MUL_MAT
         return self.float_matmul(x, w, "F32")
@@ -51,21 +55,22 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
     def float_matmul(self, x, w, kind):  # x [T, in], w [out, in] arrays -> [T, out]: a GGML_OP_MUL_MAT of kind
         """Both operands converted to kind ("F32", or "F16": ggml_conv_2d's F16 im2col times its kernel)."""
         rounding = FLOAT_KERNELS[kind][0]
-        return self.float_product(rounding(np.asarray(x, F32)), np.ascontiguousarray(rounding(np.asarray(w, F32))), kind)
+        return self.float_product(rounding(np.asarray(x, F32)), np.ascontiguousarray(rounding(np.asarray(w, F32))), kind,
+                                  self.target)
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         # scale is used as a float32: llama.cpp's kq_scale is 1.0f/sqrtf(head_dim), computed in float32
         q, k, v = (np.asarray(a, F32) for a in (q, k, v))
         if self.kv_type == "q8_0":
-            return attention_q8_0(q, k, v, visible, scale)
+            return attention_q8_0(q, k, v, visible, scale, self.target)
         if self.flash_attn:
-            return attention_flash(q, k, v, visible, scale, self.n_threads)
-        return attention_mul_mat(q, k, v, visible, scale, self.kv_type)
+            return attention_flash(q, k, v, visible, scale, self.n_threads, self.target)
+        return attention_mul_mat(q, k, v, visible, scale, self.kv_type, self.target)
 
     def graph_attention(self, q, k, v, visible, scale):  # [T, H, D] x3, [T, T] -> [T, H, D]
         """Attention over a graph's own tensors, no KV cache (mtmd's vision tower)."""
         return attention_graph(*(np.asarray(a, F32) for a in (q, k, v)), visible, scale, self.flash_attn,
-                               self.attention_kernels)
+                               self.target, self.attention_kernels)
 
     def interpolate(self, grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]: bilinear ggml_interpolate
         return interpolate_bilinear(np.asarray(grid, F32), out_h, out_w)
@@ -74,16 +79,16 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         return rms_norm(np.asarray(x, F32), eps)
 
     def layer_norm(self, x, w, b, eps):  # x [..., n], w [n], b [n] -> [..., n]
-        return layer_norm(np.asarray(x, F32), w, b, eps)
+        return layer_norm(np.asarray(x, F32), w, b, eps, self.target)
 
     def rope_norm(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
-        return rope_norm(np.asarray(x, F32), theta)
+        return rope_norm(np.asarray(x, F32), theta, self.target)
 
     def rope_neox(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
-        return rope_neox(np.asarray(x, F32), theta)
+        return rope_neox(np.asarray(x, F32), theta, self.target)
 
     def rope_2d(self, x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]
-        return rope_2d(np.asarray(x, F32), theta_a, theta_b)
+        return rope_2d(np.asarray(x, F32), theta_a, theta_b, self.target)
 
     def sigmoid(self, x):  # [...] -> [...]
         return sigmoid(x)
@@ -92,7 +97,7 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         return gelu_erf(x)
 
     def swiglu(self, gate, up):  # gate [T, F], up [T, F] -> [T, F]
-        return swiglu(np.asarray(gate, F32), np.asarray(up, F32))
+        return swiglu(np.asarray(gate, F32), np.asarray(up, F32), self.target)
 
     def softcap(self, z, cap):  # z [...] -> [...]
         return softcap(np.asarray(z, F32), cap)

@@ -4,7 +4,8 @@ import numpy as np
 from ..ops import bilinear_corners
 
 from .libm import libm, silu_rows, v_expf
-from .rounding import F32, F64, fma32, hsum16
+from .rounding import F32, F64, fma32, register_sum
+from .target import AVX512
 
 
 def rms_norm(x, eps):  # x [..., n] f32 -> [..., n]: ggml_compute_forward_rms_norm_f32
@@ -15,18 +16,18 @@ def rms_norm(x, eps):  # x [..., n] f32 -> [..., n]: ggml_compute_forward_rms_no
     return x * scale[..., None]
 
 
-def layer_norm(x, w, b, eps):  # x [..., n] f32, w [n], b [n] -> [..., n]: ggml_norm, then ggml_mul and ggml_add
+def layer_norm(x, w, b, eps, target=AVX512):  # x [..., n] f32, w [n], b [n] -> [..., n]: ggml_norm, ggml_mul, ggml_add
     """ggml_compute_forward_norm_f32: the mean from a double sum rounded to float and divided in float;
-    the variance (ggml_vec_cvar_f32) sums the f32 squares of x - mean per 16-lane block
-    (_mm512_reduce_add_ps) and one by one on the tail in double, divided in double then rounded;
-    scale = 1/sqrtf(var + eps). The weight and the bias are separate ops (no fusion for NORM)."""
-    n = x.shape[-1]
+    the variance (ggml_vec_cvar_f32, llama.cpp/ggml/src/ggml-cpu/vec.cpp:316-390) sums the f32 squares
+    of x - mean per register (its horizontal sum) and one by one on the tail in double, divided in
+    double then rounded; scale = 1/sqrtf(var + eps). The weight and the bias are separate ops."""
+    n, lanes = x.shape[-1], target.lanes
     mean = (np.cumsum(x.astype(F64), axis=-1)[..., -1].astype(F32) / F32(n)).astype(F32)
     centered = x - mean[..., None]
-    n16 = n - n % 16
+    whole = n - n % lanes
     squares = centered * centered
-    blocks = hsum16(squares[..., :n16].reshape(x.shape[:-1] + (-1, 16))).astype(F64)
-    total = np.cumsum(np.concatenate([blocks, squares[..., n16:].astype(F64)], axis=-1), axis=-1)[..., -1]
+    blocks = register_sum(squares[..., :whole].reshape(x.shape[:-1] + (-1, lanes))).astype(F64)
+    total = np.cumsum(np.concatenate([blocks, squares[..., whole:].astype(F64)], axis=-1), axis=-1)[..., -1]
     scale = F32(1) / np.sqrt((total / n).astype(F32) + F32(eps))
     return (centered * scale[..., None]) * np.asarray(w, F32) + np.asarray(b, F32)
 
@@ -42,43 +43,53 @@ def interpolate_bilinear(grid, out_h, out_w):  # grid [h, w, C] f32 -> [out_h, o
     return fma32(d * dx, dy, val)
 
 
-def rope_norm(x, theta):  # x [T, H, D], theta [T, D/2] (ops.rope_angles) -> [T, H, D]; pairs (2i, 2i+1)
-    """rotate_pairs with glibc cosf/sinf. GCC vectorises the loop (8 pairs, then 4) and there
-    contracts x0*c - x1*s and x0*s + x1*c into one FMA each; the last n_pairs mod 4 pairs are
-    computed without contraction."""
+def rotate(x0, x1, cos, sin, fused, cos_fused):  # pairs [..., P] x2, cos/sin [..., P] -> (out0, out1)
+    """rotate_pairs' x0*c - x1*s and x0*s + x1*c (llama.cpp/ggml/src/ggml-cpu/ops.cpp:6292-6308) as GCC
+    compiles them: the first `fused` pairs contracted, fma(x0, c, -(x1*s)) and fma(x0, s, x1*c), or
+    with cos_fused fma(x1, c, x0*s) (AVX2's vfmaddsub231ps fuses the cos products of both lanes); the
+    pairs after them plain products."""
+    out0 = np.empty_like(x0)
+    out1 = np.empty_like(x0)
+    head, tail = (slice(None, fused), slice(fused, None))
+    out0[..., head] = fma32(x0[..., head], cos[..., head], -(x1[..., head] * sin[..., head]))
+    out1[..., head] = (fma32(x1[..., head], cos[..., head], x0[..., head] * sin[..., head]) if cos_fused
+                       else fma32(x0[..., head], sin[..., head], x1[..., head] * cos[..., head]))
+    out0[..., tail] = x0[..., tail] * cos[..., tail] - x1[..., tail] * sin[..., tail]
+    out1[..., tail] = x0[..., tail] * sin[..., tail] + x1[..., tail] * cos[..., tail]
+    return out0, out1
+
+
+def rope_norm(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] (ops.rope_angles) -> [T, H, D]; pairs (2i, 2i+1)
+    """rotate_pairs with glibc cosf/sinf. The AVX512 build vectorises the loop (8 pairs, then 4) and
+    contracts x0*c - x1*s and x0*s + x1*c into one FMA each, the last n_pairs mod 4 pairs without
+    contraction; the AVX2 build takes 4 pairs, then 2, by vfmaddsub (the cos products fused), the last
+    odd pair by vaddsubps, plain (read in its disassembly)."""
     cos, sin = libm("cosf", theta)[:, None, :], libm("sinf", theta)[:, None, :]
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    n4 = theta.shape[-1] - theta.shape[-1] % 4
+    pairs = theta.shape[-1]
     out = np.empty_like(x)
-    out[..., 0:2 * n4:2] = fma32(x0[..., :n4], cos[..., :n4], -(x1[..., :n4] * sin[..., :n4]))
-    out[..., 1:2 * n4:2] = fma32(x0[..., :n4], sin[..., :n4], x1[..., :n4] * cos[..., :n4])
-    out[..., 2 * n4::2] = x0[..., n4:] * cos[..., n4:] - x1[..., n4:] * sin[..., n4:]
-    out[..., 2 * n4 + 1::2] = x0[..., n4:] * sin[..., n4:] + x1[..., n4:] * cos[..., n4:]
+    out[..., 0:2 * pairs:2], out[..., 1:2 * pairs:2] = rotate(
+        x[..., 0:2 * pairs:2], x[..., 1:2 * pairs:2], cos, sin, pairs - pairs % target.rope_group, target.rope_cos_fused)
     return out
 
 
-def rope_neox(x, theta):  # x [T, H, D], theta [T, D/2] (ops.rope_angles) -> [T, H, D]; pairs (i, i + D/2)
-    """rotate_pairs with n_offset D/2: the same loop body as rope_norm's, so the same rounding is
-    assumed (contracted FMAs on the vectorised groups of 4 pairs, plain products on the tail); no
-    llama.cpp golden pins this one (the drafter's goldens come from transformers)."""
+def rope_neox(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] (ops.rope_angles) -> [T, H, D]; pairs (i, i + D/2)
+    """rotate_pairs with n_offset D/2: the AVX512 build is assumed to round as rope_norm (no llama.cpp
+    golden pins this one: the drafter's goldens come from transformers); the AVX2 build keeps it a
+    scalar loop, every pair contracted (its disassembly)."""
     cos, sin = libm("cosf", theta)[:, None, :], libm("sinf", theta)[:, None, :]
     half = theta.shape[-1]
-    x0, x1 = x[..., :half], x[..., half:2 * half]
-    n4 = half - half % 4
-    out = np.empty_like(x)
-    out[..., :n4] = fma32(x0[..., :n4], cos[..., :n4], -(x1[..., :n4] * sin[..., :n4]))
-    out[..., half:half + n4] = fma32(x0[..., :n4], sin[..., :n4], x1[..., :n4] * cos[..., :n4])
-    out[..., n4:half] = x0[..., n4:] * cos[..., n4:] - x1[..., n4:] * sin[..., n4:]
-    out[..., half + n4:2 * half] = x0[..., n4:] * sin[..., n4:] + x1[..., n4:] * cos[..., n4:]
-    out[..., 2 * half:] = x[..., 2 * half:]
+    out = x.copy()
+    out[..., :half], out[..., half:2 * half] = rotate(x[..., :half], x[..., half:2 * half], cos, sin,
+                                                      half - half % target.neox_group, False)
     return out
 
 
-def rope_2d(x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]: clip build_rope_2d
+def rope_2d(x, theta_a, theta_b, target=AVX512):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]: clip build_rope_2d
     """Two ggml_rope_ext calls of n_dims D/2 (NORM mode): the first half of every head turned by
     theta_a, the second half (rope_set_offset D/2) by theta_b, each as rope_norm rounds it."""
     half = x.shape[-1] // 2
-    return np.concatenate([rope_norm(x[..., :half], theta_a), rope_norm(x[..., half:], theta_b)], axis=-1)
+    return np.concatenate([rope_norm(x[..., :half], theta_a, target), rope_norm(x[..., half:], theta_b, target)],
+                          axis=-1)
 
 
 def sigmoid(x):  # [...] -> [...]: op_sigmoid, 1/(1 + expf(-x)) with glibc expf
@@ -93,8 +104,8 @@ def gelu_erf(x):  # [...] f32 -> [...]: ggml_vec_gelu_erf_f32, 0.5f*x*(1 + erff(
     return (F32(0.5) * x) * (F32(1) + libm("erff", x * SQRT_2_INV))
 
 
-def swiglu(gate, up):  # gate [T, F], up [T, F] -> [T, F]: ggml_vec_swiglu_f32, silu(gate) * up
-    return silu_rows(gate) * up
+def swiglu(gate, up, target=AVX512):  # gate [T, F], up [T, F] -> [T, F]: ggml_vec_swiglu_f32, silu(gate) * up
+    return silu_rows(gate, target) * up
 
 
 def softcap(z, cap):  # z [...] -> [...]: ggml_scale(1/cap), glibc tanhf, ggml_scale(cap)
@@ -103,14 +114,16 @@ def softcap(z, cap):  # z [...] -> [...]: ggml_scale(1/cap), glibc tanhf, ggml_s
     return libm("tanhf", z * F32(1.0 / cap)) * F32(cap)
 
 
-def soft_max(scores, visible, scale):  # scores [R, S] f32, visible [R, S] -> [R, S]: soft_max_ext, F32 mask
-    """x*scale + mask, ggml_v_expf(x - max) over 16-lane blocks (scalar glibc expf on a tail),
-    each block's f32 reduction added to a double sum, then times (float)(1/sum)."""
+def soft_max(scores, visible, scale, target=AVX512):  # scores [R, S] f32, visible [R, S] -> [R, S]: soft_max_ext
+    """x*scale + the F32 mask, ggml_vec_soft_max_f32 (llama.cpp/ggml/src/ggml-cpu/vec.cpp:531-599):
+    ggml_v_expf(x - max) a register at a time, each register's f32 horizontal sum added to a double,
+    scalar glibc expf on a tail; then times (float)(1/sum)."""
     w = np.where(visible, scores * F32(scale), F32(-np.inf)).astype(F32)
     m = np.max(w, axis=-1, keepdims=True)
-    n16 = w.shape[-1] - w.shape[-1] % 16
+    lanes = target.lanes
+    whole = w.shape[-1] - w.shape[-1] % lanes
     with np.errstate(invalid="ignore"):
-        e = np.concatenate([v_expf(w[:, :n16] - m), libm("expf", w[:, n16:] - m)], axis=-1)
-    blocks = hsum16(e[:, :n16].reshape(len(e), -1, 16)).astype(F64)
-    total = np.cumsum(np.concatenate([blocks, e[:, n16:].astype(F64)], axis=-1), axis=-1)[:, -1]
+        e = np.concatenate([v_expf(w[:, :whole] - m, target.scalef), libm("expf", w[:, whole:] - m)], axis=-1)
+    blocks = register_sum(e[:, :whole].reshape(len(e), -1, lanes)).astype(F64)
+    total = np.cumsum(np.concatenate([blocks, e[:, whole:].astype(F64)], axis=-1), axis=-1)[:, -1]
     return e * (1.0 / total).astype(F32)[:, None]

@@ -1,21 +1,28 @@
-"""Float dot products: llamafile tinyBLAS (batches of 2+ rows) and ggml_vec_dot_* (one row)."""
+"""Float dot products: llamafile tinyBLAS (batches of 2+ rows) and ggml_vec_dot_* (one row), with the
+register width and reduction tree of the CPU target (target.py)."""
 import numpy as np
 
-from .rounding import F32, F64, fma32, hsum16
+from .rounding import F32, F64, fma32, hsum16, register_sum, vec_reduce
+from .target import AVX512
 
 
-def tinyblas(x, w):  # x [T, K], w [O, K] f32 (values of the weight's type) -> [T, O]
-    """tinyBLAS<16, __m512>: lane l of each output accumulates k = l (mod 16) with FMA, in k order."""
+def tinyblas(x, w, target=AVX512):  # x [T, K], w [O, K] f32 (values of the weight's type) -> [T, O]
+    """tinyBLAS<KN = lanes>: lane l of each output accumulates k = l (mod lanes) with FMA, in k order,
+    then hsum of the register (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:3832-3850, 3910-3917,
+    3958-3972; hsum at 251-278). On AVX2 BF16 takes this kernel too (bf16 widened to f32: the products
+    are exact, so each FMA is one rounding of the sum, as an add is)."""
     T, K = x.shape
-    xs, ws = x.reshape(T, 1, K // 16, 16), w.reshape(1, len(w), K // 16, 16)
-    acc = np.zeros((T, len(w), 16), F32)
-    for s in range(K // 16):
+    lanes = target.lanes
+    xs, ws = x.reshape(T, 1, K // lanes, lanes), w.reshape(1, len(w), K // lanes, lanes)
+    acc = np.zeros((T, len(w), lanes), F32)
+    for s in range(K // lanes):
         acc = fma32(xs[:, :, s], ws[:, :, s], acc)
-    return hsum16(acc)
+    return register_sum(acc)
 
 
 def tinyblas_bf16(x, w):  # x [T, K], w [O, K] f32 (bf16 values) -> [T, O]
-    """tinyBLAS<32, __m512bh>: vdpbf16ps, lane l takes the pair (2l, 2l+1) of every 32-element step."""
+    """tinyBLAS<32, __m512bh> (AVX512_BF16): vdpbf16ps, lane l takes the pair (2l, 2l+1) of every
+    32-element step."""
     T, K = x.shape
     xs, ws = x.reshape(T, 1, K // 32, 16, 2), w.reshape(1, len(w), K // 32, 16, 2)
     acc = np.zeros((T, len(w), 16), F32)
@@ -30,56 +37,72 @@ def dpbf16(acc, a, b):  # acc [..., 16], a/b [..., 16, 2] bf16 values -> acc + a
     return acc + a[..., 0] * b[..., 0]
 
 
-def four_by_sixteen(x, y):  # x, y [..., n] f32, n a multiple of 64 -> [...] f32
-    """The SIMD body of ggml_vec_dot_f32/f16: 4 accumulators of 16 FMA lanes over 64-element steps,
-    folded (0+2) + (1+3), then _mm512_reduce_add_ps."""
-    acc = np.zeros(x.shape[:-1] + (4, 16), F32)
-    xs, ys = x.reshape(acc.shape[:-2] + (-1, 4, 16)), y.reshape(acc.shape[:-2] + (-1, 4, 16))
+def vec_body(x, y, lanes):  # x, y [..., n] f32, n a multiple of 4*lanes -> [...] f32
+    """The SIMD body of ggml_vec_dot_f32/f16: GGML_F32_ARR = 4 accumulators of `lanes` FMA lanes over
+    steps of 4*lanes (GGML_F32_STEP), then GGML_F32_VEC_REDUCE."""
+    acc = np.zeros(x.shape[:-1] + (4, lanes), F32)
+    xs, ys = x.reshape(acc.shape[:-2] + (-1, 4, lanes)), y.reshape(acc.shape[:-2] + (-1, 4, lanes))
     for s in range(xs.shape[-3]):
         acc = fma32(xs[..., s, :, :], ys[..., s, :, :], acc)
-    return hsum16((acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :]))
+    return vec_reduce(acc)
 
 
-def vec_dot_f32(x, y):  # x [..., n], y [..., n] f32 -> [...]: ggml_vec_dot_f32 (AVX512 build)
-    """Whole 64-element steps through the SIMD body; GCC vectorises the leftover loop as products
-    added one by one in order (16 or 8 at a time) and fuses the last < 8 into FMAs."""
+def vec_dot_f32(x, y, target=AVX512):  # x [..., n], y [..., n] f32 -> [...]: ggml_vec_dot_f32
+    """Whole steps of 4*lanes through the SIMD body (llama.cpp/ggml/src/ggml-cpu/vec.cpp:104-126);
+    GCC vectorises the leftover loop as products added one by one in order, a register and then half
+    a register at a time, and fuses the last (fewer than lanes/2) into FMAs: the AVX512 build's
+    16 + 8 then < 8, the AVX2 build's 8 + 4 then < 4 (both read in their disassembly)."""
     x, y = np.broadcast_arrays(x, y)
-    n = x.shape[-1]
-    n64 = n - n % 64
-    total = four_by_sixteen(x[..., :n64], y[..., :n64])
-    rest = n - n64
-    plain = rest - rest % 16 + (8 if rest % 16 >= 8 else 0)
-    products = x[..., n64:n64 + plain] * y[..., n64:n64 + plain]
+    n, step = x.shape[-1], 4 * target.lanes
+    whole = n - n % step
+    total = vec_body(x[..., :whole], y[..., :whole], target.lanes)
+    rest = n - whole
+    plain = rest - rest % (target.lanes // 2)
+    products = x[..., whole:whole + plain] * y[..., whole:whole + plain]
     for i in range(plain):
         total = total + products[..., i]
-    for i in range(n64 + plain, n):
+    for i in range(whole + plain, n):
         total = fma32(x[..., i], y[..., i], total)
     return total
 
 
-def vec_dot_f16(x, y):  # x [..., n], y [..., n] f32 (f16 values) -> [...]: ggml_vec_dot_f16
-    """Whole 64-element steps through the SIMD body; the leftover products (exact in f32) are added
-    to a double sum that is rounded to float at the end."""
+def vec_dot_f16(x, y, target=AVX512):  # x [..., n], y [..., n] f32 (f16 values) -> [...]: ggml_vec_dot_f16
+    """Whole steps of 4*lanes through the SIMD body (llama.cpp/ggml/src/ggml-cpu/vec.cpp:345-367, F16
+    loaded as f32: GGML_F32Cx16 / GGML_F32Cx8); the leftover products (exact in f32) are added to a
+    double sum that is rounded to float at the end."""
     x, y = np.broadcast_arrays(x, y)
-    n = x.shape[-1]
-    n64 = n - n % 64
-    total = four_by_sixteen(x[..., :n64], y[..., :n64]).astype(F64)
-    products = (x[..., n64:] * y[..., n64:]).astype(F64)
-    for i in range(n - n64):
+    n, step = x.shape[-1], 4 * target.lanes
+    whole = n - n % step
+    total = vec_body(x[..., :whole], y[..., :whole], target.lanes).astype(F64)
+    products = (x[..., whole:] * y[..., whole:]).astype(F64)
+    for i in range(n - whole):
         total = total + products[..., i]
     return total.astype(F32)
 
 
-def vec_dot_bf16(x, y):  # x [..., n], y [..., n] f32 (bf16 values) -> [...]: ggml_vec_dot_bf16 (AVX512BF16)
+def vec_dot_bf16(x, y, target=AVX512):  # x [..., n], y [..., n] f32 (bf16 values) -> [...]: ggml_vec_dot_bf16
+    """AVX512_BF16 (llama.cpp/ggml/src/ggml-cpu/vec.cpp:148-157): two vdpbf16ps accumulators over
+    64-element steps, each _mm512_reduce_add_ps into a double. AVX2 (vec.cpp:172-195): four 8-lane
+    accumulators over 32-element steps (mul then add; exact products), folded (0+2) + (1+3), then
+    movehl/movehdup. The leftover products go into the double sum."""
     x, y = np.broadcast_arrays(x, y)
     n = x.shape[-1]
-    n64 = n - n % 64
-    c = np.zeros(x.shape[:-1] + (2, 16), F32)
-    xs, ys = x[..., :n64].reshape(c.shape[:-2] + (-1, 2, 16, 2)), y[..., :n64].reshape(c.shape[:-2] + (-1, 2, 16, 2))
-    for s in range(n64 // 64):
-        c = dpbf16(c, xs[..., s, :, :, :], ys[..., s, :, :, :])
-    total = hsum16(c[..., 0, :]).astype(F64) + hsum16(c[..., 1, :]).astype(F64)
-    products = (x[..., n64:] * y[..., n64:]).astype(F64)
-    for i in range(n - n64):
+    step = 64 if target.dpbf16 else 32
+    whole = n - n % step
+    xs, ys = x[..., :whole], y[..., :whole]
+    if target.dpbf16:
+        c = np.zeros(x.shape[:-1] + (2, 16), F32)
+        xs, ys = xs.reshape(c.shape[:-2] + (-1, 2, 16, 2)), ys.reshape(c.shape[:-2] + (-1, 2, 16, 2))
+        for s in range(whole // 64):
+            c = dpbf16(c, xs[..., s, :, :, :], ys[..., s, :, :, :])
+        total = hsum16(c[..., 0, :]).astype(F64) + hsum16(c[..., 1, :]).astype(F64)
+    else:
+        c = np.zeros(x.shape[:-1] + (4, 8), F32)
+        xs, ys = xs.reshape(c.shape[:-2] + (-1, 4, 8)), ys.reshape(c.shape[:-2] + (-1, 4, 8))
+        for s in range(whole // 32):
+            c = c + xs[..., s, :, :] * ys[..., s, :, :]
+        total = register_sum((c[..., 0, :] + c[..., 2, :]) + (c[..., 1, :] + c[..., 3, :])).astype(F64)
+    products = (x[..., whole:] * y[..., whole:]).astype(F64)
+    for i in range(n - whole):
         total = total + products[..., i]
     return total.astype(F32)

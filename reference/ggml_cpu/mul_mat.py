@@ -12,32 +12,34 @@ from .int_dots import q2_k_vec_dot, wide_block_vec_dot
 from .int_dots import iq1_vec_dot
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import F32, round_bf16, round_f16
+from .target import AVX512
 
 
-FLOAT_KERNELS = {  # type -> (activation rounding, (tinyBLAS kernel, its K step), vec_dot kernel)
-    "F32": (lambda x: x, (tinyblas, 16), vec_dot_f32),
-    "F16": (round_f16, (tinyblas, 16), vec_dot_f16),
-    "BF16": (round_bf16, (tinyblas_bf16, 32), vec_dot_bf16),
+FLOAT_KERNELS = {  # type -> (activation rounding, vec_dot kernel)
+    "F32": (lambda x: x, vec_dot_f32),
+    "F16": (round_f16, vec_dot_f16),
+    "BF16": (round_bf16, vec_dot_bf16),
 }
 
 
-REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K")  # repacked when the row count is a multiple of 8 (AVX512)
 REPACK_GEMM_ELEMENTS = {"Q4_K": 64, "Q2_K": 128}  # elements per FMA step of the repacked gemm
 TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "IQ3_XXS",  # tiled kernel from 8 rows
          "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M")
 TILED_MIN_ROWS = 8
 
 
-def kernel_path(kind, n_rows, weights, name, repack=True):  # -> the name of the kernel a matmul of n_rows rows takes
+def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> the kernel a matmul of n_rows rows takes
     """"float", "k_repacked", "q0_repacked", "q0_lanes", "q5_1_vec_dot", "wide_block_vec_dot", "tiled",
     "q2_k_vec_dot", "iq1_vec_dot" or "k_vec_dot"; one decision for this emulation and its numba twin.
     repack: whether llama.cpp loaded the weights into its CPU_REPACK extra buffer (the default;
-    llama-cpp-python's use_extra_bufts=False and the tools' --no-repack keep them in plain buffers)."""
+    llama-cpp-python's use_extra_bufts=False and the tools' --no-repack keep them in plain buffers),
+    which takes the target's types (ggml_repack_get_optimal_repack_type,
+    llama.cpp/ggml/src/ggml-cpu/repack.cpp:4925-5140: Q2_K only where AVX512 is)."""
     if kind in FLOAT_KERNELS:
         return "float"
     if kind not in DECODERS:
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
-    repacked = repack and kind in REPACKED and len(weights.raw(name)) % 8 == 0  # rows of blocks
+    repacked = repack and kind in target.repacked and len(weights.raw(name)) % 8 == 0  # rows of blocks
     if kind in REPACK_GEMM_ELEMENTS and repacked:
         return "k_repacked"
     if kind in ("Q4_0", "IQ4_NL") and repacked:
@@ -48,7 +50,7 @@ def kernel_path(kind, n_rows, weights, name, repack=True):  # -> the name of the
         return "q5_1_vec_dot"
     if kind in ("Q1_0", "Q2_0"):  # vec_dot at every batch size too (Q1_0 is repacked on ARM only)
         return "wide_block_vec_dot"
-    if kind in TILED and n_rows >= TILED_MIN_ROWS:
+    if target.tiled and kind in TILED and n_rows >= TILED_MIN_ROWS:
         return "tiled"
     if kind == "Q2_K":
         return "q2_k_vec_dot"
@@ -74,13 +76,13 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
     }
 
 
-def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K] f32 -> [T, O]
+def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX512):  # x [T, K] f32 -> [T, O]
     """cache: dict of decoded weights; a quantized matrix is kept in it while the dict would hold at
     most cache_bytes (None: DECODED_CACHE_BYTES), else decoded per call; float ones are always kept."""
     kind = weights.type_name(name)
-    path = kernel_path(kind, len(x), weights, name, repack)
+    path = kernel_path(kind, len(x), weights, name, repack, target)
     if path == "float":
-        return float_weight_mul_mat(x, weights, name, cache, float_mul_mat)
+        return float_weight_mul_mat(x, weights, name, cache, lambda x, w, kind: float_mul_mat(x, w, kind, target))
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
                            lambda start, stop: decode_rows(weights, name, start, stop),
                            lambda rows: QUANT_PATHS[path](x, rows, kind))
@@ -95,13 +97,13 @@ def float_weight_mul_mat(x, weights, name, cache, product):  # x [T, K] f32, an 
     return product(FLOAT_KERNELS[kind][0](x), cache[name], kind)
 
 
-def float_mul_mat(x, w, kind):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]
-    """tinyBLAS when llamafile_sgemm takes it (2+ rows, O a multiple of 4, K of its vector step),
-    else ggml_vec_dot_* row by row."""
-    _, (batched, k_step), single = FLOAT_KERNELS[kind]
-    if len(x) >= 2 and len(w) % 4 == 0 and w.shape[1] % k_step == 0:
-        return batched(x, w)
-    return single(w[None], x[:, None, :])
+def float_mul_mat(x, w, kind, target=AVX512):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]
+    """tinyBLAS when llamafile_sgemm takes it (2+ rows, O a multiple of 4, K of its vector step: the
+    target's lanes, twice that for vdpbf16ps), else ggml_vec_dot_* row by row."""
+    dpbf16 = kind == "BF16" and target.dpbf16
+    if len(x) >= 2 and len(w) % 4 == 0 and w.shape[1] % (target.lanes * (2 if dpbf16 else 1)) == 0:
+        return tinyblas_bf16(x, w) if dpbf16 else tinyblas(x, w, target)
+    return FLOAT_KERNELS[kind][1](w[None], x[:, None, :], target)
 
 
 def k_repacked(x, w, gemm_elements, kernels):  # x [T, K] f32, Q4_K/Q2_K rows (repacked) -> [T, O]

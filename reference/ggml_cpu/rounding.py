@@ -40,3 +40,21 @@ def hsum8(v):  # [..., 8] f32 -> [...]: hsum_float_8 / tinyBLAS hsum(__m256): (0
 
 def hsum16(v):  # [..., 16] f32 -> [...]: GCC's _mm512_reduce_add_ps, halves folded 8, 4, then pairs
     return hsum8(v[..., 8:] + v[..., :8])
+
+
+def hsum4(v):  # [..., 4] f32 -> [...]: vaddvq_f32 (faddp twice) and two haddps alike: (0+1) + (2+3)
+    return (v[..., 0] + v[..., 1]) + (v[..., 2] + v[..., 3])
+
+
+def register_sum(v):  # [..., lanes] f32 -> [...]: one register's horizontal sum, as the target's kernels form it
+    """16 lanes: _mm512_reduce_add_ps; 8: hsum_float_8, tinyBLAS's hsum(__m256) and the soft_max/cvar
+    loops (movehl, then movehdup); 4: vaddvq_f32."""
+    return {16: hsum16, 8: hsum8, 4: hsum4}[v.shape[-1]](v)
+
+
+def vec_reduce(acc):  # [..., 4, lanes] f32 -> [...]: GGML_F32_VEC_REDUCE of the GGML_F32_ARR = 4 accumulators
+    """(0+2, 1+3), then (0+1) (llama.cpp/ggml/src/ggml-cpu/simd-mappings.h:349-364,464-481,602-620);
+    the register then as AVX512's _mm512_reduce_add_ps, NEON's vaddvq_f32, or, on AVX, low plus high
+    half and two haddps: (0+1) + (2+3), not hsum_float_8's (0+2) + (1+3)."""
+    v = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+    return hsum4(v[..., :4] + v[..., 4:]) if v.shape[-1] == 8 else register_sum(v)

@@ -12,20 +12,21 @@ import numpy as np
 from reference.ggml_cpu import attention as reference
 from reference.ggml_cpu.attention import FA_TILE, flash_normalise
 from reference.ggml_cpu.rounding import round_f16 as round_f16_array
+from reference.ggml_cpu.target import AVX512
 
 from .elementwise import soft_max  # noqa: F401 (KERNELS)
 from .float_dots import dot_f16, float_mul_mat, vec_dot_f32  # noqa: F401 (float_mul_mat, vec_dot_f32: KERNELS)
 from .libm import EXPF, v_expf_lane
 from .quantize import quantize_q8_0
-from .rounding import fma32, hsum8, hsum16, round_f16, sqrt32
+from .rounding import fma32, hsum8, register_sum, round_f16, sqrt32
 from .threads import threaded
 
 F32, F64 = np.float32, np.float64
 NEG_INF = F32(-np.inf)
 
 
-def attention_mul_mat(q, k, v, visible, scale, kv_type):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
-    return reference.attention_mul_mat(q, k, v, visible, scale, kv_type, KERNELS)
+def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    return reference.attention_mul_mat(q, k, v, visible, scale, kv_type, target, KERNELS)
 
 
 @threaded()
@@ -86,7 +87,7 @@ def vec_dot_q8_0(kd, kq, qd, qq, lanes):  # K row d [nb], q [nb, 32], Q row the 
 
 
 @threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
-def chunk_f16(q16, k, v, visible, scale, start, stop):  # q16 [T, H, D] f16 values -> (M [T, H], S [T, H], VKQ)
+def chunk_f16(q16, k, v, visible, scale, start, stop, lanes):  # q16 [T, H, D] f16 values -> (M [T, H], S [T, H], VKQ)
     T, H, _ = q16.shape
     m, s_sum, acc = np.empty((T, H), F32), np.empty((T, H), F32), np.zeros((T, H, v.shape[-1]), F32)
     for th in numba.prange(T * H):
@@ -95,7 +96,7 @@ def chunk_f16(q16, k, v, visible, scale, start, stop):  # q16 [T, H, D] f16 valu
         mt, st = NEG_INF, F32(0)
         for j in range(start, stop):
             if visible[t, j]:
-                s = dot_f16(k[j, h], q16[t, h], scratch) * scale
+                s = dot_f16(k[j, h], q16[t, h], scratch, lanes) * scale
                 mt, st = online_step(s, v[j, h], mt, st, acc[t, h], True)
         m[t, h], s_sum[t, h] = mt, st
     return m, s_sum, acc
@@ -117,12 +118,12 @@ def chunk_q8_0(qd, qq, kd, kq, v, visible, scale, start, stop):  # Q and K rows 
     return m, s_sum, acc
 
 
-def flash_chunk(q, k, v, visible, scale, cells, kv_type, partial=False):  # q [T, H, D] -> [T, H, D] (reference)
+def flash_chunk(q, k, v, visible, scale, cells, kv_type, target=AVX512, partial=False):  # q [T, H, D] -> [T, H, D] (reference)
     T, H, D = q.shape
     visible, scale = np.ascontiguousarray(visible, np.bool_), F32(scale)
     if kv_type == "f16":
         m, s_sum, acc = chunk_f16(q.size * len(cells), round_f16_array(q), k, v, visible, scale, cells.start,
-                                  cells.stop)
+                                  cells.stop, target.lanes)
     else:
         q8 = quantize_q8_0(q.reshape(T * H, D))
         m, s_sum, acc = chunk_q8_0(q.size * len(cells), q8.d.reshape(T, H, -1), q8.q.reshape(T, H, -1, 32), k[0],
@@ -154,9 +155,9 @@ def merge_split(m, s_sum, acc):  # the chunks' M, S [C, T, H], VKQ [C, T, H, Dv]
     return out
 
 
-def flash_split(q, k, v, visible, scale, n_threads):  # one query row over n_kv >= 512 cells -> [1, H, D] (reference)
+def flash_split(q, k, v, visible, scale, n_threads, target=AVX512):  # one query row over n_kv >= 512 cells -> [1, H, D]
     size = -(-len(k) // n_threads)
-    parts = [flash_chunk(q, k, v, visible, scale, range(start, min(start + size, len(k))), "f16", True)
+    parts = [flash_chunk(q, k, v, visible, scale, range(start, min(start + size, len(k))), "f16", target, True)
              for start in range(0, len(k), size)]
     m, s_sum, acc = (np.stack(part) for part in zip(*parts))
     return merge_split(acc.size, m, s_sum, acc)
@@ -181,9 +182,9 @@ def tile_scores(q_row, k_t, h, start, live, scale, kq):  # KQ of one row over a 
 
 
 @numba.njit(inline="always")
-def tile_softmax(kq, tile_max, m, s_sum, acc):  # a tile's scores -> (M, S); kq becomes P, VKQ acc rescaled
+def tile_softmax(kq, tile_max, m, s_sum, acc, lanes, scalef):  # a tile's scores -> (M, S); kq becomes P, VKQ rescaled
     """The online softmax over one tile: M grows to the tile max (VKQ and S rescaled by glibc expf
-    when it does), P = ggml_v_expf(KQ - M), S += the tile's sum (16-lane blocks, in double)."""
+    when it does), P = ggml_v_expf(KQ - M), S += the tile's sum (register by register, in double)."""
     m_new = max(m, tile_max)
     if m_new > m:
         ms = EXPF(m - m_new)
@@ -191,15 +192,15 @@ def tile_softmax(kq, tile_max, m, s_sum, acc):  # a tile's scores -> (M, S); kq 
             acc[i] = acc[i] * ms
         s_sum = s_sum * ms
     for c in range(FA_TILE):
-        kq[c] = v_expf_lane(kq[c] - m_new)
+        kq[c] = v_expf_lane(kq[c] - m_new, scalef)
     total = 0.0
-    for b in range(0, FA_TILE, 16):
-        total += F64(hsum16(kq[b:b + 16]))
+    for b in range(0, FA_TILE, lanes):
+        total += F64(register_sum(kq[b:b + lanes]))
     return m_new, F32(F64(s_sum) + total)
 
 
 @threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
-def tiled_rows(q, k_t, v, visible, scale):  # [T, H, D], K^T [H, D, n_kv], V [n_kv, H, D], [T, n_kv] -> (S, VKQ)
+def tiled_rows(q, k_t, v, visible, scale, lanes, scalef):  # [T, H, D], K^T [H, D, n_kv], V [n_kv, H, D], [T, n_kv] -> (S, VKQ)
     T, H, _ = q.shape
     s_sum, acc = np.zeros((T, H), F32), np.zeros((T, H, v.shape[-1]), F32)
     for th in numba.prange(T * H):
@@ -211,7 +212,7 @@ def tiled_rows(q, k_t, v, visible, scale):  # [T, H, D], K^T [H, D, n_kv], V [n_
             tile_max = tile_scores(q[t, h], k_t, h, start, visible[t], scale, kq)
             if not tile_max > NEG_INF:  # nothing visible in this tile: M, S and VKQ stay
                 continue
-            m, st = tile_softmax(kq, tile_max, m, st, a)
+            m, st = tile_softmax(kq, tile_max, m, st, a, lanes, scalef)
             for c in range(FA_TILE):  # VKQ += P.V, an FMA chain per output over the 64 cells
                 v_row = v[start + c, h]
                 for i in range(a.size):
@@ -220,19 +221,19 @@ def tiled_rows(q, k_t, v, visible, scale):  # [T, H, D], K^T [H, D, n_kv], V [n_
     return s_sum, acc
 
 
-def flash_tiled(q, k, v, visible, scale):  # [T, H, D], [n_kv, H, D] x2 (f16 values), [T, n_kv] -> [T, H, D] (reference)
+def flash_tiled(q, k, v, visible, scale, target=AVX512):  # [T, H, D], [n_kv, H, D] x2 (f16 values), [T, n_kv] -> [T, H, D]
     q, visible = np.ascontiguousarray(q, F32), np.ascontiguousarray(visible, np.bool_)
     k_t = np.ascontiguousarray(k.transpose(1, 2, 0))  # [H, D, n_kv]: a tile's cells side by side
-    s_sum, acc = tiled_rows(q.size * len(k), q, k_t, v, visible, F32(scale))
+    s_sum, acc = tiled_rows(q.size * len(k), q, k_t, v, visible, F32(scale), target.lanes, target.scalef)
     return flash_normalise(s_sum, acc)
 
 
-def attention_flash(q, k, v, visible, scale, n_threads):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
-    return reference.attention_flash(q, k, v, visible, scale, n_threads, KERNELS)
+def attention_flash(q, k, v, visible, scale, n_threads, target=AVX512):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    return reference.attention_flash(q, k, v, visible, scale, n_threads, target, KERNELS)
 
 
-def attention_q8_0(q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
-    return reference.attention_q8_0(q, k, v, visible, scale, KERNELS)
+def attention_q8_0(q, k, v, visible, scale, target=AVX512):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    return reference.attention_q8_0(q, k, v, visible, scale, target, KERNELS)
 
 
 KERNELS = sys.modules[__name__]  # float_mul_mat, vec_dot_f32, soft_max, fwht, quantize_q8_0 and the flash kernels

@@ -20,30 +20,31 @@ class GgmlCpuNumbaBackend(GgmlCpuBackend):
 
     def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
         cache = self.decoded.setdefault(weights, {})
-        return mul_mat(np.ascontiguousarray(x, np.float32), weights, name, cache, self.repack, self.cache_bytes)
+        return mul_mat(np.ascontiguousarray(x, np.float32), weights, name, cache, self.repack, self.cache_bytes,
+                       self.target)
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         q, k, v = (np.asarray(a, F32) for a in (q, k, v))
         if self.kv_type == "q8_0":
-            return attention.attention_q8_0(q, k, v, visible, scale)
+            return attention.attention_q8_0(q, k, v, visible, scale, self.target)
         if self.flash_attn:
-            return attention.attention_flash(q, k, v, visible, scale, self.n_threads)
-        return attention.attention_mul_mat(q, k, v, visible, scale, self.kv_type)
+            return attention.attention_flash(q, k, v, visible, scale, self.n_threads, self.target)
+        return attention.attention_mul_mat(q, k, v, visible, scale, self.kv_type, self.target)
 
     def rms_norm(self, x, eps):  # x [..., n] -> [..., n]
         return elementwise.rms_norm(x, eps)
 
     def layer_norm(self, x, w, b, eps):  # x [..., n], w [n], b [n] -> [..., n]
-        return elementwise.layer_norm(x, w, b, eps)
+        return elementwise.layer_norm(x, w, b, eps, self.target)
 
     def rope_norm(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
-        return elementwise.rope_norm(x, theta)
+        return elementwise.rope_norm(x, theta, self.target)
 
     def rope_neox(self, x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]
-        return elementwise.rope_neox(x, theta)
+        return elementwise.rope_neox(x, theta, self.target)
 
     def rope_2d(self, x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]
-        return elementwise.rope_2d(x, theta_a, theta_b)
+        return elementwise.rope_2d(x, theta_a, theta_b, self.target)
 
     def sigmoid(self, x):  # [...] -> [...]
         return elementwise.sigmoid(x)
@@ -52,7 +53,7 @@ class GgmlCpuNumbaBackend(GgmlCpuBackend):
         return elementwise.gelu_erf(x)
 
     def swiglu(self, gate, up):  # gate [T, F], up [T, F] -> [T, F]
-        return elementwise.swiglu(gate, up)
+        return elementwise.swiglu(gate, up, self.target)
 
     def softcap(self, z, cap):  # z [...] -> [...]
         return elementwise.softcap(np.asarray(z, np.float32), cap)

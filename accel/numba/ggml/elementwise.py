@@ -29,8 +29,10 @@ def gelu_erf(x):  # [...] f32 -> [...]: ggml_vec_gelu_erf_f32 with glibc erff
 
 import numba  # noqa: E402
 
+from reference.ggml_cpu.target import AVX512  # noqa: E402
+
 from .libm import EXPF, silu_rows, v_expf_lane  # noqa: E402
-from .rounding import fma32, hsum16, sqrt32  # noqa: E402
+from .rounding import fma32, register_sum, sqrt32  # noqa: E402
 from .threads import threaded  # noqa: E402
 
 F64 = np.float64
@@ -62,9 +64,9 @@ def rms_norm(x, eps):  # x [..., n] f32 -> [..., n]: reference rms_norm
 
 
 @threaded()
-def layer_norm_rows(x, w, b, eps):  # f32 [R, n], w/b [n] -> [R, n]: reference layer_norm's sums and roundings
+def layer_norm_rows(x, w, b, eps, lanes):  # f32 [R, n], w/b [n] -> [R, n]: reference layer_norm's sums and roundings
     R, n = x.shape
-    n16 = n - n % 16
+    whole = n - n % lanes
     out = np.empty_like(x)
     for r in numba.prange(R):
         total = 0.0
@@ -74,9 +76,9 @@ def layer_norm_rows(x, w, b, eps):  # f32 [R, n], w/b [n] -> [R, n]: reference l
         centered = x[r] - mean
         squares = centered * centered
         var = 0.0
-        for s in range(0, n16, 16):
-            var += F64(hsum16(squares[s:s + 16]))
-        for i in range(n16, n):
+        for s in range(0, whole, lanes):
+            var += F64(register_sum(squares[s:s + lanes]))
+        for i in range(whole, n):
             var += F64(squares[i])
         scale = F32(1) / sqrt32(F32(var / n) + eps)
         for i in range(n):
@@ -84,56 +86,59 @@ def layer_norm_rows(x, w, b, eps):  # f32 [R, n], w/b [n] -> [R, n]: reference l
     return out
 
 
-def layer_norm(x, w, b, eps):  # x [..., n] f32, w [n], b [n] -> [..., n]: reference layer_norm
+def layer_norm(x, w, b, eps, target=AVX512):  # x [..., n] f32, w [n], b [n] -> [..., n]: reference layer_norm
     rows = rows_of(x)
     return layer_norm_rows(rows.size, rows, np.ascontiguousarray(w, F32), np.ascontiguousarray(b, F32),
-                           F32(eps)).reshape(np.shape(x))
+                           F32(eps), target.lanes).reshape(np.shape(x))
 
 
 @threaded()
-def rotate_pairs(x, cos, sin, first, stride):  # x [T, H, D], cos/sin [T, P] -> [T, H, D]
+def rotate_pairs(x, cos, sin, first, stride, group, cos_fused):  # x [T, H, D], cos/sin [T, P] -> [T, H, D]
     """Pair i is (first(i), first(i) + stride): rope_norm has first 2i, stride 1; rope_neox i, P.
-    The pairs of whole groups of 4 take the contracted FMAs, the last P mod 4 plain products."""
+    The pairs of whole groups take the contracted FMAs (reference rotate), the last P mod group
+    plain products."""
     T, H, D = x.shape
     P = cos.shape[1]
-    n4 = P - P % 4
+    fused = P - P % group
     out = x.copy()
     for t in numba.prange(T):
         for h in range(H):
             for i in range(P):
                 a = first * i
                 x0, x1, c, s = x[t, h, a], x[t, h, a + stride], cos[t, i], sin[t, i]
-                if i < n4:
+                if i < fused:
                     out[t, h, a] = fma32(x0, c, -(x1 * s))
-                    out[t, h, a + stride] = fma32(x0, s, x1 * c)
+                    out[t, h, a + stride] = fma32(x1, c, x0 * s) if cos_fused else fma32(x0, s, x1 * c)
                 else:
                     out[t, h, a] = x0 * c - x1 * s
                     out[t, h, a + stride] = x0 * s + x1 * c
     return out
 
 
-def rope_norm(x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]: reference rope_norm, pairs (2i, 2i+1)
-    return rotate_pairs(np.size(x), np.ascontiguousarray(x, F32), libm("cosf", theta), libm("sinf", theta), 2, 1)
+def rope_norm(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] -> [T, H, D]: reference rope_norm, pairs (2i, 2i+1)
+    return rotate_pairs(np.size(x), np.ascontiguousarray(x, F32), libm("cosf", theta), libm("sinf", theta), 2, 1,
+                        target.rope_group, target.rope_cos_fused)
 
 
-def rope_neox(x, theta):  # x [T, H, D], theta [T, D/2] -> [T, H, D]: reference rope_neox, pairs (i, i + D/2)
+def rope_neox(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] -> [T, H, D]: reference rope_neox, pairs (i, i + D/2)
     return rotate_pairs(np.size(x), np.ascontiguousarray(x, F32), libm("cosf", theta), libm("sinf", theta), 1,
-                        theta.shape[-1])
+                        theta.shape[-1], target.neox_group, False)
 
 
-def rope_2d(x, theta_a, theta_b):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]: reference rope_2d
+def rope_2d(x, theta_a, theta_b, target=AVX512):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]: reference rope_2d
     half = x.shape[-1] // 2
-    return np.concatenate([rope_norm(x[..., :half], theta_a), rope_norm(x[..., half:], theta_b)], axis=-1)
+    return np.concatenate([rope_norm(x[..., :half], theta_a, target), rope_norm(x[..., half:], theta_b, target)],
+                          axis=-1)
 
 
-def swiglu(gate, up):  # gate [T, F], up [T, F] -> [T, F]: silu(gate) * up
-    return silu_rows(gate) * np.asarray(up, F32)
+def swiglu(gate, up, target=AVX512):  # gate [T, F], up [T, F] -> [T, F]: silu(gate) * up
+    return silu_rows(gate, target) * np.asarray(up, F32)
 
 
 @threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
-def soft_max_rows(scores, visible, scale):  # f32 [R, S], bool [R, S], f32 -> [R, S]: reference soft_max
+def soft_max_rows(scores, visible, scale, lanes, scalef):  # f32 [R, S], bool [R, S], f32 -> [R, S]: reference soft_max
     R, S = scores.shape
-    n16 = S - S % 16
+    whole = S - S % lanes
     out = np.empty_like(scores)
     for r in numba.prange(R):
         w = np.empty(S, F32)
@@ -143,14 +148,14 @@ def soft_max_rows(scores, visible, scale):  # f32 [R, S], bool [R, S], f32 -> [R
             if w[i] > m or w[i] != w[i]:  # np.max: a NaN wins
                 m = w[i]
         e = out[r]
-        for i in range(n16):
-            e[i] = v_expf_lane(w[i] - m)
-        for i in range(n16, S):
+        for i in range(whole):
+            e[i] = v_expf_lane(w[i] - m, scalef)
+        for i in range(whole, S):
             e[i] = EXPF(w[i] - m)
         total = 0.0
-        for s in range(0, n16, 16):
-            total += F64(hsum16(e[s:s + 16]))
-        for i in range(n16, S):
+        for s in range(0, whole, lanes):
+            total += F64(register_sum(e[s:s + lanes]))
+        for i in range(whole, S):
             total += F64(e[i])
         inv = F32(1.0 / total)
         for i in range(S):
@@ -158,6 +163,7 @@ def soft_max_rows(scores, visible, scale):  # f32 [R, S], bool [R, S], f32 -> [R
     return out
 
 
-def soft_max(scores, visible, scale):  # scores [R, S] f32, visible [R, S] -> [R, S]: reference soft_max
+def soft_max(scores, visible, scale, target=AVX512):  # scores [R, S] f32, visible [R, S] -> [R, S]: reference soft_max
     visible = np.ascontiguousarray(np.broadcast_to(visible, np.shape(scores)), np.bool_)
-    return soft_max_rows(np.size(scores), np.ascontiguousarray(scores, F32), visible, F32(scale))
+    return soft_max_rows(np.size(scores), np.ascontiguousarray(scores, F32), visible, F32(scale), target.lanes,
+                         target.scalef)

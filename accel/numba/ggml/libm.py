@@ -5,6 +5,8 @@ import numpy as np
 
 from reference.ggml_cpu.libm import _libm_fn
 
+from reference.ggml_cpu.target import AVX512
+
 from .threads import threaded
 
 LIBM = {name: _libm_fn(name) for name in ("expf", "cosf", "sinf", "tanhf", "erff")}
@@ -30,60 +32,79 @@ def libm(name, x):  # as reference libm: "expf" | "cosf" | "sinf" | "tanhf" | "e
 # ---------------------------------------------------------------------------------------------
 # ggml's vectorised exp and silu (reference libm.py), one lane at a time
 
-from reference.ggml_cpu.libm import EXP_R, hexf  # noqa: E402
+from reference.ggml_cpu.libm import (C1, C2, C3, C4, C5, C_LN2_HI, C_LN2_LO, C_LOG2E, EXP_R,  # noqa: E402
+                                     ONE_BITS, SCALE_BITS, SCALE_SIGN)
 
-from .rounding import fma32  # noqa: E402
+from .rounding import bits_f32, f32_bits, fma32  # noqa: E402
 
 EXPF = LIBM["expf"]
-C_LOG2E, C_LN2_HI, C_LN2_LO = hexf("0x1.715476p+0"), hexf("0x1.62e4p-1"), hexf("0x1.7f7d1cp-20")
-C5, C4, C3, C2, C1 = (hexf(h) for h in ("0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2",
-                                         "0x1.ffffecp-1"))
 ONE, INF = np.float32(1), np.float32(np.inf)
+LOW32 = np.uint64(0xFFFFFFFF)
 
 
 @numba.njit(cache=True, inline="always")
-def v_expf_lane(x):  # f32 -> f32: one lane of reference v_expf (ggml_v_expf for __m512)
+def v_expf_lane(x, scalef):  # f32, bool -> f32: one lane of reference v_expf
     z = fma32(x, C_LOG2E, EXP_R)
     n = z - EXP_R
     b = fma32(-n, C_LN2_LO, fma32(-n, C_LN2_HI, x))
     u = b * b
-    j = fma32(fma32(fma32(C5, b, C4), u, fma32(C3, b, C2)), u, fma32(C1, b, ONE))
-    if not abs(n) <= 192:  # NaN too, as the reference's ~(|n| <= 192)
-        return np.float32(0) if n <= 0 else INF
-    return np.float32(np.float64(j) * 2.0 ** np.float64(n))  # vscalefps: exact in float64, rounded once
+    poly = fma32(fma32(C5, b, C4), u, fma32(C3, b, C2))
+    if scalef:  # the __m512 variant
+        j = fma32(poly, u, fma32(C1, b, ONE))
+        if not abs(n) <= 192:  # NaN too, as the reference's ~(|n| <= 192)
+            return np.float32(0) if n <= 0 else INF
+        return np.float32(np.float64(j) * 2.0 ** np.float64(n))  # vscalefps: exact in float64, rounded once
+    if x != x:  # the reference's rule for a NaN
+        return x
+    j = fma32(poly, u, C1 * b)  # the __m256 / float32x4_t variant: 2^n in the exponent bits, fma(j, k, k)
+    e = (np.uint64(f32_bits(z)) << np.uint64(23)) & LOW32
+    if abs(n) > 192 or abs(n) > 126:
+        g = np.uint64(SCALE_SIGN) if n <= 0 else np.uint64(0)
+        s1 = bits_f32(np.uint32((g + np.uint64(SCALE_BITS)) & LOW32))
+        if abs(n) > 192:
+            return s1 * s1
+        s2 = bits_f32(np.uint32((e - g) & LOW32))
+        return fma32(s2, j, s2) * s1
+    k = bits_f32(np.uint32((e + np.uint64(ONE_BITS)) & LOW32))
+    return fma32(k, j, k)
 
 
 @numba.njit(cache=True, inline="always")
-def v_silu_lane(x):  # f32 -> f32: x / (1 + v_expf(0 - x))
-    return x / (ONE + v_expf_lane(np.float32(0) - x))
+def v_silu_lane(x, scalef):  # f32, bool -> f32: x / (1 + v_expf(0 - x))
+    return x / (ONE + v_expf_lane(np.float32(0) - x, scalef))
 
 
-v_expf_flat, v_silu_flat = libm_kernel(v_expf_lane), libm_kernel(v_silu_lane)  # (work, f32 [n]) -> [n]
+def variant(fn, scalef):  # njit lane function (x, scalef) -> njit float(float) of that ggml_v_expf variant
+    return numba.njit(cache=False, inline="always")(lambda x: fn(x, scalef))
+
+
+V_EXPF = {scalef: libm_kernel(variant(v_expf_lane, scalef)) for scalef in (True, False)}  # (work, f32 [n]) -> [n]
+V_SILU = {scalef: libm_kernel(variant(v_silu_lane, scalef)) for scalef in (True, False)}
 
 
 @threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
-def silu_rows_2d(x):  # f32 [R, n] -> [R, n]: v_silu on 16-lane blocks, glibc x/(1+expf(-x)) on the tail
+def silu_rows_2d(x, lanes, scalef):  # f32 [R, n] -> [R, n]: v_silu on whole registers, glibc x/(1+expf(-x)) on the tail
     R, n = x.shape
-    n16 = n - n % 16
+    whole = n - n % lanes
     out = np.empty_like(x)
     for r in numba.prange(R):
-        for i in range(n16):
-            out[r, i] = v_silu_lane(x[r, i])
-        for i in range(n16, n):
+        for i in range(whole):
+            out[r, i] = v_silu_lane(x[r, i], scalef)
+        for i in range(whole, n):
             out[r, i] = x[r, i] / (ONE + EXPF(-x[r, i]))
     return out
 
 
-def v_expf(x):  # [...] f32 -> [...] f32: reference v_expf
+def v_expf(x, scalef=True):  # [...] f32 -> [...] f32: reference v_expf
     x = np.ascontiguousarray(x, np.float32)
-    return v_expf_flat(x.size, x.ravel()).reshape(x.shape)
+    return V_EXPF[bool(scalef)](x.size, x.ravel()).reshape(x.shape)
 
 
-def v_silu(x):  # [...] f32 -> [...] f32: reference v_silu
+def v_silu(x, scalef=True):  # [...] f32 -> [...] f32: reference v_silu
     x = np.ascontiguousarray(x, np.float32)
-    return v_silu_flat(x.size, x.ravel()).reshape(x.shape)
+    return V_SILU[bool(scalef)](x.size, x.ravel()).reshape(x.shape)
 
 
-def silu_rows(x):  # [..., n] f32 -> [..., n]: reference silu_rows
+def silu_rows(x, target=AVX512):  # [..., n] f32 -> [..., n]: reference silu_rows
     x = np.ascontiguousarray(x, np.float32)
-    return silu_rows_2d(x.size, x.reshape(-1, x.shape[-1])).reshape(x.shape)
+    return silu_rows_2d(x.size, x.reshape(-1, x.shape[-1]), target.lanes, target.scalef).reshape(x.shape)

@@ -9,6 +9,7 @@ import numpy as np
 from reference.ggml_cpu.blocks import decode_rows
 from reference.ggml_cpu.build import GgmlCpuError
 from reference.ggml_cpu.mul_mat import TILED_MIN_ROWS, bounded_mul_mat, float_weight_mul_mat, kernel_path, quant_paths
+from reference.ggml_cpu.target import AVX512
 
 from . import float_dots, int_dots
 from .blocks import DECODERS
@@ -153,12 +154,13 @@ def k_repacked_rows(w, a, elements_per_fma):  # GroupRows (Q4_K) or KernelRows (
     return int_dots.k_repacked_rows(w.vs, w.d, w.dmin, w.mins, a.q, a.d, sub_block_sums(a, w.sub), elements_per_fma)
 
 
-def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None):  # x [T, K] f32 -> [T, O] on the numba kernels
+def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX512):  # x [T, K] f32 -> [T, O] on numba
     kind = weights.type_name(name)
-    path = kernel_path(kind, len(x), weights, name, repack)
+    path = kernel_path(kind, len(x), weights, name, repack, target)
     if path == "float":
-        return float_weight_mul_mat(x, weights, name, cache, float_dots.float_mul_mat)
-    paths = [kernel_path(kind, n, weights, name, repack) for n in (1, TILED_MIN_ROWS)]  # decode and prefill
+        return float_weight_mul_mat(x, weights, name, cache,
+                                    lambda x, w, kind: float_dots.float_mul_mat(x, w, kind, target))
+    paths = [kernel_path(kind, n, weights, name, repack, target) for n in (1, TILED_MIN_ROWS)]  # decode and prefill
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
                            lambda start, stop: kernel_rows(decode_rows(weights, name, start, stop, DECODERS), kind,
                                                            paths),

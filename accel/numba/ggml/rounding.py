@@ -32,6 +32,31 @@ def hsum16(v):  # f32 [16] -> f32: _mm512_reduce_add_ps, halves folded 8, 4, the
     return (b0 + b2) + (b1 + b3)
 
 
+@numba.njit(cache=True, inline="always")
+def hsum4(v):  # f32 [>= 4] -> f32: vaddvq_f32 and two haddps, (0+1) + (2+3) (reference hsum4)
+    return (v[0] + v[1]) + (v[2] + v[3])
+
+
+@numba.njit(cache=True, inline="always")
+def register_sum(v):  # f32 [lanes] -> f32: reference register_sum, by the register's width 16, 8 or 4
+    if v.size == 16:
+        return hsum16(v)
+    if v.size == 8:
+        return hsum8(v)
+    return hsum4(v)
+
+
+@numba.njit(cache=True, inline="always")
+def vec_reduce(acc, lanes):  # scratch f32 [4, >= lanes] -> f32: reference vec_reduce of acc[:, :lanes]
+    for lane in range(lanes):
+        acc[0, lane] = (acc[0, lane] + acc[2, lane]) + (acc[1, lane] + acc[3, lane])
+    if lanes == 8:  # AVX: low plus high half, then two haddps
+        for lane in range(4):
+            acc[1, lane] = acc[0, lane] + acc[0, lane + 4]
+        return hsum4(acc[1])
+    return register_sum(acc[0, :lanes])
+
+
 @intrinsic
 def f32_bits(typingctx, x):  # float32 -> its uint32 bit pattern
     def codegen(context, builder, signature, args):

@@ -1,0 +1,88 @@
+"""The CPU builds of llama.cpp the mode models (`--cpu TARGET`): what each one compiles that rounds
+differently (docs/ggml-cpu-numerics.md, a section per target). A target is a parameter of the kernel
+families, never a copy of them: the register width of the float kernels, which ggml_v_expf, which
+weight types the CPU_REPACK buffer takes, whether the tiled kernel exists."""
+import os
+import platform
+import re
+from dataclasses import dataclass
+
+from .build import BUILD_GLIBC, GgmlCpuError
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    lanes: int  # float32 lanes of GGML_F32_VEC: tinyBLAS's KN, vec_dot_f32/f16's EPR, the soft_max/silu blocks
+    scalef: bool  # ggml_v_expf ends in vscalefps (AVX512) rather than k + k*j by FMA (AVX2, NEON)
+    dpbf16: bool  # BF16 dots by vdpbf16ps (AVX512_BF16) rather than widened to f32
+    repacked: tuple  # weight types CPU_REPACK holds (rows a multiple of 8)
+    tiled: bool  # the tiled quantized kernel (tiled/) exists: x86 only
+    rope_group: int  # rope_norm pairs GCC vectorises together; the last (pairs mod rope_group) are not contracted
+    rope_cos_fused: bool  # rope_norm's x0*s + x1*c fused on the cos product (AVX2's vfmaddsub), else on the sin one
+    neox_group: int  # the same for rope_neox
+    machine: str  # platform.machine() of the hosts that run this build
+    cpu_flags: tuple  # /proc/cpuinfo flags the build needs
+    emulated: bool = True  # False: named and documented, its quantized kernels not emulated yet
+
+
+NEON_REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
+TARGETS = {t.name: t for t in (
+    Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, True, 1, "x86_64",
+           ("avx2", "fma", "f16c", "bmi2")),
+    Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, False, 4, "x86_64",
+           ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "fma", "f16c")),
+    Target("neon", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp"),
+           emulated=False),
+    Target("neon-i8mm", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp", "i8mm"),
+           emulated=False),
+)}
+DEFAULT_TARGET = "avx512"
+
+
+def target(name):  # "avx2" | "avx512" | "neon" | "neon-i8mm" -> Target, or GgmlCpuError
+    if name not in TARGETS:
+        raise GgmlCpuError(f"unknown CPU target {name!r} ({', '.join(TARGETS)})")
+    chosen = TARGETS[name]
+    if not chosen.emulated:
+        raise GgmlCpuError(f"the {name} target is not emulated yet: its quantized kernels (arch/arm/quants.c, "
+                           "the NEON repack layouts) differ from the x86 ones (docs/ggml-cpu-numerics.md)")
+    return chosen
+
+
+SYSTEM_INFO_FEATURE = re.compile(r"\b([A-Z0-9_]+) = 1\b")
+
+
+def target_of_system_info(text):  # llama.cpp's system_info line(s) -> the target name they show, or None
+    """ggml_cpu_get_features lists the features the build was compiled with (ggml-cpu.cpp:547-645):
+    AVX512 builds also show AVX2, i8mm builds (MATMUL_INT8) also DOTPROD."""
+    on = set(SYSTEM_INFO_FEATURE.findall(text))
+    if "AVX512" in on:
+        return "avx512"
+    if {"AVX2", "FMA", "F16C"} <= on:
+        return "avx2"
+    if {"NEON", "DOTPROD"} <= on:
+        return "neon-i8mm" if "MATMUL_INT8" in on else "neon"
+    return None
+
+
+AVX512 = TARGETS[DEFAULT_TARGET]
+
+
+def host_differences(chosen=AVX512):  # Target -> [str]: how this machine's llama.cpp build would differ from it
+    """A machine of another architecture, or one whose CPU lacks the target's features, cannot run
+    that build; glibc's expf/cosf/sinf/tanhf may differ in the last bit from the modelled 2.36."""
+    found = []
+    if platform.machine() != chosen.machine:
+        found.append(f"CPU architecture {platform.machine()}, not {chosen.machine}")
+    elif os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
+        missing = [flag for flag in chosen.cpu_flags if flag not in flags]
+        if missing:
+            found.append(f"CPU lacks {' '.join(missing)}")
+    libc, version = platform.libc_ver()
+    if (libc, version) != ("glibc", BUILD_GLIBC):
+        found.append(f"C library {libc or 'unknown'} {version}, not glibc {BUILD_GLIBC} (expf/cosf/sinf/tanhf "
+                     "may differ in the last bit)")
+    return found
