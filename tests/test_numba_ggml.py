@@ -18,9 +18,10 @@ from conftest import require
 
 require("numba")  # the [accel] extra
 
-from accel.numba.ggml import GgmlCpuNumbaBackend, mul_mat as numba_mul_mat  # noqa: E402
+from accel.numba.ggml import GgmlCpuNumbaBackend, block_dots, mul_mat as numba_mul_mat  # noqa: E402
 from accel.numba.ggml import elementwise as numba_elementwise, quantize as numba_quantize  # noqa: E402
 from reference import ggml_cpu  # noqa: E402
+from reference.ggml_cpu.mul_mat import kernel_path  # noqa: E402
 from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,  # noqa: E402
                            check_shared, fixture, model)
 from test_ggml_presets import text_model as preset_model  # noqa: E402
@@ -237,7 +238,12 @@ def test_block_decoders_are_their_numpy_twins_on_random_bytes(kind):  # every bi
 @pytest.mark.parametrize("kind", STREAM_MODELS)
 @pytest.mark.parametrize("step", ["", "decode."])
 def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, monkeypatch):  # no cache, 8-row blocks
-    check_streamed_mul_mat(kind, step, numba_mul_mat.mul_mat, monkeypatch)
+    check_streamed_mul_mat(kind, step, numba_mul_mat.mul_mat, monkeypatch, numba_decodes)
+
+
+def numba_decodes(weights, name, rows):  # -> whether the numba mul_mat decodes the matrix (else it reads the blocks)
+    kind = weights.type_name(name)
+    return not block_dots.reads(kind, kernel_path(kind, rows, weights, name))
 
 
 @pytest.mark.parametrize("run", BOUNDED_RUNS, ids=run_id)
