@@ -18,9 +18,10 @@ from conftest import require
 
 require("numba")  # the [accel] extra
 
-from accel.numba.ggml import GgmlCpuNumbaBackend, mul_mat as numba_mul_mat  # noqa: E402
+from accel.numba.ggml import GgmlCpuNumbaBackend, block_dots, mul_mat as numba_mul_mat  # noqa: E402
 from accel.numba.ggml import elementwise as numba_elementwise, quantize as numba_quantize  # noqa: E402
 from reference import ggml_cpu  # noqa: E402
+from reference.ggml_cpu.mul_mat import kernel_path  # noqa: E402
 from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,  # noqa: E402
                            check_shared, fixture, model)
 from test_ggml_presets import text_model as preset_model  # noqa: E402
@@ -237,7 +238,12 @@ def test_block_decoders_are_their_numpy_twins_on_random_bytes(kind):  # every bi
 @pytest.mark.parametrize("kind", STREAM_MODELS)
 @pytest.mark.parametrize("step", ["", "decode."])
 def test_streamed_mul_mat_on_llama_cpp_tensors(kind, step, monkeypatch):  # no cache, 8-row blocks
-    check_streamed_mul_mat(kind, step, numba_mul_mat.mul_mat, monkeypatch)
+    check_streamed_mul_mat(kind, step, numba_mul_mat.mul_mat, monkeypatch, numba_decodes)
+
+
+def numba_decodes(weights, name, rows):  # -> whether the numba mul_mat decodes the matrix (else it reads the blocks)
+    kind = weights.type_name(name)
+    return not block_dots.reads(kind, kernel_path(kind, rows, weights, name))
 
 
 @pytest.mark.parametrize("run", BOUNDED_RUNS, ids=run_id)
@@ -444,3 +450,41 @@ def test_kernels_on_generic_vectors_are_the_numpy_twins(kind, rows, monkeypatch)
         got = numba.njit(parallel=True)(int_dots.group_tiled.py_func)(*numba_mul_mat.group_tiled_args(w, a))
     ref = ggml_cpu.mul_mat(x, weights, name, {}, repack=False)  # repacked Q4_K would take another kernel
     assert_identical(ref, got[:, :w.rows], f"{kind_name}, {rows} rows, generic vectors")
+
+
+# ---------------------------------------------------------------------------------------------
+# block_dots: the vec_dots on the mmapped block bytes
+
+BLOCK_DOT_MODELS = {"IQ2_XXS": "iq2_xxs", "IQ3_XXS": "iq3_xxs", "IQ4_XS": "iq4_xs", "Q4_K": "q4_k_m",
+                    "Q5_K": "q5_k_m", "Q6_K": "q6_k", "Q8_0": "q8_0"}  # type -> its ops fixture (llama-quantize's blocks)
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCK_DOT_MODELS))
+def test_block_dots_on_llama_cpp_decode_products(kind):  # llama.cpp's own 1-row product of a tensor of the type
+    entry, t = fixture(BLOCK_DOT_MODELS[kind])
+    weights = model(entry["model"]).weights
+    name = "blk.0.ffn_up.weight"
+    if weights.type_name(name) != kind:
+        pytest.skip(f"{entry['model']}'s ffn_up is {weights.type_name(name)}: covered by its own fixture")
+    x, ref = t["decode.ffn_up.in"], t["decode.ffn_up.out"]
+    path = kernel_path(kind, 1, weights, name)  # the ops goldens were taken with llama.cpp's default repack
+    if not block_dots.reads(kind, path):
+        pytest.skip(f"llama.cpp took {path} for this {kind} golden; the presets' plain-buffer logits cover the vec_dot")
+    got = block_dots.mul_mat(x, weights, name, path)
+    assert_identical(ref, got[:, :ref.shape[1]], f"block_dots {kind}, llama.cpp's decode step")
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCK_DOT_MODELS))
+@pytest.mark.parametrize("rows", [1, 3, 8, 17])  # the vec_dot's loop over activation rows, past a vector's 16
+def test_block_dots_are_the_numpy_vec_dots(kind, rows):  # every tensor of the type in its committed model
+    from reference.ggml_cpu import int_dots as reference_dots, quantize as reference_quantize
+    from reference.ggml_cpu.blocks import decode
+    weights = model(fixture(BLOCK_DOT_MODELS[kind])[0]["model"]).weights
+    names = [n for n in weights.tensors if weights.type_name(n) == kind]
+    assert names
+    path = "q0_lanes" if kind == "Q8_0" else "k_vec_dot"
+    for name in names:
+        x = activations(rows, weights.shape(name)[1], rows)
+        quantize = reference_quantize.quantize_q8_0 if kind == "Q8_0" else reference_quantize.quantize_q8_k
+        ref = getattr(reference_dots, path)(decode(weights, name), quantize(x))
+        assert_identical(ref, block_dots.mul_mat(x, weights, name, path), f"block_dots {kind} {name}, {rows} rows")

@@ -11,7 +11,7 @@ from reference.ggml_cpu.build import GgmlCpuError
 from reference.ggml_cpu.mul_mat import TILED_MIN_ROWS, bounded_mul_mat, float_weight_mul_mat, kernel_path, quant_paths
 from reference.ggml_cpu.target import AVX512
 
-from . import float_dots, int_dots
+from . import block_dots, float_dots, int_dots
 from .blocks import DECODERS
 from .quantize import quantize_q8_0, quantize_q8_k
 
@@ -160,6 +160,8 @@ def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX51
     if path == "float":
         return float_weight_mul_mat(x, weights, name, cache,
                                     lambda x, w, kind: float_dots.float_mul_mat(x, w, kind, target))
+    if block_dots.reads(kind, path):  # no decoded copy: the kernels unpack the mmapped blocks (x86 vec_dots: one per target family)
+        return block_dots.mul_mat(x, weights, name, path)
     paths = [kernel_path(kind, n, weights, name, repack, target) for n in (1, TILED_MIN_ROWS)]  # decode and prefill
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
                            lambda start, stop: kernel_rows(decode_rows(weights, name, start, stop, DECODERS), kind,

@@ -1,0 +1,372 @@
+"""The vec_dots of reference/ggml_cpu/int_dots.py (k_vec_dot, q0_lanes) on the GGUF's own block bytes,
+where they lie in the memory-mapped tensor: no decoded copy of a matrix is made. Each block is
+unpacked in vector registers as ggml's vec_dot unpacks it (nibbles, grids with their signs, 5th and
+6th bits), 64 elements at a time, into one 512-bit vpdpbusd against the Q8_K activations; the
+integer lanes are the reference's exact integers and the float epilogue runs in its order.
+
+raw: uint8 [O, row bytes], the tensor as stored (rows of nb blocks). The lanes of a 64-element part
+are vpdpbusd's 16 int32 lanes: lanes 0-7 the first 32-chunk's k_vec_dot lanes (4 neighbours each),
+8-15 the second's; scaled, summed over the block's 4 parts and folded to the 8 lanes."""
+import functools
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from reference.ggml_cpu.blocks import KVALUES_IQ4NL, iq_grid
+
+from .int_dots import I8X64, I32X16, VPDPBUSD, dpbusd, item_pointer, load_at
+from .quantize import quantize_q8_0, quantize_q8_k
+from .rounding import fma32, hsum8
+
+F32 = np.float32
+I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I8X32 = ir.VectorType(I8, 32)
+I32X8 = ir.VectorType(I32, 8)
+BLOCK_BYTES = {"IQ2_XXS": 66, "IQ3_XXS": 98, "IQ4_XS": 136, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34}
+
+
+@functools.lru_cache(maxsize=None)
+def tables(kind):  # -> (grid, signs): the lookup tables a type's unpacking reads (empty where it has none)
+    """IQ2_XXS: grid uint64 [256] (8 unsigned values an entry); IQ3_XXS: uint32 [256] (4 values);
+    signs uint64 [128]: keven_signs as byte masks, 0xFF where the element is negated; IQ4_XS:
+    kvalues_iq4nl as int8 [16]."""
+    from gguf.quants import IQ2_XXS, IQ3_XXS
+    none = np.zeros(1, np.uint8)
+    ksigns = np.frombuffer(IQ2_XXS.ksigns, np.uint8)
+    masks = (np.unpackbits(ksigns[:, None], axis=1, bitorder="little") * 255).astype(np.uint8)
+    signs = np.ascontiguousarray(masks).view(np.uint64)[:, 0]
+    if kind == "IQ2_XXS":
+        return np.ascontiguousarray(iq_grid(IQ2_XXS).astype(np.uint8)).view(np.uint64)[:, 0], signs
+    if kind == "IQ3_XXS":
+        return np.ascontiguousarray(iq_grid(IQ3_XXS).astype(np.uint8)).view(np.uint32)[:, 0], signs
+    if kind == "IQ4_XS":
+        return KVALUES_IQ4NL.astype(np.int8), none
+    return none, none
+
+
+def constant(ty, v):
+    return ir.Constant(ty, v)
+
+
+def shuffle(builder, a, b, indices):  # shufflevector with constant i32 indices
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, len(indices)), list(indices)))
+
+
+def concat(builder, a, b):  # two <n x T> -> <2n x T>
+    return shuffle(builder, a, b, range(2 * a.type.count))
+
+
+def splat8(builder, x, n):  # an i8 constant -> <n x i8>
+    return ir.Constant(ir.VectorType(I8, n), [x] * n)
+
+
+def table_entry(builder, table, index, ty):  # table i8* of entries of type ty, index an i8 (zero-extended) -> entry
+    at = builder.gep(builder.bitcast(table, ty.as_pointer()), [builder.zext(index, I64)])
+    return builder.load(at, align=1)
+
+
+def byte_at(builder, block, offset):
+    return load_at(builder, block, offset, I8)
+
+
+def signed_pair(builder, values, q):  # signed <64 x i8> values, q -> vpdpbusd's (unsigned, signed) operands
+    """|v| times q with v's sign (psignb's trick, as ggml's mul_add_epi8): exact, |q| <= 127."""
+    negative = builder.icmp_signed("<", values, ir.Constant(I8X64, None))
+    magnitude = builder.select(negative, builder.sub(ir.Constant(I8X64, None), values), values)
+    return magnitude, builder.select(negative, builder.sub(ir.Constant(I8X64, None), q), q)
+
+
+def iq_xxs_part(entry_ty, entries_per_8, aux_offset, aux_step):
+    """IQ2_XXS (i64 entries of 8 values, aux words after each chunk's 4 grid bytes) and IQ3_XXS (i32
+    entries of 4 values, 8 grid bytes a chunk, aux words after all 64): grid values >= 0 times q
+    with the ksigns of its 8-groups applied to q ((q ^ m) - m)."""
+    per_chunk = 4 * entries_per_8
+
+    def part(builder, block, grid, signs, q, p):  # -> (unsigned, signed) <64 x i8> of elements 64p..64p+63
+        vec_ty = ir.VectorType(entry_ty, 64 * 8 // entry_ty.width)
+        values, masks = ir.Constant(vec_ty, None), ir.Constant(ir.VectorType(I64, 8), None)
+        for half in range(2):
+            c = 2 * p + half
+            aux = load_at(builder, block, aux_offset + aux_step * c, I32)
+            for e in range(per_chunk):
+                index = byte_at(builder, block, 2 + 8 * c + e)
+                values = builder.insert_element(values, table_entry(builder, grid, index, entry_ty),
+                                                constant(I32, per_chunk * half + e))
+            for g in range(4):
+                sign_index = builder.trunc(builder.and_(builder.lshr(aux, constant(I32, 7 * g)), constant(I32, 127)), I8)
+                masks = builder.insert_element(masks, table_entry(builder, signs, sign_index, I64),
+                                               constant(I32, 4 * half + g))
+        m = builder.bitcast(masks, I8X64)
+        return builder.bitcast(values, I8X64), builder.sub(builder.xor(q, m), m)
+    return part
+
+
+def nibbles_of(builder, packed):  # <32 x i8> -> (low nibbles, high nibbles) <32 x i8>
+    return builder.and_(packed, splat8(builder, 15, 32)), builder.lshr(packed, splat8(builder, 4, 32))
+
+
+def iq4_xs_part(builder, block, kvalues, _, q, p):
+    """16 bytes a 32-chunk: low nibbles its elements 0-15, high nibbles 16-31; kvalues by vpshufb
+    (a 16-entry table lookup, kvalues_iq4nl broadcast), the sign moved onto q."""
+    low, high = nibbles_of(builder, load_at(builder, block, 8 + 32 * p, I8X32))
+    codes = concat(builder, shuffle(builder, low, high, list(range(16)) + list(range(32, 48))),
+                   shuffle(builder, low, high, list(range(16, 32)) + list(range(48, 64))))
+    table = load_at(builder, kvalues, 0, ir.VectorType(I8, 16))
+    values = lookup16(builder, shuffle(builder, table, table, list(range(16)) * 4), codes)
+    return signed_pair(builder, values, q)
+
+
+def lookup16(builder, table, codes):  # <64 x i8> table (16 entries, 4 times), codes 0..15 -> table[codes]
+    if VPDPBUSD:  # AVX512-VNNI machines have AVX512BW's vpshufb
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.pshuf.b.512", fnty=ir.FunctionType(I8X64, [I8X64, I8X64]))
+        return builder.call(fn, [table, codes])
+    out = ir.Constant(I8X64, None)
+    for k in range(16):  # elsewhere one select per entry
+        entry = shuffle(builder, table, table, [k] * 64)
+        out = builder.select(builder.icmp_unsigned("==", codes, splat8(builder, k, 64)), entry, out)
+    return out
+
+
+def q4_k_part(builder, block, _, __, q, p):  # 32 bytes: low nibbles chunk 2p, high nibbles chunk 2p + 1
+    low, high = nibbles_of(builder, load_at(builder, block, 16 + 32 * p, I8X32))
+    return concat(builder, low, high), q
+
+
+def q5_k_part(builder, block, _, __, q, p):  # as Q4_K, plus bit c of qh[i] as 16 for element i of chunk c
+    low, high = nibbles_of(builder, load_at(builder, block, 48 + 32 * p, I8X32))
+    qh = load_at(builder, block, 16, I8X32)
+    fifth = [builder.shl(builder.and_(builder.lshr(qh, splat8(builder, c, 32)), splat8(builder, 1, 32)),
+                         splat8(builder, 4, 32)) for c in (2 * p, 2 * p + 1)]
+    return concat(builder, builder.or_(low, fifth[0]), builder.or_(high, fifth[1])), q
+
+
+def q6_k_part(builder, block, _, __, q, p):
+    """Half h = p // 2 of 128 elements: ql[64h:64h+64], qh[32h:32h+32]; part 2h takes the low nibbles
+    of ql's two 32s with qh's bits 0-1 and 2-3, part 2h + 1 the high nibbles with bits 4-5 and 6-7."""
+    h, upper = divmod(p, 2)
+    qh = load_at(builder, block, 128 + 32 * h, I8X32)
+    pieces = []
+    for k in range(2):
+        ql = load_at(builder, block, 64 * h + 32 * k, I8X32)
+        nibble = nibbles_of(builder, ql)[upper]
+        bits = builder.and_(builder.lshr(qh, splat8(builder, 4 * upper + 2 * k, 32)), splat8(builder, 3, 32))
+        pieces.append(builder.or_(nibble, builder.shl(bits, splat8(builder, 4, 32))))
+    return concat(builder, *pieces), q
+
+
+PARTS = {"IQ2_XXS": iq_xxs_part(I64, 1, 6, 8), "IQ3_XXS": iq_xxs_part(I32, 2, 66, 4), "IQ4_XS": iq4_xs_part,
+         "Q4_K": q4_k_part, "Q5_K": q5_k_part, "Q6_K": q6_k_part}
+
+
+def scale_vector(builder, scales, p, n_sub):  # scales i8* (int32 [n_sub]) -> <16 x i32>: part p's lanes' scales
+    row = load_at(builder, scales, 0, ir.VectorType(I32, n_sub))
+    per = n_sub // 4  # a part's 16 lanes cover 64 elements: 2 scales of 32 or 4 of 16
+    return shuffle(builder, row, row, [p * per + lane * per // 16 for lane in range(16)])
+
+
+def code_lanes_intrinsic(kind, n_sub):
+    """The intrinsic lanes int32 [8] <- block b of row o's k_vec_dot lanes times their scales (int32
+    [n_sub], the block's scales), against activation row t: lane l = sum over the 32-chunks c of
+    scale(c, l) * sum_i code[32c + 4l + i] * q[t, b, 32c + 4l + i], the codes as the type stores
+    them (unsigned offsets stay in). int32 exact: |scale * code * q| <= 127 * 127 * 127 and 32 of
+    those a lane."""
+    block_bytes, part = BLOCK_BYTES[kind], PARTS[kind]
+
+    @intrinsic
+    def code_lanes(typingctx, raw, o, b, aq, t, grid, signs, scales, lanes):
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            o_, b_, t_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
+            offset = builder.mul(b_, constant(b_.type, block_bytes))
+            block = item_pointer(context, builder, tys[0], args[0], [o_, offset])
+            acts = item_pointer(context, builder, tys[3], args[3], [t_, b_])
+            grid_, signs_, scales_, out = (item_pointer(context, builder, tys[i], args[i], []) for i in (5, 6, 7, 8))
+            total = ir.Constant(I32X16, None)
+            for p in range(4):
+                u, s = part(builder, block, grid_, signs_, load_at(builder, acts, 64 * p, I8X64), p)
+                four = dpbusd(builder, ir.Constant(I32X16, None), u, s)
+                total = builder.add(total, builder.mul(four, scale_vector(builder, scales_, p, n_sub)))
+            folded = builder.add(shuffle(builder, total, total, range(8)), shuffle(builder, total, total, range(8, 16)))
+            builder.store(folded, builder.bitcast(out, I32X8.as_pointer()), align=1)
+            return context.get_dummy_value()
+        if raw.ndim == 2 and aq.dtype == types.int8 and all(a.layout == "C" for a in (raw, aq, grid, signs, scales, lanes)):
+            return types.none(raw, o, b, aq, t, grid, signs, scales, lanes), codegen
+    return code_lanes
+
+
+@intrinsic
+def f16_at(typingctx, raw, o, offset):  # raw uint8 [O, n], row, byte offset -> the little-endian half as f32
+    def codegen(context, builder, signature, args):
+        tys = signature.args
+        o_, at = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
+        bits = load_at(builder, item_pointer(context, builder, tys[0], args[0], [o_, at]), 0, ir.IntType(16))
+        return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())  # exact (vcvtph2ps)
+    if raw.ndim == 2:
+        return types.float32(raw, o, offset), codegen
+
+
+@intrinsic
+def q8_0_lanes(typingctx, raw, o, b, aq, t, lanes):  # lanes int32 [8] <- block b of row o against q[t, b]: 4-sums
+    """Q8_0's 32 signed values at byte 2 of its 34-byte block, as q0_lanes' lanes (the upper half of
+    the 512-bit vpdpbusd is zeros)."""
+    def codegen(context, builder, signature, args):
+        tys = signature.args
+        o_, b_, t_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
+        block = item_pointer(context, builder, tys[0], args[0], [o_, builder.mul(b_, constant(b_.type, 34))])
+        acts = item_pointer(context, builder, tys[3], args[3], [t_, b_])
+        zero = ir.Constant(I8X32, None)
+        values = concat(builder, load_at(builder, block, 2, I8X32), zero)
+        u, s = signed_pair(builder, values, concat(builder, load_at(builder, acts, 0, I8X32), zero))
+        four = dpbusd(builder, ir.Constant(I32X16, None), u, s)
+        out = item_pointer(context, builder, tys[5], args[5], [])
+        builder.store(shuffle(builder, four, four, range(8)), builder.bitcast(out, I32X8.as_pointer()), align=1)
+        return context.get_dummy_value()
+    if raw.ndim == 2 and aq.dtype == types.int8 and all(a.layout == "C" for a in (raw, aq, lanes)):
+        return types.none(raw, o, b, aq, t, lanes), codegen
+
+
+@numba.njit(cache=True, parallel=True)
+def q8_0_vec_dot(raw, aq, ad):  # raw Q8_0 [O, nb * 34], Q8_0 acts -> [T, O]: reference q0_lanes, one accumulator
+    O = raw.shape[0]
+    T, nb = ad.shape
+    out = np.zeros((T, O), F32)
+    for o in numba.prange(O):
+        lanes = np.zeros(8, np.int32)
+        acc = np.zeros(8, F32)
+        for t in range(T):
+            acc[:] = 0
+            for b in range(nb):
+                q8_0_lanes(raw, o, b, aq, t, lanes)
+                scale = f16_at(raw, o, 34 * b) * ad[t, b]
+                for lane in range(8):
+                    acc[lane] = fma32(scale, F32(lanes[lane]), acc[lane])
+            out[t, o] = hsum8(acc)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Each type's block scales (int32 [8], or [16] for Q6_K) and mins, read from the block's bytes
+
+@numba.njit(cache=True, inline="always")
+def iq2_xxs_scales(raw, o, at, scales, mins):  # 2 * (aux >> 28) + 1: the top nibble of each chunk's aux word
+    for c in range(8):
+        scales[c] = 2 * (np.int32(raw[o, at + 2 + 8 * c + 7]) >> 4) + 1
+
+
+@numba.njit(cache=True, inline="always")
+def iq3_xxs_scales(raw, o, at, scales, mins):  # as IQ2_XXS, the aux words at byte 66
+    for c in range(8):
+        scales[c] = 2 * (np.int32(raw[o, at + 66 + 4 * c + 3]) >> 4) + 1
+
+
+@numba.njit(cache=True, inline="always")
+def iq4_xs_scales(raw, o, at, scales, mins):  # 4 low bits from scales_l, 2 high from the u16 scales_h, minus 32
+    high = np.int32(raw[o, at + 2]) | (np.int32(raw[o, at + 3]) << 8)
+    for j in range(8):
+        low = (np.int32(raw[o, at + 4 + j // 2]) >> (4 * (j % 2))) & 15
+        scales[j] = (low | (((high >> (2 * j)) & 3) << 4)) - 32
+
+
+@numba.njit(cache=True, inline="always")
+def k4_scales(raw, o, at, scales, mins):  # get_scale_min_k4 of the 12 bytes at byte 4 (Q4_K, Q5_K)
+    for j in range(4):
+        s, m, hi = np.int32(raw[o, at + 4 + j]), np.int32(raw[o, at + 8 + j]), np.int32(raw[o, at + 12 + j])
+        scales[j], mins[j] = s & 63, m & 63
+        scales[j + 4] = (hi & 15) | ((s >> 6) << 4)
+        mins[j + 4] = (hi >> 4) | ((m >> 6) << 4)
+
+
+@numba.njit(cache=True, inline="always")
+def q6_k_scales(raw, o, at, scales, mins):  # the 16 int8 scales at byte 192
+    for s in range(16):
+        scales[s] = np.int32(np.int8(raw[o, at + 192 + s]))
+
+
+TYPES = {  # type -> (scales, sub-blocks, byte of d, byte of dmin or -1, unsigned offset, min lanes, post)
+    "IQ2_XXS": (iq2_xxs_scales, 8, 0, -1, 0, 1, 0.125), "IQ3_XXS": (iq3_xxs_scales, 8, 0, -1, 0, 1, 0.25),
+    "IQ4_XS": (iq4_xs_scales, 8, 0, -1, 0, 1, 1.0), "Q4_K": (k4_scales, 8, 0, 2, 0, 4, 1.0),
+    "Q5_K": (k4_scales, 8, 0, 2, 0, 1, 1.0), "Q6_K": (q6_k_scales, 16, 208, -1, 32, 1, 1.0),
+}
+
+
+def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
+    """reference k_vec_dot on the raw blocks: per block the scales (and mins), code_lanes per activation
+    row, Q6_K's offset taken off each lane through its pair of 16-sums, then fma(d_w * d_a,
+    f32(lane), acc) lane by lane and the mins into min_lanes float lanes; post * hsum_float_8 at the
+    end plus the mins folded as the reference folds them. The layout numbers are constants of each
+    type's kernel."""
+    block_scales, n_sub, d_at, dmin_at, offset, min_lanes, post = TYPES[kind]
+    code_lanes, block_bytes, post = code_lanes_intrinsic(kind, n_sub), BLOCK_BYTES[kind], F32(post)
+    per_min_lane = 8 // min_lanes
+
+    @numba.njit(cache=True, parallel=True)
+    def kernel(raw, grid, signs, aq, ad, bsums, sums32):
+        O = raw.shape[0]
+        T, nb = ad.shape
+        out = np.zeros((T, O), F32)
+        for o in numba.prange(O):
+            scales, mins, lanes = np.zeros(16, np.int32), np.zeros(8, np.int32), np.zeros(8, np.int32)
+            acc, summs = np.zeros((T, 8), F32), np.zeros((T, 4), F32)
+            for b in range(nb):
+                at = block_bytes * b
+                block_scales(raw, o, at, scales, mins)
+                d = f16_at(raw, o, at + d_at)
+                for t in range(T):
+                    code_lanes(raw, o, b, aq, t, grid, signs, scales, lanes)
+                    if offset:
+                        for p in range(8):
+                            pair = scales[2 * p] * bsums[t, b, 2 * p] + scales[2 * p + 1] * bsums[t, b, 2 * p + 1]
+                            lanes[p] -= offset * pair
+                    if dmin_at >= 0:
+                        dm = -ad[t, b] * f16_at(raw, o, at + dmin_at)
+                        for j in range(min_lanes):
+                            mn = np.int32(0)
+                            for i in range(j * per_min_lane, (j + 1) * per_min_lane):
+                                mn += mins[i] * sums32[t, b, i]
+                            summs[t, j] = fma32(dm, F32(mn), summs[t, j])
+                    scale = d * ad[t, b]
+                    for lane in range(8):
+                        acc[t, lane] = fma32(scale, F32(lanes[lane]), acc[t, lane])
+            for t in range(T):
+                x = post * hsum8(acc[t])
+                if dmin_at >= 0 and min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
+                    x = x + ((summs[t, 0] + summs[t, 2]) + (summs[t, 1] + summs[t, 3]))
+                elif dmin_at >= 0:
+                    x = x + summs[t, 0]
+                out[t, o] = x
+        return out
+    return kernel
+
+
+KERNELS = {}
+
+
+def k_vec_dot(raw, kind, a):  # raw uint8 [O, row bytes] of `kind`, Q8_K acts -> [T, O]
+    if kind not in KERNELS:
+        KERNELS[kind] = k_vec_dot_kernel(kind)
+    sums32 = np.ascontiguousarray(a.bsums.reshape(a.bsums.shape[:2] + (8, 2)).sum(-1), np.int32)
+    return KERNELS[kind](raw, *tables(kind), np.ascontiguousarray(a.q), np.ascontiguousarray(a.d, F32),
+                         np.ascontiguousarray(a.bsums, np.int32), sums32)
+
+
+def q8_0(raw, a):  # raw Q8_0 uint8 [O, row bytes], Q8_0 acts -> [T, O]
+    return q8_0_vec_dot(raw, np.ascontiguousarray(a.q), np.ascontiguousarray(a.d, F32))
+
+
+def reads(kind, path):  # whether the matmul of a `kind` weight on kernel `path` runs on the raw blocks here
+    return (path == "k_vec_dot" and kind in TYPES) or (path == "q0_lanes" and kind == "Q8_0")
+
+
+def mul_mat(x, weights, name, path):  # x [T, K] f32, a tensor `reads` takes -> [T, O]
+    kind, raw = weights.type_name(name), raw_rows(weights, name)
+    if path == "q0_lanes":
+        return q8_0(raw, quantize_q8_0(x))
+    return k_vec_dot(raw, kind, quantize_q8_k(x))
+
+
+def raw_rows(weights, name):  # GGUF tensor -> its bytes as uint8 [O, row bytes], the mmap itself (no copy)
+    raw = np.asarray(weights.raw(name)).view(np.uint8)
+    return raw.reshape(len(raw), -1)
