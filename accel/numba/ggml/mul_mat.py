@@ -160,7 +160,7 @@ def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX51
     if path == "float":
         return float_weight_mul_mat(x, weights, name, cache,
                                     lambda x, w, kind: float_dots.float_mul_mat(x, w, kind, target))
-    if block_dots.reads(kind, path):  # no decoded copy: the kernels unpack the mmapped blocks (x86 vec_dots: one per target family)
+    if block_dots.reads(kind, path):  # no decoded copy: the kernels unpack the mmapped blocks (avx2 and avx512 vec_dots round alike)
         return block_dots.mul_mat(x, weights, name, path)
     paths = [kernel_path(kind, n, weights, name, repack, target) for n in (1, TILED_MIN_ROWS)]  # decode and prefill
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
