@@ -315,7 +315,7 @@ def small_kld(tmp_path, n_vocab):  # -> a valid one-chunk .kld of n_ctx 8 over n
     (["-m", F32_MODEL, "-f", TEXT, "--chunks", "0"], "--chunks must be -1 (all) or at least 1"),
     (["-m", F32_MODEL, "-f", TEXT, "--kl-divergence-base-f32", "out.npy"], "must name a .npz file"),
     (["-m", F32_MODEL, "-f", TEXT, "-fa", "on"], "for --numerics ggml-cpu only"),
-    (["-m", F32_MODEL, "-f", TEXT, "--no-repack"], "--repack/--no-repack choose llama.cpp's build for --numerics ggml-cpu only"),
+    (["-m", F32_MODEL, "-f", TEXT, "--no-repack"], "--repack/--no-repack and --cpu choose llama.cpp's build for --numerics ggml-cpu only"),
     (["-m", os.path.join(FIX, "no-such.gguf"), "-f", TEXT], "no-such.gguf"),
 ])
 def test_bad_arguments(args, expected):

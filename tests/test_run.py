@@ -181,8 +181,8 @@ def test_numbers_are_refused_before_anything_loads(flag, value, message):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--kv-type", "f32"], "--kv-type, --flash-attn and --repack/--no-repack choose llama.cpp's build for --numerics ggml-cpu only"),
-    (["--repack", "off"], "--kv-type, --flash-attn and --repack/--no-repack choose llama.cpp's build for --numerics ggml-cpu only"),
+    (["--kv-type", "f32"], "--kv-type, --flash-attn, --repack/--no-repack and --cpu choose llama.cpp's build for --numerics ggml-cpu only"),
+    (["--repack", "off"], "--kv-type, --flash-attn, --repack/--no-repack and --cpu choose llama.cpp's build for --numerics ggml-cpu only"),
     (["--numerics", "ggml-cpu", "--tp", "2"], "--numerics ggml-cpu computes in float32"),
     (["--backend", "numba", "--tp", "2"], "--tp simulates tensor parallelism on the numpy backend only"),
     (["--system", "x", "--prompt", "y"], "--system and --date only apply with --chat"),
