@@ -31,7 +31,9 @@ ACCEL = "accel"  # the package whose BACKENDS and TEXT_MODELS tables name the fa
 BACKENDS = ("numpy", "numba", "cupy")
 DTYPES = ("float32", "float64")
 GGML_CPU_BACKENDS = ("numpy", "numba")
-# Backends that do not compute every op the vision tower needs, and why: refused, never replaced
+ON_OFF = {None: None, "on": True, "off": False}  # a command line's on|off switch (None: not given) -> Build's
+
+
 class FactoryError(Exception):
     """Flags that build no model (a contradiction, a missing package or device); one-line message."""
 
@@ -88,8 +90,7 @@ def check_tower(build):  # -> None; FactoryError where the tower cannot be built
 def host_warnings(build):  # -> lines: where this machine's llama.cpp would round unlike the emulated build
     if not build.ggml_cpu or build.cpu is not None:  # a target named on purpose is no surprise
         return []
-    return [f"ggml-cpu models llama.cpp's x86-64 AVX512 build; here {d}"
-            for d in host_differences(cpu_target(DEFAULT_TARGET))]
+    return [f"ggml-cpu models llama.cpp's x86-64 AVX512 build; here {d}" for d in host_differences()]
 
 
 def backend(build):  # -> the backend object `build` asks for (FactoryError: unknown, or not here)

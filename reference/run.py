@@ -148,9 +148,9 @@ def add_image_flags(p):
 # -------------------------------------------------------------------------------------------------
 # What the flags say together, checked before anything loads
 
-def check_flags(args):  # -> None; UsageError (FactoryError) for flags that contradict each other
+def check_flags(args, compute):  # args, their factory.Build -> None; UsageError (FactoryError) for contradictions
     check_prompt_flags(args)
-    factory.check(build(args))
+    factory.check(compute)
     check_output_flags(args)
     if args.image and args.draft_model:
         raise UsageError("--draft-model with --image is not supported")
@@ -159,7 +159,7 @@ def check_flags(args):  # -> None; UsageError (FactoryError) for flags that cont
     if args.image and not args.mmproj:
         raise UsageError("--image needs --mmproj")
     if args.image:
-        factory.check_tower(build(args))
+        factory.check_tower(compute)
 
 
 def check_prompt_flags(args):
@@ -329,9 +329,8 @@ def cache_layout(args):  # -> (KV cache kind, prefill chunk): llama.cpp's under 
 
 
 def build(args):  # -> factory.Build: what --backend, --numerics, --dtype, --tp and llama.cpp's build flags ask for
-    on_off = {None: None, "on": True, "off": False}
-    return Build(args.backend, args.numerics, args.dtype, args.tp, args.kv_type, on_off[args.flash_attn],
-                 on_off[args.repack], cpu=args.cpu)
+    return Build(args.backend, args.numerics, args.dtype, args.tp, args.kv_type, factory.ON_OFF[args.flash_attn],
+                 factory.ON_OFF[args.repack], cpu=args.cpu)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -476,13 +475,14 @@ def print_report(args, tok, prompt, result, text):  # the prompt and its continu
 
 
 def run(args):  # parsed args -> exit status
-    check_flags(args)
-    for warning in factory.host_warnings(build(args)):
+    compute = build(args)
+    check_flags(args, compute)
+    for warning in factory.host_warnings(compute):
         print(f"reference.run: warning: {warning}", file=sys.stderr)
     t0 = time.perf_counter()
-    backend = factory.backend(build(args))  # numba or CuPy missing: refused before any GGUF loads
+    backend = factory.backend(compute)  # numba or CuPy missing: refused before any GGUF loads
     model = gguf.load(model_path(args), "text")
-    lm = factory.text_model(model, build(args), backend)
+    lm = factory.text_model(model, compute, backend)
     drafter = factory.drafter(gguf.load(args.draft_model, "dflash"), lm) if args.draft_model else None
     load_s = time.perf_counter() - t0
     prompt = prompt_tokens(args, model.tokenizer)

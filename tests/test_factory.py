@@ -37,11 +37,18 @@ CASE = "rect-200x150"
 EXACT_GATE = 1e-6
 
 
-def case_image():  # -> (the case's uint8 image, its llama.cpp embeddings [n, n_embd] every row_stride rows)
+def case_image(variant="f32-fa-off"):  # -> (the case's uint8 image, llama.cpp's embeddings [n, n_embd] every row_stride rows)
     _, w, h, kind, seed, _, _ = {c[0]: c for c in CASES}[CASE]
     entry = LLAMA["cases"][CASE]
-    ref = np.load(os.path.join(VISION, "llama-cpp", entry["files"]["f32-fa-off"]))
+    ref = np.load(os.path.join(VISION, "llama-cpp", entry["files"][variant]))
     return synthetic_image(w, h, seed, kind), ref, entry["row_stride"]
+
+
+def case_files(tmp_path, rgb):  # uint8 image -> (a PNG of it, the --embeddings-out path beside it)
+    from PIL import Image
+    png, emb = str(tmp_path / "img.png"), str(tmp_path / "emb.npy")
+    Image.fromarray(rgb).save(png)
+    return png, emb
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,12 +149,8 @@ def test_ggml_cpu_cli_tower_is_mtmds(tmp_path, backend, flash_attn):
     roundings)."""
     if backend == "numba":
         require("numba")
-    rgb, _, stride = case_image()
-    from PIL import Image
-    png, emb = str(tmp_path / "img.png"), str(tmp_path / "emb.npy")
-    Image.fromarray(rgb).save(png)
-    entry = LLAMA["cases"][CASE]
-    ref = np.load(os.path.join(VISION, "llama-cpp", entry["files"][f"f32-fa-{flash_attn}"]))
+    rgb, ref, stride = case_image(f"f32-fa-{flash_attn}")
+    png, emb = case_files(tmp_path, rgb)
     assert run_main(["--model", TEXT_MODEL, "--mmproj", MMPROJ, "--image", png, "--numerics", "ggml-cpu",
                      "--backend", backend, "--flash-attn", flash_attn, "--n-predict", "0",
                      "--embeddings-out", emb]) == 0
@@ -159,11 +162,9 @@ def test_cli_builds_the_tower_on_the_text_models_backend(tmp_path, monkeypatch, 
     """`--backend numba --image`: every tower op is the numba backend's (its layer_norm, which only
     the tower calls, counted), the very backend object the text model computes with."""
     require("numba")
-    from PIL import Image
     from accel.numba import NumbaBackend
     rgb, ref, stride = case_image()
-    png, emb = str(tmp_path / "img.png"), str(tmp_path / "emb.npy")
-    Image.fromarray(rgb).save(png)
+    png, emb = case_files(tmp_path, rgb)
     seen = []
     layer_norm = NumbaBackend.layer_norm
     monkeypatch.setattr(NumbaBackend, "layer_norm", lambda self, *a: seen.append(self) or layer_norm(self, *a))

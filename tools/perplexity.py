@@ -513,11 +513,11 @@ class F32Base:
 # The reference forward over llama-perplexity's chunks and batches
 
 def load_model(args):  # -> TextModel on the backend the options ask for
-    on = {"on": True, "off": False}
-    # llama-perplexity's -fa auto is on for the CPU
-    flash_attn = on.get(args.flash_attn, True if args.numerics == "ggml-cpu" else None)
+    flash_attn = factory.ON_OFF[args.flash_attn]
+    if flash_attn is None and args.numerics == "ggml-cpu":
+        flash_attn = True  # llama-perplexity's -fa auto is on for the CPU
     build = factory.Build(args.backend, args.numerics, args.dtype, kv_type=args.kv_type, flash_attn=flash_attn,
-                          repack=on.get(args.repack))
+                          repack=factory.ON_OFF[args.repack])
     for warning in factory.host_warnings(build):
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     backend = factory.backend(build)
