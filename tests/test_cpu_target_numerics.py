@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import IN_CI
+from conftest import IN_CI, require
 from reference import gguf
 from reference.ggml_cpu import UBATCH, GgmlCpuBackend
 from reference.text import TextModel
@@ -54,14 +54,26 @@ def check_run(run, target, backend_class=GgmlCpuBackend):  # manifest run -> [(p
     return results
 
 
-@pytest.mark.parametrize("target", ["avx2", "avx512"])
-def test_target_bit_identical_to_its_llama_cpp(target):
+def failures(target, backend_class=GgmlCpuBackend):  # -> one line per run and prompt whose logits differ
     failed = []
     for run in manifest(target)["runs"]:
         if not FULL and run["preset"] not in SUBSET:
             continue
-        for prompt, prefill_ok, decode_ok in check_run(run, target):
+        for prompt, prefill_ok, decode_ok in check_run(run, target, backend_class):
             if not (prefill_ok and decode_ok):
                 failed.append(f"{run['preset']} repack {run['repack']} kv {run['kv_type']} fa {run['flash_attn']} "
                               f"{prompt}: prefill {'ok' if prefill_ok else 'DIFF'}, decode {'ok' if decode_ok else 'DIFF'}")
+    return failed
+
+
+@pytest.mark.parametrize("target", ["avx2", "avx512"])
+def test_target_bit_identical_to_its_llama_cpp(target):
+    failed = failures(target)
+    assert not failed, "\n".join(failed)
+
+
+def test_numba_twin_of_avx2_bit_identical_to_its_llama_cpp():  # the twins take the target too
+    require("numba")
+    from accel.numba.ggml import GgmlCpuNumbaBackend
+    failed = failures("avx2", GgmlCpuNumbaBackend)
     assert not failed, "\n".join(failed)
