@@ -26,7 +26,7 @@ from .tp import TensorParallelBackend, check_tp
 from .vision import NUMERICS, VisionModel
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden")
-DEFAULT_MODEL = os.path.join(GOLDEN, "models", "glimmer-default-f16.gguf")  # trained: tools/train_tiny.py
+DEFAULT_MODEL = os.path.join(GOLDEN, "models", "glimmer-default-f16.gguf")  # trained: tools/regen/train_tiny.py
 ACCEL = "accel"  # the package whose BACKENDS and TEXT_MODELS tables name the faster backends
 BACKENDS = ("numpy", "numba", "cupy")
 DTYPES = ("float32", "float64")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-pytest_plugins = ["tools.pytest_parity", "pytester"]
+pytest_plugins = ["tools.parity.pytest_parity", "pytester"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "golden")
 MODELS = os.path.join(GOLDEN, "models")
@@ -50,7 +50,7 @@ def cli_error(r, *expected):  # CompletedProcess of a CLI -> its one stderr line
 
 @pytest.fixture(scope="session")
 def synthetic_gguf(tmp_path_factory):  # a small random text GGUF with the real keys and names
-    from tools.make_synthetic import write_text_gguf
+    from tools.synthetic import write_text_gguf
     path = str(tmp_path_factory.mktemp("syn") / "syn.gguf")
     write_text_gguf(path)
     return path

@@ -20,7 +20,7 @@ from reference import gguf, run
 from reference.chat import MAX_CHARS, ChatError, render_chat
 from reference.image import ImageError, load_rgb
 from reference.cli import UsageError
-from tools.diff import load_logits
+from tools.parity.diff import load_logits
 
 # Address space a valid call of every target adds beyond twice its file, as measured on the
 # unmodified inputs (tests/test_fuzz.py checks they stay "ok"): glibc's heap grows in 128 KiB

@@ -15,7 +15,8 @@ from conftest import MODELS, ROOT, cli_error, run_cli
 
 from reference import artifacts
 from reference.trace import Tracer, TraceError, load_trace
-from tools import golden
+from tools import common
+from tools.parity import golden
 
 TINY_A = os.path.join(MODELS, "tiny-a-f32.gguf")
 TINY_B = os.path.join(MODELS, "tiny-b-f32.gguf")
@@ -189,7 +190,7 @@ def test_nested_json_is_a_typed_error_everywhere(tmp_path):
     deep = "[" * 900 + "]" * 900
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(deep + "\n")
-    with pytest.raises(golden.GoldenError, match="nested more than 128 deep"):
+    with pytest.raises(common.GoldenError, match="nested more than 128 deep"):
         golden.read_prompts(prompts)
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "index.json").write_text(deep)
@@ -231,7 +232,7 @@ def test_a_cut_dump_is_truncated_not_a_divergence(tmp_path):
 
 def test_a_base_with_nan_scales_is_refused(tmp_path):
     n_ctx, n_vocab = 8, 512
-    from tools import perplexity as ppl
+    from tools.parity import perplexity as ppl
     rows = np.zeros((ppl.n_scored(n_ctx), ppl.row_width(n_vocab)), np.uint16)
     rows[1, :2] = np.array([np.nan], np.float32).view(np.uint16)  # row 1's scale
     path = tmp_path / "nan.kld"

@@ -14,7 +14,7 @@ from reference.ggml_cpu import GgmlCpuError, mul_mat
 from reference.image import ImageError, load_rgb, to_rgb
 from reference.kv import CacheError
 from reference.trace import TraceError, Tracer, load_trace
-from tools.make_synthetic import (ARCH, Q, TextDims, VisionDims, array_spec, random_spec, stream_gguf, text_keys,
+from tools.synthetic import (ARCH, Q, TextDims, VisionDims, array_spec, random_spec, stream_gguf, text_keys,
                                   text_shapes, write_mmproj_gguf)
 from conftest import MODELS, cli_error, run_cli
 from test_gguf import BOOL, planted
@@ -195,7 +195,7 @@ def test_iq_kernel_goldens_refuse_a_model_without_the_type():
     from pathlib import Path
 
     from reference.cli import UsageError
-    from tools.make_iq_kernel_goldens import regrouped
+    from tools.regen.make_iq_kernel_goldens import regrouped
     with pytest.raises(UsageError, match="tiny-b-f32.gguf: no IQ1_S tensor"):
         regrouped(Path(MODELS, "tiny-b-f32.gguf"), "IQ1_S")
 
@@ -211,7 +211,7 @@ def test_iq_kernel_goldens_without_llama_cpp_python(monkeypatch):
     import sys
 
     from reference.cli import UsageError
-    from tools.make_iq_kernel_goldens import ggml_libs
+    from tools.regen.make_iq_kernel_goldens import ggml_libs
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
     with pytest.raises(UsageError, match="needs llama-cpp-python"):
         ggml_libs()

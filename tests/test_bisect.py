@@ -21,9 +21,9 @@ from conftest import MODELS, ROOT, cli_error, require, run_cli
 from test_diff import npy_claiming
 
 from reference.trace import Tracer
-from tools import bisect as bisect_tool
-from tools import dump_parse
-from tools.hf_names import HF_TEXT_MODULES, hf_module, hf_rope_rows_to_gguf
+from tools.parity import bisect as bisect_tool
+from tools.parity import dump_parse
+from tools.parity.hf_names import HF_TEXT_MODULES, hf_module, hf_rope_rows_to_gguf
 
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "eval_callback_dump.txt")
 REAL_DUMP = os.path.join(ROOT, "tests", "fixtures", "tiny-a-f32.eval-callback.txt")  # see tests/fixtures/README.md

@@ -1,5 +1,5 @@
 """Chat prompts and output parsing against transformers and llama.cpp (golden/tokenizer/chat.json,
-made by tools/make_tokenizer_goldens.py): renderings identical to transformers' apply_chat_template
+made by tools/regen/make_tokenizer_goldens.py): renderings identical to transformers' apply_chat_template
 with the tiny model's template, their token ids identical to llama.cpp's, image placeholders
 expanded as transformers' processor does, and the parser getting the template's own renderings
 back. Everything compared is text or integers: every comparison is exact."""

@@ -1,4 +1,4 @@
-"""Corpus mode of tools.golden (tools/corpus.py): tasks, Ray workers, atomic writes, resume after a
+"""Corpus mode of tools.golden (tools/parity/corpus.py): tasks, Ray workers, atomic writes, resume after a
 kill; and tools.diff over whole corpus directories against llama.cpp's committed goldens.
 
 The corpus: 40 token-id prompts of 4 to 16 tokens on golden/models/tiny-a-f32.gguf, two of them with
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import GOLDEN, MODELS, ROOT, require, run_cli
 
-from tools import golden
+from tools.parity import golden
 
 TINY_A = os.path.join(MODELS, "tiny-a-f32.gguf")
 N_PROMPTS = 40
@@ -144,7 +144,7 @@ DAMAGED_PARTS = {  # how a part file can be damaged -> its new text, from the go
 @pytest.mark.parametrize("damage", sorted(DAMAGED_PARTS))
 def test_damaged_part_file_is_run_again(tmp_path, capsys, damage):
     """A part file that is not what a task writes proves nothing: its task counts as not done, the
-    next run does it again and rewrites the part (module doc of tools/corpus.py)."""
+    next run does it again and rewrites the part (module doc of tools/parity/corpus.py)."""
     prompts = write_corpus(tmp_path / "p.jsonl", n=3)
     out = tmp_path / "out"
     assert golden.main(corpus_args(prompts, out)) == 0

@@ -1,4 +1,4 @@
-"""golden/cpu_targets/: llama.cpp built for each CPU target (tools/make_cpu_target_goldens.py) on
+"""golden/cpu_targets/: llama.cpp built for each CPU target (tools/regen/make_cpu_target_goldens.py) on
 every preset file. CI checks the committed manifests are whole and consistent, and the committed
 arrays against their hashes; it needs neither the toolchains nor qemu. The live tests rerun runs
 where a build root made by the tool is given (CPU_TARGET_BUILDS=DIR) and, for the ARM targets,
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from conftest import GOLDEN, ROOT
-from tools import golden
-from tools import make_cpu_target_goldens as cpu
+from tools import common
+from tools.parity import golden
+from tools.regen import make_cpu_target_goldens as cpu
 
 TARGET_DIR = os.path.join(GOLDEN, "cpu_targets")
 BUILDS = os.environ.get("CPU_TARGET_BUILDS")
@@ -23,7 +24,7 @@ BUILDS = os.environ.get("CPU_TARGET_BUILDS")
 FEATURES = {
     "avx2": ({"AVX = 1", "AVX2 = 1", "FMA = 1", "F16C = 1", "BMI2 = 1", "REPACK = 1"}, {"AVX512", "AVX_VNNI", "AMX"}),
     "avx512": ({"AVX2 = 1", "AVX512 = 1", "AVX512_VBMI = 1", "AVX512_VNNI = 1", "AVX512_BF16 = 1",
-                "REPACK = 1"}, {"AMX", "AVX_VNNI"}),  # AVX_VNNI: tools/make_cpu_target_goldens.py AVX512_FLAGS
+                "REPACK = 1"}, {"AMX", "AVX_VNNI"}),  # AVX_VNNI: tools/regen/make_cpu_target_goldens.py AVX512_FLAGS
     "neon": ({"NEON = 1", "ARM_FMA = 1", "FP16_VA = 1", "DOTPROD = 1", "REPACK = 1"}, {"MATMUL_INT8", "SVE", "AVX"}),
     "neon-i8mm": ({"NEON = 1", "ARM_FMA = 1", "FP16_VA = 1", "DOTPROD = 1", "MATMUL_INT8 = 1", "REPACK = 1"},
                   {"SVE", "AVX"}),
@@ -53,7 +54,7 @@ def float_sha256(a):  # array -> sha256 of its float32 C-order bytes
 @pytest.mark.parametrize("target", sorted(cpu.TARGETS))
 def test_build_is_the_target(target):
     m = manifest(target)
-    assert m["target"] == target and m["llama_cpp_commit"] == golden.LLAMA_CPP_COMMIT
+    assert m["target"] == target and m["llama_cpp_commit"] == common.LLAMA_CPP_COMMIT
     assert set(cpu.COMMON_FLAGS + cpu.TARGETS[target]) <= set(m["cmake_flags"])
     shown = {f.strip() for f in m["system_info"].removeprefix("CPU :").split("|") if f.strip()}
     must, must_not = FEATURES[target]

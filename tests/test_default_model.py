@@ -1,4 +1,4 @@
-"""The trained default model (golden/models/glimmer-default-*, made by tools/train_tiny.py): the
+"""The trained default model (golden/models/glimmer-default-*, made by tools/regen/train_tiny.py): the
 default run continues its prompt as llama.cpp does, in words of its corpus; the reference's loss on
 held-out text is the one transformers measured; the drafter's acceptance equals llama-server's.
 

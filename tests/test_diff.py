@@ -11,7 +11,7 @@ from reference.cli import UsageError
 from conftest import GOLDEN, MODELS, cli_error, require, run_cli
 
 from reference import metrics
-from tools import diff
+from tools.parity import diff
 
 NEAR_TIE_POS, REAL_POS = 2, 4
 

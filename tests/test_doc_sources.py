@@ -12,7 +12,7 @@ import pathlib
 
 import pytest
 
-from tools import doc_sources
+from tools.regen import doc_sources
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DOCS = sorted(glob.glob(str(REPO / "docs" / "*.md")))

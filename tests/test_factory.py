@@ -1,6 +1,6 @@
 """reference/factory.py: one place builds every model. Its flag checks (one line, before any load),
 the registry it finds accel's backends in, and the vision tower on the text model's backend, its
-embeddings against the committed llama.cpp golden (golden/vision, tools/make_vision_goldens.py).
+embeddings against the committed llama.cpp golden (golden/vision, tools/regen/make_vision_goldens.py).
 
 NMSE is sum((ref - x)^2) / sum(ref^2) over the whole [n_tokens, n_embd] output, ref = llama.cpp's.
 """
@@ -23,7 +23,8 @@ from reference.metrics import nmse
 from reference.run import main as run_main
 from reference.tp import TensorParallelBackend
 from reference.vision import DEFAULT_MAX_TOKENS
-from tools.make_vision_goldens import CASES, synthetic_image
+from tools.regen.make_vision_goldens import CASES
+from tools.synthetic import synthetic_image
 from conftest import GOLDEN, MODELS, ROOT, cli_error, require, run_cli
 
 VISION = os.path.join(GOLDEN, "vision")

@@ -202,7 +202,6 @@ def test_chat_templates(worker, tmp_path_factory, edits):
 # artifact is byte-identical or the new one whole, and that every failure is the typed error.
 
 import argparse  # noqa: E402
-import errno  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import threading  # noqa: E402
@@ -210,8 +209,10 @@ import time  # noqa: E402
 
 from reference import artifacts  # noqa: E402
 from reference.trace import Tracer, load_trace  # noqa: E402
-from tools import golden  # noqa: E402
-from tools import perplexity as ppl  # noqa: E402
+from tools import common  # noqa: E402
+from tools.parity.engines import openai  # noqa: E402
+from tools.parity.engines import http as server_http  # noqa: E402
+from tools.parity import perplexity as ppl  # noqa: E402
 
 CHUNKS = 6  # pieces each writer below writes; a signal comes before piece `cut` (cut = CHUNKS: none)
 OLD = b"the older artifact"
@@ -439,7 +440,7 @@ BEHAVIOURS = {
                                                                                             "meta": {"n_vocab": "lots"}}]}).encode(),
     "http 500": None, "closed": b"", "good": MODELS_REPLY,
 }
-LIMITS = golden.HttpLimits(connect=1.0, read=0.3, deadline=0.8, max_bytes=64 << 10)
+LIMITS = server_http.HttpLimits(connect=1.0, read=0.3, deadline=0.8, max_bytes=64 << 10)
 
 
 def ok_reply(body):
@@ -482,7 +483,7 @@ class Misbehaving(threading.Thread):
                 time.sleep(0.1)
         elif behaviour == "huge":
             conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
-            for _ in range(2 * golden.REPLY_FLOOR_BYTES >> 12):  # twice the cap of a /v1/models reply
+            for _ in range(2 * server_http.REPLY_FLOOR_BYTES >> 12):  # twice the cap of a /v1/models reply
                 conn.sendall(b" " * 4096)
         elif behaviour == "http 500":
             conn.sendall(b"HTTP/1.1 500 Oops\r\nContent-Length: 4\r\n\r\nnope")
@@ -512,9 +513,9 @@ def test_a_misbehaving_server_is_one_line_within_the_deadline(misbehaving, behav
     url = f"http://127.0.0.1:{misbehaving.listener.getsockname()[1]}"
     start = time.monotonic()
     try:
-        engine = golden.openai_engine(server_args(url))
+        engine = openai.openai_engine(server_args(url))
         outcome = "ok"
-    except golden.GoldenError as e:
+    except common.GoldenError as e:
         outcome = str(e)
         assert "\n" not in outcome and outcome.startswith(f"{url}/v1/models")
     assert time.monotonic() - start < LIMITS.deadline + 1.0  # the deadline bounds every behaviour

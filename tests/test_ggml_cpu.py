@@ -22,8 +22,8 @@ from reference import ggml_cpu, gguf, ops
 from reference.ggml_cpu import UBATCH, GgmlCpuBackend, GgmlCpuError
 from reference.ggml_cpu.mul_mat import decoded_bytes
 from reference.text import TextModel
-from tools.golden import sha256
-from tools.make_ggml_cpu_goldens import synthetic_gguf
+from tools.common import sha256
+from tools.regen.make_ggml_cpu_goldens import synthetic_gguf
 from reference.metrics import max_abs_diff, nmse, top1_agreement
 
 HERE = os.path.join(GOLDEN, "ggml_cpu")
@@ -420,7 +420,7 @@ class BlockRows:  # the weights mul_mat reads: one matrix of raw blocks of one t
 
 
 def iq_block_rows(kind, row_blocks=None):  # -> BlockRows of every `kind` tensor of its preset model, regrouped
-    from tools.make_iq_kernel_goldens import ROW_BLOCKS, regrouped
+    from tools.regen.make_iq_kernel_goldens import ROW_BLOCKS, regrouped
     entry = IQ_KERNELS["models"][kind]
     path = os.path.join(GOLDEN, entry["file"])
     assert sha256(Path(path)) == entry["sha256"], path

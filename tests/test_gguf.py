@@ -11,7 +11,7 @@ import pytest
 from gguf import GGUFValueType
 
 from reference import gguf
-from tools.make_synthetic import (Q, DraftDims, EditingKeys, TextDims, VisionDims, draft_keys, draft_shapes,
+from tools.synthetic import (Q, DraftDims, EditingKeys, TextDims, VisionDims, draft_keys, draft_shapes,
                                   random_spec, stream_gguf, text_tensors, vision_keys, vision_shapes,
                                   write_text_gguf)
 from conftest import MODELS, cli_error, model_manifest, run_cli

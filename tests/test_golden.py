@@ -19,7 +19,10 @@ import numpy as np
 import pytest
 from conftest import GOLDEN, MODELS, ROOT, cli_error, run_cli
 
-from tools import diff, golden
+from tools import common
+from tools.parity.engines import llama_server as server_engine
+from reference import metrics
+from tools.parity import diff, golden
 
 LLAMA_CPP_RUN = os.path.join(GOLDEN, "logits", "llama-cpp", "tiny-a-f32", "kv-f32_fa-off")
 SERVER_REPLY = os.path.join(ROOT, "tests", "fixtures", "llama-server-completion.json")
@@ -46,7 +49,7 @@ def llama_cpp_golden(prompt_id):  # -> (manifest entry, prompt logits, decode-st
 def server_topk(reply=None):  # -> (TopK of the recorded reply, its prompt's llama.cpp golden entry)
     entry = llama_cpp_golden("len33")[0]
     with open(SERVER_REPLY) as f:
-        arrays = golden.parse_completion(reply or json.load(f), entry["token_ids"], 5, SERVER_REPLY)
+        arrays = server_engine.parse_completion(reply or json.load(f), entry["token_ids"], 5, SERVER_REPLY)
     return diff.TopK(arrays["prompt_ids"], arrays["tokens"], arrays["positions"].astype(np.int64),
                      arrays["top_ids"].astype(np.int64), arrays["top_logprobs"].astype(np.float64)), entry
 
@@ -106,9 +109,9 @@ def test_server_reply_errors():
     messages = {"no probabilities": "lacks", "post-sampling": "post_sampling_probs", "unsorted": "sorted",
                 "not greedy": "not the top-1"}
     for name, reply in bad_replies.items():
-        with pytest.raises(golden.GoldenError, match=messages[name]):
+        with pytest.raises(common.GoldenError, match=messages[name]):
             server_topk(reply)
-    with pytest.raises(golden.GoldenError, match="malformed"):
+    with pytest.raises(common.GoldenError, match="malformed"):
         server_topk({**good, "tokens": ["a"] * 8})
 
 
@@ -118,10 +121,10 @@ def test_probability_entries_line_up_with_repeated_tokens():
                 "top_logprobs": [{"id": token, "bytes": list(PIECES[token]), "logprob": -0.1}]}
     PIECES = {7: b"\xe2", 8: b"\x82", 9: b"\xac", 5: b"a"}
     # "€" = e2 82 ac split over three byte tokens: only the last one is reported
-    assert golden.line_up([5, 7, 8, 9, 5], [step(5), step(9, b"\xe2\x82"), step(5)], "x") == [0, 3, 4]
+    assert server_engine.line_up([5, 7, 8, 9, 5], [step(5), step(9, b"\xe2\x82"), step(5)], "x") == [0, 3, 4]
     # a token id that is waiting and then reported: the entry carries the waiting piece, so it is the second
     PIECES[7] = b"\xe2\x82"
-    assert golden.line_up([7, 7], [step(7, b"\xe2\x82")], "x") == [1]
+    assert server_engine.line_up([7, 7], [step(7, b"\xe2\x82")], "x") == [1]
 
 
 def test_reference_engine_goldens_are_marked_and_match_llama_cpp(tmp_path):
@@ -134,7 +137,7 @@ def test_reference_engine_goldens_are_marked_and_match_llama_cpp(tmp_path):
                         "--n-predict", "4"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["engine"] == "reference" and manifest["self_made"] is True and "never" in manifest["independent"]
-    assert manifest["model"]["sha256"] == golden.sha256(TINY_A)
+    assert manifest["model"]["sha256"] == common.sha256(TINY_A)
     by_id = {e["id"]: e for e in manifest["entries"]}
     # llama.cpp's tokenization of "the sun" (tests/fixtures/tiny-a-f32.eval-callback.txt)
     assert by_id["text"]["token_ids"] == [497, 319, 261, 84, 77]
@@ -166,7 +169,7 @@ def test_teacher_forced_score_of_llama_cpp_greedy_output(tmp_path):
     scored = json.loads((tmp_path / "s" / "manifest.json").read_text())["entries"][0]
     assert scored["n_prompt"] == 33 and scored["continuation_ids"] == tokens
     chose = np.concatenate([prompt_logits[-1:], decode_logits])  # llama.cpp's row that chose token i
-    llama_logprob = np.take_along_axis(golden.metrics.log_softmax(chose), np.array(tokens)[:, None], -1)[:, 0]
+    llama_logprob = np.take_along_axis(metrics.log_softmax(chose), np.array(tokens)[:, None], -1)[:, 0]
     # the same f32 math: a log-probability differs by at most twice the largest logit difference
     assert np.max(np.abs(np.array(scored["score"]["logprob"]) - llama_logprob)) <= 2 * F32_LOGIT_ERROR
     assert scored["score"]["rank"] == [0] * 32 and scored["score"]["n_top1"] == 32  # greedy: all argmax
@@ -542,7 +545,7 @@ def test_plugin_update_goldens_from_the_reference(pytester, monkeypatch):
     assert manifest["engine"] == "reference" and manifest["self_made"] is True
     assert manifest["entries"][0]["greedy"]["n_predict"] == 32  # the old manifest's greedy length
     new = np.load(target / "len7.npy")
-    assert not np.array_equal(new, old) and golden.metrics.nmse(old.ravel(), new.ravel()) <= EXACT_NMSE
+    assert not np.array_equal(new, old) and metrics.nmse(old.ravel(), new.ravel()) <= EXACT_NMSE
 
 
 @pytest.mark.parametrize("args, message", [([], "usage:"), (["--help"], "usage:"),

@@ -25,8 +25,9 @@ from test_planted_bugs import GateAfterOProj, NormWeightOff, PostNormEps, Scalar
 from reference import gguf, ops
 from reference.text import TextModel
 from reference.trace import Tracer, load_trace
-from tools import bisect as bisect_tool
-from tools import dump_parse, golden, hf_names, hf_trace
+from tools import common
+from tools.parity import bisect as bisect_tool
+from tools.parity import dump_parse, hf_names, hf_trace
 
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "hf-trace-tiny-a")
 CHECKPOINT = os.path.join(ROOT, "build", "tiny", "tiny-a")
@@ -139,9 +140,9 @@ def test_regenerated_trace_equals_the_fixture(setup, tmp_path):
     pytest.importorskip("torch", reason="regenerating the transformers trace needs torch (the [parity] extra)")
     pytest.importorskip("transformers", reason="regenerating the transformers trace needs transformers")
     if not os.path.exists(os.path.join(CHECKPOINT, "model.safetensors")):
-        pytest.skip("build/tiny/tiny-a is missing: make it with tools/make_tiny.py")
+        pytest.skip("build/tiny/tiny-a is missing: make it with tools/regen/make_tiny.py")
     about = fixture_manifest()
-    assert golden.sha256(os.path.join(CHECKPOINT, "model.safetensors")) == about["weights_sha256"]
+    assert common.sha256(os.path.join(CHECKPOINT, "model.safetensors")) == about["weights_sha256"]
     ops_kept = [op for op in hf_trace.TRACE_OPS if op not in about["left_out"]]
     fresh = hf_trace.hf_trace(CHECKPOINT, about["token_ids"], str(tmp_path / "hf"), ops_kept)
     fixture = load_trace(FIXTURE)
@@ -281,8 +282,8 @@ def test_regenerated_debugger_dump_equals_the_fixture(setup, tmp_path):
     pytest.importorskip("torch", reason="rerunning transformers' debugger needs torch (the [parity] extra)")
     pytest.importorskip("transformers", reason="rerunning transformers' debugger needs transformers")
     if not os.path.exists(os.path.join(CHECKPOINT, "model.safetensors")):
-        pytest.skip("build/tiny/tiny-a is missing: make it with tools/make_tiny.py")
-    assert golden.sha256(os.path.join(CHECKPOINT, "model.safetensors")) == debugger_manifest()["weights_sha256"]
+        pytest.skip("build/tiny/tiny-a is missing: make it with tools/regen/make_tiny.py")
+    assert common.sha256(os.path.join(CHECKPOINT, "model.safetensors")) == debugger_manifest()["weights_sha256"]
     files = hf_trace.debugger_dump(CHECKPOINT, debugger_manifest()["token_ids"], str(tmp_path / "dbg"), True)
     assert files == sorted(os.listdir(DEBUGGER))
     fresh, fixture = dump_parse.load_hf_debugger(str(tmp_path / "dbg")).points, dump_parse.load_hf_debugger(DEBUGGER).points

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from reference.positions import SUFFIX
-from tools.make_synthetic import RELEASE_30B, TextDims, write_text_gguf
+from tools.synthetic import RELEASE_30B, TextDims, write_text_gguf
 from conftest import ROOT, cli_error, run_cli
 
 # Two layers (one sliding-window, one full) of a narrow model with the 30B's vocabulary; a 64-token

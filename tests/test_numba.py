@@ -205,12 +205,12 @@ def unpacked_values(low, high, high_bits):  # -> float64 [R, n]: the fields floo
 
 @pytest.mark.parametrize("high_bits", [0, 1, 2])
 def test_floor_loops_compute_the_sums_the_ceiling_bound_assumes(high_bits):
-    # tools/kernel_floor.py bounds decode speed by these loops: they must do the whole work they
+    # tools/bench/kernel_floor.py bounds decode speed by these loops: they must do the whole work they
     # stand for (every field extracted, converted and multiplied), or the bound is too high.
     # Fields 0..63 times N(0, 1), float32 sums of 4 x 416 terms against float64: a relative error of
     # about 2^-24 sqrt(1664) per row, NMSE ~1e-12 at most; 1e-10 leaves room and still fails on any
     # wrong field (which moves whole products, NMSE > 1e-4).
-    from tools import kernel_floor
+    from tools.bench import kernel_floor
     rng = np.random.default_rng(high_bits)
     low = rng.integers(0, 256, (64, 832), dtype=np.uint8)
     high = rng.integers(0, 256, (64, 416), dtype=np.uint8)
@@ -223,8 +223,8 @@ def test_floor_loops_compute_the_sums_the_ceiling_bound_assumes(high_bits):
 
 
 def test_ceiling_bound_sums_each_types_time_at_its_floor():
-    from tools import kernel_floor
-    from tools.bench_accel import weights_per_type
+    from tools.bench import kernel_floor
+    from tools.bench.accel import weights_per_type
     # 2e9 4-bit weights at 2 G/s and 1e9 6-bit at 1 G/s: 2 s; IQ2_XXS has no floor and counts as free
     assert kernel_floor.model_bound({"Q4_K": 2 * 10**9, "Q6_K": 10**9, "IQ2_XXS": 5 * 10**9}, {0: 2.0, 2: 1.0}) == 2.0
     path = os.path.join(MODELS, "tiny-a-q4_k_m.gguf")

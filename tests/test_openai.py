@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 from conftest import GOLDEN, MODELS, ROOT, cli_error, run_cli
 
-from tools import diff, golden
+from tools import common
+from tools.parity.engines import llama_server
+from tools.parity.engines import openai
+from tools.parity import diff, golden
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "openai")
 GLIMMER = os.path.join(MODELS, "glimmer-default-f16.gguf")
@@ -101,7 +104,7 @@ def reference_against(tmp_path, manifest):  # -> {prompt id: diff report of the 
 def test_recorded_llama_server_golden_against_the_reference(replay, tmp_path):
     manifest = openai_golden(replay("llama-server-glimmer-default-f16.json"), tmp_path, GLIMMER,
                              ("len1", "len7", "len33"), 20)
-    assert manifest["engine"] == "openai" and manifest["model"]["sha256"] == golden.sha256(GLIMMER)
+    assert manifest["engine"] == "openai" and manifest["model"]["sha256"] == common.sha256(GLIMMER)
     request = manifest["options"]["request"]
     assert request["temperature"] == 0 and "samplers" not in request and "ignore_eos" not in request
     runs = {e["id"]: e["server_run"] for e in manifest["entries"]}
@@ -139,7 +142,7 @@ def recorded_reply():  # -> a copy of the recorded len7 reply on glimmer-default
 def test_bad_replies_are_one_line_errors():
     ids = exchanges("llama-server-glimmer-default-f16.json")[2]["request"]["prompt"]
     good = recorded_reply()
-    assert golden.openai_topk(good, ids, 20, "x")[0]["tokens"].size == 8
+    assert openai.openai_topk(good, ids, 20, "x")[0]["tokens"].size == 8
     content = lambda r: r["choices"][0]["logprobs"]["content"]  # noqa: E731
     bad = {"lacks choices": {"choices": []}, "lacks choices[0].logprobs": {**good, "usage": None}}
     not_greedy, short, unsorted, none = recorded_reply(), recorded_reply(), recorded_reply(), recorded_reply()
@@ -156,10 +159,10 @@ def test_bad_replies_are_one_line_errors():
                 "no generated token": none, "<= 0": positive, "token id 512 in tokens is outside [0, 512)": beyond,
                 "token id -1 in tokens": negative, "8 tokens in a reply to a request of 7": good})
     for message, reply in bad.items():
-        with pytest.raises(golden.GoldenError, match=re.escape(message)):
+        with pytest.raises(common.GoldenError, match=re.escape(message)):
             # the request asked for 8 tokens (7 for the last case) of a vocabulary of 512 (glimmer-default)
-            top, _ = golden.openai_topk(reply, ids, 20, "x")
-            golden.check_topk_reply(top, 7 if reply is good else 8, 512, "x")
+            top, _ = openai.openai_topk(reply, ids, 20, "x")
+            llama_server.check_topk_reply(top, 7 if reply is good else 8, 512, "x")
 
 
 def test_text_prompts_and_server_errors_exit_2(replay, tmp_path):
@@ -207,7 +210,7 @@ def vllm_exchanges(n_probs=20):  # -> replies in vLLM's shape, made from llama.c
         "index": 0, "text": "?", "finish_reason": "length", "prompt_logprobs": prompt_logprobs,
         "logprobs": {"tokens": [f"token_id:{t}" for t in tokens], "token_logprobs": [row[t] for row, t in zip(top, tokens)],
                      "top_logprobs": [{f"token_id:{t}": lp for t, lp in row.items()} for row in top]}}]}
-    request = golden.openai_request("tiny-a", entry["token_ids"], 8, n_probs)
+    request = openai.openai_request("tiny-a", entry["token_ids"], 8, n_probs)
     return [{"method": "GET", "path": "/v1/models", "request": None,
              "response": {"object": "list", "data": [{"id": "tiny-a", "object": "model", "owned_by": "vllm"}]}},
             {"method": "POST", "path": "/v1/completions", "request": request, "response": reply}], prompt, decode

@@ -1,5 +1,5 @@
 """Kept output rows under `--numerics ggml-cpu` against llama.cpp's logits of those rows alone
-(tests/fixtures/output-rows, made by tools/make_output_rows_golden.py: one llama_decode asking for
+(tests/fixtures/output-rows, made by tools/regen/make_output_rows_golden.py: one llama_decode asking for
 logits at positions 0 and the last three). llama.cpp keeps its output rows from the last layer's
 FFN on (inp_out_ids), so that FFN runs at 4 rows where the all-position run has 33 or 64, and ggml
 chooses another kernel there (the vec_dot, not the tiled kernel): the kept rows of the 33- and

@@ -14,7 +14,7 @@ import pytest
 from conftest import MODELS, ROOT, cli_error, run_cli
 from reference import gguf
 from reference.tokenizer import Tokenizer
-from tools import perplexity as ppl
+from tools.parity import perplexity as ppl
 
 FIX = os.path.join(ROOT, "tests", "fixtures", "perplexity")
 TEXT = os.path.join(FIX, "text-crlf.txt")

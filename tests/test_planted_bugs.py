@@ -20,7 +20,7 @@ from conftest import MODELS
 from reference import gguf, ops
 from reference.text import TextModel
 from reference.trace import Tracer
-from tools import bisect as bisect_tool
+from tools.parity import bisect as bisect_tool
 
 PROMPT = [497] + [int(t) for t in np.random.default_rng(40).integers(0, 497, 39)]
 

@@ -1,7 +1,7 @@
 """Prompt text is bytes, read as llama.cpp reads them: `--prompt-file` keeps a CRLF file's \r, and
 invalid UTF-8 becomes what llama.cpp's unicode_cpts_from_utf8 makes of it (U+FFFD per byte that
 starts no sequence, an overlong form its code point). Against llama.cpp's own ids, recorded by
-tools/make_prompt_bytes_fixture.py (tests/fixtures/prompt-bytes/llama-cpp-ids.json)."""
+tools/regen/make_prompt_bytes_fixture.py (tests/fixtures/prompt-bytes/llama-cpp-ids.json)."""
 import json
 import os
 

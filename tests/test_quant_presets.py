@@ -1,4 +1,4 @@
-"""Every llama-quantize preset (golden/presets/, made by tools/make_quant_presets.py) in the exact mode,
+"""Every llama-quantize preset (golden/presets/, made by tools/regen/make_quant_presets.py) in the exact mode,
 NumPy and numba backends, against llama.cpp's own logits of the same file; the decoders of every
 tensor against ggml's to_float; the refusal of a type that cannot be decoded.
 
@@ -189,7 +189,7 @@ def test_presets_hold_every_type_llama_quantize_writes_here():
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
 @pytest.mark.parametrize("preset", sorted(GATES))
 def test_exact_mode_against_llama_cpp(preset, backend):
-    from tools import diff
+    from tools.parity import diff
 
     (prompt, steps), (golden_prompt, golden_steps) = exact_run(preset, backend)
     assert prompt.shape == golden_prompt.shape and steps.shape == golden_steps.shape
@@ -324,7 +324,7 @@ def fake_llama_bin(tmp_path):  # a directory whose llama-quantize prints HELP (i
 
 
 def test_presets_are_read_from_the_help(tmp_path):
-    from tools import make_quant_presets
+    from tools.regen import make_quant_presets
 
     presets, skipped = make_quant_presets.listed_presets(fake_llama_bin(tmp_path) / "llama-quantize")
     assert presets == ["Q1_0", "Q3_K_M"] and sorted(skipped) == ["COPY", "F16", "Q3_K"]
@@ -359,7 +359,7 @@ def test_make_tiny_counts_the_types_gguf_py_lacks():
     """tools.make_tiny's per-type tensor counts (its manifests) read Q2_0 files, which gguf-py's own
     reader refuses: the counts are those of the preset manifest's per-tensor types."""
     from collections import Counter
-    from tools.make_tiny import tensor_types
+    from tools.regen.make_tiny import tensor_types
 
     e = preset_entry("Q2_0")
     assert tensor_types(os.path.join(PRESETS, e["file"])) == dict(sorted(Counter(e["tensor_types"].values()).items()))

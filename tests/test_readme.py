@@ -7,6 +7,7 @@ import importlib
 import itertools
 import pathlib
 import re
+import runpy
 import shlex
 
 import pytest
@@ -138,3 +139,37 @@ def test_placeholders_are_resolved():
     assert argvs("python -m tools.golden --corpus [--task-size 4] [--ray | --ray-address auto]")[1] == [
         ["--corpus", "--task-size", "4", "--ray"], ["--corpus", "--task-size", "4", "--ray-address", "auto"]]
     assert argvs('python -m reference.run --prompt "<|eot|>"   # comment')[1] == [["--prompt", "<|eot|>"]]
+
+
+LIBRARIES = {"__init__", "common", "synthetic"}  # tools/'s own modules; every other tools/<name>.py is a command alias
+ALIASES = sorted(p.stem for p in (REPO / "tools").glob("*.py") if p.stem not in LIBRARIES)
+
+
+def test_the_readmes_commands_are_aliases_or_packages():
+    # Every `python -m tools.X` the READMEs show is a thin alias module or a package with a __main__,
+    # so the tools can live in parity/, regen/ and bench/ without breaking a user's command.
+    shown = {m.split(".")[1] for _, m, _ in COMMANDS if m.startswith("tools.")}
+    packages = {p.parent.name for p in (REPO / "tools").glob("*/__main__.py")}
+    assert shown - packages <= set(ALIASES), shown - packages - set(ALIASES)
+
+
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # runpy: the alias was imported first
+@pytest.mark.parametrize("name", ALIASES)
+def test_alias_runs_its_tool(name, monkeypatch, capsys):
+    # Run as `python -m tools.<name> --help` would: the alias hands argv to the tool it names, which
+    # prints its usage and exits 0; corpus (not a command) says so with exit 2; the pytest plugin
+    # alias names an importable plugin. Each alias stays a few lines of forwarding, no logic.
+    source = (REPO / "tools" / f"{name}.py").read_text(encoding="utf-8")
+    assert len(source.splitlines()) <= 8, f"tools/{name}.py is more than an alias"
+    module = importlib.import_module(f"tools.{name}")
+    if hasattr(module, "pytest_plugins"):
+        assert all(importlib.import_module(p) for p in module.pytest_plugins)
+        return
+    monkeypatch.setattr("sys.argv", [f"tools/{name}.py", "--help"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module(f"tools.{name}", run_name="__main__")
+    out = capsys.readouterr()
+    if name == "corpus":
+        assert done.value.code == 2 and "not a command" in out.err, out.err
+    else:
+        assert done.value.code == 0 and "usage:" in out.out, (done.value.code, out.err[-300:])

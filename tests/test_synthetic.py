@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_SIZES, quants
 
 from reference import gguf, random_blocks
-from tools import make_synthetic as ms
+from tools import synthetic as ms
 
 
 def test_release_tensor_counts():

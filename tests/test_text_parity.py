@@ -16,7 +16,7 @@ import pytest
 
 from reference import gguf
 from reference.text import TextModel
-from tools import diff
+from tools.parity import diff
 from reference.metrics import nmse
 from conftest import GOLDEN, MODELS
 

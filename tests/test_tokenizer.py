@@ -1,5 +1,5 @@
 """The GGUF tokenizer against llama.cpp's (golden/tokenizer/tokens.json, made by
-tools/make_tokenizer_goldens.py): token ids on the stress strings with and without BOS and special
+tools/regen/make_tokenizer_goldens.py): token ids on the stress strings with and without BOS and special
 parsing, detokenization, per-token pieces; where transformers' tokenizer differs from llama.cpp the
 difference is documented here. Ids are integers: every comparison is exact."""
 import dataclasses
@@ -12,7 +12,7 @@ from gguf import GGUFValueType
 from reference import tokenizer as T
 from reference.run import main as run_main
 from reference.tokenizer import Tokenizer, TokenizerError, detokenize, read_vocab, token_to_piece
-from tools.make_synthetic import write_text_gguf
+from tools.synthetic import write_text_gguf
 from conftest import GOLDEN, MODELS, run_cli
 
 TOKENIZER_GOLDEN = os.path.join(GOLDEN, "tokenizer")

@@ -12,7 +12,7 @@ import pytest
 from gguf import GGUFValueType
 
 from reference import gguf
-from tools.make_synthetic import write_text_gguf
+from tools.synthetic import write_text_gguf
 from conftest import MODELS, ROOT, cli_error, run_cli
 
 TINY = os.path.join(MODELS, "tiny-a-f32.gguf")

@@ -1,5 +1,5 @@
 """The vision encoder against the committed goldens of llama.cpp's mtmd and of the transformers tower
-(golden/vision/, made by tools/make_vision_goldens.py), the image prompt end to end, and bad input.
+(golden/vision/, made by tools/regen/make_vision_goldens.py), the image prompt end to end, and bad input.
 
 NMSE is sum((ref - x)^2) / sum(ref^2) over the whole [n_tokens, n_embd] output, ref = the engine's.
 """
@@ -19,9 +19,10 @@ from reference.chat import IMAGE_PLACEHOLDER, token_id
 from reference.image import ImageError, load_rgb, resize_lanczos
 from reference.text import TextModel
 from reference.trace import Tracer
-from tools.make_synthetic import TextDims, write_text_gguf
-from tools.make_synthetic import VisionDims, write_mmproj_gguf
-from tools.make_vision_goldens import CASES, synthetic_image
+from tools.synthetic import TextDims, write_text_gguf
+from tools.synthetic import VisionDims, write_mmproj_gguf
+from tools.regen.make_vision_goldens import CASES
+from tools.synthetic import synthetic_image
 from reference.metrics import nmse, top1_agreement
 from reference.ggml_cpu import GgmlCpuBackend
 from conftest import GOLDEN, MODELS, require, run_cli

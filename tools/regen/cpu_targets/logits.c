@@ -1,5 +1,5 @@
 /* All-position logits of a GGUF from libllama, as tools.golden --engine llama-cpp takes them with
- * llama-cpp-python, for a libllama built for one CPU target (tools/make_cpu_target_goldens.py).
+ * llama-cpp-python, for a libllama built for one CPU target (tools/regen/make_cpu_target_goldens.py).
  *
  *   logits MODEL REPACK N_PREDICT OUT KV:FA [KV:FA ...] < PROMPTS
  *

@@ -117,8 +117,7 @@ def bench_text(args):  # -> report dict
 
 def bench_vision(args):  # -> report dict
     import tempfile
-    from tools.make_synthetic import VisionDims, write_mmproj_gguf
-    from tools.make_vision_goldens import synthetic_image
+    from tools.synthetic import VisionDims, synthetic_image, write_mmproj_gguf
     with tempfile.TemporaryDirectory() as tmp:
         mmproj = gguf.load(write_mmproj_gguf(f"{tmp}/mm.gguf", VisionDims(n_pos=1024, n_layer=args.layers)), "mmproj")
         m = factory.vision_model(mmproj, factory.Build())
@@ -135,7 +134,7 @@ def bench_vision(args):  # -> report dict
 
 def bench_scale(args):  # -> report dict of one full-size run, with this process's peak RSS
     import resource
-    from tools.make_vision_goldens import synthetic_image
+    from tools.synthetic import synthetic_image
     report = {"backend": args.backend}
     # both GGUFs and the backend are checked before the text run, which takes hours at full size
     build = factory.Build(backend=args.backend)

@@ -1,9 +1,9 @@
 """Where each text-model trace point lives in transformers' MuseGlimmerForConditionalGeneration.
 
-tools/hf_trace.py records them with forward hooks (and wraps the two functions that are no module)
+tools/parity/hf_trace.py records them with forward hooks (and wraps the two functions that are no module)
 into a trace that lines up with a reference trace or a llama.cpp dump. HF_DEBUGGER_POINTS says where
 the same points sit in the output of transformers' model_addition_debugger_context, which
-tools/dump_parse.py reads. Each entry is (module path,
+tools/parity/dump_parse.py reads. Each entry is (module path,
 what to record, how to turn it into the trace point), in forward order. Conversions every entry shares:
 - HF activations are [batch, T, ...]; drop the batch axis. Inside attention HF keeps heads first
   ([batch, H, T, D]); the trace is [T, H, D].

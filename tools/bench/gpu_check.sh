@@ -3,13 +3,13 @@
 #   1. ops     accel/harness.py's op cases (test-backend-ops style) against reference/ops.py
 #   2. parity  whole-model logits on every tiny model against the numpy reference (gate NMSE 1e-8)
 #   3. graph   decode steps replayed from the captured CUDA graph against eager launches, bit for bit
-#   4. mid     a 2-layer model of the release widths (UD-IQ2_XXS mix, tools/make_synthetic.py): its
+#   4. mid     a 2-layer model of the release widths (UD-IQ2_XXS mix, tools/regen/make_synthetic.py): its
 #              products against ops.linear (first 512 rows of each matrix; a whole numpy forward at
 #              these widths takes minutes), then the prefill/decode benchmark with the decode
 #              bandwidth against 4.8 TB/s and its projection to 52 layers
 #   5. pytest  the GPU tests of tests/test_cuda.py
 #
-#   bash tools/gpu_check.sh [OUT_DIR]          (default build/gpu_check; logs and JSON land there)
+#   bash tools/bench/gpu_check.sh [OUT_DIR]          (default build/gpu_check; logs and JSON land there)
 #
 # Python is $PYTHON, else python3. A package it lacks (gguf on a bare CUDA image) is installed only
 # from the wheels in $WHEELS (default .whl), with pip --no-index into OUT_DIR/site; nothing is

@@ -1,0 +1,100 @@
+"""One HTTP request of a server engine, bounded in time and size, every failure one line."""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import urllib.parse
+from dataclasses import dataclass
+
+from reference import artifacts
+from tools.common import GoldenError
+
+# HTTP, per request: a server on the same LAN connects in milliseconds; a non-streamed reply comes
+# when the whole generation is done (minutes for a 30B on CPU), so the wait for its first byte is long
+# and a total deadline bounds a server that trickles. All three are options.
+CONNECT_TIMEOUT_S, READ_TIMEOUT_S, REQUEST_DEADLINE_S = 10.0, 300.0, 900.0
+# A reply's JSON holds per token of prompt and generation at most n_probs + 1 entries of an id, a
+# logprob, a token text and its bytes: 512 bytes each is several times what llama-server and vLLM
+# write (~90), and a megabyte more covers the fixed fields. Past that a reply is not one of these.
+REPLY_ENTRY_BYTES, REPLY_FLOOR_BYTES = 512, 1 << 20
+
+
+@dataclass
+class HttpLimits:
+    connect: float = CONNECT_TIMEOUT_S   # seconds to open the connection
+    read: float = READ_TIMEOUT_S         # seconds without a byte of the reply
+    deadline: float = REQUEST_DEADLINE_S  # seconds for the whole request, however the bytes trickle
+    max_bytes: int = REPLY_FLOOR_BYTES   # the reply's size
+
+
+def http_limits(args, n_items: int = 0) -> HttpLimits:  # -> the limits of a request whose reply lists n_items entries
+    return HttpLimits(args.connect_timeout, args.read_timeout, args.request_deadline,
+                      REPLY_FLOOR_BYTES + n_items * REPLY_ENTRY_BYTES)
+
+
+def read_reply(reply, url: str, limit: int) -> bytes:  # -> the body, refused once it passes `limit` bytes
+    length = reply.getheader("Content-Length")
+    if length and length.isdigit() and int(length) > limit:
+        raise GoldenError(f"{url}: the reply says {length} bytes, more than the {limit} such a reply can need")
+    data = reply.read(limit + 1)
+    if len(data) > limit:
+        raise GoldenError(f"{url}: the reply passes {limit} bytes, more than such a reply can need")
+    if length and length.isdigit() and len(data) < int(length):  # read(n) returns what came before the close
+        raise GoldenError(f"{url}: broken HTTP reply (IncompleteRead: {len(data)} of its {length} bytes)")
+    return data
+
+
+def http_bytes(url: str, body: dict | None, limits: HttpLimits) -> bytes:  # -> the body of a 200 reply
+    """One request under separate connect and read timeouts, and a total deadline enforced by a
+    timer that shuts the socket (a server sending a byte every few seconds never trips a read
+    timeout). Every failure of the socket or of HTTP is a GoldenError naming the URL."""
+    parts = urllib.parse.urlsplit(url)
+    connection = (http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection)(
+        parts.hostname, parts.port, timeout=limits.connect)
+    expired = threading.Event()
+
+    def expire():
+        expired.set()
+        if connection.sock is not None:
+            connection.sock.shutdown(socket.SHUT_RDWR)
+    timer = threading.Timer(limits.deadline, expire)
+    timer.daemon = True
+    timer.start()
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    data = None if body is None else json.dumps(body).encode("utf-8")
+    try:
+        connection.connect()
+        connection.sock.settimeout(limits.read)
+        connection.request("GET" if data is None else "POST", path, data, {"Content-Type": "application/json"})
+        reply = connection.getresponse()
+        payload = read_reply(reply, url, limits.max_bytes)
+    except (http.client.HTTPException, OSError) as e:
+        if expired.is_set():
+            raise GoldenError(f"{url}: no whole reply within the deadline of {limits.deadline:g} s "
+                              "(--request-deadline)") from None
+        if isinstance(e, TimeoutError):
+            which = "to connect" if connection.sock is None else "for a byte of the reply"
+            option = "--connect-timeout" if connection.sock is None else "--read-timeout"
+            wait = limits.connect if connection.sock is None else limits.read
+            raise GoldenError(f"{url}: waited {wait:g} s {which} ({option})") from None
+        if isinstance(e, http.client.HTTPException):
+            raise GoldenError(f"{url}: broken HTTP reply ({type(e).__name__}: {ascii(str(e)[:80])})") from None
+        raise GoldenError(f"{url}: {e.strerror or e}") from None
+    finally:
+        timer.cancel()
+        connection.close()
+    if reply.status != 200:
+        raise GoldenError(f"{url}: HTTP {reply.status}: {payload[:200].decode('utf-8', 'replace')}")
+    return payload
+
+
+def http_json(url: str, body: dict | None = None, limits: HttpLimits = HttpLimits()):  # -> the reply's JSON value
+    return artifacts.parse_json(http_bytes(url, body, limits), f"{url}: reply", GoldenError)
+
+
+def json_object(value, url: str) -> dict:  # -> value, refused unless it is a JSON object
+    if not isinstance(value, dict):
+        raise GoldenError(f"{url}: the reply is a JSON {type(value).__name__}, not an object")
+    return value

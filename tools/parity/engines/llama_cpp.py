@@ -1,0 +1,76 @@
+"""--engine llama-cpp: llama.cpp in this process, through llama-cpp-python's bindings."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from tools.common import KV_TYPES, LLAMA_CPP_COMMIT, GoldenError, import_extra, plain_cpu_buffers, sha256, silence_llama_cpp
+from .base import Engine, load_text_gguf
+
+
+def llama_cpp_engine(args) -> Engine:
+    path = Path(args.model)
+    n_train = load_text_gguf(args).config.n_ctx_train  # llama.cpp answers a truncated file or a projector with a ValueError and log lines
+    llama_cpp = import_extra("llama_cpp", "--engine llama-cpp")
+    silence_llama_cpp(llama_cpp)
+    if args.no_repack:
+        plain_cpu_buffers(llama_cpp.llama_cpp)
+    threads = args.threads or os.cpu_count() or 1
+    n_ubatch = args.n_ubatch
+
+    def make():
+        return llama_cpp.Llama(
+            model_path=str(path), n_ctx=args.n_ctx, n_batch=n_ubatch, n_ubatch=n_ubatch,
+            logits_all=True, type_k=KV_TYPES[args.kv_type], type_v=KV_TYPES[args.kv_type],
+            flash_attn=args.flash_attn == "on", n_threads=threads, n_threads_batch=threads,
+            n_gpu_layers=0, seed=0, verbose=False,
+        )
+
+    def scores(llm, start: int, stop: int) -> np.ndarray:
+        return np.array(llm.scores[start:stop], dtype=np.float32, copy=True)
+
+    def prefill(ids: list[int]) -> np.ndarray:
+        llm = make()
+        llm.eval(ids)  # one llama_decode: n_batch = n_ubatch >= len(ids) (Engine.max_batch)
+        out = scores(llm, 0, len(ids))
+        llm.close()
+        return out
+
+    def greedy(ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
+        llm = make()
+        llm.eval(ids)
+        last = scores(llm, len(ids) - 1, len(ids))[0]
+        gen, steps = [], []
+        for i in range(n):
+            gen.append(int(np.argmax(last)))
+            if i == n - 1:
+                break
+            llm.eval([gen[-1]])
+            last = scores(llm, len(ids) + i, len(ids) + i + 1)[0]
+            steps.append(last)
+        llm.close()
+        return gen, np.array(steps, dtype=np.float32).reshape(len(steps), -1)
+
+    try:
+        vocab_llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    except ValueError as e:  # a GGUF the reference reads but this llama.cpp does not
+        raise GoldenError(f"{path}: llama.cpp cannot load it ({e})") from None
+    vocab = vocab_llm._model.vocab
+    eog_ids = [i for i in range(vocab_llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
+
+    def tokenize(text: str, first: bool) -> list[int]:
+        return vocab_llm.tokenize(text.encode("utf-8"), add_bos=first, special=True)
+
+    return Engine(
+        name="llama-cpp",
+        version=f"llama-cpp-python {llama_cpp.__version__} (llama.cpp {LLAMA_CPP_COMMIT})",
+        model={"file": path.name, "sha256": sha256(path)},
+        options={"kv_type": args.kv_type, "flash_attn": args.flash_attn, "repack": not args.no_repack, "n_ubatch": n_ubatch,
+                 "n_batch": n_ubatch, "n_ctx": args.n_ctx, "n_threads": threads, "backend": "cpu",
+                 "system_info": llama_cpp.llama_print_system_info().decode().strip(),
+                 "tokenize": "add_bos=True, special=True (text prompts only)"},
+        tokenize=tokenize, prefill=prefill, greedy=greedy, n_vocab=vocab_llm.n_vocab(),
+        n_ctx=args.n_ctx, n_ctx_train=n_train, max_batch=n_ubatch, extra={"eog_ids": eog_ids},
+    )

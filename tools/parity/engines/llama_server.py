@@ -1,0 +1,150 @@
+"""--engine llama-server: a running llama-server's POST /completion (top-k log-probabilities, no logits)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from tools.common import GoldenError, sha256
+from .base import TOPK_FORMAT, Engine, is_token_list
+from .http import http_json, http_limits, json_object
+
+
+def completion_request(ids: list[int], n_predict: int, n_probs: int) -> dict:
+    """The body of POST /completion. Greedy is temperature 0 and nothing else: the default sampler
+    chain then ends in the temperature sampler, which keeps only the argmax (penalties, DRY and XTC
+    are off by default, top-k/top-p/min-p keep the argmax). `"samplers": []` would drop it and sample
+    the raw distribution: non-deterministic goldens. post_sampling_probs false asks for the top
+    n_probs of the softmax of the raw logits (after the chain only the argmax would be left);
+    cache_prompt false makes every request one full prefill, as the other engines' goldens."""
+    return {"prompt": ids, "n_predict": n_predict, "n_probs": n_probs, "temperature": 0,
+            "post_sampling_probs": False, "return_tokens": True, "cache_prompt": False}
+
+
+def token_bytes(entry) -> bytes:  # a JSON item of completion_probabilities or top_logprobs -> its bytes
+    return bytes(int(b) for b in entry.get("bytes", []))
+
+
+def line_up(tokens: list[int], steps: list[dict], where: str) -> list[int]:  # -> index in tokens of each step
+    """llama-server adds a generated token's probabilities only once the text ends in a complete
+    UTF-8 character; that entry's bytes then hold the pieces of the tokens it waited for, then its own.
+    So entry s belongs to the next token with its id after which exactly those waiting pieces lie,
+    checked with every piece the reply shows (each top_logprobs item carries its token's bytes)."""
+    pieces = {int(t["id"]): token_bytes(t) for step in steps for t in step["top_logprobs"]}
+    rows, start = [], 0
+    for s, step in enumerate(steps):
+        own = pieces[int(step["id"])]
+        waiting = token_bytes(step)[:len(token_bytes(step)) - len(own)]
+
+        def fits(skipped):  # the tokens between the last entry and this one -> could they be the waiting bytes?
+            if not skipped or not waiting:
+                return not skipped and not waiting
+            if all(t in pieces for t in skipped):
+                return b"".join(pieces[t] for t in skipped) == waiting
+            return len(skipped) <= len(waiting)
+
+        found = [j for j in range(start, len(tokens)) if tokens[j] == int(step["id"]) and fits(tokens[start:j])]
+        if len(found) != 1:
+            raise GoldenError(f"{where}: cannot tell which generated token probability entry {s} belongs to")
+        rows.append(found[0])
+        start = found[0] + 1
+    return rows
+
+
+def parse_completion(reply: dict, ids: list[int], n_probs: int, where: str) -> dict:  # -> TOPK_FORMAT arrays
+    """Reads the JSON of a /completion reply: tokens (return_tokens) and completion_probabilities,
+    per reported token its id, bytes and top_logprobs, best first."""
+    probs = reply.get("completion_probabilities") if isinstance(reply, dict) else None
+    tokens = reply.get("tokens") if isinstance(reply, dict) else None
+    if not isinstance(probs, list) or not probs or not isinstance(tokens, list) or not tokens:
+        raise GoldenError(f"{where}: reply lacks tokens or completion_probabilities (were return_tokens "
+                          "and n_probs > 0 sent?)")
+    top_ids, top_logprobs = [], []
+    for i, step in enumerate(probs):
+        top = step.get("top_logprobs") if isinstance(step, dict) else None
+        if not isinstance(top, list) or len(top) != n_probs:
+            raise GoldenError(f"{where}: entry {i} has no list of {n_probs} top_logprobs "
+                              "(post_sampling_probs must be false)")
+        try:
+            top_ids.append([int(t["id"]) for t in top])
+            top_logprobs.append([float(t["logprob"]) for t in top])
+            greedy = int(step["id"]) == top_ids[-1][0]
+        except (KeyError, TypeError, ValueError):
+            raise GoldenError(f"{where}: entry {i}: malformed id or logprob") from None
+        if not greedy:
+            raise GoldenError(f"{where}: entry {i}: token {step['id']} is not the top-1: not a greedy run")
+    try:
+        tokens = [int(t) for t in tokens]
+        positions = line_up(tokens, probs, where)
+    except (KeyError, TypeError, ValueError):
+        raise GoldenError(f"{where}: malformed tokens or bytes") from None
+    top_logprobs = np.array(top_logprobs, np.float32)
+    if not np.all(np.isfinite(top_logprobs)) or np.any(top_logprobs > 0) or np.any(np.diff(top_logprobs, axis=1) > 0):
+        raise GoldenError(f"{where}: top_logprobs are not finite, <= 0 and sorted best first")
+    return {"prompt_ids": np.array(ids, np.int32), "tokens": np.array(tokens, np.int32),
+            "positions": np.array(positions, np.int32),
+            "top_ids": np.array(top_ids, np.int32), "top_logprobs": top_logprobs}
+
+
+def check_topk_reply(top: dict, n_predict: int, n_vocab: int | None, where: str) -> None:
+    """A reply checked against its request before it is stored: no more tokens than asked for,
+    ids inside the vocabulary (never negative), log-probabilities <= 0 and each top list best first."""
+    if top["tokens"].size > n_predict:
+        raise GoldenError(f"{where}: {top['tokens'].size} tokens in a reply to a request of {n_predict}")
+    for name in ("tokens", "top_ids"):
+        ids = top[name]
+        if ids.size and (ids.min() < 0 or (n_vocab and ids.max() >= n_vocab)):
+            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+            raise GoldenError(f"{where}: token id {bad} in {name} is outside [0, {n_vocab or 'n_vocab'})")
+    lp = top["top_logprobs"]
+    if not np.all(np.isfinite(lp)) or np.any(lp > 0) or np.any(np.diff(lp, axis=1) > 0):
+        raise GoldenError(f"{where}: top logprobs are not finite, <= 0 and sorted best first")
+
+
+def completion_topk(url: str, args, ids: list[int], n: int, n_vocab: int | None = None) -> dict:  # -> TOPK_FORMAT
+    """POST /completion of llama-server: the arrays of TOPK_FORMAT, checked against the request."""
+    where = f"{url}/completion"
+    reply = http_json(where, completion_request(ids, n, args.n_probs), http_limits(args, (len(ids) + n) * (args.n_probs + 1)))
+    top = parse_completion(reply, ids, args.n_probs, where)
+    check_topk_reply(top, n, n_vocab, where)
+    return top
+
+
+def llama_server_engine(args) -> Engine:
+    url = args.server_url.rstrip("/")
+    props = json_object(http_json(f"{url}/props", limits=http_limits(args)), f"{url}/props")
+    settings = props.get("default_generation_settings")
+    settings = settings if isinstance(settings, dict) else {}
+    served = os.path.basename(str(props.get("model_path", "")))
+    model = {"file": served}
+    if args.model:
+        if Path(args.model).name != served:
+            raise GoldenError(f"{url} serves {served!r}, not {Path(args.model).name!r}")
+        model["sha256"] = sha256(Path(args.model))
+
+    def topk(ids: list[int], n: int) -> dict:
+        if n <= 0:
+            raise GoldenError("--engine llama-server needs --n-predict N > 0 (it scores generated tokens)")
+        return completion_topk(url, args, ids, n)
+
+    def tokenize(text: str, first: bool) -> list[int]:
+        where = f"{url}/tokenize"
+        reply = http_json(where, {"content": text, "add_special": first, "parse_special": True},
+                          http_limits(args, len(text.encode("utf-8"))))
+        tokens = reply.get("tokens") if isinstance(reply, dict) else None
+        if not is_token_list(tokens):
+            raise GoldenError(f"{where}: the reply holds no list of token ids")
+        return tokens
+
+    return Engine(
+        name="llama-server",
+        version=f"llama-server {props.get('build_info', 'unknown')}",
+        model=model,
+        options={"request": {k: v for k, v in completion_request([], 0, args.n_probs).items()
+                             if k not in ("prompt", "n_predict")},
+                 "n_ctx": settings.get("n_ctx"), "total_slots": props.get("total_slots"),
+                 "model_ftype": props.get("model_ftype"), "server_launch": args.server_launch or "not given",
+                 "golden": TOPK_FORMAT},
+        tokenize=tokenize, topk=topk,
+    )

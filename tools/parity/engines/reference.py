@@ -1,0 +1,74 @@
+"""--engine reference: this project's own forward (its goldens say so: "self_made")."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from tools.common import REPO, GoldenError, sha256
+from .base import Engine, load_text_gguf
+
+TEXT_SOURCES = ("gguf", "ops", "kv", "text", "backend", "trace", "tokenizer")  # what a reference golden runs
+
+
+def reference_engine(args) -> Engine:
+    from reference import factory
+    from reference.tokenizer import Tokenizer, TokenizerError
+
+    path = Path(args.model)
+    model = load_text_gguf(args)
+    lm = factory.text_model(model, factory.Build(dtype=args.dtype))
+    try:
+        tokenizer = Tokenizer(model.tokenizer)
+    except TokenizerError as e:
+        raise GoldenError(f"{path}: {e}") from None
+
+    def tokenize(text: str, first: bool) -> list[int]:
+        try:
+            return tokenizer.tokenize(text, add_special=first, parse_special=True)
+        except TokenizerError as e:  # such as a vocabulary that asks for BOS but has none
+            raise GoldenError(f"{path}: {e}") from None
+
+    def new_cache(n: int):
+        return lm.new_cache(n, args.kv, args.prefill_chunk)
+
+    def prefill(ids: list[int]) -> np.ndarray:
+        return lm.prefill(ids, new_cache(len(ids)), args.prefill_chunk)
+
+    def rows(ids: list[int], positions: np.ndarray) -> np.ndarray:
+        # one prefill chunk of logits at a time: a 16K prompt at a 202048 vocabulary never holds 13 GB
+        cache, kept = new_cache(len(ids)), []
+        for start in range(0, len(ids), args.prefill_chunk):
+            logits = lm.prefill(ids[start:start + args.prefill_chunk], cache, args.prefill_chunk)
+            at = positions[(positions >= start) & (positions < start + len(logits))]
+            kept.append(logits[at - start].astype(np.float32))
+        return np.concatenate(kept)
+
+    def greedy(ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
+        # exactly n tokens and no stop at EOG, as the other engines' goldens (decode_greedy stops)
+        cache = new_cache(len(ids) + n)
+        last = lm.prefill(ids, cache, args.prefill_chunk)[-1]
+        gen, steps = [], []
+        for i in range(n):
+            gen.append(int(np.argmax(last)))
+            if i == n - 1:
+                break
+            last = lm.prefill([gen[-1]], cache)[-1]
+            steps.append(last)
+        return gen, np.array(steps, dtype=lm.dtype).reshape(len(steps), -1)
+
+    sources = [REPO / "reference" / f"{name}.py" for name in TEXT_SOURCES]
+    source_hash = hashlib.sha256(b"".join(s.name.encode() + s.read_bytes() for s in sources)).hexdigest()
+    return Engine(
+        name="reference",
+        version=f"muse-glimmer reference (sha256 of reference/{{{','.join(TEXT_SOURCES)}}}.py {source_hash[:16]})",
+        model={"file": path.name, "sha256": sha256(path)},
+        options={"dtype": args.dtype, "kv": args.kv, "prefill_chunk": args.prefill_chunk, "backend": "numpy",
+                 "numerics": "exact", "tokenize": "reference.tokenizer, BOS and special tokens parsed"},
+        tokenize=tokenize, prefill=prefill, greedy=greedy, rows=rows, n_vocab=model.config.n_vocab,
+        n_ctx_train=model.config.n_ctx_train,
+        extra={"self_made": True,
+               "independent": "no: made by this project's reference; an oracle for engines, never a "
+                              "golden that tests the reference itself"},
+    )

@@ -1,0 +1,431 @@
+"""Golden logits from an engine: this reference, llama.cpp (in-process or a running llama-server),
+or transformers.
+
+    python -m tools.golden --engine llama-cpp --model M.gguf --prompts P.jsonl --out DIR \\
+        [--kv-type f32|f16|q8_0] [--flash-attn on|off] [--n-predict N]
+    python -m tools.golden --engine transformers --checkpoint HF_DIR --prompts P.jsonl --out DIR
+    python -m tools.golden --engine reference --model M.gguf --prompts P.jsonl --out DIR \\
+        [--dtype float32|float64] [--kv uniform|ring]
+    python -m tools.golden --engine llama-server --server-url http://127.0.0.1:8080 \\
+        --n-predict N [--n-probs K] --prompts P.jsonl --out DIR
+    python -m tools.golden --engine openai --server-url http://127.0.0.1:8000 \\
+        --n-predict N [--n-probs K] [--model M.gguf] --prompts P.jsonl --out DIR
+    python -m tools.golden ... --corpus [--task-size N] [--ray | --ray-address ADDR] [--workers N]
+
+P.jsonl holds one prompt a line: {"id": ..., "token_ids": [...]} or {"id": ..., "text": ...}, and
+optionally an engine's output to score, "continuation_ids": [...] or "continuation": "text" (text
+is tokenized on its own, without BOS: give ids to score exactly what an engine emitted).
+
+For every prompt DIR gets <id>.npy, float32 [n_tokens, n_vocab]: the logits of every position of
+one prefill of the prompt, followed by the continuation if there is one (teacher forcing: the whole
+continuation is checked in one forward, without the engine generating it). With --logits-positions
+SPEC [--logits-topk K] it gets <id>.positions.npz instead (reference.positions: those positions of
+prompt + continuation, whole rows or their K largest logits and logsumexp; no continuation score),
+so that a 16K-token golden at a 202048 vocabulary is megabytes; the reference engine then holds one
+prefill chunk of logits at a time. The manifest entry of a
+scored prompt holds per continuation token its log-probability and rank (0 = the argmax) under the
+logits of the position before it. With --n-predict N the greedy continuation (argmax, exactly N
+tokens, no stop at end-of-generation tokens; llama-cpp also records the model's EOG ids and the
+index of the first generated one) is recorded in the manifest, and <id>.decode.npy holds the logits
+of its N-1 single-token decode steps (row i: after feeding generated token i).
+
+llama-server gives no logits, only the top n_probs log-probabilities of each generated token, so its
+golden is <id>.topk.npz (see TOPK_FORMAT); tools.diff compares one against full logits.
+
+--engine openai does the same through POST /v1/completions of any OpenAI-compatible server (llama-server,
+vLLM, SGLang, ...), token_ids prompts only (see openai_request for what is sent, and why nothing else).
+It reads llama-server's logprobs.content and OpenAI's legacy tokens/top_logprobs (vLLM, with
+return_tokens_as_token_ids). Generation stops where the server stops (end of generation): the entry's
+server_run says why and how many tokens had logprobs. A server that reports prompt logprobs (vLLM
+prompt_logprobs) also gives <id>.positions.npz (PROMPT_LOGPROBS_FORMAT).
+
+Goldens of --engine reference are made by this project's own forward: the manifest says so
+("self_made": true). Engine projects use them as their oracle; they are never an independent golden
+for testing the reference itself.
+
+DIR/manifest.json describes the run: model file and sha256, engine and version, options, date, and
+per prompt its token ids and files. Every file appears complete or not at all (written to a
+temporary name, then renamed). --corpus splits the prompts into tasks that resume after an
+interruption and can fan out over Ray (tools/parity/corpus.py). The engines sit in tools/parity/engines/, one
+module each, named in its ENGINES.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.parse
+from pathlib import Path
+
+import numpy as np
+
+from reference import artifacts, metrics
+from reference.cli import BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, check_train_context, exit_status, float_in, int_in
+from reference.positions import POSITIONS_FORMAT, SUFFIX, parse_positions, resolve, sparse_golden
+from tools.common import KV_TYPES, GoldenError, save_atomic, save_json, today
+from .engines import ENGINE_NEEDS, ENGINES, Engine, make_engine
+from .engines.base import TOPK_FORMAT, is_token_list
+from .engines.http import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, REQUEST_DEADLINE_S
+
+PROMPT_LOGPROBS_FORMAT = ("<id>.positions.npz (reference.positions top-k form) of the prompt logprobs a server "
+                          "reports (vLLM prompt_logprobs): positions p = 0 .. n_prompt - 2, the top k of the "
+                          "distribution of prompt token p + 1; top_logits are log-probabilities and logsumexp "
+                          "is 0; n_vocab 0 when the server does not say")
+# What --n-ctx, --n-predict, --n-ubatch and --prefill-chunk can be bounded by before a model is read:
+# 2^20 tokens (llama.cpp's logits buffer alone is n_ctx x n_vocab floats, 2 GiB at 2^20 x 512, the
+# tiny models' vocabulary). Once the GGUF is read, its training context bounds them further.
+MAX_TOKENS = 1 << 20
+MAX_THREADS = 512    # llama.cpp's GGML_MAX_N_THREADS
+MAX_WORKERS = 1024   # Ray actors, each a process holding a model: a cluster of 1024 model slots
+
+
+def positions_spec(text: str) -> tuple:  # argparse type: --logits-positions -> (its text, parse_positions's items)
+    return text, parse_positions(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# prompts and goldens
+
+def text_problem(value) -> str | None:  # -> what makes a prompt's text unusable, None when nothing does
+    if not isinstance(value, str):
+        return f"must be a string, got {json.dumps(value)[:40]}"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # JSON "\ud800" decodes to a lone surrogate: no tokenizer takes it
+        return f"is not valid Unicode (a lone surrogate at character {e.start})"
+    return None
+
+
+def read_prompts(path: Path) -> list[dict]:
+    """-> the prompts of a JSON-lines file, every field the engines read checked for its type (other
+    fields are kept as they are); a bad line raises GoldenError naming the file and line."""
+    try:
+        lines = artifacts.read_bytes(path, GoldenError, what="prompt set").decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise GoldenError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    prompts, seen = [], set()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        p = artifacts.parse_json(line, f"{path}:{n}", GoldenError)
+        if not isinstance(p, dict) or "id" not in p or ("token_ids" in p) == ("text" in p):
+            raise GoldenError(f"{path}:{n}: need an id and exactly one of token_ids or text")
+        if "continuation_ids" in p and "continuation" in p:
+            raise GoldenError(f"{path}:{n}: give continuation_ids or continuation, not both")
+        if "images" in p:
+            raise GoldenError(f"{path}:{n}: image prompts are not supported by these text engines")
+        if isinstance(p["id"], bool) or not isinstance(p["id"], (str, int)):  # the id names files
+            raise GoldenError(f"{path}:{n}: id must be a string or an integer, got {json.dumps(p['id'])[:40]}")
+        pid = str(p["id"])
+        if not pid or Path(pid).name != pid or pid.startswith("."):
+            raise GoldenError(f"{path}:{n}: prompt id {pid!r} is not a plain file name")
+        if pid in seen:
+            raise GoldenError(f"{path}:{n}: prompt id {pid!r} appears twice")
+        seen.add(pid)
+        for key in ("token_ids", "continuation_ids"):
+            if key in p and not is_token_list(p[key]):
+                raise GoldenError(f"{path}:{n}: {key} must be a list of integers")
+        if p.get("token_ids") == []:
+            raise GoldenError(f"{path}:{n}: token_ids is empty")
+        for key in ("text", "continuation"):
+            problem = text_problem(p[key]) if key in p else None
+            if problem:
+                raise GoldenError(f"{path}:{n}: {key} {problem}")
+        prompts.append(p)
+    if not prompts:
+        raise GoldenError(f"{path}: no prompts")
+    return prompts
+
+
+def continuation_score(logits: np.ndarray, n_prompt: int, continuation: list[int]) -> dict:
+    """logits [n_prompt + n_cont, V] of prompt + continuation -> per continuation token its
+    log-probability and rank (how many tokens have a strictly larger logit) under the row before it."""
+    rows = logits[n_prompt - 1:n_prompt - 1 + len(continuation)]
+    token = np.array(continuation)[:, None]
+    logprob = np.take_along_axis(metrics.log_softmax(rows), token, axis=-1)[:, 0]
+    rank = np.sum(rows > np.take_along_axis(rows, token, axis=-1), axis=-1)
+    return {"logprob": [float(v) for v in logprob], "rank": [int(r) for r in rank],
+            "sum_logprob": float(logprob.sum()), "n_top1": int(np.sum(rank == 0))}
+
+
+def check_ids(engine: Engine, pid: str, ids: list[int]) -> None:
+    bad = [t for t in ids if engine.n_vocab is not None and not 0 <= t < engine.n_vocab]
+    if bad:
+        raise GoldenError(f"prompt {pid}: token id {bad[0]} is out of range for a vocabulary of {engine.n_vocab}")
+
+
+def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], list[int]]:
+    """-> a prompt's ids and continuation ids (text tokenized), checked against what the engine can
+    run: its vocabulary, its context and batch, whether it scores continuations."""
+    pid = str(p["id"])
+    ids = list(p["token_ids"]) if "token_ids" in p else engine.tokenize(p["text"], True)
+    if "continuation_ids" in p:
+        continuation = list(p["continuation_ids"])
+    else:
+        continuation = engine.tokenize(p["continuation"], False) if "continuation" in p else []
+    check_ids(engine, pid, ids + continuation)
+    if not ids:  # an empty text without BOS: no position to take logits (or score a continuation) from
+        raise GoldenError(f"prompt {pid}: the prompt has no tokens")
+    if continuation and engine.prefill is None:
+        raise GoldenError(f"prompt {pid}: {engine.name} only reports generated tokens, it cannot score a continuation")
+    n = len(ids) + len(continuation)
+    if engine.n_ctx is not None and n + max(n_predict - 1, 0) > engine.n_ctx:  # the last token is never fed
+        raise GoldenError(f"prompt {pid}: {n} tokens and {n_predict} generated do not fit --n-ctx {engine.n_ctx}")
+    if engine.max_batch is not None and n > engine.max_batch:
+        raise GoldenError(f"prompt {pid}: {n} tokens do not fit one ubatch of {engine.max_batch}")
+    if check_train_context(n + max(n_predict - 1, 0), engine.n_ctx_train, f"prompt {pid}: a sequence (prompt + generation) of",
+                           engine.model.get("file") or engine.model.get("checkpoint"), engine.beyond_train, GoldenError):
+        engine.options["beyond_n_ctx_train"] = True  # the manifest says that some prompt ran past it
+    if engine.keep:
+        kept_positions(engine, pid, n)
+    return ids, continuation
+
+
+def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int,
+                 tokens: tuple[list[int], list[int]] | None = None) -> dict:
+    """Runs one prompt and writes its files into `out` -> its manifest entry. `tokens`: what
+    prompt_tokens gave for it, when the caller checked every prompt first."""
+    pid = str(p["id"])
+    ids, continuation = tokens or prompt_tokens(engine, p, n_predict)
+    entry = {"id": pid, "token_ids": ids + continuation}
+    if "text" in p:
+        entry["text"] = p["text"]
+    if continuation:
+        entry.update(n_prompt=len(ids), continuation_ids=continuation)
+    if engine.prefill is None:
+        return topk_entry(engine, entry, ids, out, n_predict)
+    if engine.keep:
+        positions_entry(engine, entry, ids + continuation, out)
+    else:
+        full_entry(engine, entry, ids, continuation, out)
+    if n_predict > 0:
+        greedy_entry(engine, entry, ids + continuation, out, n_predict)
+    return entry
+
+
+def vouch(entry: dict, name: str, digest: str) -> None:  # the manifest entry lists the file with its sha256
+    entry.setdefault("sha256", {})[name] = digest
+
+
+def output_files(prompts: list[dict]) -> list[str]:  # -> every file name a golden run may write into --out
+    kinds = (".npy", ".decode.npy", SUFFIX, ".topk.npz")
+    return [MANIFEST] + [f"{p['id']}{kind}" for p in prompts for kind in kinds]
+
+
+def refuse_overwrite(args, prompts: list[dict], out: Path) -> None:  # no golden written over an input file
+    inputs = [("--prompts", args.prompts), ("--model", args.model)]
+    if args.checkpoint and Path(args.checkpoint).is_dir():
+        inputs += [("--checkpoint", f) for f in Path(args.checkpoint).iterdir()]
+    artifacts.refuse_overwrite([("--out", out / name) for name in output_files(prompts)], inputs, GoldenError)
+
+
+def kept_positions(engine: Engine, pid: str, n: int) -> np.ndarray:  # -> int64 [m], --logits-positions of n tokens
+    spec = engine.keep[0]
+    try:
+        return resolve(spec[1], n)
+    except ValueError as e:
+        raise GoldenError(f"prompt {pid}: --logits-positions {spec[0]}: {e}") from None
+
+
+def positions_entry(engine: Engine, entry: dict, ids: list[int], out: Path) -> None:  # -> <id>.positions.npz
+    """The rows of --logits-positions, whole or their --logits-topk largest (reference.positions)."""
+    pid, k = entry["id"], engine.keep[1]
+    positions = kept_positions(engine, pid, len(ids))
+    rows = engine.rows(ids, positions) if engine.rows else engine.prefill(ids)[positions]
+    if rows.shape[0] != positions.size or not np.isfinite(rows).all():
+        raise GoldenError(f"prompt {pid}: bad logits {list(rows.shape)}")
+    sparse = sparse_golden(rows, positions, rows.shape[1], k)
+    vouch(entry, f"{pid}{SUFFIX}", save_atomic(out / f"{pid}{SUFFIX}", lambda f: np.savez(f, **sparse)))
+    entry.update(file=f"{pid}{SUFFIX}", kind="positions", n_positions=int(positions.size))
+
+
+def full_entry(engine: Engine, entry: dict, ids: list[int], continuation: list[int], out: Path) -> None:
+    """<id>.npy, the logits of every position, and the score of the continuation."""
+    pid = entry["id"]
+    logits = engine.prefill(ids + continuation)
+    if logits.shape[0] != len(ids) + len(continuation) or not np.isfinite(logits).all():
+        raise GoldenError(f"prompt {pid}: bad logits {list(logits.shape)}")
+    vouch(entry, f"{pid}.npy", save_atomic(out / f"{pid}.npy", lambda f: np.save(f, logits, allow_pickle=False)))
+    entry.update(file=f"{pid}.npy", shape=list(logits.shape))
+    if continuation:
+        entry["score"] = continuation_score(logits, len(ids), continuation)
+
+
+def greedy_entry(engine: Engine, entry: dict, ids: list[int], out: Path, n_predict: int) -> None:  # -> <id>.decode.npy
+    pid = entry["id"]
+    gen, steps = engine.greedy(ids, n_predict)
+    vouch(entry, f"{pid}.decode.npy", save_atomic(out / f"{pid}.decode.npy", lambda f: np.save(f, steps, allow_pickle=False)))
+    entry["greedy"] = {"n_predict": n_predict, "stop_at_eog": False, "tokens": gen,
+                       "decode_logits": f"{pid}.decode.npy"}
+    if "eog_ids" in engine.extra:
+        eog = [i for i, t in enumerate(gen) if t in engine.extra["eog_ids"]]
+        entry["greedy"]["first_eog_index"] = eog[0] if eog else None
+
+
+def topk_entry(engine: Engine, entry: dict, ids: list[int], out: Path, n_predict: int) -> dict:
+    """A server's golden: <id>.topk.npz, and <id>.positions.npz when it reports prompt logprobs too."""
+    pid = entry["id"]
+    top = engine.topk(ids, n_predict)
+    if "skip" in top:  # a prompt that gives no row: recorded without a golden, the run goes on
+        entry.update(file=None, kind="none", skipped=top["skip"])
+        return entry
+    run, prompt = top.pop("run", None), top.pop("prompt", None)
+    vouch(entry, f"{pid}.topk.npz", save_atomic(out / f"{pid}.topk.npz", lambda f: np.savez(f, **top)))
+    entry.update(file=f"{pid}.topk.npz", kind="topk", n_probs=int(top["top_ids"].shape[1]),
+                 greedy={"n_predict": n_predict, "tokens": top["tokens"].tolist()})
+    if run:
+        entry["server_run"] = run
+    if prompt:
+        vouch(entry, f"{pid}{SUFFIX}", save_atomic(out / f"{pid}{SUFFIX}", lambda f: np.savez(f, **prompt)))
+        entry["prompt_logprobs"] = {"file": f"{pid}{SUFFIX}", "k": int(prompt["top_ids"].shape[1]),
+                                    "format": PROMPT_LOGPROBS_FORMAT}
+    return entry
+
+
+MANIFEST = "manifest.json"
+DIGESTS = ("each entry's sha256 lists every file of it with its sha256: tools.diff refuses a file that does "
+           "not match (one written after this manifest)")
+
+
+def run_header(engine: Engine, prompts_file: Path) -> dict:  # -> the manifest fields every entry shares
+    return {"digests": DIGESTS,
+        "engine": engine.name, "version": engine.version, "model": engine.model, "options": engine.options,
+        "prompts_file": prompts_file.name, "date": today(),
+        "logits": ("top-k log-probabilities of generated tokens: " + TOPK_FORMAT) if engine.prefill is None
+        else ("<id>.positions.npz, the --logits-positions of one prefill of token_ids: " + POSITIONS_FORMAT)
+        if engine.keep else "float32 [n_tokens, n_vocab], all positions of one prefill of token_ids",
+        **engine.extra,
+    }
+
+
+def server_url(text: str) -> str:  # an argparse type: an http(s) URL with a host
+    url = urllib.parse.urlsplit(text)
+    try:
+        url.port  # raises ValueError for a port that is not a number in 0..65535
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} has a bad port") from None
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
+    return text
+
+
+def make_dir(path: Path) -> None:  # creates an output directory, or says in one line why it cannot
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file in the way, a missing or read-only parent
+        raise GoldenError(f"{path}: cannot create the output directory ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise GoldenError(f"{path}: the output directory is not writable")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    tokens = int_in(1, MAX_TOKENS)
+    ap = OneLineParser(prog="python -m tools.golden", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", required=True, choices=sorted(ENGINES))
+    ap.add_argument("--model", help="GGUF file (reference, llama-cpp; llama-server, openai: the served file, for its sha256)")
+    ap.add_argument("--checkpoint", help="HF checkpoint directory (transformers)")
+    ap.add_argument("--prompts", required=True, type=Path)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="llama-cpp KV cache type")
+    ap.add_argument("--flash-attn", choices=["on", "off"], default="off", help="llama-cpp")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="llama-cpp: weights in plain CPU buffers (use_extra_bufts=False, llama-cli's --no-repack); "
+                         "reference.run --numerics ggml-cpu --repack off rounds as such a run")
+    ap.add_argument("--n-predict", type=int_in(0, MAX_TOKENS), default=0,
+                    help="greedy continuation length (0: none; at most the model's training context)")
+    ap.add_argument("--n-ubatch", type=tokens, default=512, help="llama.cpp n_batch = n_ubatch")
+    ap.add_argument("--n-ctx", type=tokens, default=1024, help="llama-cpp (at most the model's training context)")
+    ap.add_argument("--threads", type=int_in(0, MAX_THREADS), default=0,
+                    help="0: all cores for llama-cpp (results do not depend on it), 1 for transformers")
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                    help="reference (float64: the noise floor for tools.diff --noise-floor)")
+    ap.add_argument("--kv", choices=["uniform", "ring"], default="uniform", help="reference KV cache")
+    ap.add_argument("--prefill-chunk", type=tokens, default=2048, help="reference")
+    ap.add_argument("--server-url", type=server_url, default="http://127.0.0.1:8080", help="llama-server, openai")
+    ap.add_argument("--n-probs", type=tokens, default=10,
+                    help="llama-server, openai: top-k per generated token (vLLM allows at most 20)")
+    ap.add_argument("--server-launch", help="llama-server, openai: its command line, recorded in the manifest")
+    ap.add_argument("--logits-positions", type=positions_spec, metavar="SPEC",
+                    help="reference, llama-cpp, transformers: keep the logits of these prompt positions only, in "
+                         "<id>.positions.npz (last, 0,5,100:120, or with '=' when it starts with '-': "
+                         "--logits-positions=-256:; reference.positions)")
+    # k beyond the vocabulary keeps whole rows (reference.positions.top_k caps it)
+    ap.add_argument("--logits-topk", type=int_in(1, MAX_TOKENS), metavar="K",
+                    help="with --logits-positions: the K largest logits of each kept row and its logsumexp")
+    ap.add_argument(BEYOND_TRAIN, action="store_true", help=BEYOND_TRAIN_HELP + " (the manifest's options)")
+    wait = float_in(0.001, 1e6)
+    ap.add_argument("--connect-timeout", type=wait, default=CONNECT_TIMEOUT_S, metavar="S",
+                    help=f"llama-server, openai: seconds to connect (default {CONNECT_TIMEOUT_S:g})")
+    ap.add_argument("--read-timeout", type=wait, default=READ_TIMEOUT_S, metavar="S",
+                    help=f"llama-server, openai: seconds without a byte of a reply (default {READ_TIMEOUT_S:g}; "
+                         "a reply comes once its generation is done)")
+    ap.add_argument("--request-deadline", type=wait, default=REQUEST_DEADLINE_S, metavar="S",
+                    help=f"llama-server, openai: seconds for a whole request (default {REQUEST_DEADLINE_S:g})")
+    corpus = ap.add_argument_group("corpus mode (tools/parity/corpus.py)")
+    corpus.add_argument("--corpus", action="store_true", help="tasks that resume; implied by --ray")
+    # any size is safe: a task holds at most every prompt
+    corpus.add_argument("--task-size", type=int_in(1, 1 << 30), default=1, help="prompts per task")
+    corpus.add_argument("--ray", action="store_true", help="fan tasks out over a local Ray cluster")
+    corpus.add_argument("--ray-address", help="connect to this Ray cluster (e.g. ray://head:10001 or auto)")
+    corpus.add_argument("--workers", type=int_in(0, MAX_WORKERS), default=0,
+                        help="Ray workers, one model each (0: one per CPU)")
+    return ap
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    need = ENGINE_NEEDS.get(args.engine)
+    if need and not getattr(args, need):
+        ap.error(f"--engine {args.engine} needs --{need}")
+    if args.engine in ("llama-server", "openai") and args.n_predict == 0:
+        ap.error(f"--engine {args.engine} needs --n-predict N > 0 (it scores generated tokens)")
+    if args.logits_positions and args.engine in ("llama-server", "openai"):
+        ap.error(f"--engine {args.engine} gives no prompt logits: --logits-positions is for reference, llama-cpp, "
+                 "transformers")
+    if args.logits_topk and not args.logits_positions:
+        ap.error("--logits-topk needs --logits-positions (all positions: --logits-positions 0:)")
+    args.corpus = args.corpus or args.ray or bool(args.ray_address)
+    return args
+
+
+def run_prompts(args: argparse.Namespace, prompts: list[dict]) -> int:  # one process, one pass -> exit status
+    from tqdm import tqdm
+
+    refuse_overwrite(args, prompts, args.out)
+    engine = make_engine(args)
+    # every prompt tokenized and checked before the progress bar, so that bad input gets one clean line
+    tokens = [prompt_tokens(engine, p, args.n_predict) for p in prompts]
+    make_dir(args.out)
+    # the bar is closed (its line ended) before an error is printed, so the error is stderr's last line
+    with tqdm(total=len(prompts), desc=f"{engine.name} {args.out.name}", unit="prompt") as bar:
+        entries = []
+        for p, t in zip(prompts, tokens):
+            entries.append(golden_entry(engine, p, args.out, args.n_predict, t))
+            bar.update()
+    # written last, listing the digest of every file: an interrupted run leaves an older manifest,
+    # which tools.diff then finds does not match the files written since
+    save_json(args.out / MANIFEST, {**run_header(engine, args.prompts), "entries": entries})
+    skipped = [e for e in entries if e.get("skipped")]
+    for e in skipped:
+        print(f"tools.golden: prompt {e['id']}: no golden ({e['skipped']})", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def work():
+        prompts = read_prompts(args.prompts)
+        if args.corpus:
+            from tools.parity.corpus import run_corpus
+            return run_corpus(args, prompts)
+        return run_prompts(args, prompts)
+    # OSError too: a golden that cannot be written (disk full, permissions changed mid-run)
+    return exit_status("tools.golden", work, (GoldenError,))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
