@@ -548,8 +548,12 @@ def test_plugin_update_goldens_from_the_reference(pytester, monkeypatch):
     assert not np.array_equal(new, old) and metrics.nmse(old.ravel(), new.ravel()) <= EXACT_NMSE
 
 
-@pytest.mark.parametrize("args, message", [([], "usage:"), (["--help"], "usage:"),
-                                           (["golden"], "is not a llama.cpp source tree")])
+@pytest.mark.parametrize("args, message", [([], "usage:"), (["golden"], "is not a llama.cpp source tree")])
 def test_hf_to_gguf_bad_llama_dir_is_one_line_exit_2(args, message):
     done = run_cli("tools.hf_to_gguf", *args)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and message in done.stderr, done.stderr
+
+
+def test_hf_to_gguf_help_is_usage_exit_0():  # --help asked for is not an error
+    done = run_cli("tools.hf_to_gguf", "--help")
+    assert done.returncode == 0 and done.stdout.startswith("usage:") and not done.stderr, done

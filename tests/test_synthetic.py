@@ -1,5 +1,6 @@
 """The synthetic writer: the release layouts have the converter's tensor counts and shapes, random
 quantized blocks are valid with the intended spread, and every role loads."""
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -8,6 +9,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_SIZES, quants
 
 from reference import gguf, random_blocks
+from conftest import MODELS
 from tools import synthetic as ms
 
 
@@ -62,3 +64,52 @@ def test_release_layout_streams_with_two_layers(tmp_path):
                      "blk.0.attn_v.weight": "IQ4_XS", "token_embd.weight": "Q4_K", "output.weight": "Q6_K"}
     rows = m.weights.rows("blk.1.ffn_up.weight", slice(0, 8))
     assert 0.5 / np.sqrt(6656) < np.std(rows) < 2 / np.sqrt(6656)
+
+
+# convert_hf_to_gguf's own outputs (golden/models, made from the tiny transformers checkpoints) and the
+# --outtype each was made with: the synthetic writers must store every tensor in the type it chose
+CONVERTED = {"tiny-a-f32.gguf": Q.F32, "tiny-a-f16.gguf": Q.F16, "tiny-a-bf16.gguf": Q.BF16, "tiny-a-q8_0.gguf": Q.Q8_0,
+             "tiny-a-mmproj-f32.gguf": Q.F32, "tiny-a-mmproj-f16.gguf": Q.F16,
+             "glimmer-default-mmproj-f16.gguf": Q.F16, "glimmer-default-dflash-f16.gguf": Q.F16}
+
+
+@pytest.mark.parametrize("name", sorted(CONVERTED))
+def test_stored_types_are_the_converters(name):
+    from gguf import GGUFReader
+    reader = GGUFReader(os.path.join(MODELS, name))
+    chosen = {t.name: ms.stored_type(t.name, tuple(int(n) for n in t.shape[::-1]), CONVERTED[name]).name
+              for t in reader.tensors}
+    assert chosen == {t.name: t.tensor_type.name for t in reader.tensors}
+
+
+def test_mmproj_writes_position_embedding_in_f32(tmp_path):
+    # mtmd's ggml_interpolate asserts an F32 position table: an F16 one aborted llama-mtmd-cli
+    from gguf import GGUFReader
+    types = {t.name: t.tensor_type for t in GGUFReader(ms.write_mmproj_gguf(tmp_path / "m.gguf", qtype="F16")).tensors}
+    assert types["v.position_embd.weight"] == Q.F32 and types["v.patch_embd.weight"] == Q.F16
+    assert types["v.blk.0.attn_q.weight"] == Q.F16 and types["v.blk.0.attn_q.bias"] == Q.F32
+
+
+def test_llama_cpp_loads_the_synthetic_files(tmp_path):
+    # where llama-cpp-python is installed (the parity extra): every small synthetic layout loads in
+    # llama.cpp as a converted file does, the projector through mtmd on the text model
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from llama_cpp import mtmd_cpp
+    for qtype in ("F32", "F16", "Q8_0"):
+        text = str(tmp_path / f"t-{qtype}.gguf")
+        ms.write_text_gguf(text, qtype=qtype)
+        model = llama_cpp.llama_model_load_from_file(text.encode(), llama_cpp.llama_model_default_params())
+        assert model, f"llama.cpp cannot load the synthetic {qtype} text model"
+        if qtype == "F32":
+            text_model = model
+            continue
+        llama_cpp.llama_model_free(model)
+    dims = ms.VisionDims(n_out=ms.TextDims().n_embd)
+    for qtype in ("F32", "F16"):
+        mmproj = ms.write_mmproj_gguf(tmp_path / f"m-{qtype}.gguf", dims, qtype)
+        params = mtmd_cpp.mtmd_context_params_default()
+        params.use_gpu, params.warmup = False, False
+        ctx = mtmd_cpp.mtmd_init_from_file(mmproj.encode(), text_model, params)
+        assert ctx, f"mtmd cannot load the synthetic {qtype} projector"
+        mtmd_cpp.mtmd_free(ctx)
+    llama_cpp.llama_model_free(text_model)

@@ -136,7 +136,27 @@ def stream_gguf(path, arch, add_keys, specs, progress=False):
     w.close()
 
 
+# What convert_hf_to_gguf stores whatever --outtype says (ModelBase.prepare_tensors,
+# llama.cpp/conversion/base.py:1083-1145): vectors, norms and every tensor not named *.weight in F32;
+# "some tensor types are always in float32", of this model's only V_ENC_EMBD_POS (mtmd's
+# ggml_interpolate asserts F32 on it); token_embd and output of a ternary file in F16. The patch
+# embedding is F16 in an F16 file and F32 otherwise (MmprojModel.tensor_force_quant, :2743-2746).
+ALWAYS_F32 = ("v.position_embd.weight",)
+TERNARY_F16 = ("token_embd.weight", "output.weight")
+
+
+def stored_type(name, shape, qtype):  # -> the GGML type the converter writes tensor `name` in, asked for qtype
+    if len(shape) == 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or name in ALWAYS_F32:
+        return Q.F32
+    if name == "v.patch_embd.weight":
+        return Q.F16 if qtype == Q.F16 else Q.F32
+    if name in TERNARY_F16 and qtype in (Q.TQ1_0, Q.TQ2_0):
+        return Q.F16
+    return qtype
+
+
 def array_spec(name, x, qtype):  # a tensor held in memory, quantized as it is written
+    qtype = stored_type(name, x.shape, qtype)
     if x.ndim == 1:  # one "row": the whole vector
         return TensorSpec(name, x.shape, Q.F32, lambda a, b: x.astype(np.float32))
     if qtype == Q.F32:
@@ -145,7 +165,7 @@ def array_spec(name, x, qtype):  # a tensor held in memory, quantized as it is w
 
 
 def random_spec(name, shape, qtype, seed, qk_scale=3.87):  # a tensor generated row block by row block
-    qtype = Q.F32 if len(shape) == 1 else qtype
+    qtype = stored_type(name, shape, qtype)
     unit = block_scale_for_unit_std(qtype) if qtype not in (Q.F32, Q.F16, Q.BF16) else 1.0
 
     def rows(start, stop):
@@ -185,6 +205,8 @@ def text_keys(d):  # TextDims -> add_keys(writer) for the text role
         w.add_uint32("tokenizer.ggml.bos_token_id", d.n_vocab - 3)
         w.add_uint32("tokenizer.ggml.eos_token_id", d.n_vocab - 2)
         w.add_uint32("tokenizer.ggml.eot_token_id", d.n_vocab - 1)
+        # a BPE vocabulary without merges is refused by llama.cpp's loader; the converter always writes them
+        w.add_array("tokenizer.ggml.merges", ["t 1"])
     return add_keys
 
 
@@ -372,7 +394,7 @@ def type_problem(shapes, qtype, from_floats):  # -> why `qtype` cannot store the
                 f"{', '.join(t.name for t in FLOAT_TYPES + tuple(F16_SCALE_OFFSETS))})")
     for name, shape in shapes:  # ggml blocks run along a row: its length must be a whole number of them
         n_in = int(np.prod(shape[1:]))
-        if len(shape) > 1 and n_in % block:
+        if stored_type(name, shape, qtype) == qtype and n_in % block:
             return f"{name} has rows of {n_in} values, not a multiple of {qtype.name}'s block of {block}"
     return ""
 

@@ -28,12 +28,12 @@ import time
 from dataclasses import replace
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter
+from gguf import GGUFWriter
 
 from reference import factory, gguf, ops
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, names_in, output_file, write_json
 from tools.bench.forward import MAX_REPEAT
-from tools.synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, EditingKeys, random_spec, stream_gguf,
+from tools.synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, random_spec, stream_gguf,
                                   text_keys, text_shapes)
 
 MID = replace(RELEASE_30B, n_layer=2)  # one sliding-window layer, one full layer
@@ -90,10 +90,8 @@ def make(args):  # -> exit status
     os.makedirs(args.out, exist_ok=True)
     f16 = os.path.join(args.out, "mid-f16.gguf")
     if not os.path.exists(f16):
-        # llama.cpp refuses a BPE vocabulary without merges; one harmless merge satisfies it
-        keys = EditingKeys(text_keys(MID), (), {"tokenizer.ggml.merges": (["t 0"], GGUFValueType.ARRAY)})
         specs = [f16_spec(MID, name, shape, i) for i, (name, shape) in enumerate(text_shapes(MID))]
-        stream_gguf(f16 + ".part", ARCH, keys, specs, progress=True)
+        stream_gguf(f16 + ".part", ARCH, text_keys(MID), specs, progress=True)
         os.replace(f16 + ".part", f16)
     imatrix = os.path.join(args.out, "mid.imatrix.gguf")
     write_uniform_imatrix(imatrix, MID)
@@ -350,13 +348,11 @@ def ceiling(args):  # -> report dict
         return timed_ceiling(args, os.path.join(tmp, "rows.gguf"))
 
 
-def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kernels' rows are copied
-    set_threads(args.threads)
+def ceiling_runs(args, rows_path, counts, rng):  # -> ({(what, name): (run, weight-products)}, floor loops, kernels)
+    """The floor loops of every bit width the model's types need, and numba's decode product of each
+    type on rows copied from the model (kernel_floor), each a closure timed in the same rounds."""
     from tools.bench import kernel_floor
     numba = factory.backend(factory.Build(backend="numba"))
-    n_vocab = text_vocab(args.model)
-    counts = weights_per_type(args.model)
-    rng = np.random.default_rng(0)
     low = rng.integers(0, 256, (args.rows, args.n_in // 2), dtype=np.uint8)  # 40 MB in all: streamed, as in decode
     high = rng.integers(0, 256, (args.rows, args.n_in // 4), dtype=np.uint8)
     x = rng.standard_normal(args.n_in).astype(np.float32)
@@ -376,6 +372,16 @@ def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kern
             **{("kernel", t): (lambda name=name, xk=xk: numba.linear(xk, weights, name),
                                int(np.prod(weights.shape(name)))) for t, (name, xk) in kernels.items()},
             **q4_k_steps(weights, kernels)}
+    return runs, loops, kernels
+
+
+def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kernels' rows are copied
+    set_threads(args.threads)
+    from tools.bench import kernel_floor
+    n_vocab = text_vocab(args.model)
+    counts = weights_per_type(args.model)
+    rng = np.random.default_rng(0)
+    runs, loops, kernels = ceiling_runs(args, rows_path, counts, rng)
     for run, _ in runs.values():
         run()  # compile, or load the numba cache
     rounds = {key: [] for key in runs}  # wall seconds of every round
@@ -394,11 +400,7 @@ def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kern
     floors = {b: rates["floor", f"{4 + b}-bit"] for b in loops}
     kernel_gw_s = {t: rates["kernel", t] for t in kernels}
     shares = floor_shares(rounds, runs)
-    for b, rate in sorted(floors.items()):
-        print(f"floor loop, {4 + b}-bit fields: {rate:6.2f} G weight-products/s")
-    for (what, t), share in shares.items():
-        label = f"numba's {t} decode kernel" if what == "kernel" else t.replace(" ", " kernel ", 1)
-        print(f"{label}: {rates[what, t]:6.2f} G weight-products/s, {share:.0%} of its floor")
+    print_rates(floors, shares, rates)
     bound_s = kernel_floor.model_bound(counts, floors)
     llama = decode["llama-cpp"]
     report = {"model": os.path.basename(args.model), "threads": args.threads,
@@ -414,6 +416,14 @@ def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kern
           f"x{report['bound_over_llama_cpp']:.2f} of llama.cpp's {llama:.2f}; numba {decode['numba']:.2f} tok/s, "
           f"x{report['numba_over_llama_cpp']:.2f}")
     return report
+
+
+def print_rates(floors, shares, rates):  # -> None: each floor loop's rate, each kernel's with its share of its floor
+    for b, rate in sorted(floors.items()):
+        print(f"floor loop, {4 + b}-bit fields: {rate:6.2f} G weight-products/s")
+    for (what, t), share in shares.items():
+        label = f"numba's {t} decode kernel" if what == "kernel" else t.replace(" ", " kernel ", 1)
+        print(f"{label}: {rates[what, t]:6.2f} G weight-products/s, {share:.0%} of its floor")
 
 
 def q4_k_steps(weights, kernels):  # -> {("step", name): (run, weight-products)}: kernel_floor.q4_k_step on the Q4_K rows

@@ -290,10 +290,7 @@ GEOMETRY_SEED = 0
 def synthetic_gguf(path, fields, seed):  # {TextDims field: value}, seed -> TextDims of the f32 GGUF written to path
     """The synthetic models llama.cpp runs here; tests rebuild them from the manifest's fields and seed
     (the writer is deterministic: same fields and seed, same bytes)."""
-    from gguf import GGUFValueType
-    # the synthetic vocabulary has no merges; llama.cpp's BPE loader insists on the key
-    return write_text_gguf(path, TextDims(**fields), seed=seed,
-                           extra_keys={"tokenizer.ggml.merges": (["t 1"], GGUFValueType.ARRAY)})
+    return write_text_gguf(path, TextDims(**fields), seed=seed)
 
 
 def geometry_fields(head_dim):  # -> {TextDims field: value} of the synthetic model with that head size

@@ -26,7 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.common import LLAMA_CPP_COMMIT, REPO, sha256
+from reference import artifacts
+from tools.common import LLAMA_CPP_COMMIT, REPO, GoldenError, sha256
 
 CORPUS = REPO / "tools" / "data" / "tiny_corpus.txt"
 
@@ -322,8 +323,114 @@ def versions(llama_cpp_dir: Path) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 
+class Catalog:
+    """golden/models/manifest.json as it is rebuilt: the files made, the ones that failed, each
+    made file with its sha256, tensor types and how it was made."""
+
+    def __init__(self, out: Path, vers: dict):
+        self.out, self.vers, self.path = out, vers, out / "manifest.json"
+        old = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.files: dict[str, dict] = {e["name"]: e for e in old.get("files", [])}
+        self.failures: dict[str, str] = dict(old.get("failed", {}))
+        self.today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+    def record(self, path: Path, role: str, ckpt: str, config: dict, made: dict) -> None:
+        self.files[path.name] = {
+            "name": path.name, "role": role, "sha256": sha256(path), "size": path.stat().st_size,
+            "tensor_types": tensor_types(path), "checkpoint": ckpt, "config": config, "made": made,
+            "versions": self.vers, "date": self.today,
+        }
+        self.failures.pop(path.name, None)
+        log(f"  wrote {path.name} ({path.stat().st_size / 1e6:.2f} MB)")
+
+    def fail(self, name: str, why: str) -> None:
+        self.failures[name] = why
+        self.files.pop(name, None)
+        (self.out / name).unlink(missing_ok=True)
+        log(f"  FAILED {name}: {why.splitlines()[-1] if why else ''}")
+
+    def converted(self, run: tuple, dst: Path, role: str, ckpt: str, config: dict, **made) -> None:
+        ok, tail, shown = run  # Runner.convert's or Runner.tool's (ok, log tail, command shown)
+        if ok:
+            self.record(dst, role, ckpt, config, {"convert": shown, **made})
+        else:
+            self.fail(dst.name, tail)
+
+    def write(self, ids: dict[str, int]) -> None:
+        manifest = {
+            "about": "Tiny Muse-Glimmer models made by tools/regen/make_tiny.py; see golden/README.md.",
+            "tokenizer": {"vocab_size": VOCAB_SIZE, "special_ids": ids, "pre": "llama4",
+                          "corpus": "tools/data/tiny_corpus.txt"},
+            "files": [self.files[k] for k in sorted(self.files)],
+            "failed": dict(sorted(self.failures.items())),
+        }
+        artifacts.write_json(self.path, manifest, GoldenError)
+        total = sum(p.stat().st_size for p in self.out.iterdir() if p.is_file())
+        log(f"done: {len(self.files)} files, {total / 1e6:.1f} MB in {self.out.name}/, {len(self.failures)} failed")
+
+
+def save_checkpoint(model, hf_dir: Path, out: Path, name: str) -> dict:  # -> its config.json, copied into out
+    if hf_dir.exists():
+        shutil.rmtree(hf_dir)
+    model.save_pretrained(hf_dir)
+    shutil.copyfile(hf_dir / "config.json", out / f"{name}.config.json")
+    return json.loads((hf_dir / "config.json").read_text())
+
+
+def build_checkpoints(tok, ids: dict[str, int], template: str, work: Path, out: Path) -> dict[str, dict]:
+    """The transformers checkpoints under work/ -> {name: config} of the text models and the drafter."""
+    configs: dict[str, dict] = {}
+    for name, spec in TEXT_MODELS.items():
+        log(f"building {name} (transformers)")
+        model = text_checkpoint(spec, ids)
+        log(f"  {name}: {peakedness(model, VOCAB_SIZE, spec['seed'])}")
+        configs[name] = save_checkpoint(model, work / name, out, name)
+        save_tokenizer(tok, template, work / name)
+        write_preprocessor_config(work / name)
+    log(f"building {DRAFTER['name']} (transformers)")
+    configs[DRAFTER["name"]] = save_checkpoint(drafter_checkpoint(ids), work / DRAFTER["name"], out, DRAFTER["name"])
+    return configs
+
+
+def importance_matrix(runner, catalog: Catalog, name: str, work: Path) -> dict:  # -> the imatrix's manifest entry
+    log(f"computing the importance matrix for {name}")
+    calib, imatrix = work / CORPUS.name, work / f"{name}.imatrix.gguf"
+    shutil.copyfile(CORPUS, calib)
+    ok, tail, shown = runner.tool("llama-imatrix", ["-m", catalog.out / f"{name}-f32.gguf", "-f", calib, "-o", imatrix,
+                                                    *IMATRIX_ARGS], f"{name}-imatrix")
+    if not ok:
+        log(f"  imatrix failed: {tail}")
+    return {"command": shown, "cwd": "{work}", "calibration": "tools/data/tiny_corpus.txt",
+            "sha256": sha256(imatrix) if ok else None, "ok": ok, "path": imatrix}
+
+
+def quantize_text(runner, catalog: Catalog, name: str, config: dict, work: Path) -> None:
+    """llama-quantize of name-f32.gguf into every QUANT_TYPES file, the importance matrix made once
+    for the types that need one."""
+    src, made_imatrix = catalog.out / f"{name}-f32.gguf", None
+    for suffix, qtype, needs_imatrix in QUANT_TYPES:
+        dst = catalog.out / f"{name}-{suffix}.gguf"
+        qargs = []
+        if needs_imatrix:
+            made_imatrix = made_imatrix or importance_matrix(runner, catalog, name, work)
+            if not made_imatrix["ok"]:
+                catalog.fail(dst.name, "llama-imatrix failed")
+                continue
+            qargs = ["--imatrix", made_imatrix["path"]]
+        log(f"quantizing {dst.name}")
+        ok, tail, shown = runner.tool("llama-quantize", [*qargs, src, dst, qtype, "2"], dst.stem)
+        if not ok:
+            catalog.fail(dst.name, tail)
+            continue
+        made = {"convert": catalog.files.get(src.name, {}).get("made", {}).get("convert"),
+                "quantize": shown, "cwd": "{work}"}
+        if needs_imatrix:
+            made["imatrix"] = {k: v for k, v in made_imatrix.items() if k != "path"}
+        catalog.record(dst, "text", name, config, made)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.make_tiny", description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp-dir", required=True, type=Path, help="llama.cpp source tree")
     ap.add_argument("--llama-bin", type=Path, help="llama-quantize/llama-imatrix dir (default DIR/build/bin)")
     ap.add_argument("--out", type=Path, default=REPO / "golden" / "models")
@@ -341,138 +448,33 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     runner = Runner(llama_dir, (args.llama_bin or llama_dir / "build" / "bin").resolve(), work, out)
-    today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    vers = versions(llama_dir)
+    catalog = Catalog(out, versions(llama_dir))
 
-    manifest_path = out / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    files: dict[str, dict] = {e["name"]: e for e in manifest.get("files", [])}
-    failures: dict[str, str] = dict(manifest.get("failed", {}))
-
-    def record(path: Path, role: str, ckpt: str, config: dict, made: dict) -> None:
-        files[path.name] = {
-            "name": path.name, "role": role, "sha256": sha256(path), "size": path.stat().st_size,
-            "tensor_types": tensor_types(path), "checkpoint": ckpt, "config": config, "made": made,
-            "versions": vers, "date": today,
-        }
-        failures.pop(path.name, None)
-        log(f"  wrote {path.name} ({path.stat().st_size / 1e6:.2f} MB)")
-
-    def fail(name: str, why: str) -> None:
-        failures[name] = why
-        files.pop(name, None)
-        (out / name).unlink(missing_ok=True)
-        log(f"  FAILED {name}: {why.splitlines()[-1] if why else ''}")
-
-    # 1. tokenizer
     log("training the tiny tokenizer")
     tok = build_tokenizer()
     ids = special_ids(tok)
     template = (llama_dir / "models" / "templates" / "muse-glimmer.jinja").read_text(encoding="utf-8")
     log(f"  vocab {tok.get_vocab_size()}, special ids {ids[SPECIAL_TOKENS[0]]}..{ids[SPECIAL_TOKENS[-1]]}")
+    configs = build_checkpoints(tok, ids, template, work, out)
 
-    # 2. checkpoints
-    configs: dict[str, dict] = {}
-    for name, spec in TEXT_MODELS.items():
-        hf_dir = work / name
-        log(f"building {name} (transformers)")
-        model = text_checkpoint(spec, ids)
-        log(f"  {name}: {peakedness(model, VOCAB_SIZE, spec['seed'])}")
-        if hf_dir.exists():
-            shutil.rmtree(hf_dir)
-        model.save_pretrained(hf_dir)
-        save_tokenizer(tok, template, hf_dir)
-        write_preprocessor_config(hf_dir)
-        configs[name] = json.loads((hf_dir / "config.json").read_text())
-        shutil.copyfile(hf_dir / "config.json", out / f"{name}.config.json")
-    d_dir = work / DRAFTER["name"]
-    log(f"building {DRAFTER['name']} (transformers)")
-    drafter = drafter_checkpoint(ids)
-    if d_dir.exists():
-        shutil.rmtree(d_dir)
-    drafter.save_pretrained(d_dir)
-    configs[DRAFTER["name"]] = json.loads((d_dir / "config.json").read_text())
-    shutil.copyfile(d_dir / "config.json", out / f"{DRAFTER['name']}.config.json")
-
-    # 3. text GGUFs
     for name in TEXT_MODELS:
-        hf_dir = work / name
-        if "text" in stages:
-            for t in CONVERT_TYPES:
-                dst = out / f"{name}-{t}.gguf"
-                log(f"converting {dst.name}")
-                ok, tail, shown = runner.convert(hf_dir, dst, t)
-                if ok:
-                    record(dst, "text", name, configs[name], {"convert": shown})
-                else:
-                    fail(dst.name, tail)
-        if "quant" in stages:
-            src = out / f"{name}-f32.gguf"
-            imatrix = work / f"{name}.imatrix.gguf"
-            made_imatrix = None
-            for suffix, qtype, needs_imatrix in QUANT_TYPES:
-                dst = out / f"{name}-{suffix}.gguf"
-                qargs = []
-                if needs_imatrix:
-                    if made_imatrix is None:
-                        log(f"computing the importance matrix for {name}")
-                        calib = work / CORPUS.name
-                        shutil.copyfile(CORPUS, calib)
-                        ok, tail, shown = runner.tool(
-                            "llama-imatrix", ["-m", src, "-f", calib, "-o", imatrix, *IMATRIX_ARGS],
-                            f"{name}-imatrix")
-                        made_imatrix = {"command": shown, "cwd": "{work}",
-                                        "calibration": "tools/data/tiny_corpus.txt",
-                                        "sha256": sha256(imatrix) if ok else None, "ok": ok}
-                        if not ok:
-                            log(f"  imatrix failed: {tail}")
-                    if not made_imatrix["ok"]:
-                        fail(dst.name, "llama-imatrix failed")
-                        continue
-                    qargs = ["--imatrix", imatrix]
-                log(f"quantizing {dst.name}")
-                ok, tail, shown = runner.tool("llama-quantize", [*qargs, src, dst, qtype, "2"], dst.stem)
-                if ok:
-                    made = {"convert": files.get(src.name, {}).get("made", {}).get("convert"),
-                            "quantize": shown, "cwd": "{work}"}
-                    if needs_imatrix:
-                        made["imatrix"] = made_imatrix
-                    record(dst, "text", name, configs[name], made)
-                else:
-                    fail(dst.name, tail)
-
-    # 4. mmproj
-    if "mmproj" in stages:
-        for t in ("f32", "f16"):
-            dst = out / f"{MMPROJ_OF}-mmproj-{t}.gguf"
+        for t in CONVERT_TYPES if "text" in stages else ():
+            dst = out / f"{name}-{t}.gguf"
             log(f"converting {dst.name}")
-            ok, tail, shown = runner.convert(work / MMPROJ_OF, dst, t, ["--mmproj"])
-            if ok:
-                record(dst, "mmproj", MMPROJ_OF, configs[MMPROJ_OF], {"convert": shown})
-            else:
-                fail(dst.name, tail)
-
-    # 5. DFlash drafter
+            catalog.converted(runner.convert(work / name, dst, t), dst, "text", name, configs[name])
+        if "quant" in stages:
+            quantize_text(runner, catalog, name, configs[name], work)
+    for t in ("f32", "f16") if "mmproj" in stages else ():
+        dst = out / f"{MMPROJ_OF}-mmproj-{t}.gguf"
+        log(f"converting {dst.name}")
+        catalog.converted(runner.convert(work / MMPROJ_OF, dst, t, ["--mmproj"]), dst, "mmproj", MMPROJ_OF,
+                          configs[MMPROJ_OF])
     if "dflash" in stages:
         dst = out / f"{DRAFTER['name']}-f32.gguf"
         log(f"converting {dst.name}")
-        ok, tail, shown = runner.convert(d_dir, dst, "f32", ["--target-model-dir", str(work / DRAFTER["target"])])
-        if ok:
-            record(dst, "dflash", DRAFTER["name"], configs[DRAFTER["name"]],
-                   {"convert": shown, "target": DRAFTER["target"]})
-        else:
-            fail(dst.name, tail)
-
-    manifest = {
-        "about": "Tiny Muse-Glimmer models made by tools/regen/make_tiny.py; see golden/README.md.",
-        "tokenizer": {"vocab_size": VOCAB_SIZE, "special_ids": ids, "pre": "llama4",
-                      "corpus": "tools/data/tiny_corpus.txt"},
-        "files": [files[k] for k in sorted(files)],
-        "failed": dict(sorted(failures.items())),
-    }
-    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    total = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
-    log(f"done: {len(files)} files, {total / 1e6:.1f} MB in {out.name}/, {len(failures)} failed")
+        run = runner.convert(work / DRAFTER["name"], dst, "f32", ["--target-model-dir", str(work / DRAFTER["target"])])
+        catalog.converted(run, dst, "dflash", DRAFTER["name"], configs[DRAFTER["name"]], target=DRAFTER["target"])
+    catalog.write(ids)
     return 0
 
 

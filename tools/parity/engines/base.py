@@ -66,3 +66,14 @@ def check_checkpoint(checkpoint: str) -> Path:  # -> the directory, once it look
     if not (ckpt / "config.json").is_file():
         raise GoldenError(f"{ckpt}: not a Hugging Face checkpoint directory (no config.json)")
     return ckpt
+
+
+def greedy_steps(last: np.ndarray, n: int, step: Callable, dtype=np.float32) -> tuple[list[int], np.ndarray]:
+    """last [n_vocab], the prefill's last row; step(token) -> the row after feeding it -> (n greedy ids,
+    the n-1 decode steps' rows [n-1, n_vocab]). Exactly n tokens and no stop at EOG, so that every
+    engine's goldens have the same length (reference.run's decode_greedy stops)."""
+    gen, steps = [int(np.argmax(last))], []
+    while len(gen) < n:
+        steps.append(step(gen[-1]))
+        gen.append(int(np.argmax(steps[-1])))
+    return gen, np.array(steps, dtype=dtype).reshape(len(steps), -1)

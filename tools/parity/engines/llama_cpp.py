@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from tools.common import KV_TYPES, LLAMA_CPP_COMMIT, GoldenError, import_extra, plain_cpu_buffers, sha256, silence_llama_cpp
-from .base import Engine, load_text_gguf
+from .base import Engine, greedy_steps, load_text_gguf
 
 
 def llama_cpp_engine(args) -> Engine:
@@ -41,17 +41,13 @@ def llama_cpp_engine(args) -> Engine:
     def greedy(ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
         llm = make()
         llm.eval(ids)
-        last = scores(llm, len(ids) - 1, len(ids))[0]
-        gen, steps = [], []
-        for i in range(n):
-            gen.append(int(np.argmax(last)))
-            if i == n - 1:
-                break
-            llm.eval([gen[-1]])
-            last = scores(llm, len(ids) + i, len(ids) + i + 1)[0]
-            steps.append(last)
+
+        def step(token: int) -> np.ndarray:  # -> the row of the position the token was fed at
+            llm.eval([token])
+            return scores(llm, llm.n_tokens - 1, llm.n_tokens)[0]
+        out = greedy_steps(scores(llm, len(ids) - 1, len(ids))[0], n, step)
         llm.close()
-        return gen, np.array(steps, dtype=np.float32).reshape(len(steps), -1)
+        return out
 
     try:
         vocab_llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from tools.common import REPO, GoldenError, sha256
-from .base import Engine, load_text_gguf
+from .base import Engine, greedy_steps, load_text_gguf
 
 TEXT_SOURCES = ("gguf", "ops", "kv", "text", "backend", "trace", "tokenizer")  # what a reference golden runs
 
@@ -46,17 +46,9 @@ def reference_engine(args) -> Engine:
         return np.concatenate(kept)
 
     def greedy(ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
-        # exactly n tokens and no stop at EOG, as the other engines' goldens (decode_greedy stops)
         cache = new_cache(len(ids) + n)
-        last = lm.prefill(ids, cache, args.prefill_chunk)[-1]
-        gen, steps = [], []
-        for i in range(n):
-            gen.append(int(np.argmax(last)))
-            if i == n - 1:
-                break
-            last = lm.prefill([gen[-1]], cache)[-1]
-            steps.append(last)
-        return gen, np.array(steps, dtype=lm.dtype).reshape(len(steps), -1)
+        return greedy_steps(lm.prefill(ids, cache, args.prefill_chunk)[-1], n,
+                            lambda token: lm.prefill([token], cache)[-1], lm.dtype)
 
     sources = [REPO / "reference" / f"{name}.py" for name in TEXT_SOURCES]
     source_hash = hashlib.sha256(b"".join(s.name.encode() + s.read_bytes() for s in sources)).hexdigest()

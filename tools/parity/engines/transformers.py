@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from tools.common import import_extra, sha256
-from .base import Engine, check_checkpoint
+from .base import Engine, check_checkpoint, greedy_steps
 
 
 def transformers_engine(args) -> Engine:
@@ -27,16 +27,14 @@ def transformers_engine(args) -> Engine:
     @torch.no_grad()
     def greedy(ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
         out = model(input_ids=torch.tensor([ids]), use_cache=True)
-        past, last = out.past_key_values, out.logits[0, -1]
-        gen, steps = [], []
-        for i in range(n):
-            gen.append(int(torch.argmax(last)))
-            if i == n - 1:
-                break
-            out = model(input_ids=torch.tensor([[gen[-1]]]), past_key_values=past, use_cache=True)
-            past, last = out.past_key_values, out.logits[0, -1]
-            steps.append(last.float().numpy())
-        return gen, np.array(steps, dtype=np.float32).reshape(len(steps), -1)
+        past = out.past_key_values
+
+        def step(token: int) -> np.ndarray:
+            nonlocal past
+            out = model(input_ids=torch.tensor([[token]]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            return out.logits[0, -1].float().numpy()
+        return greedy_steps(out.logits[0, -1].float().numpy(), n, step)
 
     tokenizer = None
 
