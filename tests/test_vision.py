@@ -99,7 +99,7 @@ def test_lanczos_identical_to_llama_cpp(entry):
 
 
 def test_resize_sweep_covers_the_pass_order_trap():
-    # Pillow 13 runs the vertical pass first when the width grows and the height shrinks (§1.2)
+    # Pillow 13 runs the vertical pass first when the width grows and the height shrinks (docs/traps.md, trap 18)
     sizes = [(e["width"], e["height"], e["resized_width"], e["resized_height"]) for e in LLAMA["resize"]]
     assert len(sizes) >= 20
     assert any(w < rw and h > rh for w, h, rw, rh in sizes)
