@@ -471,10 +471,11 @@ def test_mmproj_wider_or_narrower_than_the_text_model(tmp_path):
     (["--image", "x.png"], "--image needs --mmproj"),
     (["--mmproj", "m.gguf"], "need --image"),
     (["--image", "x.png", "--mmproj", "MMPROJ", "--image-max-tokens", "0"], "argument --image-max-tokens: 0 is out of range"),
-    (["--image", "x.png", "--mmproj", "TEXT"], "expected a muse-glimmer mmproj"),
+    (["--image", "IMAGE", "--mmproj", "TEXT"], "expected a muse-glimmer mmproj"),  # the image is read first
 ])
 def test_cli_bad_image_arguments(args, message):
-    args = [{"MMPROJ": MMPROJ["f32"], "TEXT": TEXT_MODEL}.get(a, a) for a in args]
+    image = os.path.join(VISION, "decode", "rgba.png")
+    args = [{"MMPROJ": MMPROJ["f32"], "TEXT": TEXT_MODEL, "IMAGE": image}.get(a, a) for a in args]
     r = run_cli("reference.run", *args, "--n-predict", "0")
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
