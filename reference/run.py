@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import artifacts, factory, gguf, kv
-from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, parse_date, prompt_ids, token_id
+from .chat import ChatError, chat_prompt, image_prompt_rows, parse_date, prompt_ids
 from .cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, UsageError, check_output, check_output_dir,
                   check_token_ids, check_train_context, exit_status, float_in, int_in, parse_token_ids)
 from .dflash import Speculator, acceptance
@@ -282,21 +282,6 @@ def image_embeddings(args, request, lm, tracer):  # -> [[n_i, n_embd] per --imag
     return out
 
 
-def image_prompt_rows(lm, prompt, images):  # ids with <|patch|> per image -> embeddings [T, n_embd]
-    """Each placeholder becomes <|image_start|>, the image's rows, <|image_end|> (one position per
-    row, as mtmd decodes them). The rows are raw projections: the text model's embedding norm
-    then treats them as it treats token rows."""
-    tok = lm.tokenizer
-    patch = token_id(tok, IMAGE_PLACEHOLDER)
-    if patch not in prompt:  # llama-mtmd-cli puts its media markers at the start of the prompt
-        at = 1 if prompt and prompt[0] == tok.bos else 0
-        prompt = prompt[:at] + [patch] * len(images) + prompt[at:]
-    ids = np.asarray(expand_images(prompt, tok, [len(e) for e in images]))
-    rows = lm.embed(ids)
-    rows[ids == patch] = np.concatenate(images).astype(rows.dtype)
-    return rows
-
-
 # -------------------------------------------------------------------------------------------------
 # Prefill and generation
 
@@ -316,7 +301,7 @@ def prompt_input(args, request, lm, prompt, timings, tracer):  # -> (token ids o
     timings["image_encode"] = time.perf_counter() - t0
     if args.embeddings_out:
         artifacts.save_npy(args.embeddings_out, np.concatenate(images).astype(np.float32), UsageError)
-    return image_prompt_rows(lm, prompt, images), images
+    return image_prompt_rows(lm.tokenizer, lm.embed, prompt, images), images
 
 
 def prefill(lm, speculator, cache, chunk, inputs, rows, tracer, progress):  # -> logits [len(rows) or T, V]
@@ -423,6 +408,14 @@ def print_report(args, tok, prompt, result, text):  # the prompt and its continu
         print(HINT, file=sys.stderr)
 
 
+def report(args, tok, prompt, result):  # -> None: --json's object on stdout, or print_report's text and figures
+    text = detokenize(tok, result["tokens"])
+    if args.json:
+        print(json.dumps(json_report(args, prompt, result, text)))
+    else:
+        print_report(args, tok, prompt, result, text)
+
+
 def load_models(args, compute):  # -> (the text GGUFModel, its TextModel, the Drafter or None)
     backend = factory.backend(compute)  # numba or CuPy missing: refused before any GGUF loads
     model = gguf.load(model_path(args), "text")
@@ -447,11 +440,7 @@ def run(args):  # parsed args -> exit status
         raise UsageError("the prompt has no tokens")
     result = generate(args, request, lm, drafter, prompt)
     result["timings"] = {"load": load_s, **result["timings"]}
-    text = detokenize(model.tokenizer, result["tokens"])
-    if args.json:
-        print(json.dumps(json_report(args, prompt, result, text)))
-    else:
-        print_report(args, model.tokenizer, prompt, result, text)
+    report(args, model.tokenizer, prompt, result)
     return 0
 
 
