@@ -24,6 +24,7 @@ from datetime import date as Date, datetime
 
 import jinja2
 import jinja2.ext
+import numpy as np
 from jinja2 import nodes
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -353,6 +354,21 @@ def expand_images(ids, tok, n_image_tokens):  # ids with one <|patch|> per image
     for i in ids:
         out += [start] + [patch] * next(counts) + [end] if i == patch else [i]
     return out
+
+
+def image_prompt_rows(tok, embed, prompt, images):  # ids, [[n_i, E] per image] -> embedding rows [T, E]
+    """The prompt as mtmd decodes it: each <|patch|> becomes <|image_start|>, the image's rows,
+    <|image_end|> (one position per row); a prompt without one gets them after BOS, where
+    llama-mtmd-cli puts its media markers. `embed` (ids [T] -> [T, E]) gives the token rows; the
+    image rows are raw projections, which the text model's embedding norm then treats as token rows."""
+    patch = token_id(tok, IMAGE_PLACEHOLDER)
+    if patch not in prompt:
+        at = 1 if prompt and prompt[0] == tok.bos else 0
+        prompt = prompt[:at] + [patch] * len(images) + prompt[at:]
+    ids = np.asarray(expand_images(prompt, tok, [len(e) for e in images]))
+    rows = embed(ids)
+    rows[ids == patch] = np.concatenate(images).astype(rows.dtype)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------

@@ -68,6 +68,13 @@ def check_output(path, option, suffix=None):  # -> None; UsageError unless `path
         raise UsageError(f"{option} {path}: the directory {folder} is not writable")
 
 
+def check_output_dir(path, option):  # -> None; UsageError where `path` exists and is no directory
+    """An output directory replaces what is at its name whole (reference.artifacts.staged_dir): a file
+    there would be lost."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise UsageError(f"{option} {path} exists and is not a directory")
+
+
 def output_file(text):  # argparse type: a path check_output accepts, refused as it is parsed
     try:
         check_output(text, "file")
@@ -102,6 +109,10 @@ def parse_token_ids(text, n_vocab=None):  # "1,2,3" -> [1, 2, 3], each in [0, n_
         ids = [int(t) for t in items]
     except ValueError:
         raise UsageError(f"--token-ids must be comma-separated integers, got {text!r}") from None
+    return check_token_ids(ids, n_vocab)
+
+
+def check_token_ids(ids, n_vocab=None):  # -> ids; UsageError for one outside [0, n_vocab) (n_vocab None: < 0)
     bad = [i for i in ids if i < 0 or (n_vocab is not None and i >= n_vocab)]
     if bad:
         raise UsageError(f"token id {bad[0]} is out of range" + (f" for a vocabulary of {n_vocab}" if n_vocab else ""))

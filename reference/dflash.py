@@ -56,6 +56,13 @@ class DraftCache:
         self.pos[cells] = positions
         return cells
 
+    def store(self, il, cells, k, v):  # cells [T] from allocate, k/v [T, Hkv, D] -> layer il's rows there
+        self.k[il, cells], self.v[il, cells] = k, v
+
+    def live(self, il):  # -> k [S, Hkv, D], v [S, Hkv, D], pos [S]: layer il's cells up to the last used one
+        n = self.n_live()
+        return self.k[il, :n], self.v[il, :n], self.pos[:n]
+
     def n_live(self):  # -> number of cells up to the last used one
         return n_live(self.pos)
 
@@ -140,7 +147,7 @@ class Drafter(Blocks):
             v = self.heads(il, g, "v")
             trace(point("Kcur_injected", il), k)
             trace(point("Vcur_injected", il), v)
-            cache.k[il, cells], cache.v[il, cells] = k, v
+            cache.store(il, cells, k, v)
 
     def block_logits(self, anchor, pos0, n_max, cache, trace=NO_TRACE):  # -> [n_max + 1, V]
         """One draft pass over [anchor, MASK x n_max]; the block's own cells are removed after it,
@@ -173,11 +180,15 @@ class Drafter(Blocks):
         trace(point("Qcur", il), q)
         trace(point("Kcur", il), k)
         trace(point("Vcur", il), v)
-        cache.k[il, cells], cache.v[il, cells] = k, v
-        n = cache.n_live()
+        cache.store(il, cells, k, v)
+        k_rows, v_rows, k_pos = cache.live(il)
         # no causal cut: the block's rows see each other and every context cell
-        visible = ops.causal_visible(positions, cache.pos[:n], c.n_swa if c.swa_layers[il] else 0, causal=False)
-        o = self.backend.attention(q, cache.k[il, :n], cache.v[il, :n], visible, 1.0 / np.sqrt(c.head_dim))
+        visible = ops.causal_visible(positions, k_pos, c.n_swa if c.swa_layers[il] else 0, causal=False)
+        # A float64 scale (transformers' head_dim ** -0.5), where TextModel.attend takes llama.cpp's
+        # float32 1.0f/sqrtf: the drafter's exact goldens (golden/dflash) are transformers', and a float32
+        # scale moves their worst-row NMSE (len1-n3 1.888e-13 -> 1.847e-13, len7-n3 1.361e-13 -> 1.443e-13).
+        # Under ggml-cpu the backend rounds the scale to float32 either way (reference/ggml_cpu/backend.py).
+        o = self.backend.attention(q, k_rows, v_rows, visible, 1.0 / np.sqrt(c.head_dim))
         return self.linear(o.reshape(len(h), -1), f"blk.{il}.attn_output.weight")
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from .backend import NumpyBackend
 from .dflash import Drafter
-from .ggml_cpu import DEFAULT_TARGET, KV_TYPES, GgmlCpuBackend, GgmlCpuError, host_differences
+from .ggml_cpu import DEFAULT_TARGET, KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
 from .ggml_cpu import target as cpu_target
 from .text import TextModel
 from .tp import TensorParallelBackend, check_tp
@@ -80,6 +80,12 @@ def check(build):  # -> None; FactoryError for flags that contradict each other
         raise FactoryError("--tp simulates tensor parallelism on the numpy backend only")
     if build.tp < 1:
         raise FactoryError(f"--tp {build.tp}: at least 1")
+
+
+def cache_layout(build, kind, chunk):  # --kv, --prefill-chunk -> (KV cache kind, prefill chunk) `build` runs with
+    if build.ggml_cpu:  # llama.cpp's: one cell per position, as its cache holds a single sequence; ubatches of UBATCH
+        return "uniform", min(chunk, UBATCH)
+    return kind, chunk
 
 
 def check_tower(build):  # -> None; FactoryError where the tower cannot be built on this backend

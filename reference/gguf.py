@@ -61,7 +61,9 @@ def write_out(writer):  # a GGUFWriter with its keys and tensors added -> the fi
     writer.close()
 
 
-def open_reader(path):  # path -> GGUFReader, memory-mapped, every tensor inside the file
+def check_file(path):  # path -> its size; GGUFError unless a regular file with a sane GGUF header
+    """What open_reader refuses from the first 24 bytes, cheap enough to ask of every GGUF a command
+    names before the first one loads."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise GGUFError(path, "is a directory, not a GGUF file")
@@ -71,6 +73,12 @@ def open_reader(path):  # path -> GGUFReader, memory-mapped, every tensor inside
         raise GGUFError(path, "no such file")
     file_size = os.path.getsize(path)
     _check_header(path, file_size)
+    return file_size
+
+
+def open_reader(path):  # path -> GGUFReader, memory-mapped, every tensor inside the file
+    path = os.fspath(path)
+    file_size = check_file(path)
     try:
         reader = TypedReader(path, "r")
     except UnsupportedTensorType as e:

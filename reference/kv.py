@@ -8,6 +8,9 @@ mask (ops.causal_visible on those positions) decide what is live.
   n_swa - 1 keys before its first token plus its own C rows, so the ring never overwrites a row a
   query of the same chunk can still see.
 """
+import os
+import resource
+
 import numpy as np
 
 
@@ -54,6 +57,26 @@ def ring_size(n_swa, n_ctx, chunk):  # -> rows of a sliding-window layer's ring 
 
 def layer_rows(swa_layers, n_swa, n_ctx, kind, chunk):  # -> [rows of each layer's cache]
     return [ring_size(n_swa, n_ctx, chunk) if kind == "ring" and swa else n_ctx for swa in swa_layers]
+
+
+def cache_bytes(cfg, n_ctx, kind, chunk, dtype):  # text config (swa_layers, n_swa, n_head_kv, head_dim) -> bytes
+    """What KVCache(cfg..., n_ctx, kind, chunk) allocates: K and V rows and a position, per row."""
+    rows = sum(layer_rows(cfg.swa_layers, cfg.n_swa, n_ctx, kind, chunk))
+    return rows * (2 * cfg.n_head_kv * cfg.head_dim * np.dtype(dtype).itemsize + 8)
+
+
+def memory_bytes():  # -> what this process may allocate: the machine's memory, or less under `ulimit -v`
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return physical if limit == resource.RLIM_INFINITY else min(physical, limit)
+
+
+def check_fits(cfg, n_ctx, kind, chunk, dtype, what):  # -> None; CacheError before a cache that could never be allocated
+    """`what` names the context for the message (e.g. the flags that set it)."""
+    need, have = cache_bytes(cfg, n_ctx, kind, chunk, dtype), memory_bytes()
+    if need > have:
+        raise CacheError(f"{what} needs a {need / 2**30:.3g} GiB KV cache, more than the {have / 2**30:.3g} GiB "
+                         "of memory here")
 
 
 class KVCache:

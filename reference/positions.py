@@ -18,9 +18,12 @@ import argparse
 
 import numpy as np
 
+from . import artifacts
+
 POSITIONS_FORMAT = __doc__.split("POSITIONS_FORMAT, ")[1]
 SUFFIX = ".positions.npz"
 MAX_ITEMS = 4096  # items in one spec: a list longer than that is a range
+TOPK_BLOCK = 16  # kept rows reduced to their top-k at a time (26 MB of float64 a pass at the 30B's vocabulary)
 
 
 def parse_positions(text):  # argparse type: "last" | "-256:" | "0,5,100:120" -> [int | slice]
@@ -83,3 +86,31 @@ def sparse_golden(rows, positions, n_vocab, k=None):  # [n, V] kept rows -> the 
     else:
         golden["top_ids"], golden["top_logits"], golden["logsumexp"] = top_k(rows, k)
     return golden
+
+
+def output_rows(spec, n, written, every_row):  # spec or None (all), prompt length -> (rows, kept)
+    """rows: the prompt rows the output head computes, int64 [r] ascending, or None for all of
+    them (`every_row`: a trace or a drafter reads them, or whole logits are `written`); kept: the
+    positions a written golden holds, int64 [m]. The last row is always computed: decoding reads it.
+    ValueError for positions outside the prompt."""
+    kept = resolve(spec, n) if spec is not None else np.arange(n)
+    if every_row or (written and spec is None):
+        return None, kept
+    return np.union1d(kept if written else [], [n - 1]).astype(np.int64), kept
+
+
+def write_logits(path, logits, rows, kept, n_vocab, sparse, k=None, error=artifacts.ArtifactError):
+    """logits [len(rows) or T, V] of the prompt `rows` (None: all) -> `path`: the whole float32
+    .npy, or with `sparse` (positions kept, or top-k asked) POSITIONS_FORMAT of the `kept` rows."""
+    if not sparse:
+        artifacts.save_npy(path, logits.astype(np.float32), error)
+        return
+    at = kept if rows is None else np.searchsorted(rows, kept)
+    if k is None:
+        golden = sparse_golden(logits[at], kept, n_vocab)
+    else:  # block by block: top-k's index and float64 passes take 8 bytes x vocabulary a row
+        blocks = [sparse_golden(logits[at[i:i + TOPK_BLOCK]], kept[i:i + TOPK_BLOCK], n_vocab, k)
+                  for i in range(0, len(at), TOPK_BLOCK)]
+        golden = {key: np.concatenate([b[key] for b in blocks]) if blocks[0][key].ndim else blocks[0][key]
+                  for key in blocks[0]}
+    artifacts.save_npz(path, golden, error)

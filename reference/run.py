@@ -10,26 +10,27 @@ positions pass through the output head, so a long prompt's golden costs megabyte
 import argparse
 import json
 import os
-import resource
 import sys
 import time
+from dataclasses import dataclass
+from datetime import date as Date
 from functools import partial
 
 import numpy as np
 from tqdm import tqdm
 
-from . import artifacts, factory, gguf
-from .chat import IMAGE_PLACEHOLDER, ChatError, chat_prompt, expand_images, prompt_ids, token_id
-from .cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, UsageError, check_output, check_train_context,
-                  exit_status, float_in, int_in, parse_token_ids)
+from . import artifacts, factory, gguf, kv
+from .chat import ChatError, chat_prompt, image_prompt_rows, parse_date, prompt_ids
+from .cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, UsageError, check_output, check_output_dir,
+                  check_token_ids, check_train_context, exit_status, float_in, int_in, parse_token_ids)
 from .dflash import Speculator, acceptance
 from .factory import DEFAULT_MODEL, Build, FactoryError
-from .ggml_cpu import KV_TYPES, TARGETS, UBATCH, GgmlCpuError
+from .ggml_cpu import KV_TYPES, TARGETS, GgmlCpuError
 from .governor import CostGovernor, FloorBandit
 from .image import ImageError, load_rgb
-from .kv import CacheError, layer_rows
-from .positions import SUFFIX, parse_positions, resolve, sparse_golden
-from .tokenizer import Tokenizer, TokenizerError, detokenize
+from .kv import CacheError
+from .positions import SUFFIX, output_rows, parse_positions, write_logits
+from .tokenizer import Tokenizer, TokenizerError, detokenize, llama_text
 from .tp import TPError
 from .trace import Tracer, TraceError
 from .vision import DEFAULT_MAX_TOKENS, check_compatible
@@ -46,7 +47,6 @@ MAX_TOKENS = 1 << 40
 MAX_DRAFT = 1 << 10  # drafted tokens a step: the drafter clamps it to its block_size - 1 anyway
 MAX_TP = 1 << 10  # simulated tensor-parallel ranks; check_tp then asks that they divide n_head_kv
 MAX_TOP_K = 1 << 31  # top-k is clamped to the vocabulary
-TOPK_BLOCK = 16  # kept rows reduced to their top-k at a time (26 MB of float64 a pass at the 30B's vocabulary)
 
 
 def p_min_type(text):  # argparse type: --spec-p-min -> a float in [0, 1] or "auto"
@@ -146,7 +146,18 @@ def add_image_flags(p):
 
 
 # -------------------------------------------------------------------------------------------------
-# What the flags say together, checked before anything loads
+# What the flags say together, and the files they name: all checked before any GGUF loads
+
+@dataclass(frozen=True)
+class Request:
+    """The command line's inputs once read and checked, before any GGUF loads."""
+    build: Build
+    layout: tuple           # (KV cache kind, prefill chunk): factory.cache_layout
+    text: str | None        # --prompt / --prompt-file, as llama.cpp's tokenizer reads their bytes
+    token_ids: list | None  # --token-ids; their range is checked once the vocabulary is known
+    date: Date | None       # --date (None: today)
+    images: list            # uint8 [H, W, 3] per --image
+
 
 def check_flags(args, compute):  # args, their factory.Build -> None; UsageError (FactoryError) for contradictions
     check_prompt_flags(args)
@@ -177,50 +188,28 @@ def check_prompt_flags(args):
 def check_output_flags(args):
     """np.save appends .npy to a name without it, so such a file would not be where it was asked
     for: the name must end in its suffix. Refused before the run rather than after it."""
-    sparse = args.logits_positions is not None or args.logits_topk is not None
-    if sparse and not args.logits_out:
+    if sparse_logits(args) and not args.logits_out:
         raise UsageError(f"--logits-positions and --logits-topk need --logits-out F{SUFFIX}")
     if args.logits_out is not None:
-        check_output(args.logits_out, "--logits-out", SUFFIX if sparse else ".npy")
+        check_output(args.logits_out, "--logits-out", SUFFIX if sparse_logits(args) else ".npy")
     if args.embeddings_out is not None:
         check_output(args.embeddings_out, "--embeddings-out", ".npy")
+    if args.trace is not None:
+        check_output_dir(args.trace, "--trace")
     inputs = [("--model", model_path(args)), ("--draft-model", args.draft_model), ("--mmproj", args.mmproj),
               ("--prompt-file", args.prompt_file)] + [("--image", image) for image in args.image]
     artifacts.refuse_overwrite([("--logits-out", args.logits_out), ("--embeddings-out", args.embeddings_out),
                                 ("--trace", args.trace)], inputs, UsageError)
 
 
-# -------------------------------------------------------------------------------------------------
-# The prompt
-
-def utf8_code_point(data, i):  # -> (code point, bytes read) at data[i], as llama.cpp's unicode_cpt_from_utf8
-    """The lead byte says the length and the bytes after it need only be 10xxxxxx: an overlong
-    form (C1 81) is read as its code point (A). A byte that starts no such sequence is U+FFFD,
-    and the read goes on at the next byte."""
-    lead = data[i]
-    size = 1 if lead < 0x80 else 0 if lead < 0xC0 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4 if lead < 0xF8 else 0
-    tail = data[i + 1:i + size]
-    if size == 0 or len(tail) < size - 1 or any(b & 0xC0 != 0x80 for b in tail):
-        return 0xFFFD, 1
-    cpt = lead & (0x7F >> size if size > 1 else 0x7F)
-    for b in tail:
-        cpt = cpt << 6 | b & 0x3F
-    return cpt, size
-
-
-def llama_text(data, source):  # bytes -> the str llama.cpp's tokenizer sees in them
-    try:
-        return data.decode("utf-8")  # valid UTF-8 reads the same in both
-    except UnicodeDecodeError:
-        pass
-    chars, i = [], 0
-    while i < len(data):
-        cpt, size = utf8_code_point(data, i)
-        if 0xD800 <= cpt <= 0xDFFF or cpt > 0x10FFFF:  # llama.cpp aborts on the second, tokenizes the first
-            raise UsageError(f"{source}: byte {i} encodes U+{cpt:X}, a surrogate or no code point")
-        chars.append(chr(cpt))
-        i += size
-    return "".join(chars)
+def read_request(args, compute):  # -> Request: every input file read (a GGUF: its header), every value parsed
+    for path in (model_path(args), args.draft_model, args.mmproj):
+        if path is not None:
+            gguf.check_file(path)
+    return Request(compute, factory.cache_layout(compute, args.kv, args.prefill_chunk), prompt_text(args),
+                   parse_token_ids(args.token_ids) if args.token_ids is not None else None,
+                   parse_date(args.date) if args.date is not None else None,
+                   [load_rgb(path) for path in args.image])
 
 
 def prompt_text(args):  # -> the text of --prompt or --prompt-file, from their bytes, or None
@@ -231,6 +220,22 @@ def prompt_text(args):  # -> the text of --prompt or --prompt-file, from their b
         return llama_text(os.fsencode(args.prompt), "--prompt")
     return None
 
+
+def model_path(args):  # -> the text GGUF that runs
+    return args.model or DEFAULT_MODEL
+
+
+def build(args):  # -> factory.Build: what --backend, --numerics, --dtype, --tp and llama.cpp's build flags ask for
+    return Build(args.backend, args.numerics, args.dtype, args.tp, args.kv_type, factory.ON_OFF[args.flash_attn],
+                 factory.ON_OFF[args.repack], cpu=args.cpu)
+
+
+def sparse_logits(args):  # -> whether --logits-out is a POSITIONS_FORMAT file rather than every row's logits
+    return args.logits_positions is not None or args.logits_topk is not None
+
+
+# -------------------------------------------------------------------------------------------------
+# The prompt
 
 def default_prompt(tok, embedded):  # -> prompt ids
     """DEFAULT_PROMPT for the embedded model; for another model the BOS token and a few ordinary
@@ -245,137 +250,61 @@ def is_embedded(path):  # -> whether `path` is the embedded default model
     return os.path.exists(path) and os.path.samefile(path, DEFAULT_MODEL)
 
 
-def prompt_tokens(args, tok):  # -> ids from --token-ids, --prompt/--prompt-file (plain or --chat), or the default
-    text = prompt_text(args)
-    if text is None:
-        if args.token_ids is not None:
-            return parse_token_ids(args.token_ids, tok.n_vocab)
+def prompt_tokens(args, request, tok):  # -> ids from --token-ids, --prompt/--prompt-file (plain or --chat), or the default
+    if request.text is None:
+        if request.token_ids is not None:
+            return check_token_ids(request.token_ids, tok.n_vocab)
         return default_prompt(tok, is_embedded(model_path(args)))
     tokenizer = Tokenizer(tok)
     if not args.chat:
-        return tokenizer.tokenize(text, add_special=True, parse_special=not args.no_special)
+        return tokenizer.tokenize(request.text, add_special=True, parse_special=not args.no_special)
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
     images = [{"type": "image"}] * len(args.image)  # before the text, where llama-mtmd-cli puts its markers
-    user = {"role": "user", "content": images + [{"type": "text", "text": text}] if images else text}
-    return prompt_ids(tokenizer, chat_prompt(tok, system + [user], date=args.date))
-
-
-# -------------------------------------------------------------------------------------------------
-# Memory
-
-def kv_cache_bytes(cfg, n_ctx, kind, chunk, dtype):  # -> bytes the KV cache of TextModel.new_cache takes
-    rows = sum(layer_rows(cfg.swa_layers, cfg.n_swa, n_ctx, kind, chunk))
-    return rows * (2 * cfg.n_head_kv * cfg.head_dim * np.dtype(dtype).itemsize + 8)  # K and V rows, a position
-
-
-def memory_bytes():  # -> what this process may allocate: the machine's memory, or less under `ulimit -v`
-    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    return physical if limit == resource.RLIM_INFINITY else min(physical, limit)
-
-
-def check_context(cfg, n_ctx, layout, dtype):  # refuse a context whose KV cache could never be allocated here
-    need, have = kv_cache_bytes(cfg, n_ctx, *layout, dtype), memory_bytes()
-    if need > have:
-        raise UsageError(f"a context of {n_ctx} tokens (--ctx, or the prompt + --n-predict) needs a "
-                         f"{need / 2**30:.3g} GiB KV cache, more than the {have / 2**30:.3g} GiB of memory here")
+    user = {"role": "user", "content": images + [{"type": "text", "text": request.text}] if images else request.text}
+    return prompt_ids(tokenizer, chat_prompt(tok, system + [user], date=request.date))
 
 
 # -------------------------------------------------------------------------------------------------
 # Images
 
-def image_embeddings(args, lm, tracer):  # -> [[n_i, n_embd] per --image]
-    if not args.image:
+def image_embeddings(args, request, lm, tracer):  # -> [[n_i, n_embd] per --image]
+    if not request.images:
         return []
-    vision = factory.vision_model(gguf.load(args.mmproj, "mmproj"), build(args), lm.backend)
+    vision = factory.vision_model(gguf.load(args.mmproj, "mmproj"), request.build, lm.backend)
     check_compatible(vision, lm.cfg, model_path(args))
     # one trace directory per image: the tower's point names (attn_out-0, ...) are also text ones
-    traces = [Tracer(f"image-{i}" if args.trace else None, parent=tracer) for i in range(len(args.image))]
+    traces = [Tracer(f"image-{i}" if args.trace else None, parent=tracer) for i in range(len(request.images))]
     big = os.path.getsize(args.mmproj) > PROGRESS_BYTES
     progress = partial(tqdm, desc="tower layers", leave=False) if big else None
-    out = [vision.encode(load_rgb(path), args.image_max_tokens, trace, progress)
-           for path, trace in zip(args.image, traces)]
+    out = [vision.encode(rgb, args.image_max_tokens, trace, progress) for rgb, trace in zip(request.images, traces)]
     for trace in traces:
         trace.close()
     return out
 
 
-def image_prompt_rows(lm, prompt, images):  # ids with <|patch|> per image -> embeddings [T, n_embd]
-    """Each placeholder becomes <|image_start|>, the image's rows, <|image_end|> (one position per
-    row, as mtmd decodes them). The rows are raw projections: the text model's embedding norm
-    then treats them as it treats token rows."""
-    tok = lm.tokenizer
-    patch = token_id(tok, IMAGE_PLACEHOLDER)
-    if patch not in prompt:  # llama-mtmd-cli puts its media markers at the start of the prompt
-        at = 1 if prompt and prompt[0] == tok.bos else 0
-        prompt = prompt[:at] + [patch] * len(images) + prompt[at:]
-    ids = np.asarray(expand_images(prompt, tok, [len(e) for e in images]))
-    rows = lm.embed(ids)
-    rows[ids == patch] = np.concatenate(images).astype(rows.dtype)
-    return rows
-
-
-# -------------------------------------------------------------------------------------------------
-# The backend and the model
-
-def model_path(args):  # -> the text GGUF that runs
-    return args.model or DEFAULT_MODEL
-
-
-def cache_layout(args):  # -> (KV cache kind, prefill chunk): llama.cpp's under --numerics ggml-cpu
-    if args.numerics == "ggml-cpu":  # one cell per position, as llama.cpp's cache holds a single sequence
-        return "uniform", min(args.prefill_chunk, UBATCH)
-    return args.kv, args.prefill_chunk
-
-
-def build(args):  # -> factory.Build: what --backend, --numerics, --dtype, --tp and llama.cpp's build flags ask for
-    return Build(args.backend, args.numerics, args.dtype, args.tp, args.kv_type, factory.ON_OFF[args.flash_attn],
-                 factory.ON_OFF[args.repack], cpu=args.cpu)
-
-
 # -------------------------------------------------------------------------------------------------
 # Prefill and generation
 
-def logit_rows(args, n):  # -> (prompt rows the output head computes, None for all; positions --logits-out keeps)
-    """Decoding reads the last row, so it is always computed; a trace, a drafter and plain
-    --logits-out see every row."""
-    try:
-        kept = resolve(args.logits_positions, n) if args.logits_positions is not None else np.arange(n)
-    except ValueError as e:
-        raise UsageError(f"--logits-positions: {e}") from None
-    if args.trace or args.draft_model or (args.logits_out and args.logits_positions is None):
-        return None, kept
-    return np.union1d(kept if args.logits_out else [], [n - 1]).astype(np.int64), kept
+def check_context(args, request, cfg, n_ctx, what):  # -> whether n_ctx runs past the training context
+    """A context whose KV cache could never be allocated here is refused before it is; one past the
+    training context unless --beyond-n-ctx-train asks for it."""
+    kv.check_fits(cfg, n_ctx, *request.layout, args.dtype,
+                  f"a context of {n_ctx} tokens (--ctx, or the prompt + --n-predict)")
+    return check_train_context(n_ctx, cfg.n_ctx_train, what, model_path(args), args.beyond_n_ctx_train)
 
 
-def write_logits(args, logits, rows, kept, n_vocab):  # prefill logits of `rows` (None: all) -> --logits-out
-    if args.logits_positions is None and args.logits_topk is None:
-        artifacts.save_npy(args.logits_out, logits.astype(np.float32), UsageError)
-        return
-    at = kept if rows is None else np.searchsorted(rows, kept)
-    if args.logits_topk is None:
-        golden = sparse_golden(logits[at], kept, n_vocab)
-    else:  # block by block: top-k's index and float64 passes take 8 bytes x vocabulary a row
-        blocks = [sparse_golden(logits[at[i:i + TOPK_BLOCK]], kept[i:i + TOPK_BLOCK], n_vocab, args.logits_topk)
-                  for i in range(0, len(at), TOPK_BLOCK)]
-        golden = {key: np.concatenate([b[key] for b in blocks]) if blocks[0][key].ndim else blocks[0][key]
-                  for key in blocks[0]}
-    artifacts.save_npz(args.logits_out, golden, UsageError)
-
-
-def prompt_input(args, lm, prompt, timings, tracer):  # -> (token ids or embedding rows [T, E], image embeddings)
+def prompt_input(args, request, lm, prompt, timings, tracer):  # -> (token ids or embedding rows [T, E], image embeddings)
     t0 = time.perf_counter()
-    images = image_embeddings(args, lm, tracer)
+    images = image_embeddings(args, request, lm, tracer)
     if not images:
         return prompt, images
     timings["image_encode"] = time.perf_counter() - t0
     if args.embeddings_out:
         artifacts.save_npy(args.embeddings_out, np.concatenate(images).astype(np.float32), UsageError)
-    return image_prompt_rows(lm, prompt, images), images
+    return image_prompt_rows(lm.tokenizer, lm.embed, prompt, images), images
 
 
-def prefill(args, lm, speculator, cache, inputs, rows, tracer, progress):  # -> logits [len(rows) or T, V]
-    _, chunk = cache_layout(args)
+def prefill(lm, speculator, cache, chunk, inputs, rows, tracer, progress):  # -> logits [len(rows) or T, V]
     if speculator:  # the drafter is caught up on every prompt row as the target prefills
         return speculator.forward(inputs, tracer)
     if isinstance(inputs, np.ndarray) and inputs.ndim == 2:
@@ -383,56 +312,61 @@ def prefill(args, lm, speculator, cache, inputs, rows, tracer, progress):  # -> 
     return lm.prefill(inputs, cache, chunk, tracer, progress, out_rows=rows)
 
 
-def decode(args, lm, speculator, cache, next_logits, progress):  # -> (generated ids, speculative steps)
+def decode(args, lm, speculator, cache, chunk, next_logits, progress):  # -> (generated ids, speculative steps)
     if not args.n_predict:
         return [], []
     if speculator:
         p_min, governor = (None, CostGovernor(floors=FloorBandit())) if args.spec_p_min == "auto" else \
                           (args.spec_p_min, None)
         return speculator.decode(next_logits, args.n_predict, args.spec_draft_n_max, p_min or 0.0, governor)
-    return lm.decode_greedy(next_logits, args.n_predict, cache, cache_layout(args)[1], progress), []
+    return lm.decode_greedy(next_logits, args.n_predict, cache, chunk, progress), []
 
 
-def new_caches(args, lm, drafter, n_rows):  # -> (target cache, Speculator or None)
-    layout = cache_layout(args)
+def logit_rows(args, n):  # -> positions.output_rows of a prompt of n rows under the flags
+    try:
+        return output_rows(args.logits_positions, n, bool(args.logits_out), bool(args.trace or args.draft_model))
+    except ValueError as e:
+        raise UsageError(f"--logits-positions: {e}") from None
+
+
+def new_caches(args, request, lm, drafter, n_rows):  # -> (target cache, Speculator or None, past the training context)
     n_ctx = args.ctx or n_rows + args.n_predict
-    if not args.ctx:  # a given --ctx was checked before the images
-        check_context(lm.cfg, n_ctx, layout, args.dtype)
-        args.beyond_train = check_train_context(n_ctx, lm.cfg.n_ctx_train, "a context (prompt + --n-predict) of",
-                                                model_path(args), args.beyond_n_ctx_train)
-    cache = lm.new_cache(n_ctx, *layout)
-    return cache, Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), layout[1]) if drafter else None
+    # a given --ctx was checked before the images
+    beyond = not args.ctx and check_context(args, request, lm.cfg, n_ctx, "a context (prompt + --n-predict) of")
+    cache = lm.new_cache(n_ctx, *request.layout)
+    speculator = Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), request.layout[1]) if drafter else None
+    return cache, speculator, beyond
 
 
-def generate(args, lm, drafter, prompt):  # -> result: generated tokens, image token counts, steps, timings
-    if args.ctx:  # known before the images are encoded: refused before that work
-        check_context(lm.cfg, args.ctx, cache_layout(args), args.dtype)
-        args.beyond_train = check_train_context(args.ctx, lm.cfg.n_ctx_train, "--ctx", model_path(args),
-                                                args.beyond_n_ctx_train)
+def generate(args, request, lm, drafter, prompt):  # -> result: tokens, image token counts, steps, timings, beyond_train
+    # a given --ctx is known before the images are encoded: refused before that work
+    beyond = bool(args.ctx) and check_context(args, request, lm.cfg, args.ctx, "--ctx")
     timings, tracer = {}, Tracer(args.trace)
     try:
-        return traced_generate(args, lm, drafter, prompt, timings, tracer)
+        result = traced_generate(args, request, lm, drafter, prompt, timings, tracer)
+        return {**result, "beyond_train": beyond or result["beyond_train"]}
     finally:
         tracer.discard()  # a run that failed before the trace was whole leaves an older trace as it was
 
 
-def traced_generate(args, lm, drafter, prompt, timings, tracer):  # -> generate's result
-    inputs, images = prompt_input(args, lm, prompt, timings, tracer)
+def traced_generate(args, request, lm, drafter, prompt, timings, tracer):  # -> generate's result
+    inputs, images = prompt_input(args, request, lm, prompt, timings, tracer)
     rows, kept = logit_rows(args, len(inputs))
-    cache, speculator = new_caches(args, lm, drafter, len(inputs))
+    cache, speculator, beyond = new_caches(args, request, lm, drafter, len(inputs))
     big = os.path.getsize(model_path(args)) > PROGRESS_BYTES  # a bar per layer where a forward takes long
     progress = partial(tqdm, desc="layers", leave=False) if big else None
     t0 = time.perf_counter()
-    logits = prefill(args, lm, speculator, cache, inputs, rows, tracer, progress)
+    logits = prefill(lm, speculator, cache, request.layout[1], inputs, rows, tracer, progress)
     timings["prefill"] = time.perf_counter() - t0
     tracer.close()
     if args.logits_out:
-        write_logits(args, logits, rows, kept, lm.cfg.n_vocab)
+        write_logits(args.logits_out, logits, rows, kept, lm.cfg.n_vocab, sparse_logits(args), args.logits_topk,
+                     UsageError)
     t0 = time.perf_counter()
-    tokens, steps = decode(args, lm, speculator, cache, logits[-1], progress)
+    tokens, steps = decode(args, lm, speculator, cache, request.layout[1], logits[-1], progress)
     timings["decode"] = time.perf_counter() - t0
     return {"tokens": tokens, "image_tokens": [len(e) for e in images], "steps": steps if speculator else None,
-            "timings": timings}
+            "timings": timings, "beyond_train": beyond}
 
 
 # -------------------------------------------------------------------------------------------------
@@ -445,7 +379,7 @@ def json_report(args, prompt, result, text):  # -> the --json object
         out["image_tokens"] = result["image_tokens"]
     if result["steps"] is not None:
         out["speculative"] = acceptance(result["steps"])
-    if args.beyond_train:
+    if result["beyond_train"]:
         out["beyond_n_ctx_train"] = True
     return out
 
@@ -474,31 +408,39 @@ def print_report(args, tok, prompt, result, text):  # the prompt and its continu
         print(HINT, file=sys.stderr)
 
 
-def run(args):  # parsed args -> exit status
-    compute = build(args)
-    check_flags(args, compute)
-    for warning in factory.host_warnings(compute):
-        print(f"reference.run: warning: {warning}", file=sys.stderr)
-    t0 = time.perf_counter()
+def report(args, tok, prompt, result):  # -> None: --json's object on stdout, or print_report's text and figures
+    text = detokenize(tok, result["tokens"])
+    if args.json:
+        print(json.dumps(json_report(args, prompt, result, text)))
+    else:
+        print_report(args, tok, prompt, result, text)
+
+
+def load_models(args, compute):  # -> (the text GGUFModel, its TextModel, the Drafter or None)
     backend = factory.backend(compute)  # numba or CuPy missing: refused before any GGUF loads
     model = gguf.load(model_path(args), "text")
     lm = factory.text_model(model, compute, backend)
-    drafter = factory.drafter(gguf.load(args.draft_model, "dflash"), lm) if args.draft_model else None
+    return model, lm, factory.drafter(gguf.load(args.draft_model, "dflash"), lm) if args.draft_model else None
+
+
+def run(args):  # parsed args -> exit status
+    compute = build(args)
+    check_flags(args, compute)
+    request = read_request(args, compute)
+    for warning in factory.host_warnings(compute):
+        print(f"reference.run: warning: {warning}", file=sys.stderr)
+    t0 = time.perf_counter()
+    model, lm, drafter = load_models(args, compute)
     load_s = time.perf_counter() - t0
-    prompt = prompt_tokens(args, model.tokenizer)
+    prompt = prompt_tokens(args, request, model.tokenizer)
     if args.tokenize_only:
         print(json.dumps(prompt))
         return 0
     if not prompt:
         raise UsageError("the prompt has no tokens")
-    args.beyond_train = False
-    result = generate(args, lm, drafter, prompt)
+    result = generate(args, request, lm, drafter, prompt)
     result["timings"] = {"load": load_s, **result["timings"]}
-    text = detokenize(model.tokenizer, result["tokens"])
-    if args.json:
-        print(json.dumps(json_report(args, prompt, result, text)))
-    else:
-        print_report(args, model.tokenizer, prompt, result, text)
+    report(args, model.tokenizer, prompt, result)
     return 0
 
 

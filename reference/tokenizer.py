@@ -472,3 +472,36 @@ class Tokenizer:
 
     def detokenize(self, ids, special=True):  # ids -> text
         return detokenize(self.tok, ids, special)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompt bytes: what llama.cpp reads of bytes that are not valid UTF-8
+
+def utf8_code_point(data, i):  # -> (code point, bytes read) at data[i], as llama.cpp's unicode_cpt_from_utf8
+    """The lead byte says the length and the bytes after it need only be 10xxxxxx: an overlong
+    form (C1 81) is read as its code point (A). A byte that starts no such sequence is U+FFFD,
+    and the read goes on at the next byte."""
+    lead = data[i]
+    size = 1 if lead < 0x80 else 0 if lead < 0xC0 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4 if lead < 0xF8 else 0
+    tail = data[i + 1:i + size]
+    if size == 0 or len(tail) < size - 1 or any(b & 0xC0 != 0x80 for b in tail):
+        return 0xFFFD, 1
+    cpt = lead & (0x7F >> size if size > 1 else 0x7F)
+    for b in tail:
+        cpt = cpt << 6 | b & 0x3F
+    return cpt, size
+
+
+def llama_text(data, source):  # bytes (a prompt as given), where they came from -> the str llama.cpp's tokenizer sees
+    try:
+        return data.decode("utf-8")  # valid UTF-8 reads the same in both
+    except UnicodeDecodeError:
+        pass
+    chars, i = [], 0
+    while i < len(data):
+        cpt, size = utf8_code_point(data, i)
+        if 0xD800 <= cpt <= 0xDFFF or cpt > 0x10FFFF:  # llama.cpp aborts on the second, tokenizes the first
+            raise TokenizerError(f"{source}: byte {i} encodes U+{cpt:X}, a surrogate or no code point")
+        chars.append(chr(cpt))
+        i += size
+    return "".join(chars)

@@ -73,9 +73,10 @@ NUMERICS = ("exact", "ggml-cpu")
 class VisionModel:
     """`numerics="ggml-cpu"` computes mtmd's CPU graph on a ggml-cpu backend (reference.ggml_cpu or
     its numba twin; default GgmlCpuBackend()): ggml_conv_2d's F16 im2col times the kernel converted
-    to F16 (nearly all of what separates it from the exact mode, §8), every product and op as ggml
-    rounds it, and the window attention as clip.cpp builds it: every layer over all patches, the
-    sparse ones through a block-diagonal mask, flash attention as the backend has it."""
+    to F16 (nearly all of what separates it from the exact mode: docs/vision.md, Numerics that
+    matter for tolerances), every product and op as ggml rounds it, and the window attention as
+    clip.cpp builds it: every layer over all patches, the sparse ones through a block-diagonal mask,
+    flash attention as the backend has it."""
 
     def __init__(self, gguf_model, dtype=np.float32, backend=None, numerics="exact"):
         if numerics not in NUMERICS:

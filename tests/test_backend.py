@@ -48,14 +48,37 @@ def test_ggml_cpu_backends_implement_the_graph_ops(backend, op):
     assert parameters(getattr(backend, op)) == parameters(getattr(GgmlGraph, op)), f"{backend.__name__}.{op}"
 
 
-def backend_calls(source):  # -> {op names called as self.backend.<op>(...) or be.<op> in a model file}
-    calls = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            owner = node.func.value
-            if isinstance(owner, ast.Attribute) and owner.attr == "backend":
-                calls.add(node.func.attr)
-    return calls
+def backend_calls(source):  # -> {op names called as <x>.backend.<op>(...) or <name>.<op>(...) in a model file}
+    """<name> is a local that holds a backend: a parameter `backend` or `be`, or a name assigned
+    one (`be = self.backend`, `be = self.target.backend`, `b = be`)."""
+    tree = ast.parse(source)
+    holders = {"backend", "be"}
+    assigned = [n for n in ast.walk(tree) if isinstance(n, ast.Assign)]
+    while True:  # until no assignment adds a holder (b = be after be = self.backend)
+        new = {t.id for n in assigned if is_backend(n.value, holders) for t in n.targets if isinstance(t, ast.Name)}
+        if new <= holders:
+            break
+        holders |= new
+    return {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute) and is_backend(node.func.value, holders)}
+
+
+def is_backend(node, holders):  # -> whether the expression is `<x>.backend` or a name in `holders`
+    return ((isinstance(node, ast.Attribute) and node.attr == "backend")
+            or (isinstance(node, ast.Name) and node.id in holders))
+
+
+def test_backend_calls_sees_every_spelling_of_a_backend():
+    source = ("def forward(self, x, be):\n"
+              "    self.backend.rms_norm(x, 1e-6)\n"
+              "    self.target.backend.softcap(x, 30.0)\n"
+              "    be.swiglu(x, x)\n"
+              "    local = self.backend\n"
+              "    alias = local\n"
+              "    alias.gelu_erf(x)\n"
+              "    ops.softmax(x)\n"
+              "    self.linear(x, 'w')\n")
+    assert backend_calls(source) == {"rms_norm", "softcap", "swiglu", "gelu_erf"}
 
 
 def test_the_models_call_only_declared_ops_and_every_declared_op_is_called():

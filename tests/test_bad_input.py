@@ -17,7 +17,7 @@ from reference.trace import TraceError, Tracer, load_trace
 from tools.synthetic import (ARCH, Q, TextDims, VisionDims, array_spec, random_spec, stream_gguf, text_keys,
                                   text_shapes, write_mmproj_gguf)
 from conftest import MODELS, cli_error, run_cli
-from test_gguf import BOOL, planted
+from test_gguf import BOOL, IMAGE, planted
 
 TINY_MMPROJ = os.path.join(MODELS, "tiny-a-mmproj-f32.gguf")  # 256 wide, as the synthetic text models
 DEFAULT_MMPROJ = os.path.join(MODELS, "glimmer-default-mmproj-f16.gguf")  # the default model's projector
@@ -86,8 +86,8 @@ def test_vision_head_size_without_two_rope_halves(tmp_path):
     with pytest.raises(gguf.GGUFError, match="head size 2 cannot hold two rope halves") as e:
         vision.VisionModel(gguf.load(path, "mmproj"))
     assert e.value.path == path
-    # refused when the tower is built, before the image is read
-    line = cli_error(run_cli("reference.run", "--mmproj", path, "--image", "unread.png", "--n-predict", "0"))
+    # refused when the tower is built
+    line = cli_error(run_cli("reference.run", "--mmproj", path, "--image", IMAGE, "--n-predict", "0"))
     assert path in line and "head size 2" in line
 
 

@@ -210,7 +210,7 @@ def test_bad_corpus_input_exits_2_with_one_line(tmp_path, case):
 @pytest.mark.parametrize("model, gate", [
     # f32 weights, F32 KV: the same float32 math as llama.cpp; the gate of test_text_parity
     ("tiny-b-f32", ["--gate", "nmse=1e-10,top1=1"]),
-    # q8_0: llama.cpp rounds every activation to Q8_0, the reference keeps float32 (spec §1.8); its
+    # q8_0: llama.cpp rounds every activation to Q8_0, the reference keeps float32 (docs/traps.md, trap 11); its
     # flips are near-ties by the typical-error rule, and NMSE stays under test_text_parity's q8_0 gate
     ("tiny-a-q8_0", ["--typical-error", "--gate", "nmse=7e-3"]),
 ])

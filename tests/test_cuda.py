@@ -14,7 +14,7 @@ Without a GPU (CI, developers' machines):
   layer inputs, rollback of the cache, graph replay against eager launches (bit for bit) and
   `reference.run --backend cupy`. The emulation also fails a launch on a misaligned load or a write
   outside its arrays, and any copy or allocation while a graph is being captured, as the device would;
-- `make_backend("cupy")` and `--backend cupy` fail with one line where CuPy or the GPU is missing.
+- `factory.backend(Build(backend="cupy"))` and `--backend cupy` fail with one line where CuPy or the GPU is missing.
 With CuPy and a GPU the op harness, parity and graph checks also run on the device; elsewhere they
 are skipped with the reason (a skipped check is not a passed one).
 

@@ -14,7 +14,7 @@ from reference import gguf
 from tools.synthetic import (Q, DraftDims, EditingKeys, TextDims, VisionDims, draft_keys, draft_shapes,
                                   random_spec, stream_gguf, text_tensors, vision_keys, vision_shapes,
                                   write_text_gguf)
-from conftest import MODELS, cli_error, model_manifest, run_cli
+from conftest import GOLDEN, MODELS, cli_error, model_manifest, run_cli
 
 
 def text_models():
@@ -303,8 +303,11 @@ def planted_role(tmp_path, role, extra_keys=None, omit_keys=()):  # a synthetic 
     return path
 
 
-def role_cli(role, path):  # the CLI run that loads `path` in `role` (any image name: the mmproj is read first)
-    flags = ["--mmproj", path, "--image", "unread.png"] if role == "mmproj" else ["--draft-model", path]
+IMAGE = os.path.join(GOLDEN, "vision", "decode", "rgba.png")  # any image: every input is read before a GGUF loads
+
+
+def role_cli(role, path):  # the CLI run that loads `path` in `role`
+    flags = ["--mmproj", path, "--image", IMAGE] if role == "mmproj" else ["--draft-model", path]
     return run_cli("reference.run", *flags, "--n-predict", "0")
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from reference import gguf
-from reference.kv import CacheError, KVCache
+from reference.kv import CacheError, KVCache, cache_bytes, check_fits
 from reference.text import TextModel
 from reference.metrics import nmse
 from conftest import MODELS
@@ -77,3 +77,18 @@ def test_context_full_and_oversized_batch():
         cache.check_room(8, 8)
     with pytest.raises(CacheError, match="unknown KV cache kind"):
         KVCache(2, (True, False), 4, 16, 1, 8, np.float32, "paged")
+
+
+@pytest.mark.parametrize("kind, n_ctx, chunk", [("uniform", 100, 100), ("ring", 700, 16), ("ring", 100, 64)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cache_bytes_is_what_the_cache_allocates(lm, kind, n_ctx, chunk, dtype):
+    # reference.run refuses a context from this figure before allocating it: it must be the allocation
+    cache = KVCache(lm.cfg.n_layer, lm.cfg.swa_layers, lm.cfg.n_swa, n_ctx, lm.cfg.n_head_kv, lm.cfg.head_dim, dtype,
+                    kind, chunk)
+    allocated = sum(layer.k.nbytes + layer.v.nbytes + layer.pos.nbytes for layer in cache.layers)
+    assert cache_bytes(lm.cfg, n_ctx, kind, chunk, dtype) == allocated
+
+
+def test_a_cache_larger_than_memory_is_refused_before_it_is_allocated(lm):
+    with pytest.raises(CacheError, match=r"^a context of 2\*\*40 tokens needs a .* GiB KV cache, more than the"):
+        check_fits(lm.cfg, 1 << 40, "uniform", 2048, np.float32, "a context of 2**40 tokens")

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from reference.run import DEFAULT_MODEL, llama_text, main as run_main
+from reference.run import DEFAULT_MODEL, main as run_main
+from reference.tokenizer import llama_text
 from conftest import cli_error, run_cli
 
 FIXTURE = json.load(open(os.path.join(os.path.dirname(__file__), "fixtures", "prompt-bytes", "llama-cpp-ids.json")))

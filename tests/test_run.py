@@ -5,8 +5,9 @@ import re
 
 import numpy as np
 import pytest
+from PIL import Image
 
-from reference import gguf
+from reference import gguf, run
 from reference.text import TextModel
 from reference.trace import load_trace
 from reference.metrics import nmse
@@ -14,6 +15,7 @@ from conftest import GOLDEN, MODELS, cli_error, run_cli
 from test_gguf import A, ARR, F32, planted, planted_role, role_cli
 
 MODEL = os.path.join(MODELS, "tiny-a-f32.gguf")
+MMPROJ = os.path.join(MODELS, "tiny-a-mmproj-f32.gguf")
 IDS = [497, 85, 318, 217, 394, 109, 23]  # golden/prompts/text.jsonl "len7"
 
 
@@ -193,3 +195,52 @@ def test_numbers_are_refused_before_anything_loads(flag, value, message):
 def test_contradicting_flags_are_refused_before_anything_loads(args, message):
     line = cli_error(run_cli("reference.run", "--model", "missing.gguf", *args))
     assert message in line
+
+
+# ---------------------------------------------------------------------------------------------
+# Every input checked before any GGUF loads: gguf.load, replaced, fails the test if it is reached
+
+def refuse_loads(monkeypatch):  # gguf.load -> an AssertionError, which run.main does not turn into exit 2
+    def load(path, role, *rest):
+        raise AssertionError(f"gguf.load({path!r}, {role!r}) ran before the input was refused")
+    monkeypatch.setattr(gguf, "load", load)
+
+
+def input_files(tmp_path):  # -> {name: path} of the files the cases below name
+    files = {"missing": tmp_path / "missing", "dir": tmp_path, "surrogate": tmp_path / "surrogate.txt",
+             "text": tmp_path / "text.txt", "png": tmp_path / "ok.png"}
+    files["surrogate"].write_bytes(b"a\xed\xa0\x80")  # an encoded surrogate: no code point
+    files["text"].write_text("not an image, not a GGUF")
+    Image.new("RGB", (28, 28)).save(files["png"])
+    return {name: str(path) for name, path in files.items()}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--token-ids", "1,x"], "--token-ids must be comma-separated integers"),
+    (["--token-ids", "1,,2"], "--token-ids has an empty item"),
+    (["--token-ids", "-3"], "token id -3 is out of range"),
+    (["--chat", "--prompt", "hi", "--date", "2024-13-01"], "date must be YYYY-MM-DD, got '2024-13-01'"),
+    (["--prompt-file", "{missing}"], "{missing}: No such file or directory"),
+    (["--prompt-file", "{dir}"], "{dir}: a directory, not a regular file (prompt file)"),
+    (["--prompt-file", "{surrogate}"], "{surrogate}: byte 1 encodes U+D800"),
+    (["--prompt", "hi", "--mmproj", MMPROJ, "--image", "{missing}"], "{missing}: no such file"),
+    (["--prompt", "hi", "--mmproj", MMPROJ, "--image", "{text}"], "{text}: not an image file"),
+    (["--prompt", "hi", "--mmproj", "{missing}", "--image", "{png}"], "{missing}: no such file"),
+    (["--draft-model", "{missing}"], "{missing}: no such file"),
+    (["--draft-model", "{text}"], "{text}: not a GGUF file"),
+    (["--model", "{dir}"], "{dir}: is a directory, not a GGUF file"),
+    (["--trace", "{text}"], "--trace {text} exists and is not a directory"),
+])
+def test_bad_input_is_refused_before_any_gguf_loads(monkeypatch, capsys, tmp_path, args, message):
+    files = input_files(tmp_path)
+    refuse_loads(monkeypatch)
+    assert run.main(["--model", MODEL, *(a.format(**files) for a in args)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and message.format(**files) in err[0], err
+
+
+def test_the_refused_load_is_the_one_a_run_reaches(monkeypatch):
+    """The cases above would pass with gguf.load never replaced at all; a good run reaches it."""
+    refuse_loads(monkeypatch)
+    with pytest.raises(AssertionError, match="gguf.load"):
+        run.main(["--model", MODEL, "--token-ids", "1,2", "--n-predict", "1"])

@@ -14,7 +14,7 @@ from tools import synthetic as ms
 
 
 def test_release_tensor_counts():
-    # vision.md §2.2: 4 + 50*16 + 2 + 3 = 809 tensors; text: 3 + 52*14; drafter: 3 + 5*11
+    # docs/vision.md, GGUF: 4 + 50*16 + 2 + 3 = 809 tensors; text: 3 + 52*14; drafter: 3 + 5*11
     assert len(ms.vision_shapes(ms.RELEASE_MMPROJ)) == 809
     assert len(ms.text_shapes(ms.RELEASE_30B)) == 3 + 52 * 14
     assert len(ms.draft_shapes(ms.RELEASE_DRAFTER)) == 3 + 5 * 11

@@ -100,7 +100,7 @@ def test_lanczos_identical_to_llama_cpp(entry):
 
 
 def test_resize_sweep_covers_the_pass_order_trap():
-    # Pillow 13 runs the vertical pass first when the width grows and the height shrinks (§1.2)
+    # Pillow 13 runs the vertical pass first when the width grows and the height shrinks (docs/traps.md, trap 18)
     sizes = [(e["width"], e["height"], e["resized_width"], e["resized_height"]) for e in LLAMA["resize"]]
     assert len(sizes) >= 20
     assert any(w < rw and h > rh for w, h, rw, rh in sizes)
@@ -472,10 +472,11 @@ def test_mmproj_wider_or_narrower_than_the_text_model(tmp_path):
     (["--image", "x.png"], "--image needs --mmproj"),
     (["--mmproj", "m.gguf"], "need --image"),
     (["--image", "x.png", "--mmproj", "MMPROJ", "--image-max-tokens", "0"], "argument --image-max-tokens: 0 is out of range"),
-    (["--image", "x.png", "--mmproj", "TEXT"], "expected a muse-glimmer mmproj"),
+    (["--image", "IMAGE", "--mmproj", "TEXT"], "expected a muse-glimmer mmproj"),  # the image is read first
 ])
 def test_cli_bad_image_arguments(args, message):
-    args = [{"MMPROJ": MMPROJ["f32"], "TEXT": TEXT_MODEL}.get(a, a) for a in args]
+    image = os.path.join(VISION, "decode", "rgba.png")
+    args = [{"MMPROJ": MMPROJ["f32"], "TEXT": TEXT_MODEL, "IMAGE": image}.get(a, a) for a in args]
     r = run_cli("reference.run", *args, "--n-predict", "0")
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
