@@ -274,7 +274,7 @@ class VisionDims:
     n_out: int = 256         # the text model's n_embd
 
 
-# vision.md §2: the 50-layer, 1536-wide tower of the release and its adapter to 6656
+# docs/vision.md, "GGUF": the 50-layer, 1536-wide tower of the release and its adapter to 6656
 RELEASE_MMPROJ = VisionDims(n_layer=50, n_embd=1536, n_ff=8960, n_head=16, patch=14, n_pos=1024, merge=2,
                             adapter=4096, n_out=6656)
 
@@ -333,7 +333,7 @@ class DraftDims:
     mask_token: int = 511
 
 
-# dflash.md §1: 5 layers over the 52-layer target, 32/8 heads, block 16, target layers HF ids + 1
+# docs/dflash.md, "The drafter GGUF": 5 layers over the 52-layer target, 32/8 heads, block 16, target layers HF ids + 1
 RELEASE_DRAFTER = DraftDims(n_layer=5, n_embd=6656, n_ff=19968, n_head=32, n_head_kv=8, head_dim=128,
                             block_size=16, target_layers=(2, 14, 26, 38, 50), n_swa=2048, mask_token=201818)
 
