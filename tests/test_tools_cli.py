@@ -130,6 +130,8 @@ def test_bench_scale_last_position_lifts_the_prompt_cap(tmp_path):
     (("run", "{tiny}", "--json", "{tmp}/none/x.json"), "no such directory"),
     (("run", "{tiny}", "--plot", "{tmp}/none/x.png"), "no such directory"),
     (("run", "{tiny}", "--plot", "{tmp}/x.xyz"), "matplotlib cannot write .xyz"),
+    (("run", "{tiny}", "--one-shot", "--turns"), "--turns takes rounds in one"),
+    (("make", "--out", "{tmp}/b"), "--layout mid quantizes with llama-quantize: --llama-bin DIR"),
     (("kernels", "{q4}", "--tokens", "a,b"), "--tokens: expected an integer, got 'a'"),
     (("kernels", "{q4}", "--tokens", "1,,2"), "--tokens: expected an integer, got ''"),
     (("kernels", "{q4}", "--tokens", "0"), "--tokens: 0 is out of range"),
@@ -299,3 +301,17 @@ def test_make_synthetic_writes_what_the_loader_takes(tmp_path, role, layers):
 def test_hf_trace_refuses(paths, args, words):
     line = refused("tools.hf_trace", args, paths)
     assert line.startswith("tools.hf_trace") and words in line, line
+
+
+def test_bench_accel_one_shot_is_llama_cpps_logits(tmp_path):
+    # --one-shot: each engine once in a process of its own, load included. The ggml-cpu mode on numba
+    # gives llama.cpp's logits (plain buffers) bit for bit, so the comparison's NMSE is 0 exactly.
+    pytest.importorskip("llama_cpp")
+    out = tmp_path / "r.json"
+    r = run_cli("tools.bench_accel", "run", TINY_Q4, "--engines", "numba-ggml,llama-cpp", "--one-shot",
+                "--prompt-len", "8", "--n-decode", "2", "--json", out)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert report["logits_vs_numba"]["llama-cpp vs numba-ggml"] == {"nmse": 0.0, "max_abs_diff": 0.0, "top1": 1.0}
+    for engine in report["engines"].values():  # a child's own peak RSS and wall seconds, load included
+        assert engine["peak_rss_gb"] > 0 and engine["total_s"] >= engine["load_s"] > 0

@@ -6,9 +6,12 @@ and llama.cpp (llama-cpp-python) with the same number of threads, as ratios from
     python -m tools.bench_accel make --llama-bin DIR [--out build/bench]
         writes mid-f16.gguf (seeded random weights) and, with llama-quantize from DIR,
         mid-q4_k_m.gguf and mid-iq2_xxs.gguf (a uniform importance matrix stands in for calibration)
+    python -m tools.bench_accel make --layout 30b [--out build/bench]
+        writes 30b-ud-iq2_xxs.gguf (the 52-layer release layout, 9.2 GB) and 30b-mmproj-f16.gguf
     python -m tools.bench_accel run build/bench/mid-q4_k_m.gguf [--threads 2 --prompt-len 64
-        --n-decode 8 --engines numba,numpy,llama-cpp --turns --json out.json]
-        numba-ggml (--numerics ggml-cpu on numba) beside llama-cpp also compares their logits (goal: 0)
+        --n-decode 8 --engines numba,numpy,llama-cpp --turns --json out.json --plot out.png]
+        numba-ggml (--numerics ggml-cpu on numba) beside llama-cpp also compares their logits (goal: 0);
+        --one-shot runs each engine once in a process of its own: load included, and its peak RSS
     python -m tools.bench_accel kernels build/bench/mid-q4_k_m.gguf [--rows 8192 --tokens 1,64]
         one product per weight type of the file on its first rows: numba's kernel against the
         reference's (gguf-py dequantization, then a float64 matmul), weight-products per second
@@ -33,8 +36,8 @@ from gguf import GGUFWriter
 from reference import factory, gguf, ops
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, names_in, output_file, write_json
 from tools.bench.forward import MAX_REPEAT
-from tools.synthetic import (ARCH, Q, RELEASE_30B, TensorSpec, random_spec, stream_gguf,
-                                  text_keys, text_shapes)
+from tools.synthetic import (ARCH, Q, RELEASE_30B, RELEASE_MMPROJ, TensorSpec, random_spec, stream_gguf, text_keys,
+                             text_shapes, write_layout_gguf, write_mmproj_gguf)
 
 MID = replace(RELEASE_30B, n_layer=2)  # one sliding-window layer, one full layer
 QUANTS = (("q4_k_m", "Q4_K_M"), ("iq2_xxs", "IQ2_XXS"))
@@ -83,7 +86,24 @@ def write_uniform_imatrix(path, dims):  # an importance matrix of ones for every
     gguf.write_out(w)
 
 
+def make_release(out):  # -> exit status: the 30B layout's UD-IQ2_XXS text model (9.2 GB) and F16 projector
+    """Random blocks of the release mix written directly (no llama-quantize), with the keys and
+    tensor types llama.cpp loads a converted file with (tools/synthetic.py)."""
+    os.makedirs(out, exist_ok=True)
+    for name, write in (("30b-ud-iq2_xxs.gguf", lambda path: write_layout_gguf(path, RELEASE_30B, "ud-iq2_xxs")),
+                        ("30b-mmproj-f16.gguf", lambda path: write_mmproj_gguf(path, RELEASE_MMPROJ, "F16", progress=True))):
+        path = os.path.join(out, name)
+        if not os.path.exists(path):
+            write(path + ".part")
+            os.replace(path + ".part", path)
+    return 0
+
+
 def make(args):  # -> exit status
+    if args.layout == "30b":
+        return make_release(args.out)
+    if not args.llama_bin:
+        raise UsageError("--layout mid quantizes with llama-quantize: --llama-bin DIR")
     quantize = os.path.join(args.llama_bin, "llama-quantize")
     if not (os.path.isfile(quantize) and os.access(quantize, os.X_OK)):  # before writing 7.5 GB of F16
         raise UsageError(f"--llama-bin {args.llama_bin}: no executable llama-quantize there")
@@ -244,28 +264,73 @@ def prompt_ids(n_vocab, n, rng):  # -> n random ids of the vocabulary
     return [int(i) for i in rng.integers(0, max(n_vocab - 3, 1), n)]
 
 
+def engine_makers(args):  # -> {engine name: () -> (prefill, decode)} of the run's model and options
+    last = args.logits == "last"
+    return {"numba": lambda: reference_engine(args.model, "numba", last),
+            "numba-ggml": lambda: ggml_engine(args.model, args.threads, last),
+            "numpy": lambda: reference_engine(args.model, "numpy", last),
+            "llama-cpp": lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len, last)}
+
+
+def one_shot(name, args, ids, n_decode, logits_path, conn):  # in a process of its own -> conn gets its times
+    """What a user's one command costs: load, one prefill, n_decode steps, nothing warmed; the peak
+    RSS is this process's alone (the mapped weights it touched included, as for llama.cpp)."""
+    import resource
+    set_threads(args.threads)
+    t0, c0 = time.perf_counter(), time.process_time()
+    engine = engine_makers(args)[name]()
+    load_s, load_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    logits, times = bench_round(engine, ids, n_decode)
+    np.save(logits_path, logits)
+    conn.send({**times, "load_s": load_s, "load_cpu_s": load_cpu_s,
+               "total_s": load_s + times["prefill_s"] + times["decode_s"],
+               "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20})  # Linux: KiB
+
+
+def bench_one_shot(name, args, ids, n_decode):  # -> (prompt logits, report) of one_shot in a spawned process
+    import multiprocessing
+    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing loaded, nothing compiled
+    receive, send = spawn.Pipe(duplex=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "logits.npy")
+        t0 = time.perf_counter()
+        child = spawn.Process(target=one_shot, args=(name, args, ids, n_decode, path, send))
+        child.start()
+        send.close()  # the child's end only: its exit without a reply is then an EOF here, not a wait
+        try:
+            times = receive.recv()
+        except EOFError:
+            times = None
+        child.join()
+        if child.exitcode or times is None:
+            raise UsageError(f"the {name} engine's process failed (exit status {child.exitcode})")
+        times["process_s"] = time.perf_counter() - t0  # the interpreter's start and imports too
+        logits = np.load(path)
+    return logits, {**times, "prefill_tok_s": len(ids) / times["prefill_s"], "decode_tok_s": n_decode / times["decode_s"]}
+
+
 def run(args):  # -> report dict
     set_threads(args.threads)
     ids = prompt_ids(text_vocab(args.model), args.prompt_len, np.random.default_rng(0))
-    last = args.logits == "last"
-    makers = {"numba": lambda: reference_engine(args.model, "numba", last),
-              "numba-ggml": lambda: ggml_engine(args.model, args.threads, last),
-              "numpy": lambda: reference_engine(args.model, "numpy", last),
-              "llama-cpp": lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len, last)}
+    makers = engine_makers(args)
     report = {"model": os.path.basename(args.model), "threads": args.threads, "prompt_len": args.prompt_len,
               "logits": args.logits,
               "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]),
               "engines": {}, "logits_vs_numba": {}}
     logits = {}
-    plans = {name: (args.n_decode_numpy, 1) if name == "numpy" else (args.n_decode, args.repeat)
+    plans = {name: (args.n_decode_numpy, 1) if name == "numpy" else (args.n_decode, 1 if args.one_shot else args.repeat)
              for name in args.engines}
     results = bench_in_turns(makers, ids, plans) if args.turns else {}
     for name, (n_decode, repeat) in plans.items():
+        if args.one_shot:
+            results[name] = bench_one_shot(name, args, ids, n_decode)
         logits[name], report["engines"][name] = results.get(name) or bench_engine(makers[name], ids, n_decode, repeat)
         report["engines"][name].update(n_decode=n_decode, repeat=repeat)
         r = report["engines"][name]
         print(f"{name:10s} prefill {r['prefill_tok_s']:8.3f} tok/s ({r['prefill_cpu_s']:7.2f} CPU s)   "
-              f"decode {r['decode_tok_s']:8.3f} tok/s ({r['decode_cpu_s'] / n_decode:6.2f} CPU s/token)", flush=True)
+              f"decode {r['decode_tok_s']:8.3f} tok/s ({r['decode_cpu_s'] / n_decode:6.2f} CPU s/token)"
+              + (f"   one shot {r['total_s']:7.2f} s (load {r['load_s']:.2f} s), peak RSS {r['peak_rss_gb']:.2f} GB"
+                 if args.one_shot else ""), flush=True)
     for name in logits:
         if name != "numba" and "numba" in logits:
             report["logits_vs_numba"][name] = agreement(logits[name], logits["numba"])
@@ -273,7 +338,9 @@ def run(args):  # -> report dict
         report["logits_vs_numba"]["llama-cpp vs numba-ggml"] = agreement(logits["llama-cpp"], logits["numba-ggml"])
         ggml, lcpp = report["engines"]["numba-ggml"], report["engines"]["llama-cpp"]
         print(f"numba-ggml/llama-cpp: prefill x{ggml['prefill_tok_s'] / lcpp['prefill_tok_s']:.3f}, "
-              f"decode x{ggml['decode_tok_s'] / lcpp['decode_tok_s']:.3f}")
+              f"decode x{ggml['decode_tok_s'] / lcpp['decode_tok_s']:.3f}"
+              + (f", one shot x{lcpp['total_s'] / ggml['total_s']:.3f} of llama.cpp's speed, peak RSS "
+                 f"{ggml['peak_rss_gb'] - lcpp['peak_rss_gb']:+.2f} GB" if args.one_shot else ""))
     ours = report["engines"].get("numba")
     report["ratios"] = {f"numba/{name}": {"prefill_tok_s": ours["prefill_tok_s"] / r["prefill_tok_s"],
                                           "decode_tok_s": ours["decode_tok_s"] / r["decode_tok_s"],
@@ -465,13 +532,16 @@ def print_ratios(report):  # the ratios and logit agreements of a run report, on
 def plot_run(report, path):  # -> None: a run report's prefill and decode tokens/s per engine as bars, one image
     from tools.common import pyplot, save_figure
     plt = pyplot(path)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     names = list(report["engines"])
-    for ax, key, title in zip(axes, ("prefill_tok_s", "decode_tok_s"),
-                              (f"prefill, {report['prompt_len']} tokens", "decode, one token a step")):
+    panels = [("prefill_tok_s", f"prefill, {report['prompt_len']} tokens", "tokens/s"),
+              ("decode_tok_s", "decode, one token a step", "tokens/s")]
+    if "peak_rss_gb" in report["engines"][names[0]]:  # --one-shot
+        panels += [("total_s", "one shot, load included", "seconds"), ("peak_rss_gb", "peak RSS", "GB")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5))
+    for ax, (key, title, unit) in zip(axes, panels):
         ax.bar(names, [report["engines"][name][key] for name in names], color="tab:blue")
         ax.set_title(title)
-        ax.set_ylabel("tokens/s")
+        ax.set_ylabel(unit)
     fig.suptitle(f"{report['model']}, {report['threads']} threads")
     fig.tight_layout()
     save_figure(plt, fig, path)
@@ -486,8 +556,11 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     repeat = int_in(1, MAX_REPEAT)
     p = OneLineParser(prog="python -m tools.bench_accel", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
-    m = sub.add_parser("make", help="write the mid-size F16 GGUF and its Q4_K_M and IQ2_XXS quantizations")
-    m.add_argument("--llama-bin", required=True, help="directory with llama-quantize and its libraries")
+    m = sub.add_parser("make", help="write the mid-size F16 GGUF and its Q4_K_M and IQ2_XXS quantizations, "
+                                    "or the 30B layout's files")
+    m.add_argument("--layout", choices=("mid", "30b"), default="mid",
+                   help="30b: the 52-layer UD-IQ2_XXS text model and the 50-layer F16 projector")
+    m.add_argument("--llama-bin", help="mid: the directory with llama-quantize and its libraries")
     m.add_argument("--out", default=os.path.join("build", "bench"))
     m.add_argument("--threads", type=threads, default=2)
     r = sub.add_parser("run", help="prefill and decode tokens/s of numba, numpy and llama.cpp on one GGUF")
@@ -503,6 +576,8 @@ def build_parser():  # subparsers are made with the parent's class: their errors
                    help="the numpy reference takes ~30 s a token here")
     r.add_argument("--repeat", type=repeat, default=3, help="rounds per engine, the best counts (numpy: one)")
     r.add_argument("--engines", type=names_in(ENGINES, "engine", once=True), default=["numba", "numpy", "llama-cpp"])
+    r.add_argument("--one-shot", action="store_true",
+                   help="each engine once in a process of its own, load included: wall seconds and peak RSS")
     r.add_argument("--turns", action="store_true",
                    help="hold every engine at once and take their rounds in turns (ratios fairer on a shared machine)")
     r.add_argument("--json", type=output_file)
@@ -535,6 +610,8 @@ def check_args(args):  # what the argument types cannot see alone -> UsageError
     if args.what == "run" and args.plot:  # before the engines run: a path or format matplotlib refuses
         from tools.common import check_plot
         check_plot(args.plot)
+    if args.what == "run" and args.one_shot and args.turns:
+        raise UsageError("--one-shot runs each engine once in its own process: --turns takes rounds in one")
     if args.what == "run" and args.logits == "all" and args.prompt_len > MAX_PROMPT:
         raise UsageError(f"--prompt-len {args.prompt_len} keeps all-position logits of every engine: at most "
                          f"{MAX_PROMPT}; --logits last computes the last position only")
