@@ -711,7 +711,7 @@ def test_reproduction_runs_with_the_dumps_cpu(tmp_path, exact_trace, monkeypatch
     assert "llama.cpp configuration: CPU avx2, K cache f16" in out
     assert "--flash-attn on --cpu avx2 --trace TRACE_DIR" in out
     assert len(started) == 1 and started[0][started[0].index("--cpu") + 1] == "avx2"
-    # measured: attn_o_proj-4 at NMSE 1.7e-9, about 190 x its noise-floor threshold (the f32 matmuls' 8 float lanes)
+    # measured: attn_o_proj-4 at NMSE 1.7e-9, about 190 x its noise-floor threshold
     assert status == 1 and out.strip().endswith("(against the reference with the dump's configuration)")
 
 
