@@ -666,7 +666,7 @@ def system_info_of(target):  # -> the "CPU : ..." features that target's llama.c
         return json.load(f)["system_info"]
 
 
-def dump_with_system_info(tmp_path, features):  # -> DEFAULT_DUMP with its system_info showing `features` (None: no line)
+def dump_with_system_info(tmp_path, features):  # -> DEFAULT_DUMP, its system_info showing `features` (None: no line)
     lines = open(DEFAULT_DUMP).read().splitlines(keepends=True)
     assert sum("system_info:" in x for x in lines) == 1
     edited = [x if "system_info:" not in x else "" if features is None else re.sub(r"CPU : .*", features, x)
@@ -695,6 +695,15 @@ def test_cpu_target_is_read_from_system_info(tmp_path, target):
             config.reference_options()
 
 
+def test_system_info_of_an_unmodelled_cpu_is_said(tmp_path):
+    """An x86 build without AVX2 (SSE3 .. AVX only) is none of the targets: the default, with a line."""
+    config = dump_parse.load_dump(dump_with_system_info(tmp_path, "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 |")).config
+    assert config.cpu is None and config.describe().startswith("CPU ?, ")
+    assert config.cpu_note() == ("the dump's system_info shows none of the CPU builds avx2, avx512, neon, neon-i8mm: "
+                                 "the reference rounds as avx512, the default")
+    assert config.reference_options()[-2:] == ["--cpu", "avx512"]
+
+
 def test_reproduction_runs_with_the_dumps_cpu(tmp_path, exact_trace, monkeypatch, capsys):
     """DEFAULT_DUMP (printed by the AVX512 build) with the system_info line of the AVX2 build: the
     printed command and the reference.run that --reproduce starts both round as avx2, and the
@@ -703,7 +712,8 @@ def test_reproduction_runs_with_the_dumps_cpu(tmp_path, exact_trace, monkeypatch
     t32, t64 = exact_trace
     started = []
     run = bisect_tool.subprocess.run
-    monkeypatch.setattr(bisect_tool.subprocess, "run", lambda command, **kw: started.append(command) or run(command, **kw))
+    monkeypatch.setattr(bisect_tool.subprocess, "run",
+                        lambda command, **kw: started.append(command) or run(command, **kw))
     dump = dump_with_system_info(tmp_path, system_info_of("avx2"))
     status = bisect_tool.main([t32, dump, "--noise-floor", t64, "--reproduce", "--model",
                                os.path.join(MODELS, "tiny-a-f32.gguf")])
@@ -749,4 +759,5 @@ def test_cpu_not_emulated_exits_2_with_one_line(tmp_path, exact_trace, target):
     cli_error(run_cli("tools.bisect", t32, dump, "--reproduce", "--model", MODELS),
               f"tools.bisect: --reproduce: --cpu {target}: the {target} target is not emulated yet")
     r = run_cli("tools.bisect", t32, dump)
-    assert r.returncode == 1 and f"not reproducible: --cpu {target}: the {target} target is not emulated yet" in r.stdout
+    assert r.returncode == 1
+    assert f"not reproducible: --cpu {target}: the {target} target is not emulated yet" in r.stdout

@@ -394,7 +394,8 @@ def small_kld(tmp_path, n_vocab):  # -> a valid one-chunk .kld of n_ctx 8 over n
     (["-m", F32_MODEL, "-f", TEXT, "-fa", "on"], "for --numerics ggml-cpu only"),
     (["-m", F32_MODEL, "-f", TEXT, "--no-repack"], "--repack/--no-repack and --cpu choose llama.cpp's build for --numerics ggml-cpu only"),
     (["-m", F32_MODEL, "-f", TEXT, "--cpu", "avx2"], "--cpu choose llama.cpp's build for --numerics ggml-cpu only"),
-    (["-m", F32_MODEL, "-f", TEXT, "--numerics", "ggml-cpu", "--cpu", "sse4"], "argument --cpu: invalid choice: 'sse4'"),
+    (["-m", F32_MODEL, "-f", TEXT, "--numerics", "ggml-cpu", "--cpu", "sse4"],
+     "argument --cpu: invalid choice: 'sse4'"),
     (["-m", os.path.join(FIX, "no-such.gguf"), "-f", TEXT], "no-such.gguf"),
 ])
 def test_bad_arguments(args, expected):

@@ -52,16 +52,18 @@ Threshold (a point diverges when its NMSE is above it, or its sums disagree):
 
 llama.cpp's configuration. A text dump shows how llama.cpp was set up: the CPU build (its
 system_info line: avx2, avx512, neon or neon-i8mm), the cache types (the type of the cache_k_l* /
-cache_v_l* nodes), flash attention (FLASH_ATTN_EXT nodes) and the ubatches (the passes). The exact reference rounds as float32 math, as llama.cpp does with `-ctk f32 -ctv f32 -fa
-off`; an F16 or Q8_0 cache or flash attention rounds otherwise from the first attention output on
+cache_v_l* nodes), flash attention (FLASH_ATTN_EXT nodes) and the ubatches (the passes). The exact
+reference rounds as float32 math, as llama.cpp does with `-ctk f32 -ctv f32 -fa off`; an F16 or
+Q8_0 cache or flash attention rounds otherwise from the first attention output on
 (`llama-eval-callback` with its defaults: F16 cache, flash attention on this CPU, attn_out-0 at NMSE
 ~2e-7). bisect prints the configuration and the `reference.run --numerics ggml-cpu` command that
 rounds the same, with --cpu the target the system_info line shows (where the dump logs none, or
 shows another CPU, the default avx512, and a line says so; --cpu TARGET chooses). With --reproduce
-it runs that command (--model: the dump's GGUF; the token ids are the ones the dump logs) and bisects the dump against it under the same threshold: when that
-agrees, the difference from the exact reference is reported as explained by the configuration
-(exit 0); otherwise its first divergence is the one named. A divergence before the first
-attention output is never put down to the configuration.
+it runs that command (--model: the dump's GGUF; the token ids are the ones the dump logs) and
+bisects the dump against it under the same threshold: when that agrees, the difference from the
+exact reference is reported as explained by the configuration (exit 0); otherwise its first
+divergence is the one named. A divergence before the first attention output is never put down to
+the configuration.
 
 Exit status: 0 no point above threshold (or every difference explained by the dump's configuration),
 1 a divergence was found (printed as "first divergence: <name> (layer L, op OP) nmse=...", layer "-"

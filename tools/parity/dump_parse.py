@@ -245,7 +245,7 @@ class LlamaConfig:
     flash_attn: bool | None  # FLASH_ATTN_EXT nodes: True; SOFT_MAX nodes (kq_soft_max-L): False; neither shown: None
     ubatches: list  # tokens of each pass, in order
     prompt: list | None  # the token ids llama-eval-callback logs before its dump
-    system_info: str | None = None  # llama.cpp's system_info line (the CPU features it was built with); None: not logged
+    system_info: str | None = None  # llama.cpp's system_info line (the CPU features built in); None: not logged
 
     @property
     def cpu(self):  # -> the CPU target the system_info line shows, or None
@@ -262,13 +262,13 @@ class LlamaConfig:
                 f"{passes} ubatch{'es' if passes > 1 else ''} of {'+'.join(map(str, self.ubatches))} tokens")
 
     def cpu_note(self, cpu=None):  # --cpu given or None -> a line on the CPU target the reference takes, or None
+        default = f"the reference rounds as {DEFAULT_TARGET}, the default"
         if cpu:
             return f"--cpu {cpu}: the dump's system_info shows the {self.cpu} build" if self.cpu not in (None, cpu) else None
         if self.system_info is None:
-            return f"the dump logs no system_info line (its CPU build): the reference rounds as {DEFAULT_TARGET}, the default"
+            return f"the dump logs no system_info line (its CPU build): {default}"
         if self.cpu is None:
-            return (f"the dump's system_info shows none of the CPU builds {', '.join(TARGETS)}: the reference rounds as "
-                    f"{DEFAULT_TARGET}, the default")
+            return f"the dump's system_info shows none of the CPU builds {', '.join(TARGETS)}: {default}"
         return None
 
     def reference_options(self, cpu=None):  # --cpu or None -> reference.run options rounding as this configuration
