@@ -81,8 +81,8 @@ import tempfile
 import numpy as np
 
 from reference import artifacts, metrics
-from reference.ggml_cpu import TARGETS
 from reference.cli import OneLineParser, UsageError, check_output, fail, float_in
+from reference.ggml_cpu import TARGETS
 from reference.trace import INDEX, TraceError, load_trace
 
 from tools.common import check_plot, pyplot, save_figure, write_text
