@@ -13,6 +13,7 @@ tests/fixtures/README.md).
 """
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from reference.cli import UsageError
 from conftest import MODELS, ROOT, cli_error, require, run_cli
 from test_diff import npy_claiming
 
+from reference.ggml_cpu import TARGETS, target_of_system_info
 from reference.trace import Tracer
 from tools.parity import bisect as bisect_tool
 from tools.parity import dump_parse
@@ -447,7 +449,8 @@ def test_default_dump_configuration_is_read():
     config = dump_parse.load_dump(DEFAULT_DUMP).config
     assert (config.cache_k, config.cache_v, config.flash_attn, config.ubatches) == ("f16", "f16", True, [5])
     assert config.prompt == [497, 319, 261, 84, 77] and not config.exact
-    assert config.reference_options() == ["--numerics", "ggml-cpu", "--kv-type", "f16", "--flash-attn", "on"]
+    assert config.reference_options() == ["--numerics", "ggml-cpu", "--kv-type", "f16", "--flash-attn", "on",
+                                          "--cpu", "avx512"]
     exact = dump_parse.load_dump(REAL_DUMP).config
     assert (exact.cache_k, exact.cache_v, exact.flash_attn, exact.exact) == ("f32", "f32", False, True)
     several = dump_parse.LlamaConfig("q8_0", "q8_0", True, [512, 512, 76], None)
@@ -463,12 +466,13 @@ def test_default_dump_of_the_unmodified_model_is_explained_not_a_bug(tmp_path):
     model = os.path.join(MODELS, "tiny-a-f32.gguf")
     t32, t64 = exact_traces(model, [497, 319, 261, 84, 77], tmp_path)
     command = ("python -m reference.run --model MODEL.gguf --token-ids 497,319,261,84,77 --n-predict 1 "
-               "--numerics ggml-cpu --kv-type f16 --flash-attn on --trace TRACE_DIR")
+               "--numerics ggml-cpu --kv-type f16 --flash-attn on --cpu avx512 --trace TRACE_DIR")
     r = run_cli("tools.bisect", t32, DEFAULT_DUMP, "--noise-floor", t64)
     assert r.returncode == 1, r.stderr
     # measured: attn_out-0 NMSE 2.3e-7 (F16 K/V and flash attention), 3.5e5 x its noise-floor threshold
     assert "first divergence: attn_out-0 (layer 0, op attn_out)" in r.stdout
-    assert "llama.cpp configuration: K cache f16, V cache f16, flash attention on, 1 ubatch of 5 tokens" in r.stdout
+    assert ("llama.cpp configuration: CPU avx512, K cache f16, V cache f16, flash attention on, 1 ubatch of 5 tokens"
+            in r.stdout)
     assert f"the reference rounds as it does with: {command}" in r.stdout
     assert "the configuration may explain it: rerun with --reproduce --model MODEL.gguf" in r.stdout
     r = run_cli("tools.bisect", t32, DEFAULT_DUMP, "--noise-floor", t64, "--reproduce", "--model", model,
@@ -647,8 +651,113 @@ def test_a_configuration_the_dump_hides_is_not_guessed(tmp_path, exact_trace):
     hidden.write_text(blocks[0] + "".join("common_debug_cb_eval:" + b for b in kept))
     config = dump_parse.load_dump(str(hidden)).config
     assert (config.cache_k, config.cache_v, config.flash_attn, config.exact) == (None, None, None, False)
-    assert config.describe() == "K cache ?, V cache ?, flash attention ?, 1 ubatch of 5 tokens"
+    assert config.describe() == "CPU avx512, K cache ?, V cache ?, flash attention ?, 1 ubatch of 5 tokens"
     r = run_cli("tools.bisect", t32, hidden)
     assert r.returncode == 1 and "not reproducible: the dump does not show its cache types" in r.stdout
     cli_error(run_cli("tools.bisect", t32, hidden, "--reproduce", "--model", MODELS),
               "tools.bisect: --reproduce: the dump does not show its cache types")
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU build: the dump's system_info line, --cpu
+
+def system_info_of(target):  # -> the "CPU : ..." features that target's llama.cpp build logged (golden/cpu_targets)
+    with open(os.path.join(ROOT, "golden", "cpu_targets", target, "manifest.json")) as f:
+        return json.load(f)["system_info"]
+
+
+def dump_with_system_info(tmp_path, features):  # -> DEFAULT_DUMP, its system_info showing `features` (None: no line)
+    lines = open(DEFAULT_DUMP).read().splitlines(keepends=True)
+    assert sum("system_info:" in x for x in lines) == 1
+    edited = [x if "system_info:" not in x else "" if features is None else re.sub(r"CPU : .*", features, x)
+              for x in lines]
+    path = tmp_path / f"dump-{features and target_of_system_info(features)}.txt"
+    path.write_text("".join(edited))
+    return str(path)
+
+
+NOT_EMULATED = [t for t in TARGETS if not TARGETS[t].emulated] or [
+    pytest.param(None, marks=pytest.mark.skip(reason="every CPU target is emulated"))]
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_cpu_target_is_read_from_system_info(tmp_path, target):
+    """Each target's own build logged its features (golden/cpu_targets/<target>/manifest.json): the
+    dump's configuration names that target and reproduces with --cpu <target>, or, for a target not
+    emulated yet, says reference.run cannot."""
+    config = dump_parse.load_dump(dump_with_system_info(tmp_path, system_info_of(target))).config
+    assert config.cpu == target and config.cpu_note() is None
+    assert config.describe().startswith(f"CPU {target}, K cache f16")
+    if TARGETS[target].emulated:
+        assert config.reference_options()[-2:] == ["--cpu", target]
+    else:
+        with pytest.raises(dump_parse.DumpError, match=f"--cpu {target}: the {target} target is not emulated yet"):
+            config.reference_options()
+
+
+def test_system_info_of_an_unmodelled_cpu_is_said(tmp_path):
+    """An x86 build without AVX2 (SSE3 .. AVX only) is none of the targets: the default, with a line."""
+    config = dump_parse.load_dump(dump_with_system_info(tmp_path, "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 |")).config
+    assert config.cpu is None and config.describe().startswith("CPU ?, ")
+    assert config.cpu_note() == ("the dump's system_info shows none of the CPU builds avx2, avx512, neon, neon-i8mm: "
+                                 "the reference rounds as avx512, the default")
+    assert config.reference_options()[-2:] == ["--cpu", "avx512"]
+
+
+def test_reproduction_runs_with_the_dumps_cpu(tmp_path, exact_trace, monkeypatch, capsys):
+    """DEFAULT_DUMP (printed by the AVX512 build) with the system_info line of the AVX2 build: the
+    printed command and the reference.run that --reproduce starts both round as avx2, and the
+    reproduction then differs from the dump, which the same reproduction as avx512 does not
+    (test_default_dump_of_the_unmodified_model_is_explained_not_a_bug: all 94 points at NMSE 0)."""
+    t32, t64 = exact_trace
+    started = []
+    run = bisect_tool.subprocess.run
+    monkeypatch.setattr(bisect_tool.subprocess, "run",
+                        lambda command, **kw: started.append(command) or run(command, **kw))
+    dump = dump_with_system_info(tmp_path, system_info_of("avx2"))
+    status = bisect_tool.main([t32, dump, "--noise-floor", t64, "--reproduce", "--model",
+                               os.path.join(MODELS, "tiny-a-f32.gguf")])
+    out = capsys.readouterr().out
+    assert "llama.cpp configuration: CPU avx2, K cache f16" in out
+    assert "--flash-attn on --cpu avx2 --trace TRACE_DIR" in out
+    assert len(started) == 1 and started[0][started[0].index("--cpu") + 1] == "avx2"
+    # measured: attn_o_proj-4 at NMSE 1.7e-9, about 190 x its noise-floor threshold
+    assert status == 1 and out.strip().endswith("(against the reference with the dump's configuration)")
+
+
+def test_dump_without_system_info_is_reproduced_as_the_default(tmp_path, exact_trace):
+    t32, t64 = exact_trace
+    r = run_cli("tools.bisect", t32, dump_with_system_info(tmp_path, None), "--noise-floor", t64)
+    assert r.returncode == 1, r.stderr
+    assert "llama.cpp configuration: CPU ?, K cache f16" in r.stdout
+    assert ("the dump logs no system_info line (its CPU build): the reference rounds as avx512, the default"
+            in r.stdout.splitlines())
+    assert "--flash-attn on --cpu avx512 --trace TRACE_DIR" in r.stdout
+
+
+def test_cpu_flag_overrides_the_dump(exact_trace):
+    t32, t64 = exact_trace
+    r = run_cli("tools.bisect", t32, DEFAULT_DUMP, "--noise-floor", t64, "--cpu", "avx2")
+    assert r.returncode == 1, r.stderr
+    assert "--cpu avx2: the dump's system_info shows the avx512 build" in r.stdout.splitlines()
+    assert "--flash-attn on --cpu avx2 --trace TRACE_DIR" in r.stdout
+
+
+def test_bad_cpu_exits_2_with_one_line(exact_trace):
+    t32, t64 = exact_trace
+    cli_error(run_cli("tools.bisect", t32, DEFAULT_DUMP, "--cpu", "sse4"), "argument --cpu: invalid choice: 'sse4'")
+    cli_error(run_cli("tools.bisect", t32, t64, "--cpu", "avx2"),
+              "tools.bisect: --cpu chooses the CPU build a llama.cpp text dump is reproduced as; neither side is one")
+
+
+@pytest.mark.parametrize("target", NOT_EMULATED)
+def test_cpu_not_emulated_exits_2_with_one_line(tmp_path, exact_trace, target):
+    t32, _ = exact_trace
+    cli_error(run_cli("tools.bisect", t32, DEFAULT_DUMP, "--cpu", target),
+              f"tools.bisect: --cpu {target}: the {target} target is not emulated yet")
+    dump = dump_with_system_info(tmp_path, system_info_of(target))
+    cli_error(run_cli("tools.bisect", t32, dump, "--reproduce", "--model", MODELS),
+              f"tools.bisect: --reproduce: --cpu {target}: the {target} target is not emulated yet")
+    r = run_cli("tools.bisect", t32, dump)
+    assert r.returncode == 1
+    assert f"not reproducible: --cpu {target}: the {target} target is not emulated yet" in r.stdout

@@ -11,8 +11,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import MODELS, ROOT, cli_error, run_cli
+from conftest import GOLDEN, MODELS, ROOT, cli_error, run_cli
 from reference import gguf
+from reference.ggml_cpu import DEFAULT_TARGET, TARGETS, target_of_system_info
 from reference.tokenizer import Tokenizer
 from tools.parity import perplexity as ppl
 
@@ -66,6 +67,17 @@ def test_fixtures_are_of_the_committed_models():
         assert digest(os.path.join(MODELS, run["model"])) == run["model_sha256"], run["id"]
     for name, sha in {**manifest["bases"], "text-crlf.txt": manifest["text"]["sha256"]}.items():
         assert digest(fixture(name)) == sha, name
+
+
+def test_fixtures_name_their_cpu_target():
+    """Every recorded llama-perplexity run logs its build's system_info: the CPU target the manifest
+    names, the default of --cpu, against which the tests below compare --numerics ggml-cpu."""
+    with open(fixture("manifest.json")) as f:
+        manifest = json.load(f)
+    assert manifest["cpu_target"] == DEFAULT_TARGET
+    for run in manifest["runs"]:
+        system_info = [x for x in recorded(f"{run['id']}.stderr") if "system_info:" in x]
+        assert len(system_info) == 1 and target_of_system_info(system_info[0]) == manifest["cpu_target"], run["id"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,6 +134,71 @@ def test_exact_base_against_llama_perplexity_f32_kv(tmp_path, capsys):
     assert abs(np.log(ours / theirs)) < 1e-5
     with open(out, "rb") as a, open(fixture("ref-tiny-a-f32.kld"), "rb") as b:
         assert a.read() == b.read()  # the committed reference base, which the recorded runs read, is current
+
+
+# ---------------------------------------------------------------------------------------------
+# --cpu: the chunks as another CPU build of llama.cpp computes them (golden/cpu_targets)
+
+CPU_TARGET_MODEL = os.path.join(GOLDEN, "presets", "models", "tiny-b-q4_k_m.gguf")
+CPU_TARGET_PROMPT = "len33"  # 33 tokens, BOS first: one -c 33 chunk as llama-perplexity builds it
+
+
+def cpu_target_golden(target, repack, kv_type, flash_attn):  # -> the Q4_K_M run's CPU_TARGET_PROMPT record
+    with open(os.path.join(GOLDEN, "cpu_targets", target, "manifest.json")) as f:
+        manifest = json.load(f)
+    run = next(r for r in manifest["runs"] if (r["preset"], r["repack"], r["kv_type"], r["flash_attn"])
+               == ("Q4_K_M", repack, kv_type, flash_attn))
+    prompt_ids = next(p["token_ids"] for p in manifest["prompts"] if p["id"] == CPU_TARGET_PROMPT)
+    return prompt_ids, next(p for p in run["prompts"] if p["id"] == CPU_TARGET_PROMPT)
+
+
+@pytest.mark.parametrize("flags,repack,kv_type,flash_attn", [
+    ([], "on", "f16", "on"),  # llama-perplexity's defaults
+    (["--no-repack", "-ctk", "f32", "-fa", "off"], "off", "f32", "off"),  # the run whose logits are committed
+])
+def test_cpu_target_chunk_is_that_builds(flags, repack, kv_type, flash_attn):
+    """tools.perplexity --cpu T computes a chunk as llama.cpp's T build does: tiny-b-q4_k_m on the
+    33-token prompt of golden/cpu_targets as one -c 33 chunk (BOS first, one batch, one ubatch, as
+    llama-perplexity decodes it). Bit for bit or not at all (the emulation is exact): the sha256
+    of the chunk's float32 prefill logits is that build's, where the avx2 and avx512 builds differ;
+    where the logits themselves are committed, the scored positions [16, 32) are those rows."""
+    ids, golden = {}, {}
+    for target in ("avx2", "avx512"):
+        ids[target], golden[target] = cpu_target_golden(target, repack, kv_type, flash_attn)
+    assert golden["avx2"]["prefill_sha256"] != golden["avx512"]["prefill_sha256"]  # so the check can fail
+    for target in ("avx2", "avx512"):
+        args = ppl.build_parser().parse_args(["-m", CPU_TARGET_MODEL, "-c", str(len(ids[target])),
+                                              "--numerics", "ggml-cpu", "--cpu", target, *flags])
+        lm, numerics = ppl.load_model(args)
+        assert numerics == (f"numerics ggml-cpu: llama.cpp's {target} CPU build, KV cache {kv_type}, "
+                            f"flash attention {flash_attn}, repack {repack}")
+        chunk = ppl.chunk_ids(ids[target], 0, len(ids[target]), Tokenizer(lm.tokenizer).required_id("bos"))
+        prefills, prefill = [], lm.prefill
+        lm.prefill = lambda *a: prefills.append(prefill(*a)) or prefills[-1]  # every position of the chunk
+        scored = ppl.chunk_logits(lm, chunk, args)
+        assert len(prefills) == 1 and digest_of(prefills[0]) == golden[target]["prefill_sha256"], target
+        committed = os.path.join(GOLDEN, "cpu_targets", target, "logits", "Q4_K_M",
+                                 f"repack-{repack}_kv-{kv_type}_fa-{flash_attn}", f"{CPU_TARGET_PROMPT}.npy")
+        if os.path.exists(committed):
+            assert np.array_equal(scored, np.load(committed)[len(chunk) // 2:len(chunk) - 1])
+
+
+def digest_of(logits):  # float32 array -> sha256 hex of its C-order bytes, as golden/cpu_targets records them
+    return hashlib.sha256(np.ascontiguousarray(logits, np.float32).tobytes()).hexdigest()
+
+
+def test_cpu_target_is_recorded(tmp_path, capsys):
+    """The run names the numerics it rounds with on stderr, and the float32 base keeps that line,
+    which a KL run reading the base prints beside its own (the u16 .kld, llama-perplexity's
+    format, has no room for it)."""
+    base = str(tmp_path / "base.npz")
+    status, _, stderr = run_tool(capsys, "-m", F32_MODEL, "-f", TEXT, "-c", "16", "--chunks", "1", "--numerics",
+                                 "ggml-cpu", "--cpu", "avx2", "-ctk", "f32", "--kl-divergence-base-f32", base)
+    line = "numerics ggml-cpu: llama.cpp's avx2 CPU build, KV cache f32, flash attention on, repack on"
+    assert status == 0 and f"tools.perplexity: {line}" in stderr
+    assert str(np.load(base)["numerics"]) == line
+    status, _, stderr = run_tool(capsys, "-m", F32_MODEL, "--kl-divergence-base-f32", base, "--kl-divergence")
+    assert status == 0 and f"tools.perplexity: numerics exact, float32; the base's: {line}" in stderr
 
 
 def ppl_value(lines):  # -> the PPL of a "Final estimate: PPL = X +/- Y" line
@@ -316,10 +393,20 @@ def small_kld(tmp_path, n_vocab):  # -> a valid one-chunk .kld of n_ctx 8 over n
     (["-m", F32_MODEL, "-f", TEXT, "--kl-divergence-base-f32", "out.npy"], "must name a .npz file"),
     (["-m", F32_MODEL, "-f", TEXT, "-fa", "on"], "for --numerics ggml-cpu only"),
     (["-m", F32_MODEL, "-f", TEXT, "--no-repack"], "--repack/--no-repack and --cpu choose llama.cpp's build for --numerics ggml-cpu only"),
+    (["-m", F32_MODEL, "-f", TEXT, "--cpu", "avx2"], "--cpu choose llama.cpp's build for --numerics ggml-cpu only"),
+    (["-m", F32_MODEL, "-f", TEXT, "--numerics", "ggml-cpu", "--cpu", "sse4"],
+     "argument --cpu: invalid choice: 'sse4'"),
     (["-m", os.path.join(FIX, "no-such.gguf"), "-f", TEXT], "no-such.gguf"),
 ])
 def test_bad_arguments(args, expected):
     cli_error(run_cli("tools.perplexity", *args), expected)
+
+
+@pytest.mark.parametrize("target", [t for t in TARGETS if not TARGETS[t].emulated] or
+                         [pytest.param(None, marks=pytest.mark.skip(reason="every CPU target is emulated"))])
+def test_target_not_emulated_exits_2_with_one_line(target):
+    cli_error(run_cli("tools.perplexity", "-m", F32_MODEL, "-f", TEXT, "--numerics", "ggml-cpu", "--cpu", target),
+              f"tools.perplexity: --cpu {target}: the {target} target is not emulated yet")
 
 
 def test_bad_text_and_bases(tmp_path):

@@ -1,7 +1,7 @@
 """Line two traces up by name and find the first trace point where they diverge.
 
     python -m tools.bisect A B [--threshold T | --noise-floor A64] [--table OUT.txt] [--plot OUT.png] [--json OUT.json]
-                               [--reproduce --model M.gguf]
+                               [--reproduce --model M.gguf [--cpu TARGET]]
 
 Run it as a module from the repository root (a plain `python tools/parity/bisect.py` would shadow the
 standard library's `bisect`). A and B are each one of (readers in tools/parity/dump_parse.py):
@@ -50,17 +50,20 @@ Threshold (a point diverges when its NMSE is above it, or its sums disagree):
                       and it is still 100x under test-backend-ops' 1e-7 per-op tolerance. Compare
                       another engine with --threshold (e.g. 5e-4 for quantized matmuls) or --noise-floor.
 
-llama.cpp's configuration. A text dump shows how llama.cpp was set up: the cache types (the type of
-the cache_k_l* / cache_v_l* nodes), flash attention (FLASH_ATTN_EXT nodes) and the ubatches (the
-passes). The exact reference rounds as float32 math, as llama.cpp does with `-ctk f32 -ctv f32 -fa
-off`; an F16 or Q8_0 cache or flash attention rounds otherwise from the first attention output on
+llama.cpp's configuration. A text dump shows how llama.cpp was set up: the CPU build (its
+system_info line: avx2, avx512, neon or neon-i8mm), the cache types (the type of the cache_k_l* /
+cache_v_l* nodes), flash attention (FLASH_ATTN_EXT nodes) and the ubatches (the passes). The exact
+reference rounds as float32 math, as llama.cpp does with `-ctk f32 -ctv f32 -fa off`; an F16 or
+Q8_0 cache or flash attention rounds otherwise from the first attention output on
 (`llama-eval-callback` with its defaults: F16 cache, flash attention on this CPU, attn_out-0 at NMSE
 ~2e-7). bisect prints the configuration and the `reference.run --numerics ggml-cpu` command that
-rounds the same. With --reproduce it runs that command (--model: the dump's GGUF; the token ids
-are the ones the dump logs) and bisects the dump against it under the same threshold: when that
-agrees, the difference from the exact reference is reported as explained by the configuration
-(exit 0); otherwise its first divergence is the one named. A divergence before the first
-attention output is never put down to the configuration.
+rounds the same, with --cpu the target the system_info line shows (where the dump logs none, or
+shows another CPU, the default avx512, and a line says so; --cpu TARGET chooses). With --reproduce
+it runs that command (--model: the dump's GGUF; the token ids are the ones the dump logs) and
+bisects the dump against it under the same threshold: when that agrees, the difference from the
+exact reference is reported as explained by the configuration (exit 0); otherwise its first
+divergence is the one named. A divergence before the first attention output is never put down to
+the configuration.
 
 Exit status: 0 no point above threshold (or every difference explained by the dump's configuration),
 1 a divergence was found (printed as "first divergence: <name> (layer L, op OP) nmse=...", layer "-"
@@ -79,11 +82,12 @@ import numpy as np
 
 from reference import artifacts, metrics
 from reference.cli import OneLineParser, UsageError, check_output, fail, float_in
+from reference.ggml_cpu import TARGETS
 from reference.trace import INDEX, TraceError, load_trace
 
 from tools.common import check_plot, pyplot, save_figure, write_text
-from tools.parity.dump_parse import (DEBUG_TREE, DumpError, PartialTensor, debug_tree_path, load_dump, load_hf_debugger,
-                         load_logits_bin, token_axis)
+from tools.parity.dump_parse import (DEBUG_TREE, DumpError, PartialTensor, debug_tree_path, emulated_target, load_dump,
+                                     load_hf_debugger, load_logits_bin, token_axis)
 
 EXACT_THRESHOLD = 1e-9
 NOISE_FACTOR = 8  # tolerated RMS error over the float32 noise of A; squared for NMSE (module doc)
@@ -415,10 +419,10 @@ def threshold_rule(args, trace_a):  # parsed args, A -> (threshold or {name: thr
     return EXACT_THRESHOLD, f"{EXACT_THRESHOLD:g} (default, exact vs exact)"
 
 
-def reproduce_command(config, model, trace_dir):  # LlamaConfig -> reference.run argv rounding as that dump did
+def reproduce_command(config, model, trace_dir, cpu):  # LlamaConfig, --cpu -> reference.run argv rounding as that dump
     ids = ",".join(map(str, config.prompt)) if config.prompt else "IDS"
     return ["python", "-m", "reference.run", "--model", model or "MODEL.gguf", "--token-ids", ids,
-            "--n-predict", "1", *config.reference_options(), "--trace", trace_dir]
+            "--n-predict", "1", *config.reference_options(cpu), "--trace", trace_dir]
 
 
 def check_reproducible(args, trace_a, trace_b, config):  # -> None, or UsageError before any work
@@ -429,14 +433,14 @@ def check_reproducible(args, trace_a, trace_b, config):  # -> None, or UsageErro
     if not config.prompt:
         raise UsageError("--reproduce: the dump does not log its prompt token ids (llama-eval-callback does)")
     try:
-        config.reference_options()
+        config.reference_options(args.cpu)
     except DumpError as e:
         raise UsageError(f"--reproduce: {e}") from None
 
 
-def run_reproduction(config, model):  # -> {name: array}: reference.run's trace with the dump's configuration
+def run_reproduction(config, model, cpu):  # -> {name: array}: reference.run's trace with the dump's configuration
     with tempfile.TemporaryDirectory(prefix="bisect-") as directory:
-        command = [sys.executable, *reproduce_command(config, model, directory)[1:]]
+        command = [sys.executable, *reproduce_command(config, model, directory, cpu)[1:]]
         run = subprocess.run(command, capture_output=True, text=True)
         if run.returncode != 0:
             why = (run.stderr.strip().splitlines() or ["no message"])[-1]
@@ -450,16 +454,18 @@ def before_attention(result, point):  # -> True when `point` precedes the first 
     return attention is not None and names.index(point["name"]) < attention
 
 
-def config_verdict(result, config, model, reproduced):  # -> (lines, exit status) for a dump's configuration
+def config_verdict(result, config, args, reproduced):  # -> (lines, exit status) for a dump's configuration
     """The exact reference rounds as float32 math. A dump made with an F16/Q8_0 cache or flash attention
     rounds otherwise from the first attention output on: a difference from there is only a bug if the
     reference run with the same configuration (`reproduced`, the comparison against it) differs too."""
-    first = result["first"]
-    lines = [f"llama.cpp configuration: {config.describe()}"]
+    first, model = result["first"], args.model
+    note = config.cpu_note(args.cpu)
+    lines = [f"llama.cpp configuration: {config.describe()}"] + ([note] if note else [])
     if config.exact or first is None or before_attention(result, first):
         return lines, 1 if first else 0
     try:
-        lines.append("the reference rounds as it does with: " + " ".join(reproduce_command(config, model, "TRACE_DIR")))
+        lines.append("the reference rounds as it does with: "
+                     + " ".join(reproduce_command(config, model, "TRACE_DIR", args.cpu)))
     except DumpError as e:
         return lines + [f"not reproducible: {e}", first_line(result)], 1
     if reproduced is None:
@@ -478,7 +484,7 @@ def is_dump(trace):  # {name: tensor} -> True for a llama.cpp text dump (printed
 
 
 def against_reproduction(args, trace_a, trace_b, config, threshold):  # -> bisect result with the trace side reproduced
-    reproduced = run_reproduction(config, args.model)
+    reproduced = run_reproduction(config, args.model, args.cpu)
     return bisect(trace_a, reproduced, threshold) if is_dump(trace_a) else bisect(reproduced, trace_b, threshold)
 
 
@@ -493,8 +499,15 @@ def run_bisect(args):  # parsed CLI args -> exit status
                for path in [given, *(os.path.join(given, n) for n in (os.listdir(given) if os.path.isdir(given) else ()))]]
     artifacts.refuse_overwrite([("--table", args.table), ("--json", args.json), ("--plot", args.plot)], sources,
                                UsageError)
+    if args.cpu:
+        try:
+            emulated_target(args.cpu)
+        except DumpError as e:
+            raise UsageError(str(e)) from None
     (trace_a, notes, config_a), (trace_b, notes_b, config_b) = load_pair(args.a, args.b)
     config = config_b or config_a
+    if args.cpu and not config:
+        raise UsageError("--cpu chooses the CPU build a llama.cpp text dump is reproduced as; neither side is one")
     if args.reproduce:
         check_reproducible(args, trace_a, trace_b, config)
     threshold, rule = threshold_rule(args, trace_a)
@@ -503,7 +516,7 @@ def run_bisect(args):  # parsed CLI args -> exit status
         raise UsageError(f"{args.b}: no trace point in common with {args.a}")
     needed = args.reproduce and result["first"] is not None and not config.exact
     reproduced = against_reproduction(args, trace_a, trace_b, config, threshold) if needed else None
-    verdict, status = config_verdict(result, config, args.model, reproduced) if config else ([], None)
+    verdict, status = config_verdict(result, config, args, reproduced) if config else ([], None)
     print("\n".join([format_summary(result, rule, notes + notes_b)] + verdict))
     write_outputs(args, result, rule, reproduced)
     return (1 if result["first"] else 0) if status is None else status
@@ -536,6 +549,9 @@ def main(argv=None):  # -> exit status
                    help="when a llama.cpp dump's cache type or flash attention could explain a divergence, run "
                         "reference.run with that configuration and bisect the dump against it too")
     p.add_argument("--model", help="the GGUF the dump was made from (for --reproduce and the printed command)")
+    p.add_argument("--cpu", choices=tuple(TARGETS),
+                   help="the CPU build of llama.cpp the dump's reproduction rounds as (default: the one its "
+                        "system_info line shows, else avx512)")
     args = p.parse_args(argv)
     with artifacts.interruptible("tools.bisect"):
         try:

@@ -34,7 +34,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from reference import artifacts
+from reference import artifacts, factory
+from reference.ggml_cpu import DEFAULT_TARGET, TARGETS, target_of_system_info
 
 from tools.parity.hf_names import HF_DEBUGGER_MISSING, HF_DEBUGGER_POINTS, HF_TEXT_MODULES, debugger_module, trace_layout
 
@@ -244,18 +245,35 @@ class LlamaConfig:
     flash_attn: bool | None  # FLASH_ATTN_EXT nodes: True; SOFT_MAX nodes (kq_soft_max-L): False; neither shown: None
     ubatches: list  # tokens of each pass, in order
     prompt: list | None  # the token ids llama-eval-callback logs before its dump
+    system_info: str | None = None  # llama.cpp's system_info line (the CPU features built in); None: not logged
+
+    @property
+    def cpu(self):  # -> the CPU target the system_info line shows, or None
+        return target_of_system_info(self.system_info) if self.system_info else None
 
     @property
     def exact(self):  # -> True when llama.cpp rounds only as float32 math does (the exact reference)
         return self.cache_k == self.cache_v == "f32" and self.flash_attn is False
 
-    def describe(self):  # -> "K cache f16, V cache f16, flash attention on, 1 ubatch of 5 tokens"
+    def describe(self):  # -> "CPU avx512, K cache f16, V cache f16, flash attention on, 1 ubatch of 5 tokens"
         cache = f"K cache {self.cache_k or '?'}, V cache {self.cache_v or '?'}"
         passes = len(self.ubatches)
-        return (f"{cache}, flash attention {ON_OFF.get(self.flash_attn, '?')}, "
+        return (f"CPU {self.cpu or '?'}, {cache}, flash attention {ON_OFF.get(self.flash_attn, '?')}, "
                 f"{passes} ubatch{'es' if passes > 1 else ''} of {'+'.join(map(str, self.ubatches))} tokens")
 
-    def reference_options(self):  # -> reference.run options that round as this configuration, or DumpError
+    def cpu_note(self, cpu=None):  # --cpu given or None -> a line on the CPU target the reference takes, or None
+        default = f"the reference rounds as {DEFAULT_TARGET}, the default"
+        if cpu:
+            return f"--cpu {cpu}: the dump's system_info shows the {self.cpu} build" if self.cpu not in (None, cpu) else None
+        if self.system_info is None:
+            return f"the dump logs no system_info line (its CPU build): {default}"
+        if self.cpu is None:
+            return f"the dump's system_info shows none of the CPU builds {', '.join(TARGETS)}: {default}"
+        return None
+
+    def reference_options(self, cpu=None):  # --cpu or None -> reference.run options rounding as this configuration
+        """DumpError where reference.run cannot round so. The CPU target is `cpu`, else the one the
+        system_info line shows, else the default (cpu_note says which)."""
         if None in (self.cache_k, self.cache_v, self.flash_attn):
             raise DumpError("the dump does not show its cache types and whether flash attention ran (printed with "
                             "a --tensor-filter that leaves out cache_k_l*, cache_v_l* and the attention nodes?)")
@@ -265,10 +283,19 @@ class LlamaConfig:
         if max(self.ubatches) > MAX_UBATCH:
             raise DumpError(f"reference.run --numerics ggml-cpu takes ubatches of at most {MAX_UBATCH} tokens; "
                             f"the dump's hold {max(self.ubatches)}")
+        target = emulated_target(cpu or self.cpu or DEFAULT_TARGET)
         # one pass: the whole prompt was one ubatch, as reference.run's default chunk makes it
         chunk = ["--prefill-chunk", str(self.ubatches[0])] if len(self.ubatches) > 1 else []
         return ["--numerics", "ggml-cpu", "--kv-type", self.cache_k,
-                "--flash-attn", ON_OFF[self.flash_attn], *chunk]
+                "--flash-attn", ON_OFF[self.flash_attn], "--cpu", target, *chunk]
+
+
+def emulated_target(name):  # CPU target name -> name, or DumpError where reference.run --cpu refuses it
+    try:
+        factory.check(factory.Build(numerics="ggml-cpu", cpu=name))
+    except factory.FactoryError as e:
+        raise DumpError(str(e)) from None
+    return name
 
 
 ON_OFF = {True: "on", False: "off"}
@@ -278,6 +305,7 @@ PROMPT_COUNT = re.compile(r"number of input tokens = (?P<n>\d+)\s*$")
 PROMPT_ID = re.compile(r"\s(?P<id>\d+)\s*$")
 DEBUG_PROMPT_COUNT = re.compile(r"^Token ids \((?P<n>\d+)\):\s*$")
 DEBUG_PROMPT_ID = re.compile(r"\((\d+)\) ")  # "<|begin_of_text|>(497) the(319) "
+SYSTEM_INFO = re.compile(r"\bsystem_info: (?P<info>.*?)\s*$", re.M)  # common_params_get_system_info, logged at start
 
 
 def cache_type(passes, prefix):  # [pass], "cache_k_l" -> ggml type of those nodes, or None
@@ -303,8 +331,9 @@ def logged_prompt(text):  # dump text -> the prompt's token ids as the tool logg
 def read_config(passes, text):  # [pass], dump text -> LlamaConfig
     ops = {t.op for points in passes for t in points.values()}
     flash = True if "FLASH_ATTN_EXT" in ops else False if "SOFT_MAX" in ops else None
+    system_info = SYSTEM_INFO.search(text)
     return LlamaConfig(cache_type(passes, "cache_k_l"), cache_type(passes, "cache_v_l"), flash,
-                       [pass_tokens(p) for p in passes], logged_prompt(text))
+                       [pass_tokens(p) for p in passes], logged_prompt(text), system_info and system_info["info"])
 
 
 # --- transformers' model_addition_debugger_context(..., do_prune_layers=False, use_repr=False) -------

@@ -5,7 +5,8 @@
     python -m tools.perplexity -m M.gguf -f TEXT -c N --kl-divergence-base REF.kld  ... and write a base
     python -m tools.perplexity -m M.gguf --kl-divergence-base BASE.kld --kl-divergence   KL statistics
     python -m tools.perplexity --compare-kld ENGINE.kld REF.kld        two bases, without a model
-    (the reference's own: --numerics exact|ggml-cpu, --backend numpy|numba, --dtype float32|float64)
+    (the reference's own: --numerics exact|ggml-cpu, --backend numpy|numba, --dtype float32|float64,
+     with ggml-cpu -fa, -ctk, --no-repack and --cpu avx2|avx512|neon|neon-i8mm, llama.cpp's CPU build)
 
 The text (its bytes, as llama.cpp reads them: a CRLF file keeps its \\r; one trailing \\n is dropped)
 is tokenized whole with BOS, cut into chunks of n_ctx tokens, each chunk's first token replaced by BOS,
@@ -19,7 +20,9 @@ The u16 codes quantize log-probabilities over 16 nats to steps of 16/65535: a ba
 KL noise floor (near 5e-4 on real models), and log-probabilities more than 16 nats below a row's
 maximum read back at that floor; --kl-divergence-base-f32 F.npz stores (and with --kl-divergence
 reads) the base's float32 log-probabilities instead, all of them or (--kl-top-k K) the K most
-likely and the scored token's: KLD_F32_FORMAT.
+likely and the scored token's: KLD_F32_FORMAT. The numerics a base was computed with (under
+ggml-cpu: the CPU target, KV cache, flash attention, repack) go to stderr as the run starts, and
+into the float32 base; the u16 .kld is llama-perplexity's format, which has no field for them.
 
 Several chunks in one llama.cpp batch (-b a multiple of -c) are computed here one after another.
 """
@@ -36,7 +39,7 @@ import numpy as np
 from reference import artifacts, factory, gguf
 from reference.cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, UsageError, check_output, check_train_context,
                            exit_status, int_in)
-from reference.ggml_cpu import KV_TYPES, GgmlCpuError, libm
+from reference.ggml_cpu import KV_TYPES, TARGETS, GgmlCpuError, libm
 from reference.kv import CacheError
 from reference.tokenizer import Tokenizer, TokenizerError
 from tools.common import check_plot, pyplot, save_figure
@@ -51,7 +54,8 @@ MIN_STATS_COUNT = 100  # llama-perplexity prints no statistics for fewer scored 
 KLD_F32_FORMAT = ("npz: n_ctx, n_vocab int64 [], tokens int32 [n_chunk * n_ctx], and either log_probs float32 "
                   "[n_chunk, n_scored, n_vocab] (log-softmax in float64, rounded) or, with --kl-top-k K, "
                   "top_ids int32 and top_log_probs float32 [n_chunk, n_scored, K] (most likely first) and "
-                  "next_log_probs float32 [n_chunk, n_scored] (the scored token's); n_scored = n_ctx - 1 - n_ctx//2")
+                  "next_log_probs float32 [n_chunk, n_scored] (the scored token's); n_scored = n_ctx - 1 - n_ctx//2; "
+                  "numerics str [] (how the reference computed it, the line the run printed; absent from older bases)")
 
 
 class KldError(Exception):
@@ -359,6 +363,7 @@ def statistics_lines(s):  # KlSums -> the three blocks llama-perplexity prints a
 class KldBase:
     """A base read back: n_ctx, n_vocab, tokens [n_chunk, n_ctx] i32, rows [n_chunk, n_scored, nv] u16
     (a read-only memory map: a base of the 30B vocabulary may be many GB)."""
+    numerics = None  # llama-perplexity's format records no numerics
 
     def __init__(self, n_ctx, n_vocab, tokens, rows):
         self.n_ctx, self.n_vocab, self.tokens, self.rows = n_ctx, n_vocab, tokens, rows
@@ -453,10 +458,11 @@ def top_k_rows(log_probs, next_ids, k):  # [N, V] f64, [N], k -> {top_ids [N, k]
             "next_log_probs": log_probs[np.arange(len(log_probs)), next_ids].astype(F32)}
 
 
-def write_f32_base(path, n_ctx, n_vocab, tokens, chunks):  # chunks: [{name: [n_scored, ...]}] -> KLD_F32_FORMAT
+def write_f32_base(path, n_ctx, n_vocab, tokens, chunks, numerics):  # chunks: [{name: [n_scored, ...]}] -> KLD_F32_FORMAT
     arrays = {name: np.stack([c[name] for c in chunks]) for name in chunks[0]}
     artifacts.save_npz(path, {"n_ctx": np.int64(n_ctx), "n_vocab": np.int64(n_vocab),
-                              "tokens": np.asarray(tokens, np.int32), **arrays}, KldError)
+                              "tokens": np.asarray(tokens, np.int32), **arrays, "numerics": np.array(numerics)},
+                       KldError)
 
 
 def read_f32_base(path):  # -> dict of KLD_F32_FORMAT's arrays, tokens as [n_chunk, n_ctx], checked
@@ -485,6 +491,8 @@ def read_f32_base(path):  # -> dict of KLD_F32_FORMAT's arrays, tokens as [n_chu
     for name in ("tokens", "top_ids"):
         if name in base and base[name].size and not 0 <= base[name].min() <= base[name].max() < n_vocab:
             raise KldError(f"{path}: a token of {name} is outside the vocabulary of {n_vocab}")
+    if "numerics" in base and (base["numerics"].shape != () or base["numerics"].dtype.kind != "U"):
+        raise KldError(f"{path}: numerics must be one string, not {base['numerics'].dtype} {base['numerics'].shape}")
     base["tokens"] = tokens.reshape(n_chunk, n_ctx)
     return base
 
@@ -496,6 +504,7 @@ class F32Base:
     def __init__(self, path):
         self.arrays = read_f32_base(path)
         self.n_ctx, self.n_vocab, self.tokens = int(self.arrays["n_ctx"]), int(self.arrays["n_vocab"]), self.arrays["tokens"]
+        self.numerics = str(self.arrays["numerics"]) if "numerics" in self.arrays else None  # numerics_line
 
     @property
     def n_chunk(self):  # -> chunks in the base
@@ -512,20 +521,29 @@ class F32Base:
 # ---------------------------------------------------------------------------------------------
 # The reference forward over llama-perplexity's chunks and batches
 
-def load_model(args):  # -> TextModel on the backend the options ask for
+def load_model(args):  # -> (TextModel on the backend the options ask for, its numerics_line)
     flash_attn = factory.ON_OFF[args.flash_attn]
     if flash_attn is None and args.numerics == "ggml-cpu":
         flash_attn = True  # llama-perplexity's -fa auto is on for the CPU
     build = factory.Build(args.backend, args.numerics, args.dtype, kv_type=args.kv_type, flash_attn=flash_attn,
-                          repack=factory.ON_OFF[args.repack])
+                          repack=factory.ON_OFF[args.repack], cpu=args.cpu)
     for warning in factory.host_warnings(build):
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     backend = factory.backend(build)
+    numerics = numerics_line(build, backend)
     model = gguf.load(args.model, "text")
     if check_train_context(args.ctx_size, model.config.n_ctx_train, "-c", args.model, args.beyond_n_ctx_train):
         info(f"{PROG}: -c {args.ctx_size} is past the training context of {os.path.basename(args.model)} "
              f"({model.config.n_ctx_train} tokens): {BEYOND_TRAIN}")
-    return factory.text_model(model, build, backend)
+    # the caller prints the line once its input is checked: bad input stays one line on stderr
+    return factory.text_model(model, build, backend), numerics
+
+
+def numerics_line(build, backend):  # factory.Build, the backend made of it -> how the reference rounds, one line
+    if not build.ggml_cpu:
+        return f"numerics exact, {build.dtype}"
+    return (f"numerics ggml-cpu: llama.cpp's {backend.target.name} CPU build, KV cache {backend.kv_type}, "
+            f"flash attention {'on' if backend.flash_attn else 'off'}, repack {'on' if backend.repack else 'off'}")
 
 
 def chunk_logits(lm, ids, args):  # ids [n_ctx] (BOS already first) -> f32 [n_scored, V] of [n_ctx/2, n_ctx - 1)
@@ -586,8 +604,8 @@ def text_chunks(args, tokenizer):  # -> (tokens of -f, n_chunk): the whole text 
 class BaseWriters:
     """The bases a perplexity run writes: --kl-divergence-base (u16) and --kl-divergence-base-f32."""
 
-    def __init__(self, args, n_vocab, tokens):  # tokens [n_chunk * n_ctx], the chunks scored
-        self.n_ctx, self.n_vocab, self.tokens, self.f32_rows = args.ctx_size, n_vocab, tokens, []
+    def __init__(self, args, n_vocab, tokens, numerics):  # tokens [n_chunk * n_ctx], the chunks scored
+        self.n_ctx, self.n_vocab, self.tokens, self.f32_rows, self.numerics = args.ctx_size, n_vocab, tokens, [], numerics
         self.f32_path, self.top_k = args.kl_divergence_base_f32, args.kl_top_k
         self.u16 = KldWriter(args.kl_divergence_base, self.n_ctx, n_vocab, tokens) if args.kl_divergence_base else None
 
@@ -603,18 +621,19 @@ class BaseWriters:
         if self.u16:
             self.u16.close()
         if self.f32_path:
-            write_f32_base(self.f32_path, self.n_ctx, self.n_vocab, self.tokens, self.f32_rows)
+            write_f32_base(self.f32_path, self.n_ctx, self.n_vocab, self.tokens, self.f32_rows, self.numerics)
 
     def discard(self):  # -> None: whatever is unfinished goes (nothing once close() ran)
         if self.u16:
             self.u16.discard()
 
 
-def perplexity(args, lm):  # -> exit status; prints as llama-perplexity's perplexity()
+def perplexity(args, lm, numerics):  # numerics_line of lm -> exit status; prints as llama-perplexity's perplexity()
     tokenizer = Tokenizer(lm.tokenizer)
     tokens, n_chunk = text_chunks(args, tokenizer)
     n_ctx, bos = args.ctx_size, tokenizer.required_id("bos") if tokenizer.add_bos else -1
-    bases = BaseWriters(args, lm.cfg.n_vocab, tokens[:n_chunk * n_ctx])
+    info(f"{PROG}: {numerics}")
+    bases = BaseWriters(args, lm.cfg.n_vocab, tokens[:n_chunk * n_ctx], numerics)
     try:
         return scored_chunks(args, lm, tokens, n_chunk, bos, bases)
     finally:
@@ -740,9 +759,10 @@ def kl_mode(args):  # --kl-divergence -> exit status: the model's logits against
         raise UsageError("--kl-top-k is chosen when the base is written; --kl-divergence reads what it holds")
     base = read_base(args)
     args.ctx_size = base.n_ctx  # the chunks the base was made of: checked against the training context
-    lm = load_model(args)
+    lm, numerics = load_model(args)
     if base.n_vocab != lm.cfg.n_vocab:
         raise UsageError(f"inconsistent vocabulary: the base has {base.n_vocab} tokens, {args.model} {lm.cfg.n_vocab}")
+    info(f"{PROG}: {numerics}" + (f"; the base's: {base.numerics}" if base.numerics else ""))
     tokenizer = Tokenizer(lm.tokenizer)
     bos = tokenizer.required_id("bos") if tokenizer.add_bos else -1
     tokens = np.asarray(base.tokens).ravel()
@@ -763,7 +783,7 @@ def ppl_mode(args):  # -> exit status: perplexity of -f, writing the bases asked
     artifacts.refuse_overwrite([("--kl-divergence-base", args.kl_divergence_base),
                                 ("--kl-divergence-base-f32", args.kl_divergence_base_f32)],
                                [("-m", args.model), ("-f", args.file)], UsageError)
-    return perplexity(args, load_model(args))
+    return perplexity(args, *load_model(args))
 
 
 def build_parser():  # -> llama-perplexity's options and the reference's
@@ -798,6 +818,8 @@ def build_parser():  # -> llama-perplexity's options and the reference's
     p.add_argument("-nr", "--no-repack", dest="repack", action="store_const", const="off",
                    help="with --numerics ggml-cpu: weights outside llama.cpp's CPU_REPACK buffer, as "
                         "llama-perplexity --no-repack loads them")
+    p.add_argument("--cpu", choices=tuple(TARGETS),
+                   help="with --numerics ggml-cpu: the CPU build of llama.cpp to round as (default avx512)")
     return p
 
 
