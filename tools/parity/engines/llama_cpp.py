@@ -10,6 +10,19 @@ from tools.common import KV_TYPES, LLAMA_CPP_COMMIT, GoldenError, import_extra, 
 from .base import Engine, greedy_steps, load_text_gguf
 
 
+def scores(llm, start: int, stop: int) -> np.ndarray:  # -> float32 [stop - start, n_vocab], a copy of llm's rows
+    return np.array(llm.scores[start:stop], dtype=np.float32, copy=True)
+
+
+def vocabulary(llama_cpp, path: Path):  # -> (a vocab-only Llama, the ids llama.cpp ends generation at)
+    try:
+        vocab_llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    except ValueError as e:  # a GGUF the reference reads but this llama.cpp does not
+        raise GoldenError(f"{path}: llama.cpp cannot load it ({e})") from None
+    vocab = vocab_llm._model.vocab
+    return vocab_llm, [i for i in range(vocab_llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
+
+
 def llama_cpp_engine(args) -> Engine:
     path = Path(args.model)
     n_train = load_text_gguf(args).config.n_ctx_train  # llama.cpp answers a truncated file or a projector with a ValueError and log lines
@@ -27,9 +40,6 @@ def llama_cpp_engine(args) -> Engine:
             flash_attn=args.flash_attn == "on", n_threads=threads, n_threads_batch=threads,
             n_gpu_layers=0, seed=0, verbose=False,
         )
-
-    def scores(llm, start: int, stop: int) -> np.ndarray:
-        return np.array(llm.scores[start:stop], dtype=np.float32, copy=True)
 
     def prefill(ids: list[int]) -> np.ndarray:
         llm = make()
@@ -49,16 +59,7 @@ def llama_cpp_engine(args) -> Engine:
         llm.close()
         return out
 
-    try:
-        vocab_llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    except ValueError as e:  # a GGUF the reference reads but this llama.cpp does not
-        raise GoldenError(f"{path}: llama.cpp cannot load it ({e})") from None
-    vocab = vocab_llm._model.vocab
-    eog_ids = [i for i in range(vocab_llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
-
-    def tokenize(text: str, first: bool) -> list[int]:
-        return vocab_llm.tokenize(text.encode("utf-8"), add_bos=first, special=True)
-
+    vocab_llm, eog_ids = vocabulary(llama_cpp, path)
     return Engine(
         name="llama-cpp",
         version=f"llama-cpp-python {llama_cpp.__version__} (llama.cpp {LLAMA_CPP_COMMIT})",
@@ -67,6 +68,7 @@ def llama_cpp_engine(args) -> Engine:
                  "n_batch": n_ubatch, "n_ctx": args.n_ctx, "n_threads": threads, "backend": "cpu",
                  "system_info": llama_cpp.llama_print_system_info().decode().strip(),
                  "tokenize": "add_bos=True, special=True (text prompts only)"},
-        tokenize=tokenize, prefill=prefill, greedy=greedy, n_vocab=vocab_llm.n_vocab(),
+        tokenize=lambda text, first: vocab_llm.tokenize(text.encode("utf-8"), add_bos=first, special=True),
+        prefill=prefill, greedy=greedy, n_vocab=vocab_llm.n_vocab(),
         n_ctx=args.n_ctx, n_ctx_train=n_train, max_batch=n_ubatch, extra={"eog_ids": eog_ids},
     )
