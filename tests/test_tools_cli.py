@@ -95,6 +95,16 @@ def test_bench_vision_shows_each_step_on_stderr(tmp_path):
     assert json.loads(out.read_text())["layers"] == 1
 
 
+def test_bench_ggml_numba_takes_paths_and_names_and_says_so_whole():
+    from tools.bench import ggml_numba
+    assert ggml_numba.model_file(TINY) == TINY  # README: M is a path
+    assert ggml_numba.model_file("tiny-a-f32") == TINY
+    r = run_cli("tools.bench_ggml_numba", "--help")
+    assert r.returncode == 0, r.stderr
+    description = " ".join(r.stdout.split("\n\n")[1].split())
+    assert "token-by-token decode" in description and description.endswith("bit-identical."), description
+
+
 def test_bench_scale_runs(tmp_path):
     out = tmp_path / "scale.json"
     r = run_cli("tools.bench", "scale", "--model", TINY, "--prompt-len", "4", "--n-predict", "2", "--json", out)
