@@ -214,7 +214,7 @@ def test_what_the_examples_write_is_ignored(monkeypatch):
     monkeypatch.chdir(REPO)
     written = {p for line in shell_commands((REPO / "README.md").read_text(encoding="utf-8"))
                for p in written_paths(line, monkeypatch)}
-    named = {p for p in written if not METAVAR.match(pathlib.PurePath(p).name.split(".")[0])}
+    named = {p for p in written if not is_placeholder(p)}
     assert {"t32", "img.npy", "forced.jsonl", "30b.gguf"} <= {p.rstrip("/") for p in named}
     # a trailing / matches both file and directory patterns of .gitignore
     probe = subprocess.run(["git", "check-ignore", "--no-index", "--stdin", "-v", "-n"], cwd=REPO, text=True,
@@ -233,3 +233,16 @@ def test_python_c_examples_import_what_they_name():
     for code in snippets:
         imports = [n for n in ast.walk(ast.parse(code)) if isinstance(n, (ast.Import, ast.ImportFrom))]
         exec(compile(ast.Module(body=imports, type_ignores=[]), "README python -c", "exec"), {})
+
+
+def is_placeholder(word):  # "M.gguf", "DIR", "OUT.json", "...": a word the reader replaces
+    return word == "..." or bool(METAVAR.match(pathlib.PurePath(word).name.split(".")[0]))
+
+
+def test_only_synopsis_lines_have_optional_parts():
+    # `[--x 1]` is a synopsis's optional part: a line without a placeholder is an example to paste,
+    # where a literal `[--logits-topk 64]` reaches the shell (the long-context example did).
+    pasted = [line for readme in READMES for line in command_lines((REPO / readme).read_text(encoding="utf-8"))
+              for command in python_m_commands(line) if re.search(r"\[-", command)
+              and not any(is_placeholder(w) for w in shlex.split(re.sub(r"[\[\]|]", " ", command), comments=True))]
+    assert not pasted, pasted
