@@ -299,6 +299,12 @@ def check_regular(path, error=ArtifactError, what="file"):  # -> None; the file 
     open_regular(path, error, None, what).close()
 
 
+def path_error(error_class, path):  # a (path, problem) exception class -> the one-message error open_regular takes
+    """For the errors that keep the path and the problem apart (gguf.GGUFError, image.ImageError)."""
+    prefix = f"{os.fspath(path)}: "
+    return lambda message: error_class(path, message.removeprefix(prefix))
+
+
 def json_depth(data):  # bytes or str of JSON -> its deepest nesting of [ and {, without parsing it
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     bare = np.frombuffer(re.sub(rb'"(?:[^"\\]|\\.)*"', b'""', raw, flags=re.S), np.uint8)

@@ -19,6 +19,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, GGMLQuantizationType, ReaderTensor
 from gguf import quants
 
+from . import artifacts
+
 GGUF_MAGIC = b"GGUF"
 MIN_KV_BYTES = 12       # key length (u64) + value type (u32): no metadata entry is smaller
 MIN_TENSOR_BYTES = 24   # name length (u64) + n_dims (u32) + type (u32) + offset (u64)
@@ -65,12 +67,10 @@ def check_file(path):  # path -> its size; GGUFError unless a regular file with 
     """What open_reader refuses from the first 24 bytes, cheap enough to ask of every GGUF a command
     names before the first one loads."""
     path = os.fspath(path)
-    if os.path.isdir(path):
-        raise GGUFError(path, "is a directory, not a GGUF file")
-    if os.path.exists(path) and not os.path.isfile(path):  # a device, a pipe: nothing to map
-        raise GGUFError(path, "is not a regular file")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise GGUFError(path, "no such file")
+    # a directory, FIFO or device: nothing to map, and a FIFO would block the header's read
+    artifacts.check_regular(path, artifacts.path_error(GGUFError, path), "GGUF file")
     file_size = os.path.getsize(path)
     _check_header(path, file_size)
     return file_size

@@ -15,6 +15,8 @@ import warnings
 import numpy as np
 from PIL import Image
 
+from . import artifacts
+
 # Refuse an image before decoding it when its header promises more pixels than this (a
 # decompression bomb); 50 MP is an 8K x 6K photo, far above anything the 4096-token cap keeps.
 MAX_PIXELS = 50_000_000
@@ -38,7 +40,9 @@ def load_rgb(path, alpha="drop"):  # path -> uint8 [H, W, 3]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+            # a FIFO or device is refused by name before Pillow's read could block or never end
+            with artifacts.open_regular(path, artifacts.path_error(ImageError, path), what="image") as f, \
+                    Image.open(f) as img:
                 w, h = img.size
                 if w * h > MAX_PIXELS:
                     raise ImageError(path, f"{w}x{h} pixels is more than the {MAX_PIXELS} allowed "
@@ -50,8 +54,6 @@ def load_rgb(path, alpha="drop"):  # path -> uint8 [H, W, 3]
                     raise ImageError(path, f"cannot convert to RGB ({e})") from None
     except ImageError:
         raise
-    except FileNotFoundError:
-        raise ImageError(path, "no such file") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise ImageError(path, f"refused as a decompression bomb ({e})") from None
     except Image.UnidentifiedImageError:

@@ -385,12 +385,14 @@ def json_report(args, prompt, result, text):  # -> the --json object
 
 
 PROMPT_STYLE, PLAIN_STYLE = "\x1b[2m", "\x1b[0m"  # on a terminal the prompt is dim, the generated text plain
+GENERATED_MARK = "\u25b6"  # between the prompt and the generated text, wherever stdout goes
 
 
-def marked_output(prompt_text, text, terminal):  # -> stdout's text: where the prompt ends shows on a terminal
-    """A pipe gets the bytes of prompt + continuation as they are (what a script compares); a
-    terminal shows the prompt dimmed, so where the model's own text begins can be seen."""
-    return f"{PROMPT_STYLE}{prompt_text}{PLAIN_STYLE}{text}" if terminal else prompt_text + text
+def marked_output(prompt_text, text, terminal):  # -> stdout's text: the prompt, the mark, the generated text
+    """The mark shows where the model's own text begins in a log or a pipe too; a terminal also dims
+    the prompt. The text without a mark is --json's (what a script compares)."""
+    return f"{PROMPT_STYLE}{prompt_text}{PLAIN_STYLE}{GENERATED_MARK}{text}" if terminal \
+        else f"{prompt_text}{GENERATED_MARK}{text}"
 
 
 def print_report(args, tok, prompt, result, text):  # the prompt and its continuation on stdout, figures on stderr

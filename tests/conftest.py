@@ -33,9 +33,9 @@ def model_manifest():  # -> list of manifest entries for the committed tiny mode
     return data["files"] if isinstance(data, dict) else data
 
 
-def run_cli(module, *args):  # -> CompletedProcess of `python -m module args`
+def run_cli(module, *args, timeout=600):  # -> CompletedProcess of `python -m module args`
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=600)
+                          timeout=timeout)
 
 
 def cli_error(r, *expected):  # CompletedProcess of a CLI -> its one stderr line: exit 2, no traceback, naming `expected`

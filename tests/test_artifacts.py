@@ -20,6 +20,7 @@ from tools.parity import golden
 
 TINY_A = os.path.join(MODELS, "tiny-a-f32.gguf")
 TINY_B = os.path.join(MODELS, "tiny-b-f32.gguf")
+DEFAULT, MMPROJ = (os.path.join(MODELS, f"glimmer-default{part}-f16.gguf") for part in ("", "-mmproj"))
 FIX = os.path.join(ROOT, "tests", "fixtures")
 TEXT = os.path.join(FIX, "perplexity", "text-crlf.txt")
 DUMP = os.path.join(FIX, "tiny-a-f32.eval-callback.txt")
@@ -167,12 +168,15 @@ def test_a_corpus_reruns_what_a_new_model_or_edited_prompt_changed(tmp_path, cap
     ("tools.perplexity", ["-m", TINY_A, "-f", "{fifo}"]),
     ("tools.diff", ["{fifo}", "{fifo}"]),
     ("tools.bisect", ["{fifo}", "{fifo}"]),
+    ("reference.run", ["--model", "{fifo}", "--n-predict", "0"]),  # gguf.load
+    ("reference.run", ["--model", DEFAULT, "--mmproj", MMPROJ, "--image", "{fifo}", "--n-predict", "0"]),  # load_rgb
 ])
 def test_a_fifo_is_refused_by_name(tmp_path, tool, args):
     fifo = tmp_path / "f.npy"
     os.mkfifo(fifo)
     args = [a.replace("{fifo}", str(fifo)).replace("{tmp}", str(tmp_path)) for a in args]
-    cli_error(run_cli(tool, *args), f"{fifo}: a FIFO, not a regular file")
+    # a read that blocks on the FIFO would wait for ever: the timeout turns that into a failure
+    cli_error(run_cli(tool, *args, timeout=120), f"{fifo}: a FIFO, not a regular file")
 
 
 def test_devices_and_a_zip_bomb_are_refused_before_they_are_read(tmp_path):
@@ -270,10 +274,11 @@ def test_a_golden_error_is_stderr_s_last_line_after_the_bar(tmp_path):
     assert last.startswith(f"tools.golden: {tmp_path / 'o' / 'b.npy'}: cannot write it"), r.stderr
 
 
-def test_the_prompt_is_marked_on_a_terminal():
-    from reference.run import PLAIN_STYLE, PROMPT_STYLE, marked_output
-    assert marked_output("the prompt", " and more", True) == f"{PROMPT_STYLE}the prompt{PLAIN_STYLE} and more"
-    assert marked_output("the prompt", " and more", False) == "the prompt and more"
+def test_the_prompt_end_is_marked_on_a_terminal_and_in_a_pipe():
+    from reference.run import GENERATED_MARK, PLAIN_STYLE, PROMPT_STYLE, marked_output
+    assert marked_output("the prompt", " and more", True) == \
+        f"{PROMPT_STYLE}the prompt{PLAIN_STYLE}{GENERATED_MARK} and more"
+    assert marked_output("the prompt", " and more", False) == f"the prompt{GENERATED_MARK} and more"
 
 
 def test_diff_names_a_missing_side(tmp_path):

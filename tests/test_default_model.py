@@ -17,7 +17,7 @@ import pytest
 
 from reference import gguf
 from reference.dflash import Drafter, Speculator, acceptance
-from reference.run import DEFAULT_MODEL
+from reference.run import DEFAULT_MODEL, GENERATED_MARK
 from reference.text import TextModel
 from reference.tokenizer import detokenize
 from reference.metrics import log_softmax
@@ -55,6 +55,8 @@ def test_default_run_prints_text_speed_and_a_hint():
     assert r.returncode == 0, r.stderr
     assert "tok/s" in r.stderr and "--draft-model" in r.stderr and "--help" in r.stderr
     assert len(r.stdout.split()) >= 5
+    prompt, generated = r.stdout.split(GENERATED_MARK)  # piped, not a terminal: the mark is there all the same
+    assert prompt.startswith("<|begin_of_text|>") and generated.strip()
 
 
 def test_64_token_greedy_continuations_equal_llama_cpp(lm):

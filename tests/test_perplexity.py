@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 
@@ -203,6 +204,17 @@ def test_cpu_target_is_recorded(tmp_path, capsys):
 
 def ppl_value(lines):  # -> the PPL of a "Final estimate: PPL = X +/- Y" line
     return float(re.search(r"Final estimate: PPL = ([\d.]+)", "\n".join(lines)).group(1))
+
+
+def test_the_readmes_first_command_runs_as_written(capsys):
+    """The README's first perplexity line runs from a clean clone with the defaults (-c 512: the
+    committed text must tokenize to at least 1024 tokens) and prints the figure written beside it."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        line = next(x for x in f if x.startswith("python -m tools.perplexity "))
+    command, figure = line.split("#")
+    status, _, stderr = run_tool(capsys, *shlex.split(command)[3:])
+    assert status == 0
+    assert final_estimate(stderr) == "Final estimate: " + figure.strip()
 
 
 def test_expf_is_glibcs():

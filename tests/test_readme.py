@@ -3,12 +3,15 @@ parser accepts the command's flags. The command is not run (most need minutes or
 repository): each module's own parser reads the argv and the test stops it right there, so a flag
 renamed or removed in the code fails here instead of in a reader's shell."""
 import argparse
+import ast
 import importlib
 import itertools
 import pathlib
 import re
 import runpy
 import shlex
+import shutil
+import subprocess
 
 import pytest
 
@@ -173,3 +176,73 @@ def test_alias_runs_its_tool(name, monkeypatch, capsys):
         assert done.value.code == 2 and "not a command" in out.err, out.err
     else:
         assert done.value.code == 0 and "usage:" in out.out, (done.value.code, out.err[-300:])
+
+
+OUTPUT_DESTS = ("out", "trace", "logits_out", "embeddings_out", "json", "plot", "table")
+BASE_DESTS = ("kl_divergence_base", "kl_divergence_base_f32")  # written unless --kl-divergence reads them
+
+
+SHELL_LINE = re.compile(r"^(python|pip|head|llama-\S+|\(cd) ")  # code lines that are commands, not printed output
+
+
+def shell_commands(text):  # README text -> its command lines, a quoted string open across lines joined
+    commands = []
+    for line in command_lines(text):
+        if commands and commands[-1].count('"') % 2:
+            commands[-1] += "\n" + line
+        elif SHELL_LINE.match(line):
+            commands.append(line)
+    return commands
+
+
+def written_paths(line, monkeypatch):  # README shell line -> the paths its commands and `> FILE` write
+    words = shlex.split(line, comments=True)
+    paths = [words[i + 1] for i, w in enumerate(words[:-1]) if w == ">"]
+    for command in python_m_commands(line):
+        module, variants = argvs(command)
+        for argv in variants:
+            args = vars(parse_only(module, argv, monkeypatch))
+            dests = OUTPUT_DESTS + (() if args.get("kl_divergence") else BASE_DESTS)
+            paths += [str(args[d]) for d in dests if isinstance(args.get(d), (str, pathlib.Path))]
+    return paths
+
+
+@pytest.mark.skipif(not shutil.which("git") or not (REPO / ".git").exists(), reason="not a git checkout")
+def test_what_the_examples_write_is_ignored(monkeypatch):
+    # An example run from the repository root leaves no untracked file for `git status` to show: every
+    # output it names there is in .gitignore (build/ is ignored whole; DIR, OUT.json name no file).
+    monkeypatch.chdir(REPO)
+    written = {p for line in shell_commands((REPO / "README.md").read_text(encoding="utf-8"))
+               for p in written_paths(line, monkeypatch)}
+    named = {p for p in written if not is_placeholder(p)}
+    assert {"t32", "img.npy", "forced.jsonl", "30b.gguf"} <= {p.rstrip("/") for p in named}
+    # a trailing / matches both file and directory patterns of .gitignore
+    probe = subprocess.run(["git", "check-ignore", "--no-index", "--stdin", "-v", "-n"], cwd=REPO, text=True,
+                           input="".join(p.rstrip("/") + "/\n" for p in sorted(named)), capture_output=True)
+    not_ignored = [x.split("\t")[1] for x in probe.stdout.splitlines() if x.startswith("::")]
+    assert not not_ignored, not_ignored
+
+
+def test_python_c_examples_import_what_they_name():
+    # `python -c "from tools.X import Y; ..."` is not a `python -m` command and was not checked: a
+    # module moved (tools.make_synthetic's writers into tools.synthetic) broke the long-context
+    # example. Each snippet must compile and its imports must resolve (the rest is not run).
+    snippets = [shlex.split(c)[2] for c in shell_commands((REPO / "README.md").read_text(encoding="utf-8"))
+                if c.startswith("python -c ")]
+    assert len(snippets) >= 3, snippets
+    for code in snippets:
+        imports = [n for n in ast.walk(ast.parse(code)) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        exec(compile(ast.Module(body=imports, type_ignores=[]), "README python -c", "exec"), {})
+
+
+def is_placeholder(word):  # "M.gguf", "DIR", "OUT.json", "...": a word the reader replaces
+    return word == "..." or bool(METAVAR.match(pathlib.PurePath(word).name.split(".")[0]))
+
+
+def test_only_synopsis_lines_have_optional_parts():
+    # `[--x 1]` is a synopsis's optional part: a line without a placeholder is an example to paste,
+    # where a literal `[--logits-topk 64]` reaches the shell (the long-context example did).
+    pasted = [line for readme in READMES for line in command_lines((REPO / readme).read_text(encoding="utf-8"))
+              for command in python_m_commands(line) if re.search(r"\[-", command)
+              and not any(is_placeholder(w) for w in shlex.split(re.sub(r"[\[\]|]", " ", command), comments=True))]
+    assert not pasted, pasted

@@ -106,7 +106,8 @@ def test_output_into_a_read_only_folder_is_refused_before_the_run(tmp_path):
     assert "is not writable" in line
 
 
-@pytest.mark.parametrize("kind, message", [("directory", "is a directory"), ("device", "is not a regular file")])
+@pytest.mark.parametrize("kind, message", [("directory", "a directory, not a regular file"),
+                                           ("device", "a character device, not a regular file")])
 def test_model_that_is_not_a_file(tmp_path, kind, message):
     if kind == "device" and not os.path.exists(os.devnull):
         pytest.skip("no null device")

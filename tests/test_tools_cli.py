@@ -83,6 +83,28 @@ def test_bench_text_checkpoint_that_will_not_load(paths):
     assert ("cannot load the checkpoint" if have_torch else "needs torch and transformers") in line, line
 
 
+def test_bench_vision_shows_each_step_on_stderr(tmp_path):
+    # 40 s at the defaults: a bar names each step; stdout keeps the report alone
+    out = tmp_path / "vision.json"
+    r = run_cli("tools.bench", "vision", "--layers", "1", "--repeat", "1", "--json", out)
+    assert r.returncode == 0, r.stderr
+    for step in ("synthetic tower", "1 window", "4 windows", "9 windows", "1024x1024 window-local",
+                 "1024x1024 all global", "6/6"):
+        assert step in r.stderr, step
+    assert "vision:" not in r.stdout and "s per window" in r.stdout
+    assert json.loads(out.read_text())["layers"] == 1
+
+
+def test_bench_ggml_numba_takes_paths_and_names_and_says_so_whole():
+    from tools.bench import ggml_numba
+    assert ggml_numba.model_file(TINY) == TINY  # README: M is a path
+    assert ggml_numba.model_file("tiny-a-f32") == TINY
+    r = run_cli("tools.bench_ggml_numba", "--help")
+    assert r.returncode == 0, r.stderr
+    description = " ".join(r.stdout.split("\n\n")[1].split())
+    assert "token-by-token decode" in description and description.endswith("bit-identical."), description
+
+
 def test_bench_scale_runs(tmp_path):
     out = tmp_path / "scale.json"
     r = run_cli("tools.bench", "scale", "--model", TINY, "--prompt-len", "4", "--n-predict", "2", "--json", out)

@@ -118,16 +118,24 @@ def bench_text(args):  # -> report dict
 def bench_vision(args):  # -> report dict
     import tempfile
     from tools.synthetic import VisionDims, synthetic_image, write_mmproj_gguf
-    with tempfile.TemporaryDirectory() as tmp:
-        mmproj = gguf.load(write_mmproj_gguf(f"{tmp}/mm.gguf", VisionDims(n_pos=1024, n_layer=args.layers)), "mmproj")
-        m = factory.vision_model(mmproj, factory.Build())
+    # 40 s at the defaults: a bar on stderr names each step while it runs
+    with tempfile.TemporaryDirectory() as tmp, tqdm(total=6, desc="vision", file=sys.stderr) as bar:
+        def step(what, fn):  # -> fn()
+            bar.set_postfix_str(what)
+            out = fn()
+            bar.update()
+            return out
+
+        m = step("synthetic tower", lambda: factory.vision_model(gguf.load(write_mmproj_gguf(
+            f"{tmp}/mm.gguf", VisionDims(n_pos=1024, n_layer=args.layers)), "mmproj"), factory.Build()))
         px = {k * k: m.preprocess(synthetic_image(448 * k, 448 * k, 1, "smooth")) for k in (1, 2, 3)}
         photo = m.preprocess(synthetic_image(1024, 1024, 2, "smooth"))
         m.is_global = lambda il: False
-        per_window = {n: best_of(args.repeat, lambda: m.forward(p)) / n for n, p in px.items()}
-        windowed = best_of(args.repeat, lambda: m.forward(photo))
+        per_window = {n: step(f"{n} window{'s' * (n > 1)}", lambda: best_of(args.repeat, lambda: m.forward(p))) / n
+                      for n, p in px.items()}
+        windowed = step("1024x1024 window-local", lambda: best_of(args.repeat, lambda: m.forward(photo)))
         m.is_global = lambda il: True
-        all_global = best_of(1, lambda: m.forward(photo))
+        all_global = step("1024x1024 all global", lambda: best_of(1, lambda: m.forward(photo)))
     return {"layers": args.layers, "s_per_window": per_window, "photo_1024_window_local_s": windowed,
             "photo_1024_all_global_s": all_global, "ratio_global_over_window_local": all_global / windowed}
 

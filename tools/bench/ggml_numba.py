@@ -1,9 +1,9 @@
-"""`--numerics ggml-cpu` on numba against the NumPy emulation, in the same run: prefill and token-by-
-token decode of each model with GgmlCpuBackend and GgmlCpuNumbaBackend, the repeats alternating
-between the two (so both see the same load), best of --repeat, after one untimed numba run (its
-compilation). The logits of both are compared in that run: they must be bit-identical.
+"""`--numerics ggml-cpu` on numba against the NumPy emulation, in the same run: prefill and
+token-by-token decode of each model with GgmlCpuBackend and GgmlCpuNumbaBackend, the repeats
+alternating between the two (so both see the same load), best of --repeat, after one untimed numba
+run (its compilation). The logits of both are compared in that run: they must be bit-identical.
 
-    python -m tools.bench_ggml_numba [--models tiny-b-q4_k_m,tiny-a-f32] [--prompt-len 64]
+    python -m tools.bench_ggml_numba [--models tiny-b-q4_k_m,golden/models/tiny-a-f32.gguf] [--prompt-len 64]
         [--n-decode 8] [--repeat 3] [--kv-type f16] [--flash-attn off] [--plot speed.png]
 """
 import os
