@@ -24,7 +24,7 @@ DEFAULT_VOCAB = REPO / "golden" / "tokenizer" / "stress-vocab.gguf"
 
 
 def bench_text():  # -> the benchmark text
-    files = sorted(p for d in ("reference", "tools", "tests") for p in (REPO / d).glob("*.py"))
+    files = sorted(p for d in ("reference", "tools", "tests") for p in (REPO / d).rglob("*.py"))
     files += sorted(REPO.glob("*.md"))
     return "".join(p.read_text(encoding="utf-8") for p in files) + "\n".join(STRESS_STRINGS)
 
