@@ -229,9 +229,9 @@ def row_float(qtype, row, x, xsum16, tab):  # F32, F16, BF16
 
 
 # ---------------------------------------------------------------------------------------------
-# Legacy blocks: an f16 d per block of 32 values (Q8_0; Q4_0, Q5_0 and IQ4_NL, whose 4-bit q
-# index IQ4_NL's non-linear values; Q4_1 and Q5_1, which add an f16 m), and ggml's Q1_0 (128
-# values) and Q2_0 (64). Rows sum in float64 (Q4_0, Q5_0, IQ4_NL) or in the activations' dtype
+# Legacy blocks: an f16 d per block of 32 values (Q8_0; Q4_0, Q5_0, and IQ4_NL, whose 4-bit codes
+# pick non-linear values; Q4_1 and Q5_1, which add an f16 m), and ggml's Q1_0 (128 values) and Q2_0
+# (64). Rows sum in float64 (Q4_0, Q5_0, IQ4_NL) or in the activations' dtype
 # within a block (Q8_0, Q4_1, Q5_1, Q1_0, Q2_0).
 
 Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL = int(GT.Q4_0), int(GT.Q5_0), int(GT.Q4_1), int(GT.Q5_1), int(GT.IQ4_NL)
@@ -1037,41 +1037,54 @@ class TypeWithoutKernel(UnsupportedTensorType):
         self.type_id = type_id
 
 
-def dispatcher(kernel_of):  # {type: njit kernel(qtype, ...)} -> njit (qtype, ...) -> that kernel's result
-    """numba cannot index a table of functions at run time, so the table becomes a chain of njit
-    steps, one per kernel: the first whose types hold qtype runs, the last raises TypeWithoutKernel
-    for any other id. A function chosen at run time would be an argument that numba's cache cannot
-    key (every process would compile the products anew)."""
+def dispatcher(kernel_of):  # {type: njit kernel(qtype, ...)} -> njit (qtype, args) -> kernel(qtype, *args)
+    """numba cannot index a table of functions at run time, so the table becomes a chain of steps,
+    one per kernel, which numba inlines into one branch per kernel: the first whose types hold qtype
+    runs, the last raises TypeWithoutKernel for any other id (a last step that only raised would
+    make every result an Optional). The arguments travel as one tuple: numba inlines no call with
+    *args. Steps left as calls compiled 2.2x slower (each step's module re-optimizes every kernel
+    after it), and a function chosen at run time would be an argument that numba's cache cannot
+    key: every process would compile the products anew."""
     types_of = {}
     for qtype, kernel in kernel_of.items():
         types_of.setdefault(kernel, []).append(int(qtype))
-    (*firsts, (kernel, ids)) = types_of.items()
+    *firsts, (kernel, ids) = types_of.items()
     step = last_step(tuple(ids), kernel)
     for kernel, ids in reversed(firsts):
         step = first_step(tuple(ids), kernel, step)
     return step
 
 
-def first_step(ids, kernel, otherwise):  # -> njit (qtype, ...): kernel if qtype is one of ids, else otherwise
-    @njit
-    def step(qtype, *args):
+def first_step(ids, kernel, otherwise):  # -> njit (qtype, args): kernel if qtype is one of ids, else otherwise
+    @njit(inline="always")
+    def step(qtype, args):
         if qtype in ids:
             return kernel(qtype, *args)
-        return otherwise(qtype, *args)
+        return otherwise(qtype, args)
     return step
 
 
-def last_step(ids, kernel):  # -> njit (qtype, ...): kernel if qtype is one of ids, else TypeWithoutKernel
-    @njit
-    def step(qtype, *args):
+def last_step(ids, kernel):  # -> njit (qtype, args): kernel if qtype is one of ids, else TypeWithoutKernel
+    @njit(inline="always")
+    def step(qtype, args):
         if qtype not in ids:
             raise TypeWithoutKernel(qtype)
         return kernel(qtype, *args)
     return step
 
 
-decode_chunk = dispatcher({t: k.decode for t, k in KERNELS.items()})  # (qtype, row, start, n, out, tab)
-row_dot = dispatcher({t: k.row for t, k in KERNELS.items()})  # (qtype, row, x, xsum16, tab) -> float64
+decoder_of = dispatcher({t: k.decode for t, k in KERNELS.items()})
+row_kernel_of = dispatcher({t: k.row for t, k in KERNELS.items()})
+
+
+@njit(cache=True)
+def decode_chunk(qtype, row, start, n, out, tab):  # qtype's decoder (KERNELS) on values [start, start + n) of row
+    decoder_of(qtype, (row, start, n, out, tab))
+
+
+@njit(cache=True)
+def row_dot(qtype, row, x, xsum16, tab):  # qtype's row kernel (KERNELS): row [row_bytes] . x [n_in] -> float64
+    return row_kernel_of(qtype, (row, x, xsum16, tab))
 
 
 @njit(cache=True)
