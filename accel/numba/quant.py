@@ -1,26 +1,33 @@
 """Products with GGUF weights straight from their quantized blocks, in numba. No dequantized
 matrix ever exists. The weights are gguf-py's float32 values exactly (Q1_0 and Q2_0, which gguf-py
-lacks: reference/gguf.py's decoders of ggml's dequantize_row_q1_0/q2_0); with float32 activations
-the sums run in float32 within a 256-value super-block (the rows of Q4_K, Q5_K, Q6_K, IQ4_XS,
-IQ3_XXS, IQ2_XXS; 32 values for Q8_0, 128 for Q1_0, 64 for Q2_0; the types at the end of this file
-say theirs) or a 1024-column tile (every type)
-and in float64 across them; the other row kernels (F32, F16, BF16, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K)
-sum in float64, and float64 activations sum in float64 everywhere. Against reference/ops.py linear (float64 sums) only the
+lacks: reference/gguf.py's decoders of ggml's dequantize_row_q1_0/q2_0). With float32 activations
+a row sums in float32 within a block of 16 to 256 values (each family's section says which) and
+in float64 across blocks, a tile within 1024 columns and in float64 across tiles; float64
+activations sum in float64 everywhere. Against reference/ops.py linear (float64 sums) only the
 summation differs: NMSE <= 3.6e-14 per product in the op harness on random inputs (more where a
 row's sum cancels: the error is relative to sum |w x|), 1.8e-13 .. 8.6e-13 on whole tiny models.
 The float32 lanes follow the CPU's vector width, so the last bits may differ between machines.
 
+The file goes by family, each type's decoder next to its row kernel: floats (F32, F16, BF16),
+legacy blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, and ggml's Q1_0, Q2_0), K-quants (Q2_K ..
+Q6_K, IQ4_XS), IQ grids (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) and ternary (TQ1_0,
+TQ2_0). KERNELS, after them, is the one table of type -> (decoder, row kernel) that the products
+dispatch through. The types the GGUF loader accepts without a kernel here, MXFP4 and NVFP4, are
+refused with TypeWithoutKernel; NumbaBackend gives them the reference's product.
+
 Two routes:
 - matmul_rows (decode): each weight row is read once per row of x and multiplied block by block
   in factored form, sum_i w_i x_i = sum_blocks scale * sum_j q_j x_j (see the comment above the
-  row functions for why that multiplies the very same weights).
-- matmul_tiles (prefill): a tile of weights is decoded once by the decoders below, which reproduce
+  families for why that multiplies the very same weights).
+- matmul_tiles (prefill): a tile of weights is decoded once by the decoders, which reproduce
   gguf-py's dequantization bit for bit (the same float32 operations in the same order), and
   multiplied with every row of x by a 4x4 register-blocked kernel.
 
 Block layouts follow ggml-common.h / ggml-quants.c (dequantize_row_*) and gguf-py's quants.py; the
 IQ grids, sign table and non-linear 4-bit values are taken from gguf-py rather than copied.
 numba has no float16, so half and bfloat16 bits are decoded through 65536-entry float32 tables.
+One file rather than a package: numba's cache of a function is invalidated by its own file alone,
+so products cached in one module would keep running the old kernels of another after an edit.
 """
 from collections import namedtuple
 
@@ -31,21 +38,13 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from reference.gguf import GgmlType
+from reference.gguf import GgmlType, UnsupportedTensorType
 
 CHUNK = 256  # values decoded per step: one K-quant super-block, or eight 32-value blocks
 
-F32, F16, BF16 = int(GT.F32), int(GT.F16), int(GT.BF16)
-Q4_0, Q5_0, Q8_0, IQ4_NL = int(GT.Q4_0), int(GT.Q5_0), int(GT.Q8_0), int(GT.IQ4_NL)
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = int(GT.Q2_K), int(GT.Q3_K), int(GT.Q4_K), int(GT.Q5_K), int(GT.Q6_K)
-IQ4_XS, IQ3_XXS, IQ2_XXS = int(GT.IQ4_XS), int(GT.IQ3_XXS), int(GT.IQ2_XXS)
-Q1_0, Q2_0 = int(GT.Q1_0), int(GgmlType.Q2_0)  # the pinned ggml's; Q2_0 is not in gguf-py
-Q4_1, Q5_1, TQ1_0, TQ2_0 = int(GT.Q4_1), int(GT.Q5_1), int(GT.TQ1_0), int(GT.TQ2_0)
-IQ1_S, IQ1_M, IQ2_XS, IQ2_S, IQ3_S = int(GT.IQ1_S), int(GT.IQ1_M), int(GT.IQ2_XS), int(GT.IQ2_S), int(GT.IQ3_S)
-
-KERNEL_TYPES = frozenset([*(GT(t) for t in (F32, F16, BF16, Q4_0, Q5_0, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K,
-                                            Q5_K, Q6_K, IQ4_XS, IQ3_XXS, IQ2_XXS, Q1_0, Q4_1, Q5_1, IQ1_S,
-                                            IQ1_M, IQ2_XS, IQ2_S, IQ3_S, TQ1_0, TQ2_0)), GgmlType.Q2_0])
+# reassoc lets LLVM split the sums into vector lanes, contract fuses a*b+c into an FMA. Both only
+# move roundings of products and sums; the weights' own factors are exact.
+FAST = {"reassoc", "contract"}
 
 Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xxs_signed "
                                "iq1s_grid iq2xs_signed iq2s_signed iq3s_signed")
@@ -111,11 +110,8 @@ def i8(byte):  # a uint8 read as two's-complement int8
 
 
 @njit(cache=True)
-def k_scale_min(row, o, j):  # 12 packed bytes at row[o] -> 6-bit (scale, min) of sub-block j (Q4_K, Q5_K)
-    if j < 4:
-        return np.int64(row[o + j]) & 63, np.int64(row[o + 4 + j]) & 63
-    high = np.int64(row[o + 4 + j])  # bytes 8..11 hold the low 4 bits; the top 2 bits sit in bytes 0..7
-    return (high & 15) | ((np.int64(row[o + j - 4]) >> 2) & 48), (high >> 4) | ((np.int64(row[o + j]) >> 2) & 48)
+def half_at(blk, b, o, halves):  # the f16 at bytes o, o+1 of block b -> float32
+    return halves[np.int64(blk[b, o]) | (np.int64(blk[b, o + 1]) << 8)]
 
 
 I8 = ir.IntType(8)
@@ -163,26 +159,47 @@ def crumbs(byte):  # float32 holding a byte -> its four 2-bit fields, lowest fir
     return byte - np.float32(4) * a, a - np.float32(4) * b, b - np.float32(4) * c, c
 
 
-@njit(cache=True)
-def q6_k_values(blk, sb, h, l):  # Q6_K super-block sb -> values 128 h + l + (0, 32, 64, 96), q - 32
-    lo0, hi0 = nibbles(np.float32(blk[sb, 64 * h + l]))
-    lo1, hi1 = nibbles(np.float32(blk[sb, 64 * h + 32 + l]))
-    f0, f1, f2, f3 = crumbs(np.float32(blk[sb, 128 + 32 * h + l]))
-    k16, k32 = np.float32(16), np.float32(32)
-    return lo0 + k16 * f0 - k32, lo1 + k16 * f1 - k32, hi0 + k16 * f2 - k32, hi1 + k16 * f3 - k32
-
-
-@njit(cache=True)
-def q6_k_scales(blk, sb, h, part, tab):  # -> d * scale of values 128 h + 32 s + 16 part.., s = 0..3
-    d, sc = half_at(blk, sb, 208, tab.halves), 192 + 8 * h + part
-    return (d * np.float32(i8(blk[sb, sc])), d * np.float32(i8(blk[sb, sc + 2])),
-            d * np.float32(i8(blk[sb, sc + 4])), d * np.float32(i8(blk[sb, sc + 6])))
+@njit(cache=True, fastmath=FAST)
+def dot(w, x):  # w [n] of any real type, x [n] -> sum w * x in x's dtype
+    s = x.dtype.type(0)
+    for j in range(x.shape[0]):
+        s += w[j] * x[j]
+    return s
 
 
 # ---------------------------------------------------------------------------------------------
-# Decoders: values [start, start + n) of one row -> out[:n] (gguf-py's float32 values, widened if
-# out is float64). start is a multiple of CHUNK, n a multiple of the block size and at most CHUNK.
-# No fastmath here: a contracted `dl * q - ml` would round once where gguf-py rounds twice.
+# What every family below holds to.
+#
+# Decoders, decode_*(qtype, row, start, n, out, tab): values [start, start + n) of one row -> out[:n]
+# (gguf-py's float32 values, widened if out is float64). start is a multiple of CHUNK, n a multiple
+# of the block size and at most CHUNK. No fastmath here: a contracted `dl * q - ml` would round
+# once where gguf-py rounds twice.
+#
+# Row kernels, row_*(qtype, row, x, xsum16, tab) -> float64: one weight row [row_bytes] . x [n_in]
+# (float32 or float64), factored per block:
+#     sum_i w_i x_i = sum_blocks scale * sum_j q_j x_j   (- min * sum_j x_j for Q2_K, Q4_K, Q5_K)
+# xsum16 [n_in / 16] holds the float64 sums of x per 16 values that the mins multiply. Both kinds
+# take the same arguments whether they read qtype and xsum16 or not, so that one table holds them.
+# Every dequantized weight is a product of an f16 scale, a small integer scale and a small integer
+# (or grid value) q with at most 23 significant bits (Q6_K: 11 x 8 x 6 bits, 2047 * 128 * 32 <
+# 2^23), so gguf-py's float32 weight holds that product without rounding and the factored form
+# multiplies the very same weights. (The K-quants' `scale * q - min` and Q4_1/Q5_1's `d q + m` round
+# in gguf-py only where a block's two f16 factors differ by more than about 2^8: an NMSE of ~1e-15.)
+# Sums run in the activations' dtype inside a block (float32 lanes: twice as many per vector as
+# float64, and float32 x fits the L1 cache where float64 x does not) and in float64 across blocks.
+# A product q x rounds once in float32, then the sums round: against the reference's float64 sums
+# of exact products, a relative error of about 2^-24 sqrt(256) of sum |w x| per super-block
+# (measured NMSE 3e-14 at n_in 6656 on random x).
+#
+# The row kernels view a row as [blocks, block bytes] and x as [blocks, ..., values] and index
+# both with loop counters only: numba then knows every index is non-negative and LLVM vectorizes
+# the inner loops (offset arithmetic on a flat row cost a factor 2-4 here).
+
+# ---------------------------------------------------------------------------------------------
+# Floats: F32, F16, BF16. The row sums in float64.
+
+F32, F16, BF16 = int(GT.F32), int(GT.F16), int(GT.BF16)
+
 
 @njit(cache=True)
 def decode_float(qtype, row, start, n, out, tab):  # F32, F16, BF16
@@ -197,8 +214,31 @@ def decode_float(qtype, row, start, n, out, tab):  # F32, F16, BF16
             out[j] = table[bits[start + j]]
 
 
+@njit(cache=True, fastmath=FAST)
+def row_float(qtype, row, x, xsum16, tab):  # F32, F16, BF16
+    s = 0.0
+    if qtype == F32:
+        w = row.view(np.float32)
+        for j in range(x.shape[0]):
+            s += np.float64(w[j]) * x[j]
+        return s
+    bits, table = row.view(np.uint16), tab.halves if qtype == F16 else tab.bfloats
+    for j in range(x.shape[0]):
+        s += np.float64(table[bits[j]]) * x[j]
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# Legacy blocks: an f16 d per block of 32 values (Q8_0; Q4_0, Q5_0, and IQ4_NL, whose 4-bit codes
+# pick non-linear values; Q4_1 and Q5_1, which add an f16 m), and ggml's Q1_0 (128 values) and Q2_0
+# (64). Rows sum in float64 (Q4_0, Q5_0, IQ4_NL) or in the activations' dtype
+# within a block (Q8_0, Q4_1, Q5_1, Q1_0, Q2_0).
+
+Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL = int(GT.Q4_0), int(GT.Q5_0), int(GT.Q4_1), int(GT.Q5_1), int(GT.IQ4_NL)
+
+
 @njit(cache=True)
-def decode_q8_0(row, start, n, out, tab):  # 34-byte blocks: f16 d, int8 q[32]; w = q * d
+def decode_q8_0(qtype, row, start, n, out, tab):  # 34-byte blocks: f16 d, int8 q[32]; w = q * d
     for b in range(n // 32):
         o = (start // 32 + b) * 34
         d = tab.halves[u16(row, o)]
@@ -206,23 +246,14 @@ def decode_q8_0(row, start, n, out, tab):  # 34-byte blocks: f16 d, int8 q[32]; 
             out[b * 32 + j] = np.float32(i8(row[o + 2 + j])) * d
 
 
-@njit(cache=True)
-def decode_q1_0(row, start, n, out, tab):  # 18-byte blocks: f16 d, qs[16]; bit j set: w = d, else -d
-    for b in range(n // 128):
-        o = (start // 128 + b) * 18
-        d = tab.halves[u16(row, o)]
-        for j in range(128):
-            out[b * 128 + j] = d if (np.int64(row[o + 2 + j // 8]) >> (j % 8)) & 1 else -d
-
-
-@njit(cache=True)
-def decode_q2_0(row, start, n, out, tab):  # 18-byte blocks: f16 d, qs[16] of 2-bit q; w = (q - 1) d
-    for b in range(n // 64):
-        o = (start // 64 + b) * 18
-        d = tab.halves[u16(row, o)]
-        for j in range(64):
-            q = (np.int64(row[o + 2 + j // 4]) >> (2 * (j % 4))) & 3
-            out[b * 64 + j] = np.float32(q - 1) * d
+@njit(cache=True, fastmath=FAST)
+def row_q8_0(qtype, row, x, xsum16, tab):  # 34-byte blocks: f16 d, int8 q[32]
+    nb = x.shape[0] // 32
+    blk, qi, xs = row.reshape(nb, 34), row.view(np.int8).reshape(nb, 34), x.reshape(nb, 32)
+    acc = 0.0
+    for b in range(nb):
+        acc += np.float64(half_at(blk, b, 0, tab.halves)) * dot(qi[b, 2:], xs[b])
+    return acc
 
 
 @njit(cache=True)
@@ -244,246 +275,8 @@ def decode_nibbles32(qtype, row, start, n, out, tab):  # Q4_0, Q5_0, IQ4_NL: low
             out[b * 32 + j] = w
 
 
-@njit(cache=True)
-def decode_q2_k(row, start, n, out, tab):  # 84 bytes: scales[16], qs[64], f16 d, f16 dmin
-    sb, blk, w = start // 256, row.reshape(-1, 84), out[:256].reshape(2, 4, 2, 16)
-    d, dmin = half_at(blk, sb, 80, tab.halves), half_at(blk, sb, 82, tab.halves)
-    for h in range(2):
-        for s in range(4):
-            for part in range(2):
-                sc = np.int64(blk[sb, h * 8 + s * 2 + part])
-                dl, ml = d * np.float32(sc & 15), dmin * np.float32(sc >> 4)
-                for l in range(16):
-                    q = (np.int64(blk[sb, 16 + h * 32 + part * 16 + l]) >> (2 * s)) & 3
-                    w[h, s, part, l] = dl * np.float32(q) - ml
-
-
-@njit(cache=True)
-def decode_q3_k(row, start, n, out, tab):  # 110 bytes: hmask[32], qs[64], scales[12], f16 d
-    o = start // 256 * 110
-    d = tab.halves[u16(row, o + 108)]
-    for e in range(256):
-        i = e // 16
-        low = (np.int64(row[o + 96 + i % 8]) >> (4 * (i // 8))) & 15
-        high = (np.int64(row[o + 104 + i % 4]) >> (2 * (i // 4))) & 3
-        dl = d * np.float32((low | (high << 4)) - 32)
-        q = (np.int64(row[o + 32 + e // 128 * 32 + e % 32]) >> (2 * (e % 128 // 32))) & 3
-        if (np.int64(row[o + e % 32]) >> (e // 32)) & 1 == 0:  # a clear high bit means q - 4
-            q -= 4
-        out[e] = dl * np.float32(q)
-
-
-@njit(cache=True)
-def decode_q45_k(qtype, row, start, n, out, tab):  # Q4_K 144 / Q5_K 176 bytes: d, dmin, scales[12], (qh[32]), qs[128]
-    size, qs_at = (144, 16) if qtype == Q4_K else (176, 48)
-    sb, blk = start // 256, row.reshape(-1, size)
-    dl, ml = k_scales(blk, sb, tab)
-    for g in range(4):  # 32 bytes: the low nibbles are sub-block 2g, the high ones 2g + 1
-        d0, ml0, d1, ml1 = dl[2 * g], ml[2 * g], dl[2 * g + 1], ml[2 * g + 1]
-        for l in range(32):
-            lo, hi = nibbles(np.float32(blk[sb, qs_at + 32 * g + l]))
-            if qtype == Q5_K:
-                fifth_lo, fifth_hi = bit_pair(np.float32(blk[sb, 16 + l]), 2 * g)
-                lo, hi = lo + np.float32(16) * fifth_lo, hi + np.float32(16) * fifth_hi
-            out[64 * g + l] = d0 * lo - ml0
-            out[64 * g + 32 + l] = d1 * hi - ml1
-
-
-@njit(cache=True)
-def decode_q6_k(row, start, n, out, tab):  # 210 bytes: ql[128], qh[64], int8 scales[16], f16 d
-    sb, blk = start // 256, row.reshape(-1, 210)
-    for h in range(2):
-        for part in range(2):
-            d0, d1, d2, d3 = q6_k_scales(blk, sb, h, part, tab)
-            for l in range(16 * part, 16 * part + 16):
-                q0, q1, q2, q3 = q6_k_values(blk, sb, h, l)
-                out[128 * h + l], out[128 * h + 32 + l] = d0 * q0, d1 * q1
-                out[128 * h + 64 + l], out[128 * h + 96 + l] = d2 * q2, d3 * q3
-
-
-@njit(cache=True)
-def decode_iq4_xs(row, start, n, out, tab):  # 136 bytes: f16 d, u16 scales_h, scales_l[4], qs[128]
-    o = start // 256 * 136
-    d = tab.halves[u16(row, o)]
-    scales_h = u16(row, o + 2)
-    for j in range(8):
-        ls = ((np.int64(row[o + 4 + j // 2]) >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)
-        dl = d * np.float32(ls - 32)
-        for l in range(32):
-            q = (np.int64(row[o + 8 + j * 16 + l % 16]) >> (4 * (l // 16))) & 15
-            out[j * 32 + l] = dl * tab.kvalues[q]
-
-
-@njit(cache=True)
-def xxs_scale(d, aux, unit):  # f16 d, u32 with the 4-bit scale on top -> d (1/2 + scale) unit, as gguf-py rounds it
-    return d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(unit)
-
-
-@njit(cache=True)
-def decode_iq2_xxs(row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
-    blk, signed = row.reshape(-1, 66)[start // 256], tab.iq2xxs_signed
-    d = tab.halves[u16(blk, 0)]
-    for ib in range(8):
-        aux = u32(blk, 6 + 8 * ib)
-        db = xxs_scale(d, aux, 0.25)
-        for l in range(4):  # db * (grid * sign) is gguf-py's (db * grid) * sign: a sign flip rounds alike
-            values = signed[np.int64(blk[2 + 8 * ib + l]) * 128 + ((aux >> (7 * l)) & 127)]
-            for j in range(values.shape[0]):
-                out[32 * ib + 8 * l + j] = db * np.float32(values[j])
-
-
-@njit(cache=True)
-def decode_iq3_xxs(row, start, n, out, tab):  # 98 bytes: f16 d, grid bytes[64], 8 x u32 signs+scale
-    blk, signed = row.reshape(-1, 98)[start // 256], tab.iq3xxs_signed
-    d = tab.halves[u16(blk, 0)]
-    for ib in range(8):
-        aux = u32(blk, 66 + 4 * ib)
-        db = xxs_scale(d, aux, 0.5)
-        for l in range(4):  # two grid rows of 4 take the low and the high four of 8 sign bits
-            ks = np.int64(tab.ksigns[(aux >> (7 * l)) & 127])
-            lo = signed[np.int64(blk[2 + 8 * ib + 2 * l]) * 16 + (ks & 15)]
-            hi = signed[np.int64(blk[3 + 8 * ib + 2 * l]) * 16 + (ks >> 4)]
-            for j in range(lo.shape[0]):
-                out[32 * ib + 8 * l + j] = db * np.float32(lo[j])
-                out[32 * ib + 8 * l + 4 + j] = db * np.float32(hi[j])
-
-
-@njit(cache=True)
-def decode_chunk(qtype, row, start, n, out, tab):  # the decoder of qtype
-    if qtype == F32 or qtype == F16 or qtype == BF16:
-        decode_float(qtype, row, start, n, out, tab)
-    elif qtype == Q8_0:
-        decode_q8_0(row, start, n, out, tab)
-    elif qtype == Q4_0 or qtype == Q5_0 or qtype == IQ4_NL:
-        decode_nibbles32(qtype, row, start, n, out, tab)
-    elif qtype == Q2_K:
-        decode_q2_k(row, start, n, out, tab)
-    elif qtype == Q3_K:
-        decode_q3_k(row, start, n, out, tab)
-    elif qtype == Q4_K or qtype == Q5_K:
-        decode_q45_k(qtype, row, start, n, out, tab)
-    elif qtype == Q6_K:
-        decode_q6_k(row, start, n, out, tab)
-    elif qtype == IQ4_XS:
-        decode_iq4_xs(row, start, n, out, tab)
-    elif qtype == IQ3_XXS:
-        decode_iq3_xxs(row, start, n, out, tab)
-    elif qtype == IQ2_XXS:
-        decode_iq2_xxs(row, start, n, out, tab)
-    elif qtype == Q1_0:
-        decode_q1_0(row, start, n, out, tab)
-    elif qtype == Q2_0:
-        decode_q2_0(row, start, n, out, tab)
-    elif qtype == Q4_1 or qtype == Q5_1:
-        decode_q45_1(qtype, row, start, n, out, tab)
-    elif qtype == TQ1_0 or qtype == TQ2_0:
-        decode_tq(qtype, row, start, n, out, tab)
-    elif qtype == IQ1_S or qtype == IQ1_M:
-        decode_iq1(qtype, row, start, n, out, tab)
-    elif qtype == IQ2_XS:
-        decode_iq2_xs(row, start, n, out, tab)
-    elif qtype == IQ2_S:
-        decode_iq2_s(row, start, n, out, tab)
-    elif qtype == IQ3_S:
-        decode_iq3_s(row, start, n, out, tab)
-
-
-# ---------------------------------------------------------------------------------------------
-# Dot products of one quantized row with the activations x (float32 or float64), factored per block:
-#     sum_i w_i x_i = sum_blocks scale * sum_j q_j x_j   (- min * sum_j x_j for Q2_K, Q4_K, Q5_K)
-# Every dequantized weight is a product of an f16 scale, a small integer scale and a small integer q
-# with at most 23 significant bits (Q6_K: 11 x 8 x 6 bits, 2047 * 128 * 32 < 2^23), so gguf-py's
-# float32 weight holds that product without rounding and the factored form multiplies the very same
-# weights. (The K-quants' `scale * q - min` rounds in gguf-py only where a block's d and dmin differ
-# by more than about 2^8: an NMSE of ~1e-15.)
-# Sums run in the activations' dtype inside a super-block (float32 lanes: twice as many per vector
-# as float64, and float32 x fits the L1 cache where float64 x does not) and in float64 across
-# super-blocks. A product q x rounds once in float32, then the sums round: against
-# the reference's float64 sums of exact products, a relative error of about 2^-24 sqrt(256) of
-# sum |w x| per super-block (measured NMSE 3e-14 at n_in 6656 on random x).
-
-# reassoc lets LLVM split the sums into vector lanes, contract fuses a*b+c into an FMA. Both only
-# move roundings of products and sums; the weights' own factors are exact.
-FAST = {"reassoc", "contract"}
-
-
 @njit(cache=True, fastmath=FAST)
-def dot(w, x):  # w [n] of any real type, x [n] -> sum w * x in x's dtype
-    s = x.dtype.type(0)
-    for j in range(x.shape[0]):
-        s += w[j] * x[j]
-    return s
-
-
-@njit(cache=True, fastmath=FAST)
-def dot_lut(qs, shift, lut, x):  # sum lut[(qs >> shift) & 15] * x: IQ4 non-linear values
-    s = x.dtype.type(0)
-    for j in range(x.shape[0]):
-        s += lut[(np.int64(qs[j]) >> shift) & 15] * x[j]
-    return s
-
-
-# The row functions view a row as [blocks, block bytes] and x as [blocks, ..., values] and index
-# both with loop counters only: numba then knows every index is non-negative and LLVM vectorizes
-# the inner loops (offset arithmetic on a flat row cost a factor 2-4 here).
-
-@njit(cache=True)
-def half_at(blk, b, o, halves):  # the f16 at bytes o, o+1 of block b -> float32
-    return halves[np.int64(blk[b, o]) | (np.int64(blk[b, o + 1]) << 8)]
-
-
-@njit(cache=True, fastmath=FAST)
-def row_float(qtype, row, x, tab):  # F32, F16, BF16
-    s = 0.0
-    if qtype == F32:
-        w = row.view(np.float32)
-        for j in range(x.shape[0]):
-            s += np.float64(w[j]) * x[j]
-        return s
-    bits, table = row.view(np.uint16), tab.halves if qtype == F16 else tab.bfloats
-    for j in range(x.shape[0]):
-        s += np.float64(table[bits[j]]) * x[j]
-    return s
-
-
-@njit(cache=True, fastmath=FAST)
-def row_q8_0(row, x, tab):  # 34-byte blocks: f16 d, int8 q[32]
-    nb = x.shape[0] // 32
-    blk, qi, xs = row.reshape(nb, 34), row.view(np.int8).reshape(nb, 34), x.reshape(nb, 32)
-    acc = 0.0
-    for b in range(nb):
-        acc += np.float64(half_at(blk, b, 0, tab.halves)) * dot(qi[b, 2:], xs[b])
-    return acc
-
-
-@njit(cache=True, fastmath=FAST)
-def row_q1_0(row, x, tab):  # 18-byte blocks: f16 d, 128 sign bits; w = +-d
-    nb = x.shape[0] // 128
-    blk, xs = row.reshape(nb, 18), x.reshape(nb, 128)
-    acc = 0.0
-    for b in range(nb):
-        s = x.dtype.type(0)
-        for j in range(128):
-            s += xs[b, j] if (np.int64(blk[b, 2 + j // 8]) >> (j % 8)) & 1 else -xs[b, j]
-        acc += np.float64(half_at(blk, b, 0, tab.halves)) * s
-    return acc
-
-
-@njit(cache=True, fastmath=FAST)
-def row_q2_0(row, x, tab):  # 18-byte blocks: f16 d, 64 2-bit q; w = (q - 1) d
-    nb = x.shape[0] // 64
-    blk, xs = row.reshape(nb, 18), x.reshape(nb, 64)
-    acc = 0.0
-    for b in range(nb):
-        s = x.dtype.type(0)
-        for j in range(64):
-            s += x.dtype.type(((np.int64(blk[b, 2 + j // 4]) >> (2 * (j % 4))) & 3) - 1) * xs[b, j]
-        acc += np.float64(half_at(blk, b, 0, tab.halves)) * s
-    return acc
-
-
-@njit(cache=True, fastmath=FAST)
-def row_blocks32(qtype, row, x, tab):  # Q4_0, Q5_0, IQ4_NL: f16 d, (Q5_0: u32 qh), 16 bytes: low nibbles first
+def row_blocks32(qtype, row, x, xsum16, tab):  # Q4_0, Q5_0, IQ4_NL: f16 d, (Q5_0: u32 qh), 16 bytes: low nibbles first
     size = 22 if qtype == Q5_0 else 18
     nb = x.shape[0] // 32
     blk, xs, kv = row.reshape(nb, size), x.reshape(nb, 2, 16), tab.kvalues
@@ -510,8 +303,106 @@ def row_blocks32(qtype, row, x, tab):  # Q4_0, Q5_0, IQ4_NL: f16 d, (Q5_0: u32 q
     return acc
 
 
+@njit(cache=True)
+def decode_q45_1(qtype, row, start, n, out, tab):  # Q4_1 20 / Q5_1 24 bytes: f16 d, f16 m, (u32 qh), qs[16]; d q + m
+    size, qs_at = (20, 4) if qtype == Q4_1 else (24, 8)
+    for b in range(n // 32):
+        o = (start // 32 + b) * size
+        d, m = tab.halves[u16(row, o)], tab.halves[u16(row, o + 2)]
+        qh = u32(row, o + 4) if qtype == Q5_1 else 0  # bit j: the fifth bit of value j
+        for j in range(32):
+            q = ((np.int64(row[o + qs_at + j % 16]) >> (4 * (j // 16))) & 15) | (((qh >> j) & 1) << 4)
+            out[b * 32 + j] = d * np.float32(q) + m
+
+
 @njit(cache=True, fastmath=FAST)
-def row_q2_k(row, x, xsum16, tab):  # 84 bytes: scales[16], qs[64], f16 d, f16 dmin
+def row_q45_1(qtype, row, x, xsum16, tab):  # Q4_1 / Q5_1: sum (d q + m) x = d sum q x + m sum x per block
+    size, qs_at = (20, 4) if qtype == Q4_1 else (24, 8)
+    nb = x.shape[0] // 32
+    blk, xs, sums = row.reshape(nb, size), x.reshape(nb, 2, 16), xsum16.reshape(nb, 2)
+    acc = 0.0
+    for b in range(nb):
+        qh = u32(blk[b], 4) if qtype == Q5_1 else 0
+        s = x.dtype.type(0)
+        for l in range(16):
+            q = np.int64(blk[b, qs_at + l])
+            lo, hi = (q & 15) | (((qh >> l) & 1) << 4), (q >> 4) | (((qh >> (l + 16)) & 1) << 4)
+            s += x.dtype.type(lo) * xs[b, 0, l] + x.dtype.type(hi) * xs[b, 1, l]
+        acc += (np.float64(half_at(blk, b, 0, tab.halves)) * s
+                + np.float64(half_at(blk, b, 2, tab.halves)) * (sums[b, 0] + sums[b, 1]))
+    return acc
+
+
+@njit(cache=True)
+def decode_q1_0(qtype, row, start, n, out, tab):  # 18-byte blocks: f16 d, qs[16]; bit j set: w = d, else -d
+    for b in range(n // 128):
+        o = (start // 128 + b) * 18
+        d = tab.halves[u16(row, o)]
+        for j in range(128):
+            out[b * 128 + j] = d if (np.int64(row[o + 2 + j // 8]) >> (j % 8)) & 1 else -d
+
+
+@njit(cache=True, fastmath=FAST)
+def row_q1_0(qtype, row, x, xsum16, tab):  # 18-byte blocks: f16 d, 128 sign bits; w = +-d
+    nb = x.shape[0] // 128
+    blk, xs = row.reshape(nb, 18), x.reshape(nb, 128)
+    acc = 0.0
+    for b in range(nb):
+        s = x.dtype.type(0)
+        for j in range(128):
+            s += xs[b, j] if (np.int64(blk[b, 2 + j // 8]) >> (j % 8)) & 1 else -xs[b, j]
+        acc += np.float64(half_at(blk, b, 0, tab.halves)) * s
+    return acc
+
+
+@njit(cache=True)
+def decode_q2_0(qtype, row, start, n, out, tab):  # 18-byte blocks: f16 d, qs[16] of 2-bit q; w = (q - 1) d
+    for b in range(n // 64):
+        o = (start // 64 + b) * 18
+        d = tab.halves[u16(row, o)]
+        for j in range(64):
+            q = (np.int64(row[o + 2 + j // 4]) >> (2 * (j % 4))) & 3
+            out[b * 64 + j] = np.float32(q - 1) * d
+
+
+@njit(cache=True, fastmath=FAST)
+def row_q2_0(qtype, row, x, xsum16, tab):  # 18-byte blocks: f16 d, 64 2-bit q; w = (q - 1) d
+    nb = x.shape[0] // 64
+    blk, xs = row.reshape(nb, 18), x.reshape(nb, 64)
+    acc = 0.0
+    for b in range(nb):
+        s = x.dtype.type(0)
+        for j in range(64):
+            s += x.dtype.type(((np.int64(blk[b, 2 + j // 4]) >> (2 * (j % 4))) & 3) - 1) * xs[b, j]
+        acc += np.float64(half_at(blk, b, 0, tab.halves)) * s
+    return acc
+
+
+# ---------------------------------------------------------------------------------------------
+# K-quants: 256-value super-blocks with an f16 d (Q2_K, Q4_K, Q5_K: and dmin) and 4- to 8-bit
+# scales of 16- or 32-value sub-blocks (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), and IQ4_XS, that layout
+# with IQ4_NL's non-linear values. Rows sum in float64 (Q2_K, Q3_K) or in the activations' dtype
+# within the super-block (Q4_K, Q5_K, Q6_K) or a 32-value sub-block (IQ4_XS).
+
+Q4_K, Q5_K = int(GT.Q4_K), int(GT.Q5_K)
+
+
+@njit(cache=True)
+def decode_q2_k(qtype, row, start, n, out, tab):  # 84 bytes: scales[16], qs[64], f16 d, f16 dmin
+    sb, blk, w = start // 256, row.reshape(-1, 84), out[:256].reshape(2, 4, 2, 16)
+    d, dmin = half_at(blk, sb, 80, tab.halves), half_at(blk, sb, 82, tab.halves)
+    for h in range(2):
+        for s in range(4):
+            for part in range(2):
+                sc = np.int64(blk[sb, h * 8 + s * 2 + part])
+                dl, ml = d * np.float32(sc & 15), dmin * np.float32(sc >> 4)
+                for l in range(16):
+                    q = (np.int64(blk[sb, 16 + h * 32 + part * 16 + l]) >> (2 * s)) & 3
+                    w[h, s, part, l] = dl * np.float32(q) - ml
+
+
+@njit(cache=True, fastmath=FAST)
+def row_q2_k(qtype, row, x, xsum16, tab):  # 84 bytes: scales[16], qs[64], f16 d, f16 dmin
     # value e is 2 bits of qs[e // 128 * 32 + e % 32] at shift 2 * (e % 128 // 32), scale e // 16
     nsb = x.shape[0] // 256
     blk, xs, sums = row.reshape(nsb, 84), x.reshape(nsb, 2, 4, 2, 16), xsum16.reshape(nsb, 2, 4, 2)
@@ -534,8 +425,23 @@ def row_q2_k(row, x, xsum16, tab):  # 84 bytes: scales[16], qs[64], f16 d, f16 d
     return acc
 
 
+@njit(cache=True)
+def decode_q3_k(qtype, row, start, n, out, tab):  # 110 bytes: hmask[32], qs[64], scales[12], f16 d
+    o = start // 256 * 110
+    d = tab.halves[u16(row, o + 108)]
+    for e in range(256):
+        i = e // 16
+        low = (np.int64(row[o + 96 + i % 8]) >> (4 * (i // 8))) & 15
+        high = (np.int64(row[o + 104 + i % 4]) >> (2 * (i // 4))) & 3
+        dl = d * np.float32((low | (high << 4)) - 32)
+        q = (np.int64(row[o + 32 + e // 128 * 32 + e % 32]) >> (2 * (e % 128 // 32))) & 3
+        if (np.int64(row[o + e % 32]) >> (e // 32)) & 1 == 0:  # a clear high bit means q - 4
+            q -= 4
+        out[e] = dl * np.float32(q)
+
+
 @njit(cache=True, fastmath=FAST)
-def row_q3_k(row, x, tab):  # 110 bytes: hmask[32], qs[64], scales[12], f16 d; q = 2 low bits - 4 unless the hmask bit
+def row_q3_k(qtype, row, x, xsum16, tab):  # 110 bytes: hmask[32], qs[64], scales[12], f16 d; q = 2 low bits - 4 unless the hmask bit
     nsb = x.shape[0] // 256
     blk, xs = row.reshape(nsb, 110), x.reshape(nsb, 2, 4, 2, 16)
     acc = 0.0
@@ -557,6 +463,14 @@ def row_q3_k(row, x, tab):  # 110 bytes: hmask[32], qs[64], scales[12], f16 d; q
                     high = (np.int64(blk[sb, 104 + i % 4]) >> (2 * (i // 4))) & 3
                     acc += np.float64(d * np.float32((low | (high << 4)) - 32)) * a
     return acc
+
+
+@njit(cache=True)
+def k_scale_min(row, o, j):  # 12 packed bytes at row[o] -> 6-bit (scale, min) of sub-block j (Q4_K, Q5_K)
+    if j < 4:
+        return np.int64(row[o + j]) & 63, np.int64(row[o + 4 + j]) & 63
+    high = np.int64(row[o + 4 + j])  # bytes 8..11 hold the low 4 bits; the top 2 bits sit in bytes 0..7
+    return (high & 15) | ((np.int64(row[o + j - 4]) >> 2) & 48), (high >> 4) | ((np.int64(row[o + j]) >> 2) & 48)
 
 
 @njit(cache=True)
@@ -593,6 +507,22 @@ def k_mins_term(blk, sb, sums, tab):  # -> sum_j dmin min_j sum(x of sub-block j
              + ((m4 * (sums[4, 0] + sums[4, 1]) + m5 * (sums[5, 0] + sums[5, 1]))
                 + (m6 * (sums[6, 0] + sums[6, 1]) + m7 * (sums[7, 0] + sums[7, 1]))))
     return np.float64(half_at(blk, sb, 2, tab.halves)) * terms
+
+
+@njit(cache=True)
+def decode_q45_k(qtype, row, start, n, out, tab):  # Q4_K 144 / Q5_K 176 bytes: d, dmin, scales[12], (qh[32]), qs[128]
+    size, qs_at = (144, 16) if qtype == Q4_K else (176, 48)
+    sb, blk = start // 256, row.reshape(-1, size)
+    dl, ml = k_scales(blk, sb, tab)
+    for g in range(4):  # 32 bytes: the low nibbles are sub-block 2g, the high ones 2g + 1
+        d0, ml0, d1, ml1 = dl[2 * g], ml[2 * g], dl[2 * g + 1], ml[2 * g + 1]
+        for l in range(32):
+            lo, hi = nibbles(np.float32(blk[sb, qs_at + 32 * g + l]))
+            if qtype == Q5_K:
+                fifth_lo, fifth_hi = bit_pair(np.float32(blk[sb, 16 + l]), 2 * g)
+                lo, hi = lo + np.float32(16) * fifth_lo, hi + np.float32(16) * fifth_hi
+            out[64 * g + l] = d0 * lo - ml0
+            out[64 * g + 32 + l] = d1 * hi - ml1
 
 
 @njit(cache=True, fastmath=FAST)
@@ -635,6 +565,34 @@ def row_q45_k(qtype, row, x, xsum16, tab):  # Q4_K 144 / Q5_K 176 bytes: d, dmin
     return acc
 
 
+@njit(cache=True)
+def q6_k_values(blk, sb, h, l):  # Q6_K super-block sb -> values 128 h + l + (0, 32, 64, 96), q - 32
+    lo0, hi0 = nibbles(np.float32(blk[sb, 64 * h + l]))
+    lo1, hi1 = nibbles(np.float32(blk[sb, 64 * h + 32 + l]))
+    f0, f1, f2, f3 = crumbs(np.float32(blk[sb, 128 + 32 * h + l]))
+    k16, k32 = np.float32(16), np.float32(32)
+    return lo0 + k16 * f0 - k32, lo1 + k16 * f1 - k32, hi0 + k16 * f2 - k32, hi1 + k16 * f3 - k32
+
+
+@njit(cache=True)
+def q6_k_scales(blk, sb, h, part, tab):  # -> d * scale of values 128 h + 32 s + 16 part.., s = 0..3
+    d, sc = half_at(blk, sb, 208, tab.halves), 192 + 8 * h + part
+    return (d * np.float32(i8(blk[sb, sc])), d * np.float32(i8(blk[sb, sc + 2])),
+            d * np.float32(i8(blk[sb, sc + 4])), d * np.float32(i8(blk[sb, sc + 6])))
+
+
+@njit(cache=True)
+def decode_q6_k(qtype, row, start, n, out, tab):  # 210 bytes: ql[128], qh[64], int8 scales[16], f16 d
+    sb, blk = start // 256, row.reshape(-1, 210)
+    for h in range(2):
+        for part in range(2):
+            d0, d1, d2, d3 = q6_k_scales(blk, sb, h, part, tab)
+            for l in range(16 * part, 16 * part + 16):
+                q0, q1, q2, q3 = q6_k_values(blk, sb, h, l)
+                out[128 * h + l], out[128 * h + 32 + l] = d0 * q0, d1 * q1
+                out[128 * h + 64 + l], out[128 * h + 96 + l] = d2 * q2, d3 * q3
+
+
 @njit(cache=True, fastmath=FAST)
 def q6_k_quad(ql, qh, l, sc, xs):  # -> sum_k sc[k] (q_k - 32) x[k, l], values l + 32 k of a 128-value half
     lo, hi, top = ql[l], ql[32 + l], qh[l]
@@ -643,7 +601,7 @@ def q6_k_quad(ql, qh, l, sc, xs):  # -> sum_k sc[k] (q_k - 32) x[k, l], values l
 
 
 @njit(cache=True, fastmath=FAST)
-def row_q6_k(row, x, tab):  # 210 bytes: ql[128], qh[64], int8 scales[16], f16 d
+def row_q6_k(qtype, row, x, xsum16, tab):  # 210 bytes: ql[128], qh[64], int8 scales[16], f16 d
     # half h: values from ql[64 h..], qh[32 h..]; the scale changes at l = 16. Four running sums, one
     # per (half, scale), for the latency as in q45_k_block.
     nsb = x.shape[0] // 256
@@ -665,7 +623,28 @@ def row_q6_k(row, x, tab):  # 210 bytes: ql[128], qh[64], int8 scales[16], f16 d
 
 
 @njit(cache=True, fastmath=FAST)
-def row_iq4_xs(row, x, tab):  # 136 bytes: f16 d, u16 scales_h, scales_l[4], qs[128]
+def dot_lut(qs, shift, lut, x):  # sum lut[(qs >> shift) & 15] * x: IQ4 non-linear values
+    s = x.dtype.type(0)
+    for j in range(x.shape[0]):
+        s += lut[(np.int64(qs[j]) >> shift) & 15] * x[j]
+    return s
+
+
+@njit(cache=True)
+def decode_iq4_xs(qtype, row, start, n, out, tab):  # 136 bytes: f16 d, u16 scales_h, scales_l[4], qs[128]
+    o = start // 256 * 136
+    d = tab.halves[u16(row, o)]
+    scales_h = u16(row, o + 2)
+    for j in range(8):
+        ls = ((np.int64(row[o + 4 + j // 2]) >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)
+        dl = d * np.float32(ls - 32)
+        for l in range(32):
+            q = (np.int64(row[o + 8 + j * 16 + l % 16]) >> (4 * (l // 16))) & 15
+            out[j * 32 + l] = dl * tab.kvalues[q]
+
+
+@njit(cache=True, fastmath=FAST)
+def row_iq4_xs(qtype, row, x, xsum16, tab):  # 136 bytes: f16 d, u16 scales_h, scales_l[4], qs[128]
     nsb = x.shape[0] // 256
     blk, xs, kv = row.reshape(nsb, 136), x.reshape(nsb, 8, 2, 16), tab.kvalues
     acc = 0.0
@@ -679,8 +658,35 @@ def row_iq4_xs(row, x, tab):  # 136 bytes: f16 d, u16 scales_h, scales_l[4], qs[
     return acc
 
 
+# ---------------------------------------------------------------------------------------------
+# IQ grids: each group of 8 values (IQ3: two groups of 4) is a row of one of gguf-py's grids with
+# signs, times an f16 d and a small integer scale: IQ2_XXS and IQ3_XXS (256-row grids), IQ1_S and
+# IQ1_M (2048 rows, grid + delta = k/8), IQ2_XS (512), IQ2_S (1024) and IQ3_S (512). Rows sum in the
+# activations' dtype within 32 values (IQ2_XXS, IQ3_XXS, IQ3_S) or 16 (IQ1_S, IQ1_M, IQ2_XS, IQ2_S).
+
+IQ1_S, IQ2_XS = int(GT.IQ1_S), int(GT.IQ2_XS)
+
+
+@njit(cache=True)
+def xxs_scale(d, aux, unit):  # f16 d, u32 with the 4-bit scale on top -> d (1/2 + scale) unit, as gguf-py rounds it
+    return d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(unit)
+
+
+@njit(cache=True)
+def decode_iq2_xxs(qtype, row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
+    blk, signed = row.reshape(-1, 66)[start // 256], tab.iq2xxs_signed
+    d = tab.halves[u16(blk, 0)]
+    for ib in range(8):
+        aux = u32(blk, 6 + 8 * ib)
+        db = xxs_scale(d, aux, 0.25)
+        for l in range(4):  # db * (grid * sign) is gguf-py's (db * grid) * sign: a sign flip rounds alike
+            values = signed[np.int64(blk[2 + 8 * ib + l]) * 128 + ((aux >> (7 * l)) & 127)]
+            for j in range(values.shape[0]):
+                out[32 * ib + 8 * l + j] = db * np.float32(values[j])
+
+
 @njit(cache=True, fastmath=FAST)
-def row_iq2_xxs(row, x, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
+def row_iq2_xxs(qtype, row, x, xsum16, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
     # the four 8-value groups of a 32-value block side by side in one loop: one sum per 32 values.
     # The loop runs to g0.shape[0] (8) rather than a literal 8: LLVM unrolls a constant 8-step loop
     # into scalar code before it can vectorize it (numba leaves the SLP vectorizer off).
@@ -703,8 +709,24 @@ def row_iq2_xxs(row, x, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 
     return acc
 
 
+@njit(cache=True)
+def decode_iq3_xxs(qtype, row, start, n, out, tab):  # 98 bytes: f16 d, grid bytes[64], 8 x u32 signs+scale
+    blk, signed = row.reshape(-1, 98)[start // 256], tab.iq3xxs_signed
+    d = tab.halves[u16(blk, 0)]
+    for ib in range(8):
+        aux = u32(blk, 66 + 4 * ib)
+        db = xxs_scale(d, aux, 0.5)
+        for l in range(4):  # two grid rows of 4 take the low and the high four of 8 sign bits
+            ks = np.int64(tab.ksigns[(aux >> (7 * l)) & 127])
+            lo = signed[np.int64(blk[2 + 8 * ib + 2 * l]) * 16 + (ks & 15)]
+            hi = signed[np.int64(blk[3 + 8 * ib + 2 * l]) * 16 + (ks >> 4)]
+            for j in range(lo.shape[0]):
+                out[32 * ib + 8 * l + j] = db * np.float32(lo[j])
+                out[32 * ib + 8 * l + 4 + j] = db * np.float32(hi[j])
+
+
 @njit(cache=True, fastmath=FAST)
-def row_iq3_xxs(row, x, tab):  # 98 bytes: f16 d, 64 grid bytes (4 values each), 8 x u32 signs + scale
+def row_iq3_xxs(qtype, row, x, xsum16, tab):  # 98 bytes: f16 d, 64 grid bytes (4 values each), 8 x u32 signs + scale
     nsb = x.shape[0] // 256
     blk, xs, signed = row.reshape(nsb, 98), x.reshape(nsb, 8, 8, 4), tab.iq3xxs_signed
     acc = 0.0
@@ -724,44 +746,357 @@ def row_iq3_xxs(row, x, tab):  # 98 bytes: f16 d, 64 grid bytes (4 values each),
 
 
 @njit(cache=True)
-def row_dot(qtype, row, x, xsum16, tab):  # one weight row [row_bytes] . x [n_in] -> float64
-    if qtype == F32 or qtype == F16 or qtype == BF16:
-        return row_float(qtype, row, x, tab)
-    if qtype == Q8_0:
-        return row_q8_0(row, x, tab)
-    if qtype == Q4_0 or qtype == Q5_0 or qtype == IQ4_NL:
-        return row_blocks32(qtype, row, x, tab)
-    if qtype == Q2_K:
-        return row_q2_k(row, x, xsum16, tab)
-    if qtype == Q3_K:
-        return row_q3_k(row, x, tab)
-    if qtype == Q4_K or qtype == Q5_K:
-        return row_q45_k(qtype, row, x, xsum16, tab)
-    if qtype == Q6_K:
-        return row_q6_k(row, x, tab)
-    if qtype == IQ4_XS:
-        return row_iq4_xs(row, x, tab)
-    if qtype == IQ3_XXS:
-        return row_iq3_xxs(row, x, tab)
-    if qtype == Q1_0:
-        return row_q1_0(row, x, tab)
-    if qtype == Q2_0:
-        return row_q2_0(row, x, tab)
-    if qtype == Q4_1 or qtype == Q5_1:
-        return row_q45_1(qtype, row, x, xsum16, tab)
-    if qtype == TQ1_0 or qtype == TQ2_0:
-        return row_tq(qtype, row, x, tab)
-    if qtype == IQ1_S or qtype == IQ1_M:
-        return row_iq1(qtype, row, x, tab)
-    if qtype == IQ2_XS or qtype == IQ2_S:
-        return row_iq2(qtype, row, x, tab)
-    if qtype == IQ3_S:
-        return row_iq3_s(row, x, tab)
-    return row_iq2_xxs(row, x, tab)
+def iq1_scale(d, s):  # f16 d, 3-bit scale -> d (2 s + 1)
+    return d * np.float32(2 * s + 1)
+
+
+@njit(cache=True)
+def iq1_delta(bit):  # the sign bit of an IQ1 group -> its float32 shift of the grid values
+    return np.float32(-0.125) if bit else np.float32(0.125)
+
+
+@njit(cache=True)
+def iq1_m_d(blk):  # IQ1_M block -> the bits of its f16 d, the top nibbles of its four u16 scales
+    return (u16(blk, 48) >> 12) | ((u16(blk, 50) >> 12) << 4) | ((u16(blk, 52) >> 12) << 8) | (u16(blk, 54) >> 12 << 12)
+
+
+@njit(cache=True)
+def iq1_group(qtype, blk, g, tab):  # group g of 8 values -> (grid row, dl, delta) of IQ1_S 50 / IQ1_M 56 bytes
+    if qtype == IQ1_S:  # f16 d, qs[32], u16 qh[8]: qh of 32-value block ib = 3 high grid bits x 4, scale, sign
+        qh = u16(blk, 34 + 2 * (g // 4))
+        dl = iq1_scale(tab.halves[u16(blk, 0)], (qh >> 12) & 7)
+        return tab.iq1s_grid[np.int64(blk[2 + g]) | (((qh >> (3 * (g % 4))) & 7) << 8)], dl, iq1_delta(qh & 0x8000)
+    # IQ1_M: qs[32], qh[16] (a nibble per group: 3 high grid bits, sign), u16 scales[4]: 3 bits per 16 values
+    qh = (np.int64(blk[32 + g // 2]) >> (4 * (g % 2))) & 15
+    s = (u16(blk, 48 + 2 * (g // 8)) >> (3 * (g // 2 % 4))) & 7
+    dl = iq1_scale(tab.halves[iq1_m_d(blk)], s)
+    return tab.iq1s_grid[np.int64(blk[g]) | ((qh & 7) << 8)], dl, iq1_delta(qh & 8)
+
+
+@njit(cache=True)
+def decode_iq1(qtype, row, start, n, out, tab):  # IQ1_S, IQ1_M: w = dl (grid + delta)
+    blk = row.reshape(-1, 50 if qtype == IQ1_S else 56)[start // 256]
+    for g in range(32):
+        grid, dl, delta = iq1_group(qtype, blk, g, tab)
+        for j in range(8):
+            out[8 * g + j] = dl * (np.float32(grid[j]) + delta)
+
+
+@njit(cache=True, fastmath=FAST)
+def row_iq1(qtype, row, x, xsum16, tab):  # IQ1_S 50 / IQ1_M 56 bytes: sum dl (grid + delta) x per 16 values
+    nsb = x.shape[0] // 256
+    blk, xs = row.reshape(nsb, 50 if qtype == IQ1_S else 56), x.reshape(nsb, 32, 8)
+    acc = 0.0
+    for sb in range(nsb):
+        for g in range(0, 32, 2):  # two groups share dl (IQ1_S: four)
+            grid0, dl, delta0 = iq1_group(qtype, blk[sb], g, tab)
+            grid1, _, delta1 = iq1_group(qtype, blk[sb], g + 1, tab)
+            s = x.dtype.type(0)
+            for j in range(grid0.shape[0]):
+                s += (np.float32(grid0[j]) + delta0) * xs[sb, g, j] + (np.float32(grid1[j]) + delta1) * xs[sb, g + 1, j]
+            acc += np.float64(dl) * s
+    return acc
+
+
+@njit(cache=True)
+def iq2_xs_signed(blk, g, tab):  # IQ2_XS group g of 8 values -> its grid row times signs
+    # 74 bytes: f16 d, u16 qs[32] (9-bit grid row, 7 sign bits), 4-bit scales[16] (per 16 values)
+    return tab.iq2xs_signed[u16(blk, 2 + 2 * g)]
+
+
+@njit(cache=True)
+def iq2_s_signed(blk, g, tab):  # IQ2_S group g of 8 values -> its grid row times signs
+    # 82 bytes: f16 d, qs[32], signs[32], qh[8] (2 high grid bits per group), 4-bit scales[16]
+    high = (np.int64(blk[66 + g // 4]) >> (2 * (g % 4))) & 3
+    return tab.iq2s_signed[(np.int64(blk[2 + g]) | (high << 8)) * 256 + np.int64(blk[34 + g])]
+
+
+@njit(cache=True)
+def iq2_scales(blk, scales_at, ib, tab):  # 32-value block ib -> gguf-py's d (1/2 + s) / 4 of its two halves
+    d, scales = tab.halves[u16(blk, 0)], np.int64(blk[scales_at + ib])
+    return xxs_scale(d, (scales & 15) << 28, 0.25), xxs_scale(d, (scales >> 4) << 28, 0.25)
+
+
+@njit(cache=True)
+def scaled_group(db, signed, out):  # out[:8] = db * (grid * sign), which is gguf-py's (db * grid) * sign
+    for j in range(8):
+        out[j] = db * np.float32(signed[j])
+
+
+@njit(cache=True)
+def decode_iq2_xs(qtype, row, start, n, out, tab):  # 74 bytes: w = db grid sign
+    blk = row.reshape(-1, 74)[start // 256]
+    for g in range(32):
+        scaled_group(iq2_scales(blk, 66, g // 4, tab)[g // 2 % 2], iq2_xs_signed(blk, g, tab), out[8 * g:])
+
+
+@njit(cache=True)
+def decode_iq2_s(qtype, row, start, n, out, tab):  # 82 bytes: w = db grid sign
+    blk = row.reshape(-1, 82)[start // 256]
+    for g in range(32):
+        scaled_group(iq2_scales(blk, 74, g // 4, tab)[g // 2 % 2], iq2_s_signed(blk, g, tab), out[8 * g:])
+
+
+# The IQ2_XS and IQ2_S row helpers are inlined into row_iq2 (inline="always"): as calls behind a
+# qtype branch per group of 8 they made the rows 15-40x slower (measured).
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def iq2_block_dot(g0, g1, g2, g3, xs, db_lo, db_hi):  # 4 grid rows times signs [8], xs [4, 8] -> float64
+    # the four groups of a 32-value block side by side in one loop, as in row_iq2_xxs; a scale per two
+    lo = hi = xs.dtype.type(0)
+    for j in range(g0.shape[0]):
+        lo += np.float32(g0[j]) * xs[0, j] + np.float32(g1[j]) * xs[1, j]
+        hi += np.float32(g2[j]) * xs[2, j] + np.float32(g3[j]) * xs[3, j]
+    return np.float64(db_lo) * lo + np.float64(db_hi) * hi
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def iq2_xs_block(b, ib, xs, tab):  # IQ2_XS super-block b, 32-value block ib . xs [4, 8] -> float64
+    db_lo, db_hi = iq2_scales(b, 66, ib, tab)
+    g = 4 * ib
+    return iq2_block_dot(iq2_xs_signed(b, g, tab), iq2_xs_signed(b, g + 1, tab), iq2_xs_signed(b, g + 2, tab),
+                         iq2_xs_signed(b, g + 3, tab), xs, db_lo, db_hi)
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def iq2_s_block(b, ib, xs, tab):  # IQ2_S super-block b, 32-value block ib . xs [4, 8] -> float64
+    db_lo, db_hi = iq2_scales(b, 74, ib, tab)
+    g = 4 * ib
+    return iq2_block_dot(iq2_s_signed(b, g, tab), iq2_s_signed(b, g + 1, tab), iq2_s_signed(b, g + 2, tab),
+                         iq2_s_signed(b, g + 3, tab), xs, db_lo, db_hi)
+
+
+@njit(cache=True, fastmath=FAST)
+def row_iq2(qtype, row, x, xsum16, tab):  # IQ2_XS 74 / IQ2_S 82 bytes: sum db grid sign x per 16 values
+    nsb = x.shape[0] // 256
+    blk, xs = row.reshape(nsb, 74 if qtype == IQ2_XS else 82), x.reshape(nsb, 8, 4, 8)
+    acc = 0.0
+    for sb in range(nsb):
+        for ib in range(8):
+            if qtype == IQ2_XS:
+                acc += iq2_xs_block(blk[sb], ib, xs[sb, ib], tab)
+            else:
+                acc += iq2_s_block(blk[sb], ib, xs[sb, ib], tab)
+    return acc
+
+
+@njit(cache=True)
+def iq3_s_rows(blk, g, tab):  # IQ3_S group g of 8 values -> grid rows times signs of values 0..3, 4..7
+    qh, signs = np.int64(blk[66 + g // 4]), np.int64(blk[74 + g])  # qh bit i % 8: the ninth bit of row i
+    lo = tab.iq3s_signed[(np.int64(blk[2 + 2 * g]) | (((qh >> (2 * g % 8)) & 1) << 8)) * 16 + (signs & 15)]
+    hi = tab.iq3s_signed[(np.int64(blk[3 + 2 * g]) | (((qh >> (2 * g % 8 + 1)) & 1) << 8)) * 16 + (signs >> 4)]
+    return lo, hi
+
+
+@njit(cache=True)
+def iq3_s_scale(blk, ib, tab):  # IQ3_S 32-value block ib -> d (1 + 2 s)
+    s = (np.int64(blk[106 + ib // 2]) >> (4 * (ib % 2))) & 15
+    return tab.halves[u16(blk, 0)] * np.float32(1 + 2 * s)
+
+
+@njit(cache=True)
+def decode_iq3_s(qtype, row, start, n, out, tab):  # 110 bytes: f16 d, qs[64], qh[8], signs[32], 4-bit scales[8]
+    blk = row.reshape(-1, 110)[start // 256]
+    for g in range(32):
+        db = iq3_s_scale(blk, g // 4, tab)
+        lo, hi = iq3_s_rows(blk, g, tab)
+        for j in range(4):  # db * (grid * sign) is gguf-py's (db * grid) * sign
+            out[8 * g + j] = db * np.float32(lo[j])
+            out[8 * g + 4 + j] = db * np.float32(hi[j])
+
+
+@njit(cache=True, fastmath=FAST)
+def row_iq3_s(qtype, row, x, xsum16, tab):  # 110 bytes: f16 d, qs[64], qh[8], signs[32], 4-bit scales[8]
+    nsb = x.shape[0] // 256
+    blk, xs = row.reshape(nsb, 110), x.reshape(nsb, 8, 4, 2, 4)
+    acc = 0.0
+    for sb in range(nsb):
+        for ib in range(8):
+            s = x.dtype.type(0)
+            for l in range(4):
+                lo, hi = iq3_s_rows(blk[sb], 4 * ib + l, tab)
+                for j in range(lo.shape[0]):  # a runtime length (4), as in row_iq2_xxs
+                    s += np.float32(lo[j]) * xs[sb, ib, l, 0, j] + np.float32(hi[j]) * xs[sb, ib, l, 1, j]
+            acc += np.float64(iq3_s_scale(blk[sb], ib, tab)) * s
+    return acc
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernels
+# Ternary: w = d (q - 1) with q in 0..2, in 256-value super-blocks: TQ1_0 packs five base-3
+# digits to a byte, TQ2_0 2-bit fields. Rows sum in the activations' dtype within the super-block.
+
+TQ1_0 = int(GT.TQ1_0)
+
+
+@njit(cache=True)
+def trit(byte, power):  # TQ1_0: a byte holding five base-3 digits -> the digit that power (3^k) brings to the top
+    return (((np.int64(byte) * power) & 255) * 3 >> 8) - 1  # q - 1 in -1, 0, 1
+
+
+# TQ1_0's 54 bytes: qs[48], qh[4], f16 d. Parts (first byte, bytes, digits): digit k of byte at + l
+# is value 5 at + k nbytes + l (qs[0:32] holds values 0..159, qs[32:48] 160..239, qh 240..255).
+TQ1_0_PARTS = ((0, 32, 5), (32, 16, 5), (48, 4, 4))
+
+
+@njit(cache=True)
+def tq2_0_q(blk, h, k, l):  # TQ2_0 (66 bytes: qs[64], f16 d) -> q - 1 of value 128 h + 32 k + l
+    return ((np.int64(blk[32 * h + l]) >> (2 * k)) & 3) - 1
+
+
+@njit(cache=True)
+def decode_tq(qtype, row, start, n, out, tab):  # TQ1_0 54 / TQ2_0 66 bytes: w = d (q - 1)
+    size = 54 if qtype == TQ1_0 else 66
+    blk = row.reshape(-1, size)[start // 256]
+    d = tab.halves[u16(blk, size - 2)]
+    if qtype == TQ1_0:
+        for at, nbytes, digits in TQ1_0_PARTS:
+            for k in range(digits):
+                for l in range(nbytes):
+                    out[5 * at + k * nbytes + l] = d * np.float32(trit(blk[at + l], 3 ** k))
+        return
+    for h in range(2):
+        for k in range(4):
+            for l in range(32):
+                out[128 * h + 32 * k + l] = d * np.float32(tq2_0_q(blk, h, k, l))
+
+
+@njit(cache=True, fastmath=FAST)
+def trit_dot(qs, xs):  # TQ1_0 bytes [n], x [digits, n] -> sum of (digit k of qs[l] - 1) xs[k, l]
+    s = xs.dtype.type(0)
+    for k in range(xs.shape[0]):
+        power = 3 ** k
+        for l in range(qs.shape[0]):
+            s += xs.dtype.type(trit(qs[l], power)) * xs[k, l]
+    return s
+
+
+@njit(cache=True, fastmath=FAST)
+def row_tq(qtype, row, x, xsum16, tab):  # TQ1_0 54 / TQ2_0 66 bytes: w = d (q - 1)
+    size = 54 if qtype == TQ1_0 else 66
+    nsb = x.shape[0] // 256
+    blk, xs = row.reshape(nsb, size), x.reshape(nsb, 256)
+    acc = 0.0
+    for sb in range(nsb):
+        s = x.dtype.type(0)
+        if qtype == TQ1_0:
+            for at, nbytes, digits in TQ1_0_PARTS:
+                s += trit_dot(blk[sb, at:at + nbytes], xs[sb, 5 * at:5 * at + digits * nbytes].reshape(digits, nbytes))
+        else:
+            for h in range(2):
+                for k in range(4):
+                    for l in range(32):
+                        s += x.dtype.type(tq2_0_q(blk[sb], h, k, l)) * xs[sb, 128 * h + 32 * k + l]
+        acc += np.float64(half_at(blk, sb, size - 2, tab.halves)) * s
+    return acc
+
+
+# ---------------------------------------------------------------------------------------------
+# The table: every type with a kernel -> its decoder and row kernel
+
+Kernels = namedtuple("Kernels", "decode row")
+
+KERNELS = {
+    GT.F32: Kernels(decode_float, row_float),
+    GT.F16: Kernels(decode_float, row_float),
+    GT.BF16: Kernels(decode_float, row_float),
+    GT.Q8_0: Kernels(decode_q8_0, row_q8_0),
+    GT.Q4_0: Kernels(decode_nibbles32, row_blocks32),
+    GT.Q5_0: Kernels(decode_nibbles32, row_blocks32),
+    GT.IQ4_NL: Kernels(decode_nibbles32, row_blocks32),
+    GT.Q4_1: Kernels(decode_q45_1, row_q45_1),
+    GT.Q5_1: Kernels(decode_q45_1, row_q45_1),
+    GT.Q1_0: Kernels(decode_q1_0, row_q1_0),
+    GgmlType.Q2_0: Kernels(decode_q2_0, row_q2_0),  # the pinned ggml's; not in gguf-py
+    GT.Q2_K: Kernels(decode_q2_k, row_q2_k),
+    GT.Q3_K: Kernels(decode_q3_k, row_q3_k),
+    GT.Q4_K: Kernels(decode_q45_k, row_q45_k),
+    GT.Q5_K: Kernels(decode_q45_k, row_q45_k),
+    GT.Q6_K: Kernels(decode_q6_k, row_q6_k),
+    GT.IQ4_XS: Kernels(decode_iq4_xs, row_iq4_xs),
+    GT.IQ2_XXS: Kernels(decode_iq2_xxs, row_iq2_xxs),
+    GT.IQ3_XXS: Kernels(decode_iq3_xxs, row_iq3_xxs),
+    GT.IQ1_S: Kernels(decode_iq1, row_iq1),
+    GT.IQ1_M: Kernels(decode_iq1, row_iq1),
+    GT.IQ2_XS: Kernels(decode_iq2_xs, row_iq2),
+    GT.IQ2_S: Kernels(decode_iq2_s, row_iq2),
+    GT.IQ3_S: Kernels(decode_iq3_s, row_iq3_s),
+    GT.TQ1_0: Kernels(decode_tq, row_tq),
+    GT.TQ2_0: Kernels(decode_tq, row_tq),
+}
+KERNEL_TYPES = frozenset(KERNELS)
+KERNEL_IDS = tuple(sorted(int(t) for t in KERNELS))
+
+
+class TypeWithoutKernel(UnsupportedTensorType):
+    """A tensor type id that KERNELS has no kernel for: a type the loader accepts but these
+    kernels do not take (MXFP4, NVFP4), or an id that is no type at all."""
+
+    def __init__(self, type_id):
+        known = {int(t): t.name for t in [*GT, *GgmlType]}
+        super().__init__(f"no numba kernel for tensor type {known.get(type_id, f'id {type_id}')}")
+        self.type_id = type_id
+
+
+def dispatcher(kernel_of):  # {type: njit kernel(qtype, ...)} -> njit (qtype, args) -> kernel(qtype, *args)
+    """numba cannot index a table of functions at run time, so the table becomes a chain of steps,
+    one per kernel, which numba inlines into one branch per kernel: the first whose types hold qtype
+    runs, the last raises TypeWithoutKernel for any other id (a last step that only raised would
+    make every result an Optional). The arguments travel as one tuple: numba inlines no call with
+    *args. Steps left as calls compiled 2.2x slower (each step's module re-optimizes every kernel
+    after it), and a function chosen at run time would be an argument that numba's cache cannot
+    key: every process would compile the products anew."""
+    types_of = {}
+    for qtype, kernel in kernel_of.items():
+        types_of.setdefault(kernel, []).append(int(qtype))
+    *firsts, (kernel, ids) = types_of.items()
+    step = last_step(tuple(ids), kernel)
+    for kernel, ids in reversed(firsts):
+        step = first_step(tuple(ids), kernel, step)
+    return step
+
+
+def first_step(ids, kernel, otherwise):  # -> njit (qtype, args): kernel if qtype is one of ids, else otherwise
+    @njit(inline="always")
+    def step(qtype, args):
+        if qtype in ids:
+            return kernel(qtype, *args)
+        return otherwise(qtype, args)
+    return step
+
+
+def last_step(ids, kernel):  # -> njit (qtype, args): kernel if qtype is one of ids, else TypeWithoutKernel
+    @njit(inline="always")
+    def step(qtype, args):
+        if qtype not in ids:
+            raise TypeWithoutKernel(qtype)
+        return kernel(qtype, *args)
+    return step
+
+
+decoder_of = dispatcher({t: k.decode for t, k in KERNELS.items()})
+row_kernel_of = dispatcher({t: k.row for t, k in KERNELS.items()})
+
+
+@njit(cache=True)
+def decode_chunk(qtype, row, start, n, out, tab):  # qtype's decoder (KERNELS) on values [start, start + n) of row
+    decoder_of(qtype, (row, start, n, out, tab))
+
+
+@njit(cache=True)
+def row_dot(qtype, row, x, xsum16, tab):  # qtype's row kernel (KERNELS): row [row_bytes] . x [n_in] -> float64
+    return row_kernel_of(qtype, (row, x, xsum16, tab))
+
+
+@njit(cache=True)
+def check_kernel_type(qtype):  # raises TypeWithoutKernel unless KERNELS has qtype
+    # before the products' parallel loops: an exception raised inside one reaches Python as a
+    # SystemError without its type
+    if qtype not in KERNEL_IDS:
+        raise TypeWithoutKernel(qtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Products
 
 ROWS_PER_TASK = 16
 
@@ -770,6 +1105,7 @@ ROWS_PER_TASK = 16
 def matmul_rows(qtype, blocks, x, xsum16, out, tab):  # blocks [n_out, row_bytes], x [T, n_in] -> out [T, n_out]
     """Each row straight from its blocks, once per row of x: the decode path (T of 1 to a few),
     where reading the weights is all the work."""
+    check_kernel_type(qtype)
     T, n_out = x.shape[0], blocks.shape[0]
     for task in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         for r in range(task * ROWS_PER_TASK, min(task * ROWS_PER_TASK + ROWS_PER_TASK, n_out)):
@@ -821,6 +1157,7 @@ def matmul_tiles(qtype, blocks, x, out, tab):  # blocks [n_out, row_bytes], x [T
     """Decode a tile of TILE_ROWS x TILE_COLS exact weights once and multiply it with all T rows of
     x: the prefill path, where the products, not the weights, are the work. Sums in x's dtype
     within a tile, in float64 across tiles."""
+    check_kernel_type(qtype)
     T, n_in = x.shape
     n_out = blocks.shape[0]
     for task in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
@@ -842,284 +1179,7 @@ def matmul_tiles(qtype, blocks, x, out, tab):  # blocks [n_out, row_bytes], x [T
 @njit(cache=True, parallel=True)
 def dequantize_rows(qtype, blocks, n_in, first, out, tab):  # rows first.. of blocks -> out [R, n_in]
     """Exact float32 weights (what gguf-py's dequantize gives; widened when out is float64)."""
+    check_kernel_type(qtype)
     for i in prange(out.shape[0]):
         for start in range(0, n_in, CHUNK):
             decode_chunk(qtype, blocks[first + i], start, min(CHUNK, n_in - start), out[i, start:], tab)
-
-
-# ---------------------------------------------------------------------------------------------
-# Q4_1, Q5_1, TQ1_0, TQ2_0 and the IQ types with grids of 512 rows and more (IQ1_S, IQ1_M,
-# IQ2_XS, IQ2_S, IQ3_S): decoders and row kernels as above. Their weights are exact products of
-# an f16 scale, a small integer scale and a small grid value (IQ1_S/M: grid + delta = k/8), as
-# above, except Q4_1/Q5_1's d q + m, whose addition rounds in gguf-py only where m and d differ
-# by more than about 2^8 (as the K-quants' mins). The rows sum in the activations' dtype within a
-# 32-value block (Q4_1, Q5_1, IQ3_S), 16 values (IQ1_S, IQ1_M, IQ2_XS, IQ2_S) or a 256-value
-# super-block (TQ1_0, TQ2_0), and in float64 across them.
-
-@njit(cache=True)
-def decode_q45_1(qtype, row, start, n, out, tab):  # Q4_1 20 / Q5_1 24 bytes: f16 d, f16 m, (u32 qh), qs[16]; d q + m
-    size, qs_at = (20, 4) if qtype == Q4_1 else (24, 8)
-    for b in range(n // 32):
-        o = (start // 32 + b) * size
-        d, m = tab.halves[u16(row, o)], tab.halves[u16(row, o + 2)]
-        qh = u32(row, o + 4) if qtype == Q5_1 else 0  # bit j: the fifth bit of value j
-        for j in range(32):
-            q = ((np.int64(row[o + qs_at + j % 16]) >> (4 * (j // 16))) & 15) | (((qh >> j) & 1) << 4)
-            out[b * 32 + j] = d * np.float32(q) + m
-
-
-@njit(cache=True)
-def trit(byte, power):  # TQ1_0: a byte holding five base-3 digits -> the digit that power (3^k) brings to the top
-    return (((np.int64(byte) * power) & 255) * 3 >> 8) - 1  # q - 1 in -1, 0, 1
-
-
-# TQ1_0's 54 bytes: qs[48], qh[4], f16 d. Parts (first byte, bytes, digits): digit k of byte at + l
-# is value 5 at + k nbytes + l (qs[0:32] holds values 0..159, qs[32:48] 160..239, qh 240..255).
-TQ1_0_PARTS = ((0, 32, 5), (32, 16, 5), (48, 4, 4))
-
-
-@njit(cache=True)
-def tq2_0_q(blk, h, k, l):  # TQ2_0 (66 bytes: qs[64], f16 d) -> q - 1 of value 128 h + 32 k + l
-    return ((np.int64(blk[32 * h + l]) >> (2 * k)) & 3) - 1
-
-
-@njit(cache=True)
-def decode_tq(qtype, row, start, n, out, tab):  # TQ1_0 54 / TQ2_0 66 bytes: w = d (q - 1)
-    size = 54 if qtype == TQ1_0 else 66
-    blk = row.reshape(-1, size)[start // 256]
-    d = tab.halves[u16(blk, size - 2)]
-    if qtype == TQ1_0:
-        for at, nbytes, digits in TQ1_0_PARTS:
-            for k in range(digits):
-                for l in range(nbytes):
-                    out[5 * at + k * nbytes + l] = d * np.float32(trit(blk[at + l], 3 ** k))
-        return
-    for h in range(2):
-        for k in range(4):
-            for l in range(32):
-                out[128 * h + 32 * k + l] = d * np.float32(tq2_0_q(blk, h, k, l))
-
-
-@njit(cache=True)
-def iq1_scale(d, s):  # f16 d, 3-bit scale -> d (2 s + 1)
-    return d * np.float32(2 * s + 1)
-
-
-@njit(cache=True)
-def iq1_delta(bit):  # the sign bit of an IQ1 group -> its float32 shift of the grid values
-    return np.float32(-0.125) if bit else np.float32(0.125)
-
-
-@njit(cache=True)
-def iq1_m_d(blk):  # IQ1_M block -> the bits of its f16 d, the top nibbles of its four u16 scales
-    return (u16(blk, 48) >> 12) | ((u16(blk, 50) >> 12) << 4) | ((u16(blk, 52) >> 12) << 8) | (u16(blk, 54) >> 12 << 12)
-
-
-@njit(cache=True)
-def iq1_group(qtype, blk, g, tab):  # group g of 8 values -> (grid row, dl, delta) of IQ1_S 50 / IQ1_M 56 bytes
-    if qtype == IQ1_S:  # f16 d, qs[32], u16 qh[8]: qh of 32-value block ib = 3 high grid bits x 4, scale, sign
-        qh = u16(blk, 34 + 2 * (g // 4))
-        dl = iq1_scale(tab.halves[u16(blk, 0)], (qh >> 12) & 7)
-        return tab.iq1s_grid[np.int64(blk[2 + g]) | (((qh >> (3 * (g % 4))) & 7) << 8)], dl, iq1_delta(qh & 0x8000)
-    # IQ1_M: qs[32], qh[16] (a nibble per group: 3 high grid bits, sign), u16 scales[4]: 3 bits per 16 values
-    qh = (np.int64(blk[32 + g // 2]) >> (4 * (g % 2))) & 15
-    s = (u16(blk, 48 + 2 * (g // 8)) >> (3 * (g // 2 % 4))) & 7
-    dl = iq1_scale(tab.halves[iq1_m_d(blk)], s)
-    return tab.iq1s_grid[np.int64(blk[g]) | ((qh & 7) << 8)], dl, iq1_delta(qh & 8)
-
-
-@njit(cache=True)
-def decode_iq1(qtype, row, start, n, out, tab):  # IQ1_S, IQ1_M: w = dl (grid + delta)
-    blk = row.reshape(-1, 50 if qtype == IQ1_S else 56)[start // 256]
-    for g in range(32):
-        grid, dl, delta = iq1_group(qtype, blk, g, tab)
-        for j in range(8):
-            out[8 * g + j] = dl * (np.float32(grid[j]) + delta)
-
-
-@njit(cache=True)
-def iq2_xs_signed(blk, g, tab):  # IQ2_XS group g of 8 values -> its grid row times signs
-    # 74 bytes: f16 d, u16 qs[32] (9-bit grid row, 7 sign bits), 4-bit scales[16] (per 16 values)
-    return tab.iq2xs_signed[u16(blk, 2 + 2 * g)]
-
-
-@njit(cache=True)
-def iq2_s_signed(blk, g, tab):  # IQ2_S group g of 8 values -> its grid row times signs
-    # 82 bytes: f16 d, qs[32], signs[32], qh[8] (2 high grid bits per group), 4-bit scales[16]
-    high = (np.int64(blk[66 + g // 4]) >> (2 * (g % 4))) & 3
-    return tab.iq2s_signed[(np.int64(blk[2 + g]) | (high << 8)) * 256 + np.int64(blk[34 + g])]
-
-
-@njit(cache=True)
-def iq2_scales(blk, scales_at, ib, tab):  # 32-value block ib -> gguf-py's d (1/2 + s) / 4 of its two halves
-    d, scales = tab.halves[u16(blk, 0)], np.int64(blk[scales_at + ib])
-    return xxs_scale(d, (scales & 15) << 28, 0.25), xxs_scale(d, (scales >> 4) << 28, 0.25)
-
-
-# The IQ2_XS and IQ2_S row helpers are inlined into row_iq2 (inline="always"): as calls behind a
-# qtype branch per group of 8 they made the rows 15-40x slower (measured).
-
-@njit(cache=True)
-def scaled_group(db, signed, out):  # out[:8] = db * (grid * sign), which is gguf-py's (db * grid) * sign
-    for j in range(8):
-        out[j] = db * np.float32(signed[j])
-
-
-@njit(cache=True)
-def decode_iq2_xs(row, start, n, out, tab):  # 74 bytes: w = db grid sign
-    blk = row.reshape(-1, 74)[start // 256]
-    for g in range(32):
-        scaled_group(iq2_scales(blk, 66, g // 4, tab)[g // 2 % 2], iq2_xs_signed(blk, g, tab), out[8 * g:])
-
-
-@njit(cache=True)
-def decode_iq2_s(row, start, n, out, tab):  # 82 bytes: w = db grid sign
-    blk = row.reshape(-1, 82)[start // 256]
-    for g in range(32):
-        scaled_group(iq2_scales(blk, 74, g // 4, tab)[g // 2 % 2], iq2_s_signed(blk, g, tab), out[8 * g:])
-
-
-@njit(cache=True)
-def iq3_s_rows(blk, g, tab):  # IQ3_S group g of 8 values -> grid rows times signs of values 0..3, 4..7
-    qh, signs = np.int64(blk[66 + g // 4]), np.int64(blk[74 + g])  # qh bit i % 8: the ninth bit of row i
-    lo = tab.iq3s_signed[(np.int64(blk[2 + 2 * g]) | (((qh >> (2 * g % 8)) & 1) << 8)) * 16 + (signs & 15)]
-    hi = tab.iq3s_signed[(np.int64(blk[3 + 2 * g]) | (((qh >> (2 * g % 8 + 1)) & 1) << 8)) * 16 + (signs >> 4)]
-    return lo, hi
-
-
-@njit(cache=True)
-def iq3_s_scale(blk, ib, tab):  # IQ3_S 32-value block ib -> d (1 + 2 s)
-    s = (np.int64(blk[106 + ib // 2]) >> (4 * (ib % 2))) & 15
-    return tab.halves[u16(blk, 0)] * np.float32(1 + 2 * s)
-
-
-@njit(cache=True)
-def decode_iq3_s(row, start, n, out, tab):  # 110 bytes: f16 d, qs[64], qh[8], signs[32], 4-bit scales[8]
-    blk = row.reshape(-1, 110)[start // 256]
-    for g in range(32):
-        db = iq3_s_scale(blk, g // 4, tab)
-        lo, hi = iq3_s_rows(blk, g, tab)
-        for j in range(4):  # db * (grid * sign) is gguf-py's (db * grid) * sign
-            out[8 * g + j] = db * np.float32(lo[j])
-            out[8 * g + 4 + j] = db * np.float32(hi[j])
-
-
-@njit(cache=True, fastmath=FAST)
-def row_q45_1(qtype, row, x, xsum16, tab):  # Q4_1 / Q5_1: sum (d q + m) x = d sum q x + m sum x per block
-    size, qs_at = (20, 4) if qtype == Q4_1 else (24, 8)
-    nb = x.shape[0] // 32
-    blk, xs, sums = row.reshape(nb, size), x.reshape(nb, 2, 16), xsum16.reshape(nb, 2)
-    acc = 0.0
-    for b in range(nb):
-        qh = u32(blk[b], 4) if qtype == Q5_1 else 0
-        s = x.dtype.type(0)
-        for l in range(16):
-            q = np.int64(blk[b, qs_at + l])
-            lo, hi = (q & 15) | (((qh >> l) & 1) << 4), (q >> 4) | (((qh >> (l + 16)) & 1) << 4)
-            s += x.dtype.type(lo) * xs[b, 0, l] + x.dtype.type(hi) * xs[b, 1, l]
-        acc += (np.float64(half_at(blk, b, 0, tab.halves)) * s
-                + np.float64(half_at(blk, b, 2, tab.halves)) * (sums[b, 0] + sums[b, 1]))
-    return acc
-
-
-@njit(cache=True, fastmath=FAST)
-def trit_dot(qs, xs):  # TQ1_0 bytes [n], x [digits, n] -> sum of (digit k of qs[l] - 1) xs[k, l]
-    s = xs.dtype.type(0)
-    for k in range(xs.shape[0]):
-        power = 3 ** k
-        for l in range(qs.shape[0]):
-            s += xs.dtype.type(trit(qs[l], power)) * xs[k, l]
-    return s
-
-
-@njit(cache=True, fastmath=FAST)
-def row_tq(qtype, row, x, tab):  # TQ1_0 54 / TQ2_0 66 bytes: w = d (q - 1)
-    size = 54 if qtype == TQ1_0 else 66
-    nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, size), x.reshape(nsb, 256)
-    acc = 0.0
-    for sb in range(nsb):
-        s = x.dtype.type(0)
-        if qtype == TQ1_0:
-            for at, nbytes, digits in TQ1_0_PARTS:
-                s += trit_dot(blk[sb, at:at + nbytes], xs[sb, 5 * at:5 * at + digits * nbytes].reshape(digits, nbytes))
-        else:
-            for h in range(2):
-                for k in range(4):
-                    for l in range(32):
-                        s += x.dtype.type(tq2_0_q(blk[sb], h, k, l)) * xs[sb, 128 * h + 32 * k + l]
-        acc += np.float64(half_at(blk, sb, size - 2, tab.halves)) * s
-    return acc
-
-
-@njit(cache=True, fastmath=FAST)
-def row_iq1(qtype, row, x, tab):  # IQ1_S 50 / IQ1_M 56 bytes: sum dl (grid + delta) x per 16 values
-    nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, 50 if qtype == IQ1_S else 56), x.reshape(nsb, 32, 8)
-    acc = 0.0
-    for sb in range(nsb):
-        for g in range(0, 32, 2):  # two groups share dl (IQ1_S: four)
-            grid0, dl, delta0 = iq1_group(qtype, blk[sb], g, tab)
-            grid1, _, delta1 = iq1_group(qtype, blk[sb], g + 1, tab)
-            s = x.dtype.type(0)
-            for j in range(grid0.shape[0]):
-                s += (np.float32(grid0[j]) + delta0) * xs[sb, g, j] + (np.float32(grid1[j]) + delta1) * xs[sb, g + 1, j]
-            acc += np.float64(dl) * s
-    return acc
-
-
-@njit(cache=True, fastmath=FAST, inline="always")
-def iq2_block_dot(g0, g1, g2, g3, xs, db_lo, db_hi):  # 4 grid rows times signs [8], xs [4, 8] -> float64
-    # the four groups of a 32-value block side by side in one loop, as in row_iq2_xxs; a scale per two
-    lo = hi = xs.dtype.type(0)
-    for j in range(g0.shape[0]):
-        lo += np.float32(g0[j]) * xs[0, j] + np.float32(g1[j]) * xs[1, j]
-        hi += np.float32(g2[j]) * xs[2, j] + np.float32(g3[j]) * xs[3, j]
-    return np.float64(db_lo) * lo + np.float64(db_hi) * hi
-
-
-@njit(cache=True, fastmath=FAST, inline="always")
-def iq2_xs_block(b, ib, xs, tab):  # IQ2_XS super-block b, 32-value block ib . xs [4, 8] -> float64
-    db_lo, db_hi = iq2_scales(b, 66, ib, tab)
-    g = 4 * ib
-    return iq2_block_dot(iq2_xs_signed(b, g, tab), iq2_xs_signed(b, g + 1, tab), iq2_xs_signed(b, g + 2, tab),
-                         iq2_xs_signed(b, g + 3, tab), xs, db_lo, db_hi)
-
-
-@njit(cache=True, fastmath=FAST, inline="always")
-def iq2_s_block(b, ib, xs, tab):  # IQ2_S super-block b, 32-value block ib . xs [4, 8] -> float64
-    db_lo, db_hi = iq2_scales(b, 74, ib, tab)
-    g = 4 * ib
-    return iq2_block_dot(iq2_s_signed(b, g, tab), iq2_s_signed(b, g + 1, tab), iq2_s_signed(b, g + 2, tab),
-                         iq2_s_signed(b, g + 3, tab), xs, db_lo, db_hi)
-
-
-@njit(cache=True, fastmath=FAST)
-def row_iq2(qtype, row, x, tab):  # IQ2_XS 74 / IQ2_S 82 bytes: sum db grid sign x per 16 values
-    nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, 74 if qtype == IQ2_XS else 82), x.reshape(nsb, 8, 4, 8)
-    acc = 0.0
-    for sb in range(nsb):
-        for ib in range(8):
-            if qtype == IQ2_XS:
-                acc += iq2_xs_block(blk[sb], ib, xs[sb, ib], tab)
-            else:
-                acc += iq2_s_block(blk[sb], ib, xs[sb, ib], tab)
-    return acc
-
-
-@njit(cache=True, fastmath=FAST)
-def row_iq3_s(row, x, tab):  # 110 bytes: f16 d, qs[64], qh[8], signs[32], 4-bit scales[8]
-    nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, 110), x.reshape(nsb, 8, 4, 2, 4)
-    acc = 0.0
-    for sb in range(nsb):
-        for ib in range(8):
-            s = x.dtype.type(0)
-            for l in range(4):
-                lo, hi = iq3_s_rows(blk[sb], 4 * ib + l, tab)
-                for j in range(lo.shape[0]):  # a runtime length (4), as in row_iq2_xxs
-                    s += np.float32(lo[j]) * xs[sb, ib, l, 0, j] + np.float32(hi[j]) * xs[sb, ib, l, 1, j]
-            acc += np.float64(iq3_s_scale(blk[sb], ib, tab)) * s
-    return acc
-
