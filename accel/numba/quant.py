@@ -122,7 +122,7 @@ def field_value(typingctx, low, low_shift, high, high_shift, high_bits, offset):
     """The field ((low >> low_shift) & 15) | ((high >> high_shift) & (2^high_bits - 1)) << 4 of ggml's
     block layouts, minus offset, in int8 arithmetic (exact: a 6-bit field and field - 32 fit int8).
     numba widens integer operations to 64 bits, eight lanes per vector where int8 has 32, so the
-    decode kernels and tools/kernel_floor.py take their fields in LLVM IR directly. The shifts,
+    decode kernels and tools/bench/kernel_floor.py take their fields in LLVM IR directly. The shifts,
     high_bits and offset are constants at every call: LLVM folds them (high_bits 0 drops high)."""
     def codegen(context, builder, signature, args):
         lo, lo_shift, hi, hi_shift, hi_bits, off = args
