@@ -37,6 +37,9 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
             raise GgmlCpuError("a q8_0 KV cache needs flash attention "
                                "(llama.cpp refuses a quantized V cache without it)")
         self.target = target(cpu)
+        if kv_type == "q8_0" and self.target.neon:
+            raise GgmlCpuError(f"a q8_0 KV cache is not emulated on the {cpu} target (its Q8_0 K dot products: "
+                               "ggml_vec_dot_q8_0_q8_0's NEON lanes)")
         for difference in host_differences(self.target) if check_host else ():
             warnings.warn(f"ggml-cpu numerics model the {cpu} build of {BUILD}; this machine's llama.cpp differs: "
                           f"{difference}", stacklevel=2)

@@ -3,7 +3,8 @@ lane and accumulation order."""
 import numpy as np
 
 from .blocks import QuantRows
-from .rounding import F32, F64, fma32, hsum8
+from .rounding import F32, F64, fma32, hsum4, hsum8
+from .target import AVX512
 
 
 def int_dot(w, a, width):  # w [O, nb, bs], a [T, nb, bs] int -> [T, O, nb, bs/width]: exact partial sums
@@ -21,22 +22,31 @@ def f32_of(i):  # int [...] -> f32 [...]: vcvtdq2ps, round to nearest even
 # Quantized dot products, one function per kernel family
 
 
-def q0_lanes(w, a, accumulators=1):  # QuantRows/QuantActs 32-blocks -> [T, O]
+def q0_lanes(w, a, accumulators=1, target=AVX512):  # QuantRows/QuantActs 32-blocks -> [T, O]
     """tinyBLAS_Q0_AVX and ggml_vec_dot_{q8_0,q5_0,q4_0,iq4_nl}_q8_0 (AVX2), every row against every
-    activation row."""
-    return q0_accumulate(int_dot(w.values, a.q, 4), w.d[None] * a.d[:, None], accumulators)
+    activation row; on NEON tinyBLAS_Q0_ARM and the NEON vec_dots, in 4 lanes."""
+    return q0_accumulate(int_dot(w.values, a.q, 4), w.d[None] * a.d[:, None], accumulators, target)
 
 
-def q0_accumulate(lanes, scale, accumulators=1):  # lanes [..., nb, 8] int, scale [..., nb] f32 -> [...]
-    """8 lanes, each the exact sum of 4 neighbouring products of a block, fma(f32(d_w*d_a), f32(lane),
-    acc) block after block, then hsum_float_8. The IQ4_NL vec_dot takes blocks in pairs into two
-    accumulators, summed before the hsum, and an odd last block as a scalar fma(d, f32(isum), sum)."""
+def q0_accumulate(lanes, scale, accumulators=1, target=AVX512):  # lanes [..., nb, 8] int, scale [..., nb] f32 -> [...]
+    """x86: 8 lanes, each the exact sum of 4 neighbouring products of a block, fma(f32(d_w*d_a),
+    f32(lane), acc) block after block, then hsum_float_8. The IQ4_NL vec_dot takes blocks in pairs
+    into two accumulators, summed before the hsum, and an odd last block as a scalar
+    fma(d, f32(isum), sum). NEON: two vdotq_s32 over the block's halves, added: lane l holds elements
+    4l..4l+3 and 16+4l..16+4l+3 (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:1296-1305); tinyBLAS_Q0_ARM
+    keeps one accumulator, the vec_dots two (even and odd blocks, llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1361-1383),
+    each reduced by vaddvq_f32 and the two sums added; the odd last block as on x86."""
+    if target.neon:
+        lanes = lanes[..., :4] + lanes[..., 4:]
     nb = lanes.shape[-2]
     paired = nb - nb % accumulators
-    acc = np.zeros((accumulators,) + lanes.shape[:-2] + (8,), F32)
+    acc = np.zeros((accumulators,) + lanes.shape[:-2] + (lanes.shape[-1],), F32)
     for b in range(paired):
         acc[b % accumulators] = fma32(scale[..., b, None], f32_of(lanes[..., b, :]), acc[b % accumulators])
-    out = hsum8(acc[0] + acc[1] if accumulators == 2 else acc[0])
+    if target.neon:
+        out = hsum4(acc[0]) + hsum4(acc[1]) if accumulators == 2 else hsum4(acc[0])
+    else:
+        out = hsum8(acc[0] + acc[1] if accumulators == 2 else acc[0])
     for b in range(paired, nb):
         out = fma32(scale[..., b], f32_of(lanes[..., b, :].sum(-1)), out)
     return out

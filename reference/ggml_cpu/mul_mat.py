@@ -40,6 +40,10 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
     if kind not in DECODERS:
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
     repacked = repack and kind in target.repacked and len(weights.raw(name)) % 8 == 0  # rows of blocks
+    if target.quant_types is not None and (kind not in target.quant_types or repacked):
+        raise GgmlCpuError(f"{name}: {kind} weights{' repacked (CPU_REPACK)' if repacked else ''} are not emulated "
+                           f"on the {target.name} target (emulated there: {', '.join(target.quant_types)}, "
+                           "repack off)")
     if kind in REPACK_GEMM_ELEMENTS and repacked:
         return "k_repacked"
     if kind in ("Q4_0", "IQ4_NL") and repacked:
@@ -59,21 +63,31 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
     return "k_vec_dot"
 
 
-def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel path: (x, rows, type) -> [T, O]}
+def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel path: (x, rows, type, Target) -> [T, O]}
     """The call each path makes; the numba twin (accel/numba/ggml/mul_mat.py) passes its own module."""
     k = kernels
     return {
-        "k_repacked": lambda x, w, kind: k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind], k),
-        "q0_repacked": lambda x, w, kind: k.q0_repacked(w, k.quantize_q8_0(x)),
-        "q0_lanes": lambda x, w, kind: k.q0_lanes(w, k.quantize_q8_0(x), 2 if kind == "IQ4_NL" and len(x) == 1 else 1),
-        "q5_1_vec_dot": lambda x, w, kind: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
-        "wide_block_vec_dot": lambda x, w, kind: k.wide_block_vec_dot(w, k.quantize_q8_0(x),
-                                                                      8 if kind == "Q1_0" else 1),
-        "q2_k_vec_dot": lambda x, w, kind: k.q2_k_vec_dot(w, k.quantize_q8_k(x)),
-        "tiled": lambda x, w, kind: k.tiled(w, k.quantize_q8_k(x)),
-        "k_vec_dot": lambda x, w, kind: k.k_vec_dot(w, k.quantize_q8_k(x)),
-        "iq1_vec_dot": lambda x, w, kind: k.iq1_vec_dot(w, k.quantize_q8_k(x), 8 if kind == "IQ1_M" else 1),
+        "k_repacked": lambda x, w, kind, target: k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind], k),
+        "q0_repacked": lambda x, w, kind, target: k.q0_repacked(w, k.quantize_q8_0(x)),
+        "q0_lanes": lambda x, w, kind, target: k.q0_lanes(w, k.quantize_q8_0(x, target),
+                                                          q0_accumulators(kind, len(x), target), target),
+        "q5_1_vec_dot": lambda x, w, kind, target: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
+        "wide_block_vec_dot": lambda x, w, kind, target: k.wide_block_vec_dot(w, k.quantize_q8_0(x),
+                                                                              8 if kind == "Q1_0" else 1),
+        "q2_k_vec_dot": lambda x, w, kind, target: k.q2_k_vec_dot(w, k.quantize_q8_k(x)),
+        "tiled": lambda x, w, kind, target: k.tiled(w, k.quantize_q8_k(x)),
+        "k_vec_dot": lambda x, w, kind, target: k.k_vec_dot(w, k.quantize_q8_k(x)),
+        "iq1_vec_dot": lambda x, w, kind, target: k.iq1_vec_dot(w, k.quantize_q8_k(x), 8 if kind == "IQ1_M" else 1),
     }
+
+
+def q0_accumulators(kind, n_rows, target):  # -> the float accumulators of the Q0 kernel a batch of n_rows takes
+    """x86: one (tinyBLAS_Q0_AVX, the AVX2 vec_dots) but for the IQ4_NL vec_dot's two. NEON: one in
+    tinyBLAS_Q0_ARM (Q8_0 and Q4_0 in batches of 2+ rows where llamafile is built,
+    llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:4041-4097), two in every vec_dot."""
+    if target.neon:
+        return 1 if target.llamafile and n_rows >= 2 and kind in ("Q8_0", "Q4_0") else 2
+    return 2 if kind == "IQ4_NL" and n_rows == 1 else 1
 
 
 def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX512):  # x [T, K] f32 -> [T, O]
@@ -85,7 +99,7 @@ def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX51
         return float_weight_mul_mat(x, weights, name, cache, lambda x, w, kind: float_mul_mat(x, w, kind, target))
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
                            lambda start, stop: decode_rows(weights, name, start, stop),
-                           lambda rows: QUANT_PATHS[path](x, rows, kind))
+                           lambda rows: QUANT_PATHS[path](x, rows, kind, target))
 
 
 def float_weight_mul_mat(x, weights, name, cache, product):  # x [T, K] f32, an F32/F16/BF16 tensor -> [T, O]
@@ -98,11 +112,14 @@ def float_weight_mul_mat(x, weights, name, cache, product):  # x [T, K] f32, an 
 
 
 def float_mul_mat(x, w, kind, target=AVX512):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]
-    """tinyBLAS when llamafile_sgemm takes it (2+ rows, O a multiple of 4, K of its vector step: the
-    target's lanes, twice that for vdpbf16ps), else ggml_vec_dot_* row by row."""
+    """tinyBLAS when llamafile_sgemm takes it (the target's fewest rows, O a multiple of 4, K of its
+    vector step: the target's lanes, its F16 lanes for F16, twice the lanes for vdpbf16ps), else
+    ggml_vec_dot_* row by row."""
     dpbf16 = kind == "BF16" and target.dpbf16
-    if len(x) >= 2 and len(w) % 4 == 0 and w.shape[1] % (target.lanes * (2 if dpbf16 else 1)) == 0:
-        return tinyblas_bf16(x, w) if dpbf16 else tinyblas(x, w, target)
+    step = target.f16_lanes if kind == "F16" else target.lanes * (2 if dpbf16 else 1)
+    if (target.llamafile and len(x) >= target.sgemm_min_rows(kind) and len(w) % 4 == 0
+            and w.shape[1] % step == 0):
+        return tinyblas_bf16(x, w) if dpbf16 else tinyblas(x, w, target, kind == "F16")
     return FLOAT_KERNELS[kind][1](w[None], x[:, None, :], target)
 
 

@@ -3,6 +3,7 @@
 import numpy as np
 
 from .rounding import F32, round_f16
+from .target import AVX512
 
 
 class QuantActs:
@@ -12,14 +13,15 @@ class QuantActs:
         self.d, self.q, self.s, self.bsums = d, q, s, bsums
 
 
-def quantize_q8_0(x):  # x [T, K] f32 -> QuantActs: quantize_row_q8_0 (AVX2) and its 4x8 repack twin
-    """d = amax/127 stored as f16, q = round-half-even(x * (127/amax)): the scale that rounds the
-    values is not the stored one."""
+def quantize_q8_0(x, target=AVX512):  # x [T, K] f32 -> QuantActs: quantize_row_q8_0 and its 4x8 repack twin
+    """d = amax/127 stored as f16, q = round-half-even(x * inverse): the scale that rounds the values
+    is not the stored one. The inverse is 127/amax on x86 (AVX2), 1/d on NEON
+    (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:63-64, vcvtnq_s32_f32 rounding to nearest even too)."""
     blocks = x.reshape(len(x), -1, 32)
     amax = np.max(np.abs(blocks), axis=-1)
     d = amax / F32(127)
     with np.errstate(divide="ignore"):
-        inv = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+        inv = np.where(amax != 0, F32(1) / d if target.neon else F32(127) / amax, F32(0)).astype(F32)
     q = np.rint(blocks * inv[..., None]).astype(np.int64)
     return QuantActs(round_f16(d), q, s=round_f16(d * q.sum(-1).astype(F32)))
 

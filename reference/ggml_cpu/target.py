@@ -23,19 +23,36 @@ class Target:
     neox_group: int  # the same for rope_neox
     machine: str  # platform.machine() of the hosts that run this build
     cpu_flags: tuple  # /proc/cpuinfo flags the build needs
+    neon: bool = False  # the ARM kernels: arch/arm/quants.c, tinyBLAS_Q0_ARM, F16 arithmetic in half precision
+    llamafile: bool = True  # GGML_USE_LLAMAFILE: tinyBLAS takes float (and Q8_0/Q4_0 on ARM) batches of 2+ rows
+    quant_types: tuple | None = None  # weight types whose quantized kernels are emulated (None: every decoded type)
     emulated: bool = True  # False: named and documented, its quantized kernels not emulated yet
+
+    @property
+    def f16_lanes(self):  # halves per F16 register: GGML_F16_EPR, tinyBLAS's KN for F16 weights
+        """With FP16 vector arithmetic (NEON fp16) a register holds 8 halves and the FMAs round to half
+        (llama.cpp/ggml/src/ggml-cpu/simd-mappings.h:378-400); x86 converts to the float32 lanes."""
+        return 8 if self.neon else self.lanes
+
+    def sgemm_min_rows(self, kind):  # F32/F16/BF16 -> the fewest batch rows llamafile_sgemm takes for that type
+        """n < 2 is refused everywhere (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:3819-3822); the NEON
+        float kernels want n >= 4 (F32, sgemm.cpp:3845-3846) and n >= 8 (F16, sgemm.cpp:3974-3975)."""
+        if not self.neon:
+            return 2
+        return {"F32": 4, "F16": 8}.get(kind, 2)
 
 
 NEON_REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
+NEON_QUANT_TYPES = ("Q8_0",)  # NEON weight types emulated (docs/ggml-cpu-numerics.md, neon section)
 TARGETS = {t.name: t for t in (
     Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, True, 1, "x86_64",
            ("avx2", "fma", "f16c", "bmi2")),
     Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, False, 4, "x86_64",
            ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "fma", "f16c")),
     Target("neon", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp"),
-           emulated=False),
+           neon=True, quant_types=NEON_QUANT_TYPES),
     Target("neon-i8mm", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp", "i8mm"),
-           emulated=False),
+           neon=True, llamafile=False, emulated=False),
 )}
 DEFAULT_TARGET = "avx512"
 
