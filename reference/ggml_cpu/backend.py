@@ -103,4 +103,4 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         return swiglu(np.asarray(gate, F32), np.asarray(up, F32), self.target)
 
     def softcap(self, z, cap):  # z [...] -> [...]
-        return softcap(np.asarray(z, F32), cap)
+        return softcap(np.asarray(z, F32), cap, self.target)

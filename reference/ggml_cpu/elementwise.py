@@ -3,7 +3,7 @@ import numpy as np
 
 from ..ops import bilinear_corners
 
-from .libm import libm, silu_rows, v_expf
+from .libm import fdlibm_tanhf, libm, silu_rows, v_expf
 from .rounding import F32, F64, fma32, register_sum
 from .target import AVX512
 
@@ -108,10 +108,13 @@ def swiglu(gate, up, target=AVX512):  # gate [T, F], up [T, F] -> [T, F]: ggml_v
     return silu_rows(gate, target) * up
 
 
-def softcap(z, cap):  # z [...] -> [...]: ggml_scale(1/cap), glibc tanhf, ggml_scale(cap)
+def softcap(z, cap, target=AVX512):  # z [...] -> [...]: ggml_scale(1/cap), glibc tanhf, ggml_scale(cap)
+    """tanhf: this machine's glibc for x86 targets; for NEON ones aarch64 glibc's, whose FMAs round
+    differently in about 1 of 1300 values (libm.fdlibm_tanhf)."""
     if cap == 0:
         return z
-    return libm("tanhf", z * F32(1.0 / cap)) * F32(cap)
+    scaled = z * F32(1.0 / cap)
+    return (fdlibm_tanhf(scaled, fused=True) if target.neon else libm("tanhf", scaled)) * F32(cap)
 
 
 def soft_max(scores, visible, scale, target=AVX512):  # scores [R, S] f32, visible [R, S] -> [R, S]: soft_max_ext

@@ -35,14 +35,18 @@ def q0_accumulate(lanes, scale, accumulators=1, target=AVX512):  # lanes [..., n
     fma(d, f32(isum), sum). NEON: two vdotq_s32 over the block's halves, added: lane l holds elements
     4l..4l+3 and 16+4l..16+4l+3 (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:1296-1305); tinyBLAS_Q0_ARM
     keeps one accumulator, the vec_dots two (even and odd blocks, llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1361-1383),
-    each reduced by vaddvq_f32 and the two sums added; the odd last block as on x86."""
+    each reduced by vaddvq_f32 and the two sums added; acc + f32(lane) * d_w*d_a unfused (vmlaq_n_f32);
+    the odd last block as on x86."""
     if target.neon:
         lanes = lanes[..., :4] + lanes[..., 4:]
     nb = lanes.shape[-2]
     paired = nb - nb % accumulators
     acc = np.zeros((accumulators,) + lanes.shape[:-2] + (lanes.shape[-1],), F32)
     for b in range(paired):
-        acc[b % accumulators] = fma32(scale[..., b, None], f32_of(lanes[..., b, :]), acc[b % accumulators])
+        if target.neon:  # vmlaq_n_f32: a multiply, then an add (GCC 12 arm_neon.h:6840-6843, fmul + fadd)
+            acc[b % accumulators] = acc[b % accumulators] + f32_of(lanes[..., b, :]) * scale[..., b, None]
+        else:
+            acc[b % accumulators] = fma32(scale[..., b, None], f32_of(lanes[..., b, :]), acc[b % accumulators])
     if target.neon:
         out = hsum4(acc[0]) + hsum4(acc[1]) if accumulators == 2 else hsum4(acc[0])
     else:
