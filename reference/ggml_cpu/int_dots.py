@@ -3,6 +3,7 @@ lane and accumulation order."""
 import numpy as np
 
 from .blocks import QuantRows
+from .build import GgmlCpuError
 from .rounding import F32, F64, fma32, hsum4, hsum8
 from .target import AVX512
 
@@ -125,6 +126,40 @@ def tiled(w, a):  # K-quant/IQ rows, Q8_K acts -> [T, O]: the tiled AVX512-VNNI 
     return buf
 
 
+# The NEON K-quant vec_dots form one exact integer per block (its codes times scales, less Q6_K's 32 per
+# bsum) and, for types with mins, one for sum(min * bsum); the float steps per block are these, read in
+# the disassembly of arch/arm/quants.c as GCC 12 compiles it for the build (d = d_a * d_w, m = d_a * dmin_w).
+NEON_K_EPILOGUES = {
+    # sum = fma(f32(S), d, sum): llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:3584 (Q6_K), 2296 (Q3_K), 4310 (IQ4_XS)
+    "Q6_K": "scaled", "Q3_K": "scaled", "IQ4_XS": "scaled",
+    # sumf -= m * f32(M) (fmsub), then sumf += d * f32(S) (fmadd): quants.c:2791-2819
+    "Q4_K": "mins_first",
+    # sumf += d * f32(S) - m * f32(M): m*M rounded, fused into d*S, then added: quants.c:2948
+    "Q5_K": "mins_inside",
+}
+
+
+def neon_k_vec_dot(w, a, kind):  # K-quant rows, Q8_K acts -> [T, O]: ggml_vec_dot_*_q8_K (NEON dotprod)
+    """The block integers S = sum(scale * dot) and M = sum(min * bsum) are exact; per block the
+    epilogue NEON_K_EPILOGUES[kind] into one float32 sum."""
+    if kind not in NEON_K_EPILOGUES:
+        raise GgmlCpuError(f"the NEON vec_dot of {kind} is not emulated")
+    S = f32_of((int_dot(w.values - w.unsigned_offset, a.q, w.sub) * w.scales[None]).sum(-1))  # [T, O, nb]
+    d = a.d[:, None] * w.d[None]
+    M = None if w.mins is None else f32_of((sub_block_sums(a, w.sub)[:, None] * w.mins[None]).sum(-1))
+    m = None if w.mins is None else a.d[:, None] * w.dmin[None]
+    epilogue = NEON_K_EPILOGUES[kind]
+    acc = np.zeros(S.shape[:2], F32)
+    for b in range(S.shape[2]):
+        if epilogue == "scaled":
+            acc = fma32(S[..., b], d[..., b], acc)
+        elif epilogue == "mins_first":
+            acc = fma32(S[..., b], d[..., b], fma32(-M[..., b], m[..., b], acc))
+        else:
+            acc = acc + fma32(d[..., b], S[..., b], -(m[..., b] * M[..., b]))
+    return acc
+
+
 def k_vec_dot(w, a):  # K-quant/IQ rows, Q8_K acts -> [T, O]: ggml_vec_dot_*_q8_K (AVX2 builds)
     """8 int32 lanes, lane l holding 4 neighbouring products of every 32-element chunk times that
     chunk's (or 16-half's) scale; per block fma(d_w*d_a, f32(lane), acc), then hsum_float_8 times the
@@ -175,12 +210,22 @@ def wide_block_vec_dot(w, a, lanes):  # Q1_0/Q2_0 rows (blocks of 128/64), Q8_0 
     return hsum8(acc) if lanes == 8 else acc[..., 0]
 
 
-def q2_k_vec_dot(w, a):  # Q2_K rows, Q8_K acts -> [T, O]: ggml_vec_dot_q2_K_q8_K (AVX2 builds)
-    """One 8-lane accumulator per weight and activation row. Per block first the mins: lane l = min_2l*bsum_2l +
+def q2_k_vec_dot(w, a, target=AVX512):  # Q2_K rows, Q8_K acts -> [T, O]: ggml_vec_dot_q2_K_q8_K
+    """AVX2: one 8-lane accumulator per weight and activation row. Per block first the mins: lane l = min_2l*bsum_2l +
     min_2l+1*bsum_2l+1 (madd of the 16-sums), acc = fma(-d_a*dmin_w, f32(lane), acc); then the scaled
     codes, lane l holding 4 neighbouring products of every 32-chunk times its 16-half's scale (the
-    k_vec_dot lanes), acc = fma(d_a*d_w, f32(lane), acc); hsum_float_8 at the end."""
+    k_vec_dot lanes), acc = fma(d_a*d_w, f32(lane), acc); hsum_float_8 at the end. NEON
+    (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:2000-2013): the same two steps on the block's whole
+    integers into one float, sum = fma(f32(M), -(d_a*dmin_w), sum), then fma(f32(S), d_a*d_w, sum)."""
     T, O, nb = len(a.q), len(w.values), w.values.shape[1]
+    if target.neon:
+        S = f32_of((int_dot(w.values, a.q, w.sub) * w.scales[None]).sum(-1))
+        M = f32_of((a.bsums[:, None] * w.mins[None]).sum(-1))
+        acc = np.zeros((T, O), F32)
+        for b in range(nb):
+            acc = fma32(M[..., b], -(a.d[:, None, b] * w.dmin[None, :, b]), acc)
+            acc = fma32(S[..., b], a.d[:, None, b] * w.d[None, :, b], acc)
+        return acc
     products = int_dot(w.values, a.q, 4).reshape(T, O, nb, 8, 8)  # [.., chunk, lane]
     lane_scale = np.repeat(w.scales, 4, axis=-1).reshape(O, nb, 8, 8)  # a 32-chunk's lanes 0-3 and 4-7: its two 16s
     lanes = (products * lane_scale[None]).sum(3)  # [T, O, nb, 8]

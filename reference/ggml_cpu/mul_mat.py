@@ -9,7 +9,7 @@ from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
 from .int_dots import q2_k_vec_dot, wide_block_vec_dot
-from .int_dots import iq1_vec_dot
+from .int_dots import iq1_vec_dot, neon_k_vec_dot  # noqa: F401 (neon_k_vec_dot through QUANT_PATHS)
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import F32, round_bf16, round_f16
 from .target import AVX512
@@ -58,6 +58,8 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
         return "tiled"
     if kind == "Q2_K":
         return "q2_k_vec_dot"
+    if target.neon:
+        return "neon_k_vec_dot"
     if kind in ("IQ1_S", "IQ1_M"):
         return "iq1_vec_dot"
     return "k_vec_dot"
@@ -74,9 +76,10 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
         "q5_1_vec_dot": lambda x, w, kind, target: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
         "wide_block_vec_dot": lambda x, w, kind, target: k.wide_block_vec_dot(w, k.quantize_q8_0(x),
                                                                               8 if kind == "Q1_0" else 1),
-        "q2_k_vec_dot": lambda x, w, kind, target: k.q2_k_vec_dot(w, k.quantize_q8_k(x)),
+        "q2_k_vec_dot": lambda x, w, kind, target: k.q2_k_vec_dot(w, k.quantize_q8_k(x, target=target), target),
         "tiled": lambda x, w, kind, target: k.tiled(w, k.quantize_q8_k(x)),
         "k_vec_dot": lambda x, w, kind, target: k.k_vec_dot(w, k.quantize_q8_k(x)),
+        "neon_k_vec_dot": lambda x, w, kind, target: k.neon_k_vec_dot(w, k.quantize_q8_k(x, target=target), kind),
         "iq1_vec_dot": lambda x, w, kind, target: k.iq1_vec_dot(w, k.quantize_q8_k(x), 8 if kind == "IQ1_M" else 1),
     }
 
