@@ -6,6 +6,8 @@ llama.cpp's. CI runs a derived subset of presets (CPU_TARGET_FULL=1: every run o
 import hashlib
 import json
 import os
+import platform
+import re
 import warnings
 
 import numpy as np
@@ -13,7 +15,8 @@ import pytest
 
 from conftest import IN_CI, require
 from reference import gguf
-from reference.ggml_cpu import UBATCH, GgmlCpuBackend
+from reference.ggml_cpu import UBATCH, GgmlCpuBackend, GgmlCpuError
+from reference.ggml_cpu.libm import fdlibm_tanhf, libm
 from reference.text import TextModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,6 +24,19 @@ GOLDEN = os.path.join(ROOT, "golden", "cpu_targets")
 PROMPTS = os.path.join(ROOT, "golden", "prompts", "text-short.jsonl")
 FULL = os.environ.get("CPU_TARGET_FULL") == "1"
 SUBSET = ("Q4_K_M", "Q2_K", "IQ4_NL", "Q6_K")  # repacked on avx2 (Q4_K, IQ4_NL) and not (Q2_K), tiled (Q6_K)
+# neon: the presets whose every weight type has its NEON kernel emulated, repack off (CPU_REPACK's NEON
+# layouts are refused); CI checks tinyBLAS_Q0_ARM and the NEON vec_dots of Q8_0 and Q4_0 and the K-quants
+# (Q4_K_M: Q4_K, Q5_0, Q6_K) on 4 of them, 16 runs of about 2.5 s
+NEON_EXACT = ("MXFP4_MOE", "Q2_K_S", "Q3_K_M", "Q3_K_S", "Q4_0", "Q4_K_M", "Q4_K_S", "Q5_0", "Q6_K", "Q8_0")
+NEON_SUBSET = ("Q8_0", "Q4_0", "Q4_K_M", "Q6_K")
+CHECKED = {"avx2": (SUBSET, None, ("on", "off")), "avx512": (SUBSET, None, ("on", "off")),
+           "neon": (NEON_SUBSET, NEON_EXACT, ("off",))}  # target -> (CI presets, CPU_TARGET_FULL's (None: all), repack)
+
+
+def checked(run, target):  # manifest run -> whether the test checks it for target
+    ci_presets, full_presets, repacks = CHECKED[target]
+    presets = full_presets if FULL else ci_presets
+    return run["repack"] in repacks and (presets is None or run["preset"] in presets)
 
 
 def manifest(target):  # -> the target's manifest; a skip only where the goldens are absent outside CI
@@ -55,9 +71,10 @@ def check_run(run, target, backend_class=GgmlCpuBackend):  # manifest run -> [(p
 
 
 def failures(target, backend_class=GgmlCpuBackend):  # -> one line per run and prompt whose logits differ
+    """CI: the target's subset; CPU_TARGET_FULL=1: every run of the manifest the target emulates."""
     failed = []
     for run in manifest(target)["runs"]:
-        if not FULL and run["preset"] not in SUBSET:
+        if not checked(run, target):
             continue
         for prompt, prefill_ok, decode_ok in check_run(run, target, backend_class):
             if not (prefill_ok and decode_ok):
@@ -66,7 +83,7 @@ def failures(target, backend_class=GgmlCpuBackend):  # -> one line per run and p
     return failed
 
 
-@pytest.mark.parametrize("target", ["avx2", "avx512"])
+@pytest.mark.parametrize("target", ["avx2", "avx512", "neon"])
 def test_target_bit_identical_to_its_llama_cpp(target):
     failed = failures(target)
     assert not failed, "\n".join(failed)
@@ -77,3 +94,32 @@ def test_numba_twin_of_avx2_bit_identical_to_its_llama_cpp():  # the twins take 
     from accel.numba.ggml import GgmlCpuNumbaBackend
     failed = failures("avx2", GgmlCpuNumbaBackend)
     assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("preset,repack,refused", [
+    ("Q8_0", "on", "Q8_0 weights repacked (CPU_REPACK)"),  # NEON's q8_0 repack layout
+    ("IQ4_NL", "off", "IQ4_NL weights"),  # its NEON vec_dot (block pairs in a scalar) is not emulated
+])
+def test_neon_refuses_what_it_does_not_emulate(preset, repack, refused):
+    """Rather than logits that are not llama.cpp's, a GgmlCpuError naming the weight type."""
+    run = next(r for r in manifest("neon")["runs"] if r["preset"] == preset and r["repack"] == repack)
+    with pytest.raises(GgmlCpuError, match=re.escape(refused)):
+        check_run(run, "neon")
+
+
+def test_neon_i8mm_and_q8_0_cache_refused():  # the i8mm kernels and the NEON q8_0 KV cache are not emulated
+    with pytest.raises(GgmlCpuError, match="neon-i8mm target is not emulated"):
+        GgmlCpuBackend(cpu="neon-i8mm", check_host=False)
+    with pytest.raises(GgmlCpuError, match="q8_0 KV cache is not emulated on the neon target"):
+        GgmlCpuBackend("q8_0", flash_attn=True, cpu="neon", check_host=False)
+
+
+def test_fdlibm_tanhf_unfused_is_this_glibc():
+    """The NEON softcap's tanhf is glibc's fdlibm code with aarch64's fused multiply-adds (pinned by the
+    neon goldens above); unfused, the same code must be x86-64 glibc's own tanhf, bit for bit, on the
+    softcap's range and beyond (both branches, the |x| >= 22 and tiny cases)."""
+    if platform.machine() != "x86_64" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("compares with x86-64 glibc's tanhf")
+    x = np.concatenate([np.random.default_rng(0).uniform(-3, 3, 100000), [0, -0.0, 1, -1, 22, -23, 1e-30, np.inf]])
+    x = x.astype(np.float32)
+    np.testing.assert_array_equal(fdlibm_tanhf(x, fused=False).view(np.uint32), libm("tanhf", x).view(np.uint32))
