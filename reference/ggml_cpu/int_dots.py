@@ -87,6 +87,33 @@ def q5_1_vec_dot(w, a):  # Q5_1 rows, Q8_1 acts -> [T, O]: ggml_vec_dot_q5_1_q8_
     return hsum8(acc) + summs
 
 
+def neon_q1_vec_dot(w, a, kind):  # Q4_1/Q5_1 rows, Q8_1 acts -> [T, O]: ggml_vec_dot_q{4,5}_1_q8_1 (NEON)
+    """Blocks in pairs into two 4-lane accumulators as the NEON Q0 vec_dots (q0_accumulate), the
+    minimums m_w*s_a into scalars: Q5_1 two, each by FMA (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1053-1054),
+    Q4_1 one, adding fma(m_0, s_0, m_1*s_1) per pair (quants.c:700); the result is
+    vaddvq(acc0) + vaddvq(acc1) + the scalars in order; an odd last block adds fma(d_w*d_a, f32(isum), m_w*s_a)."""
+    lanes = int_dot(w.values, a.q, 4)
+    lanes = f32_of(lanes[..., :4] + lanes[..., 4:])  # [T, O, nb, 4]
+    scale = w.d[None] * a.d[:, None]
+    mins = (w.m[None] * a.s[:, None]).astype(F32)  # [T, O, nb]: the products m_w*s_a, rounded
+    T, O, nb = lanes.shape[:3]
+    paired = nb - nb % 2
+    acc = np.zeros((2, T, O, 4), F32)
+    summs = np.zeros((2, T, O), F32)
+    for b in range(paired):
+        acc[b % 2] = acc[b % 2] + lanes[:, :, b] * scale[:, :, b, None]
+        if kind == "Q5_1":
+            summs[b % 2] = fma32(w.m[None, :, b], a.s[:, None, b], summs[b % 2])
+        elif b % 2:
+            summs[0] = summs[0] + fma32(w.m[None, :, b - 1], a.s[:, None, b - 1], mins[:, :, b])
+    out = hsum4(acc[0]) + hsum4(acc[1]) + summs[0]
+    if kind == "Q5_1":
+        out = out + summs[1]
+    for b in range(paired, nb):
+        out = out + fma32(scale[:, :, b], lanes[:, :, b].sum(-1), mins[:, :, b])
+    return out
+
+
 def sub_block_sums(a, width):  # QuantActs (Q8_K) -> int [T, nb, 256/width]: activation sums per sub-block
     return a.bsums.reshape(a.bsums.shape[:-1] + (-1, width // 16)).sum(-1)
 
