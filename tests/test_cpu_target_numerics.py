@@ -98,7 +98,7 @@ def test_numba_twin_of_avx2_bit_identical_to_its_llama_cpp():  # the twins take 
 
 @pytest.mark.parametrize("preset,repack,refused", [
     ("Q8_0", "on", "Q8_0 weights repacked (CPU_REPACK)"),  # NEON's q8_0 repack layout
-    ("IQ4_NL", "off", "IQ4_NL weights"),  # its NEON vec_dot (block pairs in a scalar) is not emulated
+    ("Q2_0", "off", "Q2_0 weights"),  # its NEON vec_dot (4 lanes over 32-element scales) is not emulated
 ])
 def test_neon_refuses_what_it_does_not_emulate(preset, repack, refused):
     """Rather than logits that are not llama.cpp's, a GgmlCpuError naming the weight type."""

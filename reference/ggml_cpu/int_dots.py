@@ -114,6 +114,21 @@ def neon_q1_vec_dot(w, a, kind):  # Q4_1/Q5_1 rows, Q8_1 acts -> [T, O]: ggml_ve
     return out
 
 
+def neon_iq4_nl_vec_dot(w, a):  # IQ4_NL rows, Q8_0 acts -> [T, O]: ggml_vec_dot_iq4_nl_q8_0 (NEON)
+    """Whole-block integers, blocks in pairs into one float: sumf += d_0*f32(i_0) + d_1*f32(i_1), GCC
+    fusing the first product and rounding the second (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:4232-4234);
+    an odd last block fma(d, f32(i), sumf)."""
+    sums = f32_of(int_dot(w.values, a.q, 32)[..., 0])  # [T, O, nb]
+    scale = w.d[None] * a.d[:, None]
+    nb = sums.shape[2]
+    acc = np.zeros(sums.shape[:2], F32)
+    for b in range(0, nb - nb % 2, 2):
+        acc = acc + fma32(scale[..., b], sums[..., b], scale[..., b + 1] * sums[..., b + 1])
+    for b in range(nb - nb % 2, nb):
+        acc = fma32(scale[..., b], sums[..., b], acc)
+    return acc
+
+
 def sub_block_sums(a, width):  # QuantActs (Q8_K) -> int [T, nb, 256/width]: activation sums per sub-block
     return a.bsums.reshape(a.bsums.shape[:-1] + (-1, width // 16)).sum(-1)
 

@@ -9,7 +9,7 @@ from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
 from .int_dots import q2_k_vec_dot, wide_block_vec_dot
-from .int_dots import iq1_vec_dot, neon_k_vec_dot, neon_q1_vec_dot  # noqa: F401 (through QUANT_PATHS)
+from .int_dots import iq1_vec_dot, neon_iq4_nl_vec_dot, neon_k_vec_dot, neon_q1_vec_dot  # noqa: F401 (QUANT_PATHS)
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import F32, round_bf16, round_f16
 from .target import AVX512
@@ -48,6 +48,8 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
         return "k_repacked"
     if kind in ("Q4_0", "IQ4_NL") and repacked:
         return "q0_repacked"
+    if kind == "IQ4_NL" and target.neon:
+        return "neon_iq4_nl_vec_dot"
     if kind in ("Q8_0", "Q5_0", "Q4_0", "IQ4_NL"):
         return "q0_lanes"
     if kind in ("Q5_1", "Q4_1"):  # neither tinyBLAS nor the CPU repack takes them: vec_dot at every batch size
@@ -74,6 +76,7 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
         "q0_lanes": lambda x, w, kind, target: k.q0_lanes(w, k.quantize_q8_0(x, target),
                                                           q0_accumulators(kind, len(x), target), target),
         "q5_1_vec_dot": lambda x, w, kind, target: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
+        "neon_iq4_nl_vec_dot": lambda x, w, kind, target: k.neon_iq4_nl_vec_dot(w, k.quantize_q8_0(x, target)),
         "neon_q1_vec_dot": lambda x, w, kind, target: k.neon_q1_vec_dot(w, k.quantize_q8_0(x, target), kind),
         "wide_block_vec_dot": lambda x, w, kind, target: k.wide_block_vec_dot(w, k.quantize_q8_0(x),
                                                                               8 if kind == "Q1_0" else 1),
