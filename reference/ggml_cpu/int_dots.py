@@ -172,8 +172,16 @@ def tiled(w, a):  # K-quant/IQ rows, Q8_K acts -> [T, O]: the tiled AVX512-VNNI 
 # bsum) and, for types with mins, one for sum(min * bsum); the float steps per block are these, read in
 # the disassembly of arch/arm/quants.c as GCC 12 compiles it for the build (d = d_a * d_w, m = d_a * dmin_w).
 NEON_K_EPILOGUES = {
-    # sum = fma(f32(S), d, sum): llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:3584 (Q6_K), 2296 (Q3_K), 4310 (IQ4_XS)
-    "Q6_K": "scaled", "Q3_K": "scaled", "IQ4_XS": "scaled",
+    # sum = fma(f32(S), d, sum), times the IQ power of two at the end: llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:3584
+    # (Q6_K), 2296 (Q3_K), 4310 (IQ4_XS), 3755-3757 (IQ2_XS), 3850-3853 (IQ2_S), 4024-4026 (IQ3_S), 1561 (TQ1_0), 1671 (TQ2_0)
+    "Q6_K": "scaled", "Q3_K": "scaled", "IQ4_XS": "scaled", "IQ2_XS": "scaled", "IQ2_S": "scaled",
+    "IQ3_S": "scaled", "TQ1_0": "scaled", "TQ2_0": "scaled",
+    # per 32 f32(dot) * (ls + 0.5) by FMA into two floats (even, odd sub-blocks), then fma(d, s_even + s_odd,
+    # sum); times 2*post at the end (0.25, 0.5): quants.c:3678-3683 (IQ2_XXS), 3911-3916 (IQ3_XXS)
+    "IQ2_XXS": "half_scales", "IQ3_XXS": "half_scales",
+    # the grid part A and the delta part B (IQ1_S sumi3, IQ1_M sumi2) as integers, then
+    # fma(d, fma(f32(B), 1/8, f32(A)), sum): quants.c:4089 (IQ1_S), 4182 (IQ1_M)
+    "IQ1_S": "delta", "IQ1_M": "delta",
     # sumf -= m * f32(M) (fmsub), then sumf += d * f32(S) (fmadd): quants.c:2791-2819
     "Q4_K": "mins_first",
     # sumf += d * f32(S) - m * f32(M): m*M rounded, fused into d*S, then added: quants.c:2948
@@ -186,20 +194,36 @@ def neon_k_vec_dot(w, a, kind):  # K-quant rows, Q8_K acts -> [T, O]: ggml_vec_d
     epilogue NEON_K_EPILOGUES[kind] into one float32 sum."""
     if kind not in NEON_K_EPILOGUES:
         raise GgmlCpuError(f"the NEON vec_dot of {kind} is not emulated")
-    S = f32_of((int_dot(w.values - w.unsigned_offset, a.q, w.sub) * w.scales[None]).sum(-1))  # [T, O, nb]
+    epilogue = NEON_K_EPILOGUES[kind]
+    values = w.values - w.unsigned_offset
+    if epilogue == "delta":  # the codes 8*grid +- 1 taken apart as in iq1_vec_dot
+        grid = (values + 4) // 8
+        B = f32_of((int_dot(values - 8 * grid, a.q, w.sub) * w.scales[None]).sum(-1))
+        values = grid
+    dots = int_dot(values, a.q, w.sub) * w.scales[None]  # [T, O, nb, n_sub]
+    S = f32_of(dots.sum(-1))
     d = a.d[:, None] * w.d[None]
     M = None if w.mins is None else f32_of((sub_block_sums(a, w.sub)[:, None] * w.mins[None]).sum(-1))
     m = None if w.mins is None else a.d[:, None] * w.dmin[None]
-    epilogue = NEON_K_EPILOGUES[kind]
     acc = np.zeros(S.shape[:2], F32)
     for b in range(S.shape[2]):
         if epilogue == "scaled":
             acc = fma32(S[..., b], d[..., b], acc)
         elif epilogue == "mins_first":
             acc = fma32(S[..., b], d[..., b], fma32(-M[..., b], m[..., b], acc))
-        else:
+        elif epilogue == "mins_inside":
             acc = acc + fma32(d[..., b], S[..., b], -(m[..., b] * M[..., b]))
-    return acc
+        elif epilogue == "delta":
+            acc = fma32(d[..., b], fma32(B[..., b], F32(0.125), S[..., b]), acc)
+        else:  # half_scales: the odd scale 2 ls + 1 halved is ls + 0.5, exact
+            sub_dots = f32_of(int_dot(values, a.q, w.sub)[:, :, b])  # [T, O, n_sub]
+            halves = (w.scales[:, b] / 2).astype(F32)
+            pair = np.zeros((2,) + acc.shape, F32)
+            for sb in range(sub_dots.shape[-1]):
+                pair[sb % 2] = fma32(sub_dots[..., sb], halves[None, :, sb], pair[sb % 2])
+            acc = fma32(d[..., b], pair[0] + pair[1], acc)
+    final = {"scaled": w.post, "half_scales": 2 * w.post}.get(epilogue, 1.0)
+    return acc if final == 1.0 else F32(final) * acc
 
 
 def k_vec_dot(w, a):  # K-quant/IQ rows, Q8_K acts -> [T, O]: ggml_vec_dot_*_q8_K (AVX2 builds)
