@@ -34,8 +34,8 @@ def q0_accumulate(lanes, scale, accumulators=1, target=AVX512):  # lanes [..., n
     f32(lane), acc) block after block, then hsum_float_8. The IQ4_NL vec_dot takes blocks in pairs
     into two accumulators, summed before the hsum, and an odd last block as a scalar
     fma(d, f32(isum), sum). NEON: two vdotq_s32 over the block's halves, added: lane l holds elements
-    4l..4l+3 and 16+4l..16+4l+3 (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:1296-1305); tinyBLAS_Q0_ARM
-    keeps one accumulator, the vec_dots two (even and odd blocks, llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1361-1383),
+    4l..4l+3 and 16+4l..16+4l+3 (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:1305-1314); tinyBLAS_Q0_ARM
+    keeps one accumulator, the vec_dots two (even and odd blocks, llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1355-1382),
     each reduced by vaddvq_f32 and the two sums added; acc + f32(lane) * d_w*d_a unfused (vmlaq_n_f32);
     the odd last block as on x86."""
     if target.neon:
@@ -89,8 +89,8 @@ def q5_1_vec_dot(w, a):  # Q5_1 rows, Q8_1 acts -> [T, O]: ggml_vec_dot_q5_1_q8_
 
 def neon_q1_vec_dot(w, a, kind):  # Q4_1/Q5_1 rows, Q8_1 acts -> [T, O]: ggml_vec_dot_q{4,5}_1_q8_1 (NEON)
     """Blocks in pairs into two 4-lane accumulators as the NEON Q0 vec_dots (q0_accumulate), the
-    minimums m_w*s_a into scalars: Q5_1 two, each by FMA (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1053-1054),
-    Q4_1 one, adding fma(m_0, s_0, m_1*s_1) per pair (quants.c:700); the result is
+    minimums m_w*s_a into scalars: Q5_1 two, each by FMA (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1071-1072, 1122),
+    Q4_1 one, adding fma(m_0, s_0, m_1*s_1) per pair (quants.c:700, 727); the result is
     vaddvq(acc0) + vaddvq(acc1) + the scalars in order; an odd last block adds fma(d_w*d_a, f32(isum), m_w*s_a)."""
     lanes = int_dot(w.values, a.q, 4)
     lanes = f32_of(lanes[..., :4] + lanes[..., 4:])  # [T, O, nb, 4]
@@ -116,7 +116,7 @@ def neon_q1_vec_dot(w, a, kind):  # Q4_1/Q5_1 rows, Q8_1 acts -> [T, O]: ggml_ve
 
 def neon_iq4_nl_vec_dot(w, a):  # IQ4_NL rows, Q8_0 acts -> [T, O]: ggml_vec_dot_iq4_nl_q8_0 (NEON)
     """Whole-block integers, blocks in pairs into one float: sumf += d_0*f32(i_0) + d_1*f32(i_1), GCC
-    fusing the first product and rounding the second (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:4232-4234);
+    fusing the first product and rounding the second (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:4238-4240);
     an odd last block fma(d, f32(i), sumf)."""
     sums = f32_of(int_dot(w.values, a.q, 32)[..., 0])  # [T, O, nb]
     scale = w.d[None] * a.d[:, None]
@@ -172,8 +172,8 @@ def tiled(w, a):  # K-quant/IQ rows, Q8_K acts -> [T, O]: the tiled AVX512-VNNI 
 # bsum) and, for types with mins, one for sum(min * bsum); the float steps per block are these, read in
 # the disassembly of arch/arm/quants.c as GCC 12 compiles it for the build (d = d_a * d_w, m = d_a * dmin_w).
 NEON_K_EPILOGUES = {
-    # sum = fma(f32(S), d, sum), times the IQ power of two at the end: llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:3584
-    # (Q6_K), 2296 (Q3_K), 4310 (IQ4_XS), 3755-3757 (IQ2_XS), 3850-3853 (IQ2_S), 4024-4026 (IQ3_S), 1561 (TQ1_0), 1671 (TQ2_0)
+    # sum = fma(f32(S), d, sum), times the IQ power of two at the end: llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:3582
+    # (Q6_K), 2297 (Q3_K), 4307 (IQ4_XS), 3755-3757 (IQ2_XS), 3850-3853 (IQ2_S), 4024-4026 (IQ3_S), 1555 (TQ1_0), 1666 (TQ2_0)
     "Q6_K": "scaled", "Q3_K": "scaled", "IQ4_XS": "scaled", "IQ2_XS": "scaled", "IQ2_S": "scaled",
     "IQ3_S": "scaled", "TQ1_0": "scaled", "TQ2_0": "scaled",
     # per 32 f32(dot) * (ls + 0.5) by FMA into two floats (even, odd sub-blocks), then fma(d, s_even + s_odd,
@@ -182,9 +182,9 @@ NEON_K_EPILOGUES = {
     # the grid part A and the delta part B (IQ1_S sumi3, IQ1_M sumi2) as integers, then
     # fma(d, fma(f32(B), 1/8, f32(A)), sum): quants.c:4089 (IQ1_S), 4182 (IQ1_M)
     "IQ1_S": "delta", "IQ1_M": "delta",
-    # sumf -= m * f32(M) (fmsub), then sumf += d * f32(S) (fmadd): quants.c:2791-2819
+    # sumf -= m * f32(M) (fmsub), then sumf += d * f32(S) (fmadd): quants.c:2819, 2848
     "Q4_K": "mins_first",
-    # sumf += d * f32(S) - m * f32(M): m*M rounded, fused into d*S, then added: quants.c:2948
+    # sumf += d * f32(S) - m * f32(M): m*M rounded, fused into d*S, then added: quants.c:2949
     "Q5_K": "mins_inside",
 }
 
@@ -281,7 +281,7 @@ def q2_k_vec_dot(w, a, target=AVX512):  # Q2_K rows, Q8_K acts -> [T, O]: ggml_v
     min_2l+1*bsum_2l+1 (madd of the 16-sums), acc = fma(-d_a*dmin_w, f32(lane), acc); then the scaled
     codes, lane l holding 4 neighbouring products of every 32-chunk times its 16-half's scale (the
     k_vec_dot lanes), acc = fma(d_a*d_w, f32(lane), acc); hsum_float_8 at the end. NEON
-    (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:2000-2013): the same two steps on the block's whole
+    (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1972, 2005): the same two steps on the block's whole
     integers into one float, sum = fma(f32(M), -(d_a*dmin_w), sum), then fma(f32(S), d_a*d_w, sum)."""
     T, O, nb = len(a.q), len(w.values), w.values.shape[1]
     if target.neon:
