@@ -189,6 +189,33 @@ NEON_K_EPILOGUES = {
 }
 
 
+MMLA_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # type_traits_cpu nrows = 2 under i8mm (ggml-cpu.c:240-332)
+
+
+def mmla_vec_dot(w, a, kind):  # rows, Q8_0/Q8_1/Q8_K acts -> [T, O]: the i8mm vec_dots with nrc == 2
+    """vmmlaq_s32 gives each (weight row, activation row) its whole-block integer; one float32 lane per
+    output then takes, block by block, acc + f32(I) * d_w*d_a unfused (vmlaq_f32: fmul + fadd):
+    Q8_0, Q4_0 (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1188-1217, 324-370), Q6_K with the 32 per bsum
+    inside I (quants.c:3177-3337); Q4_K first subtracts f32(M) * dmin_w*d_a, then adds f32(S) * d_w*d_a
+    (vmlsq_f32, vmlaq_f32, quants.c:2448-2463); Q4_1 adds the minimums m_w*s_a, accumulated by FMA
+    (GCC fuses the vaddq of their products), after the blocks (quants.c:617-683)."""
+    if kind in ("Q8_0", "Q4_0", "Q4_1"):
+        S, M = f32_of(int_dot(w.values, a.q, 32)[..., 0]), None
+    else:
+        S = f32_of((int_dot(w.values - w.unsigned_offset, a.q, w.sub) * w.scales[None]).sum(-1))
+        M = None if w.mins is None else f32_of((sub_block_sums(a, w.sub)[:, None] * w.mins[None]).sum(-1))
+    d = a.d[:, None] * w.d[None]
+    acc = np.zeros(S.shape[:2], F32)
+    summs = np.zeros(S.shape[:2], F32)
+    for b in range(S.shape[2]):
+        if M is not None:
+            acc = acc - M[..., b] * (a.d[:, None, b] * w.dmin[None, :, b])
+        acc = acc + S[..., b] * d[..., b]
+        if kind == "Q4_1":
+            summs = fma32(w.m[None, :, b], a.s[:, None, b], summs)
+    return acc + summs if kind == "Q4_1" else acc
+
+
 def neon_k_vec_dot(w, a, kind):  # K-quant rows, Q8_K acts -> [T, O]: ggml_vec_dot_*_q8_K (NEON dotprod)
     """The block integers S = sum(scale * dot) and M = sum(min * bsum) are exact; per block the
     epilogue NEON_K_EPILOGUES[kind] into one float32 sum."""

@@ -10,6 +10,7 @@ from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
 from .int_dots import q2_k_vec_dot, wide_block_vec_dot
 from .int_dots import iq1_vec_dot, neon_iq4_nl_vec_dot, neon_k_vec_dot, neon_q1_vec_dot  # noqa: F401 (QUANT_PATHS)
+from .int_dots import MMLA_TYPES, mmla_vec_dot  # noqa: F401 (mmla_vec_dot through QUANT_PATHS)
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import F32, round_bf16, round_f16
 from .target import AVX512
@@ -48,6 +49,8 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
         return "k_repacked"
     if kind in ("Q4_0", "IQ4_NL") and repacked:
         return "q0_repacked"
+    if target.mmla and kind in MMLA_TYPES and mmla_chunks(len(weights.raw(name)), n_rows, name):
+        return "mmla_vec_dot"
     if kind == "IQ4_NL" and target.neon:
         return "neon_iq4_nl_vec_dot"
     if kind in ("Q8_0", "Q5_0", "Q4_0", "IQ4_NL"):
@@ -67,6 +70,26 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
     return "k_vec_dot"
 
 
+MUL_MAT_THREADS = 2  # the modelled build's threads: they chunk the vec_dot matmul (BUILD)
+
+
+def mmla_chunks(n_rows0, n_rows1, name):  # weight rows, batch rows -> whether the i8mm kernels take 2 x 2 rows
+    """ggml_compute_forward_mul_mat's chunks (llama.cpp/ggml/src/ggml-cpu/ggml-cpu.c:1414-1463): 16 rows a side (64
+    where one side is 1), re-chunked by thread when fewer than 4 per thread; a chunk takes the
+    nrc == 2 vec_dot where both its sides and both matrices' row counts are even. Chunks that
+    disagree are refused: their outputs would mix the two epilogues."""
+    size = 64 if 1 in (n_rows0, n_rows1) else 16
+    chunks0, chunks1 = -(-n_rows0 // size), -(-n_rows1 // size)
+    if chunks0 * chunks1 < MUL_MAT_THREADS * 4:
+        chunks0, chunks1 = (MUL_MAT_THREADS, 1) if n_rows0 > n_rows1 else (1, MUL_MAT_THREADS)
+    step0, step1 = -(-n_rows0 // chunks0), -(-n_rows1 // chunks1)
+    modes = {n_rows0 % 2 == n_rows1 % 2 == min(step0, n_rows0 - start0) % 2 == min(step1, n_rows1 - start1) % 2 == 0
+             for start0 in range(0, n_rows0, step0) for start1 in range(0, n_rows1, step1)}
+    if len(modes) > 1:
+        raise GgmlCpuError(f"{name}: a {n_rows1}-row batch splits into chunks of both i8mm kernels (not emulated)")
+    return modes.pop()
+
+
 def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel path: (x, rows, type, Target) -> [T, O]}
     """The call each path makes; the numba twin (accel/numba/ggml/mul_mat.py) passes its own module."""
     k = kernels
@@ -76,6 +99,8 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
         "q0_lanes": lambda x, w, kind, target: k.q0_lanes(w, k.quantize_q8_0(x, target),
                                                           q0_accumulators(kind, len(x), target), target),
         "q5_1_vec_dot": lambda x, w, kind, target: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
+        "mmla_vec_dot": lambda x, w, kind, target: k.mmla_vec_dot(
+            w, k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target), kind),
         "neon_iq4_nl_vec_dot": lambda x, w, kind, target: k.neon_iq4_nl_vec_dot(w, k.quantize_q8_0(x, target)),
         "neon_q1_vec_dot": lambda x, w, kind, target: k.neon_q1_vec_dot(w, k.quantize_q8_0(x, target), kind),
         "wide_block_vec_dot": lambda x, w, kind, target: k.wide_block_vec_dot(w, k.quantize_q8_0(x),

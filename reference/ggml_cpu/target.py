@@ -26,6 +26,7 @@ class Target:
     neon: bool = False  # the ARM kernels: arch/arm/quants.c, tinyBLAS_Q0_ARM, F16 arithmetic in half precision
     llamafile: bool = True  # GGML_USE_LLAMAFILE: tinyBLAS takes float (and Q8_0/Q4_0 on ARM) batches of 2+ rows
     quant_types: tuple | None = None  # weight types whose quantized kernels are emulated (None: every decoded type)
+    mmla: bool = False  # __ARM_FEATURE_MATMUL_INT8: Q4_0/Q4_1/Q8_0/Q4_K/Q6_K vec_dots of 2 rows x 2 rows (nrc == 2)
     emulated: bool = True  # False: named and documented, its quantized kernels not emulated yet
 
     @property
@@ -53,7 +54,7 @@ TARGETS = {t.name: t for t in (
     Target("neon", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp"),
            neon=True, quant_types=NEON_QUANT_TYPES),
     Target("neon-i8mm", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp", "i8mm"),
-           neon=True, llamafile=False, emulated=False),
+           neon=True, llamafile=False, quant_types=NEON_QUANT_TYPES, mmla=True),
 )}
 DEFAULT_TARGET = "avx512"
 
