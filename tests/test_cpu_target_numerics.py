@@ -24,10 +24,12 @@ GOLDEN = os.path.join(ROOT, "golden", "cpu_targets")
 PROMPTS = os.path.join(ROOT, "golden", "prompts", "text-short.jsonl")
 FULL = os.environ.get("CPU_TARGET_FULL") == "1"
 SUBSET = ("Q4_K_M", "Q2_K", "IQ4_NL", "Q6_K")  # repacked on avx2 (Q4_K, IQ4_NL) and not (Q2_K), tiled (Q6_K)
-# neon: the presets whose every weight type has its NEON kernel emulated, repack off (CPU_REPACK's NEON
-# layouts are refused); CI checks tinyBLAS_Q0_ARM and the NEON vec_dots of Q8_0 and Q4_0 and the K-quants
-# (Q4_K_M: Q4_K, Q5_0, Q6_K) on 4 of them, 16 runs of about 2.5 s
-NEON_EXACT = ("MXFP4_MOE", "Q2_K_S", "Q3_K_M", "Q3_K_S", "Q4_0", "Q4_K_M", "Q4_K_S", "Q5_0", "Q6_K", "Q8_0")
+# neon: repack off (CPU_REPACK's NEON layouts are refused); the presets whose every run is bit-exact (of
+# the 30 it takes, 11 miss in 1 to 4 of their 32 prefill and decode checks: docs/ggml-cpu-numerics.md).
+# CI checks tinyBLAS_Q0_ARM, the NEON vec_dots of Q8_0 and Q4_0 and three K-quants (Q4_K_M: Q4_K, Q5_0,
+# Q6_K) on 4 of them, 16 runs of about 2.5 s
+NEON_EXACT = ("IQ1_S", "IQ2_XS", "IQ2_XXS", "IQ3_M", "IQ3_S", "IQ3_XS", "IQ3_XXS", "IQ4_NL", "MXFP4_MOE", "Q3_K_L",
+              "Q3_K_M", "Q3_K_S", "Q4_0", "Q4_K_M", "Q4_K_S", "Q6_K", "Q8_0", "TQ1_0", "TQ2_0")
 NEON_SUBSET = ("Q8_0", "Q4_0", "Q4_K_M", "Q6_K")
 CHECKED = {"avx2": (SUBSET, None, ("on", "off")), "avx512": (SUBSET, None, ("on", "off")),
            "neon": (NEON_SUBSET, NEON_EXACT, ("off",))}  # target -> (CI presets, CPU_TARGET_FULL's (None: all), repack)
@@ -107,11 +109,13 @@ def test_neon_refuses_what_it_does_not_emulate(preset, repack, refused):
         check_run(run, "neon")
 
 
-def test_neon_i8mm_and_q8_0_cache_refused():  # the i8mm kernels and the NEON q8_0 KV cache are not emulated
-    with pytest.raises(GgmlCpuError, match="neon-i8mm target is not emulated"):
-        GgmlCpuBackend(cpu="neon-i8mm", check_host=False)
+def test_neon_q8_0_cache_and_numba_twins_refused():  # NEON's Q8_0 K dots and numba twins of the ARM kernels: not emulated
     with pytest.raises(GgmlCpuError, match="q8_0 KV cache is not emulated on the neon target"):
         GgmlCpuBackend("q8_0", flash_attn=True, cpu="neon", check_host=False)
+    require("numba")
+    from accel.numba.ggml import GgmlCpuNumbaBackend
+    with pytest.raises(GgmlCpuError, match="numba twins model the avx2 and avx512 targets, not neon-i8mm"):
+        GgmlCpuNumbaBackend(cpu="neon-i8mm", check_host=False)
 
 
 def test_fdlibm_tanhf_unfused_is_this_glibc():

@@ -1,7 +1,8 @@
 """The CPU builds of llama.cpp the mode models (`--cpu TARGET`): what each one compiles that rounds
 differently (docs/ggml-cpu-numerics.md, a section per target). A target is a parameter of the kernel
 families, never a copy of them: the register width of the float kernels, which ggml_v_expf, which
-weight types the CPU_REPACK buffer takes, whether the tiled kernel exists."""
+weight types the CPU_REPACK buffer takes, whether the tiled kernel exists, the ARM kernels. The NEON
+targets emulate the weight types of quant_types with CPU_REPACK off; the rest they refuse (mul_mat)."""
 import os
 import platform
 import re
@@ -27,7 +28,8 @@ class Target:
     llamafile: bool = True  # GGML_USE_LLAMAFILE: tinyBLAS takes float (and Q8_0/Q4_0 on ARM) batches of 2+ rows
     quant_types: tuple | None = None  # weight types whose quantized kernels are emulated (None: every decoded type)
     mmla: bool = False  # __ARM_FEATURE_MATMUL_INT8: Q4_0/Q4_1/Q8_0/Q4_K/Q6_K vec_dots of 2 rows x 2 rows (nrc == 2)
-    emulated: bool = True  # False: named and documented, its quantized kernels not emulated yet
+    rope_sin_fused: bool = False  # rope_norm's vectorised x0*c - x1*s fused on the sin product (NEON's fmls)
+    rope_tail_fused: bool = False  # the last (pairs mod rope_group) pairs by scalar FMAs rather than plain
 
     @property
     def f16_lanes(self):  # halves per F16 register: GGML_F16_EPR, tinyBLAS's KN for F16 weights
@@ -51,10 +53,11 @@ TARGETS = {t.name: t for t in (
            ("avx2", "fma", "f16c", "bmi2")),
     Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, False, 4, "x86_64",
            ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "fma", "f16c")),
-    Target("neon", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp"),
-           neon=True, quant_types=NEON_QUANT_TYPES),
-    Target("neon-i8mm", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp", "i8mm"),
-           neon=True, llamafile=False, quant_types=NEON_QUANT_TYPES, mmla=True),
+    Target("neon", 4, False, False, NEON_REPACKED, False, 4, True, 4, "aarch64", ("asimddp", "fphp"),
+           neon=True, quant_types=NEON_QUANT_TYPES, rope_sin_fused=True, rope_tail_fused=True),
+    Target("neon-i8mm", 4, False, False, NEON_REPACKED, False, 4, True, 4, "aarch64", ("asimddp", "fphp", "i8mm"),
+           neon=True, llamafile=False, quant_types=NEON_QUANT_TYPES, mmla=True, rope_sin_fused=True,
+           rope_tail_fused=True),
 )}
 DEFAULT_TARGET = "avx512"
 
@@ -62,11 +65,7 @@ DEFAULT_TARGET = "avx512"
 def target(name):  # "avx2" | "avx512" | "neon" | "neon-i8mm" -> Target, or GgmlCpuError
     if name not in TARGETS:
         raise GgmlCpuError(f"unknown CPU target {name!r} ({', '.join(TARGETS)})")
-    chosen = TARGETS[name]
-    if not chosen.emulated:
-        raise GgmlCpuError(f"the {name} target is not emulated yet: its quantized kernels (arch/arm/quants.c, "
-                           "the NEON repack layouts) differ from the x86 ones (docs/ggml-cpu-numerics.md)")
-    return chosen
+    return TARGETS[name]
 
 
 SYSTEM_INFO_FEATURE = re.compile(r"\b([A-Z0-9_]+) = 1\b")
