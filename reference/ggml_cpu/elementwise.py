@@ -48,9 +48,8 @@ def rotate(x0, x1, cos, sin, fused, cos_fused, sin_fused=False, tail_fused=False
     """rotate_pairs' x0*c - x1*s and x0*s + x1*c (llama.cpp/ggml/src/ggml-cpu/ops.cpp:6292-6308) as GCC
     compiles them: the first `fused` pairs contracted, fma(x0, c, -(x1*s)) (or with sin_fused
     fma(-x1, s, x0*c), NEON's fmls) and fma(x0, s, x1*c), or with cos_fused fma(x1, c, x0*s) (AVX2's
-    vfmaddsub231ps fuses the cos products of both lanes, NEON's fmla the second lane's); the pairs
-    after them plain products, or with tail_fused NEON's scalar FMAs fma(x0, c, -(x1*s)) and the
-    cos_fused second lane."""
+    vfmaddsub231ps fuses the cos products of both lanes); the pairs after them plain products, or
+    with tail_fused scalar FMAs, fma(x0, c, -(x1*s)) and the second lane as in the first pairs."""
     out0 = np.empty_like(x0)
     out1 = np.empty_like(x0)
 
@@ -78,8 +77,9 @@ def rope_norm(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] (ops.rope
     contraction; the AVX2 build takes 4 pairs, then 2, by vfmaddsub (the cos products fused), the last
     odd pair by vaddsubps, plain (read in its disassembly). The NEON build (ops.cpp compiled by GCC 12 with
     its flags) takes 4 pairs at a time by ld2, fmul and fmls/fmla (x0*c - x1*s fused on the sin
-    product, x0*s + x1*c on the cos one), the last pairs mod 4 by scalar FMAs on x0*c and x1*c; its
-    rope cache calls sincosf, which gives glibc's cosf and sinf."""
+    product, x0*s + x1*c on the x0*s one: the Qcur_rope of its eval callback agrees in every element),
+    the last pairs mod 4 by scalar FMAs on x0*c and x0*s; its rope cache calls sincosf, which gives
+    glibc's cosf and sinf."""
     cos, sin = libm("cosf", theta)[:, None, :], libm("sinf", theta)[:, None, :]
     pairs = theta.shape[-1]
     out = np.empty_like(x)

@@ -53,9 +53,9 @@ TARGETS = {t.name: t for t in (
            ("avx2", "fma", "f16c", "bmi2")),
     Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, False, 4, "x86_64",
            ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "fma", "f16c")),
-    Target("neon", 4, False, False, NEON_REPACKED, False, 4, True, 4, "aarch64", ("asimddp", "fphp"),
+    Target("neon", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp"),
            neon=True, quant_types=NEON_QUANT_TYPES, rope_sin_fused=True, rope_tail_fused=True),
-    Target("neon-i8mm", 4, False, False, NEON_REPACKED, False, 4, True, 4, "aarch64", ("asimddp", "fphp", "i8mm"),
+    Target("neon-i8mm", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp", "i8mm"),
            neon=True, llamafile=False, quant_types=NEON_QUANT_TYPES, mmla=True, rope_sin_fused=True,
            rope_tail_fused=True),
 )}
