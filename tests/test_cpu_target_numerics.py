@@ -100,7 +100,7 @@ def test_numba_twin_of_avx2_bit_identical_to_its_llama_cpp():  # the twins take 
 
 @pytest.mark.parametrize("preset,repack,refused", [
     ("Q8_0", "on", "Q8_0 weights repacked (CPU_REPACK)"),  # NEON's q8_0 repack layout
-    ("Q2_0", "off", "Q2_0 weights"),  # its NEON vec_dot (4 lanes over 32-element scales) is not emulated
+    ("Q4_K_M", "on", "weights repacked (CPU_REPACK) are not emulated on the neon target"),  # 8x4 Q4_K
 ])
 def test_neon_refuses_what_it_does_not_emulate(preset, repack, refused):
     """Rather than logits that are not llama.cpp's, a GgmlCpuError naming the weight type."""

@@ -114,6 +114,15 @@ def neon_q1_vec_dot(w, a, kind):  # Q4_1/Q5_1 rows, Q8_1 acts -> [T, O]: ggml_ve
     return out
 
 
+def neon_wide_block_vec_dot(w, a, target):  # Q1_0/Q2_0 rows (blocks of 128/64), Q8_0 acts, a NEON Target -> [T, O]
+    """ggml_vec_dot_q{1,2}_0_q8_0 (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:140-296): per Q8_0 block the
+    tinyBLAS_Q0_ARM lanes and multiply-add with d_w*d_a into one register, vaddvq_f32 at the end:
+    q0_accumulate on the weight block cut into 32s, each with its block's d."""
+    O, nb, bs = w.values.shape
+    rows32 = QuantRows(np.repeat(w.d, bs // 32, axis=1), w.values.reshape(O, nb * bs // 32, 32))
+    return q0_accumulate(int_dot(rows32.values, a.q, 4), rows32.d[None] * a.d[:, None], 1, target)
+
+
 def neon_iq4_nl_vec_dot(w, a):  # IQ4_NL rows, Q8_0 acts -> [T, O]: ggml_vec_dot_iq4_nl_q8_0 (NEON)
     """Whole-block integers, blocks in pairs into one float: sumf += d_0*f32(i_0) + d_1*f32(i_1), GCC
     fusing the first product and rounding the second (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:4238-4240);

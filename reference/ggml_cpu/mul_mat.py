@@ -9,7 +9,7 @@ from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
 from .int_dots import q2_k_vec_dot, wide_block_vec_dot
-from .int_dots import iq1_vec_dot, neon_iq4_nl_vec_dot, neon_k_vec_dot, neon_q1_vec_dot  # noqa: F401 (QUANT_PATHS)
+from .int_dots import iq1_vec_dot, neon_iq4_nl_vec_dot, neon_k_vec_dot, neon_q1_vec_dot, neon_wide_block_vec_dot  # noqa: F401
 from .int_dots import MMLA_TYPES, mmla_vec_dot  # noqa: F401 (mmla_vec_dot through QUANT_PATHS)
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import F32, round_bf16, round_f16
@@ -58,7 +58,7 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
     if kind in ("Q5_1", "Q4_1"):  # neither tinyBLAS nor the CPU repack takes them: vec_dot at every batch size
         return "neon_q1_vec_dot" if target.neon else "q5_1_vec_dot"
     if kind in ("Q1_0", "Q2_0"):  # vec_dot at every batch size too (Q1_0 is repacked on ARM only)
-        return "wide_block_vec_dot"
+        return "neon_wide_block_vec_dot" if target.neon else "wide_block_vec_dot"
     if target.tiled and kind in TILED and n_rows >= TILED_MIN_ROWS:
         return "tiled"
     if kind == "Q2_K":
@@ -101,6 +101,8 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
         "q5_1_vec_dot": lambda x, w, kind, target: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
         "mmla_vec_dot": lambda x, w, kind, target: k.mmla_vec_dot(
             w, k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target), kind),
+        "neon_wide_block_vec_dot": lambda x, w, kind, target: k.neon_wide_block_vec_dot(
+            w, k.quantize_q8_0(x, target), target),
         "neon_iq4_nl_vec_dot": lambda x, w, kind, target: k.neon_iq4_nl_vec_dot(w, k.quantize_q8_0(x, target)),
         "neon_q1_vec_dot": lambda x, w, kind, target: k.neon_q1_vec_dot(w, k.quantize_q8_0(x, target), kind),
         "wide_block_vec_dot": lambda x, w, kind, target: k.wide_block_vec_dot(w, k.quantize_q8_0(x),

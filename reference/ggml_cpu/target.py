@@ -46,8 +46,9 @@ class Target:
 
 
 NEON_REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
-NEON_QUANT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",
-                    "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
+NEON_QUANT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "Q1_0", "Q2_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                    "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0",
+                    "TQ2_0")  # every decoded type but MXFP4's, with their NEON vec_dots
 TARGETS = {t.name: t for t in (
     Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, True, 1, "x86_64",
            ("avx2", "fma", "f16c", "bmi2")),
