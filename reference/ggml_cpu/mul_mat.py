@@ -27,6 +27,7 @@ REPACK_GEMM_ELEMENTS = {"Q4_K": 64, "Q2_K": 128}  # elements per FMA step of the
 TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "IQ3_XXS",  # tiled kernel from 8 rows
          "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M")
 TILED_MIN_ROWS = 8
+NEON_REPACKED_BY_4 = ("Q4_0", "IQ4_NL", "Q8_0", "Q1_0")  # repacked 4 rows at a time on NEON (repack.cpp:4975-5140)
 
 
 def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> the kernel a matmul of n_rows rows takes
@@ -40,11 +41,11 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
         return "float"
     if kind not in DECODERS:
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
-    repacked = repack and kind in target.repacked and len(weights.raw(name)) % 8 == 0  # rows of blocks
-    if target.quant_types is not None and (kind not in target.quant_types or repacked):
-        raise GgmlCpuError(f"{name}: {kind} weights{' repacked (CPU_REPACK)' if repacked else ''} are not emulated "
-                           f"on the {target.name} target (emulated there: {', '.join(target.quant_types)}, "
-                           "repack off)")
+    group = 4 if target.neon and kind in NEON_REPACKED_BY_4 else 8  # the repacked layout's rows
+    repacked = repack and kind in target.repacked and len(weights.raw(name)) % group == 0
+    if target.neon and repacked:  # the NEON layouts: q4_0_4x4/4x8, q4_K_8x4/8x8, q8_0_4x4/4x8...
+        raise GgmlCpuError(f"{name}: {kind} weights repacked (CPU_REPACK) are not emulated on the {target.name} "
+                           "target (--repack off: llama.cpp's plain buffers)")
     if kind in REPACK_GEMM_ELEMENTS and repacked:
         return "k_repacked"
     if kind in ("Q4_0", "IQ4_NL") and repacked:

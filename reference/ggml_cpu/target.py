@@ -2,7 +2,7 @@
 differently (docs/ggml-cpu-numerics.md, a section per target). A target is a parameter of the kernel
 families, never a copy of them: the register width of the float kernels, which ggml_v_expf, which
 weight types the CPU_REPACK buffer takes, whether the tiled kernel exists, the ARM kernels. The NEON
-targets emulate the weight types of quant_types with CPU_REPACK off; the rest they refuse (mul_mat)."""
+targets emulate every weight type with CPU_REPACK off; their repacked layouts are refused (mul_mat)."""
 import os
 import platform
 import re
@@ -26,7 +26,6 @@ class Target:
     cpu_flags: tuple  # /proc/cpuinfo flags the build needs
     neon: bool = False  # the ARM kernels: arch/arm/quants.c, tinyBLAS_Q0_ARM, F16 arithmetic in half precision
     llamafile: bool = True  # GGML_USE_LLAMAFILE: tinyBLAS takes float (and Q8_0/Q4_0 on ARM) batches of 2+ rows
-    quant_types: tuple | None = None  # weight types whose quantized kernels are emulated (None: every decoded type)
     mmla: bool = False  # __ARM_FEATURE_MATMUL_INT8: Q4_0/Q4_1/Q8_0/Q4_K/Q6_K vec_dots of 2 rows x 2 rows (nrc == 2)
     rope_sin_fused: bool = False  # rope_norm's vectorised x0*c - x1*s fused on the sin product (NEON's fmls)
     rope_tail_fused: bool = False  # the last (pairs mod rope_group) pairs by scalar FMAs rather than plain
@@ -45,20 +44,16 @@ class Target:
         return {"F32": 4, "F16": 8}.get(kind, 2)
 
 
-NEON_REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
-NEON_QUANT_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "Q1_0", "Q2_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                    "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0",
-                    "TQ2_0")  # every decoded type but MXFP4's, with their NEON vec_dots
+NEON_REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q1_0")
 TARGETS = {t.name: t for t in (
     Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, True, 1, "x86_64",
            ("avx2", "fma", "f16c", "bmi2")),
     Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, False, 4, "x86_64",
            ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "fma", "f16c")),
     Target("neon", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp"),
-           neon=True, quant_types=NEON_QUANT_TYPES, rope_sin_fused=True, rope_tail_fused=True),
+           neon=True, rope_sin_fused=True, rope_tail_fused=True),
     Target("neon-i8mm", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp", "i8mm"),
-           neon=True, llamafile=False, quant_types=NEON_QUANT_TYPES, mmla=True, rope_sin_fused=True,
-           rope_tail_fused=True),
+           neon=True, llamafile=False, mmla=True, rope_sin_fused=True, rope_tail_fused=True),
 )}
 DEFAULT_TARGET = "avx512"
 
