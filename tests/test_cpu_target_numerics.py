@@ -24,21 +24,17 @@ GOLDEN = os.path.join(ROOT, "golden", "cpu_targets")
 PROMPTS = os.path.join(ROOT, "golden", "prompts", "text-short.jsonl")
 FULL = os.environ.get("CPU_TARGET_FULL") == "1"
 SUBSET = ("Q4_K_M", "Q2_K", "IQ4_NL", "Q6_K")  # repacked on avx2 (Q4_K, IQ4_NL) and not (Q2_K), tiled (Q6_K)
-# neon: repack off (CPU_REPACK's NEON layouts are refused); the presets whose every run is bit-exact (of
-# the 30 it takes, 11 miss in 1 to 4 of their 32 prefill and decode checks: docs/ggml-cpu-numerics.md).
-# CI checks tinyBLAS_Q0_ARM, the NEON vec_dots of Q8_0 and Q4_0 and three K-quants (Q4_K_M: Q4_K, Q5_0,
-# Q6_K) on 4 of them, 16 runs of about 2.5 s
-NEON_EXACT = ("IQ1_S", "IQ2_XS", "IQ2_XXS", "IQ3_M", "IQ3_S", "IQ3_XS", "IQ3_XXS", "IQ4_NL", "MXFP4_MOE", "Q3_K_L",
-              "Q3_K_M", "Q3_K_S", "Q4_0", "Q4_K_M", "Q4_K_S", "Q6_K", "Q8_0", "TQ1_0", "TQ2_0")
-NEON_SUBSET = ("Q8_0", "Q4_0", "Q4_K_M", "Q6_K")
-CHECKED = {"avx2": (SUBSET, None, ("on", "off")), "avx512": (SUBSET, None, ("on", "off")),
-           "neon": (NEON_SUBSET, NEON_EXACT, ("off",))}  # target -> (CI presets, CPU_TARGET_FULL's (None: all), repack)
+# neon, neon-i8mm: repack off (CPU_REPACK's NEON layouts are refused), every preset. CI: on neon
+# tinyBLAS_Q0_ARM for Q8_0 and Q4_0 and the NEON vec_dots of Q4_K, Q5_0 and Q6_K (Q4_K_M); on neon-i8mm
+# the i8mm kernels of Q8_0, Q4_1, Q4_K and Q6_K (the 64-row prompt) and the vec_dots without llamafile:
+# 12 runs each
+CHECKED = {"avx2": (SUBSET, ("on", "off")), "avx512": (SUBSET, ("on", "off")),  # target -> (CI presets, repack)
+           "neon": (("Q8_0", "Q4_0", "Q4_K_M"), ("off",)), "neon-i8mm": (("Q8_0", "Q4_1", "Q4_K_M"), ("off",))}
 
 
 def checked(run, target):  # manifest run -> whether the test checks it for target
-    ci_presets, full_presets, repacks = CHECKED[target]
-    presets = full_presets if FULL else ci_presets
-    return run["repack"] in repacks and (presets is None or run["preset"] in presets)
+    ci_presets, repacks = CHECKED[target]
+    return run["repack"] in repacks and (FULL or run["preset"] in ci_presets)
 
 
 def manifest(target):  # -> the target's manifest; a skip only where the goldens are absent outside CI
@@ -85,7 +81,7 @@ def failures(target, backend_class=GgmlCpuBackend):  # -> one line per run and p
     return failed
 
 
-@pytest.mark.parametrize("target", ["avx2", "avx512", "neon"])
+@pytest.mark.parametrize("target", ["avx2", "avx512", "neon", "neon-i8mm"])
 def test_target_bit_identical_to_its_llama_cpp(target):
     failed = failures(target)
     assert not failed, "\n".join(failed)

@@ -55,6 +55,10 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
     if kind == "IQ4_NL" and target.neon:
         return "neon_iq4_nl_vec_dot"
     if kind in ("Q8_0", "Q5_0", "Q4_0", "IQ4_NL"):
+        odd_blocks = target.neon and kind == "Q4_0" and weights.shape(name)[1] // 32 % 2
+        if odd_blocks and q0_accumulators(kind, n_rows, target) == 2:
+            # the NEON vec_dot's odd last block rounds f32(isum)*d_w before d_a (arch/arm/quants.c:584)
+            raise GgmlCpuError(f"{name}: Q4_0 rows of an odd number of blocks are not emulated on {target.name}")
         return "q0_lanes"
     if kind in ("Q5_1", "Q4_1"):  # neither tinyBLAS nor the CPU repack takes them: vec_dot at every batch size
         return "neon_q1_vec_dot" if target.neon else "q5_1_vec_dot"

@@ -178,7 +178,8 @@ def wide_block_vec_dot(w, a, lanes):  # KernelRows (Q1_0/Q2_0), Q8_0 acts -> [T,
     return int_dots.wide_block_vec_dot(w.vs, w.d, a.q, a.d, lanes)
 
 
-def q2_k_vec_dot(w, a):  # KernelRows (Q2_K), Q8_K acts -> [T, O]
+def q2_k_vec_dot(w, a, target):  # KernelRows (Q2_K), Q8_K acts, an x86 Target -> [T, O]
+    x86_only(target)
     return int_dots.q2_k_vec_dot(w.vs, w.d, w.dmin, w.mins, a.q, a.d, a.bsums)
 
 

@@ -68,6 +68,7 @@ def q8_k_blocks(x, prefer_positive):  # x f32 [T, nb, 256] -> (d [T, nb], q int8
     return d, q, bsums
 
 
-def quantize_q8_k(x, prefer_positive=False):  # x [T, K] f32 -> QuantActs: as reference quantize_q8_k
+def quantize_q8_k(x, prefer_positive=False, target=AVX512):  # x [T, K] f32, an x86 Target -> QuantActs: as reference
+    x86_only(target)
     d, q, bsums = q8_k_blocks(np.ascontiguousarray(x, np.float32).reshape(len(x), -1, 256), prefer_positive)
     return QuantActs(d, q, bsums=bsums)
