@@ -204,10 +204,10 @@ MMLA_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # type_traits_cpu nrows =
 def mmla_vec_dot(w, a, kind):  # rows, Q8_0/Q8_1/Q8_K acts -> [T, O]: the i8mm vec_dots with nrc == 2
     """vmmlaq_s32 gives each (weight row, activation row) its whole-block integer; one float32 lane per
     output then takes, block by block, acc + f32(I) * d_w*d_a unfused (vmlaq_f32: fmul + fadd):
-    Q8_0, Q4_0 (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1188-1217, 324-370), Q6_K with the 32 per bsum
-    inside I (quants.c:3177-3337); Q4_K first subtracts f32(M) * dmin_w*d_a, then adds f32(S) * d_w*d_a
-    (vmlsq_f32, vmlaq_f32, quants.c:2448-2463); Q4_1 adds the minimums m_w*s_a, accumulated by FMA
-    (GCC fuses the vaddq of their products), after the blocks (quants.c:617-683)."""
+    Q8_0, Q4_0 (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1169-1225, 316-382), Q6_K with the 32 per bsum
+    inside I (quants.c:3178-3340); Q4_K first subtracts f32(M) * dmin_w*d_a, then adds f32(S) * d_w*d_a
+    (vmlsq_f32, vmlaq_f32, quants.c:2689, 2697); Q4_1 adds the minimums m_w*s_a, accumulated by FMA
+    (GCC fuses the vaddq of their products, quants.c:630), after the blocks (quants.c:609-680)."""
     if kind in ("Q8_0", "Q4_0", "Q4_1"):
         S, M = f32_of(int_dot(w.values, a.q, 32)[..., 0]), None
     else:
