@@ -37,6 +37,8 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
     llama-cpp-python's use_extra_bufts=False and the tools' --no-repack keep them in plain buffers),
     which takes the target's types (ggml_repack_get_optimal_repack_type,
     llama.cpp/ggml/src/ggml-cpu/repack.cpp:4925-5140: Q2_K only where AVX512 is)."""
+    if kind == "BF16" and target.neon:  # NEON's BF16 dots (vbfdotq, armv8.6's BF16) are not read
+        raise GgmlCpuError(f"{name}: BF16 weights are not emulated on the {target.name} target")
     if kind in FLOAT_KERNELS:
         return "float"
     if kind not in DECODERS:
