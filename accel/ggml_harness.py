@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as GT
 
-from accel.numba.ggml.quantize import NUMBA_TARGETS
 from accel.harness import GGML_OPS as OPS, random_weights  # noqa: F401 (OPS: the kernel files of both packages)
+from accel.numba.ggml.quantize import NUMBA_TARGETS
 
 from reference import ops
 from reference.ggml_cpu.blocks import DECODERS, decode
