@@ -45,7 +45,9 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
     group = 4 if target.neon and kind in NEON_REPACKED_BY_4 else 8  # the repacked layout's rows
     repacked = repack and kind in target.repacked and len(weights.raw(name)) % group == 0
-    if target.neon and repacked:  # the NEON layouts: q4_0_4x4/4x8, q4_K_8x4/8x8, q8_0_4x4/4x8...
+    if target.neon and repacked and kind == "Q8_0" and not target.mmla:
+        return "neon_q8_0_repacked"
+    if target.neon and repacked:  # the NEON layouts: q4_0_4x4/4x8, q4_K_8x4/8x8, q8_0_4x8...
         raise GgmlCpuError(f"{name}: {kind} weights repacked (CPU_REPACK) are not emulated on the {target.name} "
                            "target (--repack off: llama.cpp's plain buffers)")
     if kind in REPACK_GEMM_ELEMENTS and repacked:
@@ -108,6 +110,7 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
         "q5_1_vec_dot": lambda x, w, kind, target: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
         "mmla_vec_dot": lambda x, w, kind, target: k.mmla_vec_dot(
             w, k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target), kind),
+        "neon_q8_0_repacked": lambda x, w, kind, target: neon_q8_0_repacked(x, w, target, k),
         "neon_wide_block_vec_dot": lambda x, w, kind, target: k.neon_wide_block_vec_dot(
             w, k.quantize_q8_0(x, target), target),
         "neon_iq4_nl_vec_dot": lambda x, w, kind, target: k.neon_iq4_nl_vec_dot(w, k.quantize_q8_0(x, target)),
@@ -120,6 +123,20 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
         "neon_k_vec_dot": lambda x, w, kind, target: k.neon_k_vec_dot(w, k.quantize_q8_k(x, target=target), kind),
         "iq1_vec_dot": lambda x, w, kind, target: k.iq1_vec_dot(w, k.quantize_q8_k(x), 8 if kind == "IQ1_M" else 1),
     }
+
+
+def neon_q8_0_repacked(x, w, target, kernels):  # x [T, K] f32, Q8_0 rows (repacked q8_0_4x4) -> [T, O]
+    """CPU repack on NEON (dotprod): rows in groups of 4 take ggml_gemm_q8_0_4x4_q8_0, whole-block
+    integers and acc + (d_w*d_a) * f32(I) unfused (vmlaq_f32, llama.cpp/ggml/src/ggml-cpu/arch/arm/repack.cpp:5134-5137):
+    the i8mm vec_dot's arithmetic; the last T mod 4 rows ggml_gemv_q8_0_4x4_q8_0, fma(f32(I), d_a*d_w,
+    acc) (vfmaq_f32, repack.cpp:1762): q0_repacked's. Both quantize as quantize_row_q8_0 (repack.cpp:69-110)."""
+    n4 = len(x) - len(x) % 4
+    parts = []
+    if n4:
+        parts.append(kernels.mmla_vec_dot(w, kernels.quantize_q8_0(x[:n4], target), "Q8_0"))
+    if n4 < len(x):
+        parts.append(kernels.q0_repacked(w, kernels.quantize_q8_0(x[n4:], target)))
+    return np.concatenate(parts)
 
 
 def q0_accumulators(kind, n_rows, target):  # -> the float accumulators of the Q0 kernel a batch of n_rows takes
