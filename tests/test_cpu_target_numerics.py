@@ -24,17 +24,19 @@ GOLDEN = os.path.join(ROOT, "golden", "cpu_targets")
 PROMPTS = os.path.join(ROOT, "golden", "prompts", "text-short.jsonl")
 FULL = os.environ.get("CPU_TARGET_FULL") == "1"
 SUBSET = ("Q4_K_M", "Q2_K", "IQ4_NL", "Q6_K")  # repacked on avx2 (Q4_K, IQ4_NL) and not (Q2_K), tiled (Q6_K)
-# neon, neon-i8mm: repack off (CPU_REPACK's NEON layouts are refused), every preset. CI: on neon
-# tinyBLAS_Q0_ARM for Q8_0 and Q4_0 and the NEON vec_dots of Q4_K, Q5_0 and Q6_K (Q4_K_M); on neon-i8mm
-# the i8mm kernels of Q8_0, Q4_1, Q4_K and Q6_K (the 64-row prompt) and the vec_dots without llamafile:
-# 12 runs each
-CHECKED = {"avx2": (SUBSET, ("on", "off")), "avx512": (SUBSET, ("on", "off")),  # target -> (CI presets, repack)
-           "neon": (("Q8_0", "Q4_0", "Q4_K_M"), ("off",)), "neon-i8mm": (("Q8_0", "Q4_1", "Q4_K_M"), ("off",))}
+# neon, neon-i8mm: every preset with repack off; with repack on only neon's all-Q8_0 presets (q8_0_4x4;
+# the other NEON layouts are refused). CI: on neon tinyBLAS_Q0_ARM for Q8_0 and Q4_0, the NEON vec_dots of
+# Q4_K, Q5_0 and Q6_K (Q4_K_M) and the q8_0_4x4 gemm and gemv; on neon-i8mm the i8mm kernels of Q8_0,
+# Q4_1, Q4_K and Q6_K (the 64-row prompt) and the vec_dots without llamafile: 16 and 12 runs
+CI = {"avx2": {"on": SUBSET, "off": SUBSET}, "avx512": {"on": SUBSET, "off": SUBSET},  # target -> repack -> presets
+      "neon": {"off": ("Q8_0", "Q4_0", "Q4_K_M"), "on": ("Q8_0",)}, "neon-i8mm": {"off": ("Q8_0", "Q4_1", "Q4_K_M")}}
+FULL_RUNS = {"avx2": {"on": None, "off": None}, "avx512": {"on": None, "off": None},  # None: every preset
+             "neon": {"off": None, "on": ("Q8_0", "MXFP4_MOE")}, "neon-i8mm": {"off": None}}
 
 
 def checked(run, target):  # manifest run -> whether the test checks it for target
-    ci_presets, repacks = CHECKED[target]
-    return run["repack"] in repacks and (FULL or run["preset"] in ci_presets)
+    presets = (FULL_RUNS if FULL else CI)[target].get(run["repack"], ())
+    return presets is None or run["preset"] in presets
 
 
 def manifest(target):  # -> the target's manifest; a skip only where the goldens are absent outside CI
@@ -95,7 +97,7 @@ def test_numba_twin_of_avx2_bit_identical_to_its_llama_cpp():  # the twins take 
 
 
 @pytest.mark.parametrize("preset,repack,refused", [
-    ("Q8_0", "on", "Q8_0 weights repacked (CPU_REPACK)"),  # NEON's q8_0 repack layout
+    ("Q4_0", "on", "Q4_0 weights repacked (CPU_REPACK)"),  # NEON's q4_0_4x4 layout
     ("Q4_K_M", "on", "weights repacked (CPU_REPACK) are not emulated on the neon target"),  # 8x4 Q4_K
 ])
 def test_neon_refuses_what_it_does_not_emulate(preset, repack, refused):
