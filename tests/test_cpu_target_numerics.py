@@ -24,14 +24,14 @@ GOLDEN = os.path.join(ROOT, "golden", "cpu_targets")
 PROMPTS = os.path.join(ROOT, "golden", "prompts", "text-short.jsonl")
 FULL = os.environ.get("CPU_TARGET_FULL") == "1"
 SUBSET = ("Q4_K_M", "Q2_K", "IQ4_NL", "Q6_K")  # repacked on avx2 (Q4_K, IQ4_NL) and not (Q2_K), tiled (Q6_K)
-# neon, neon-i8mm: every preset with repack off; with repack on only neon's all-Q8_0 presets (q8_0_4x4;
-# the other NEON layouts are refused). CI: on neon tinyBLAS_Q0_ARM for Q8_0 and Q4_0, the NEON vec_dots of
+# neon, neon-i8mm: every preset with repack off; with repack on the all-Q8_0 presets (q8_0_4x4, 4x8; the
+# other NEON layouts are refused). CI: on neon tinyBLAS_Q0_ARM for Q8_0 and Q4_0, the NEON vec_dots of
 # Q4_K, Q5_0 and Q6_K (Q4_K_M) and the q8_0_4x4 gemm and gemv; on neon-i8mm the i8mm kernels of Q8_0,
 # Q4_1, Q4_K and Q6_K (the 64-row prompt) and the vec_dots without llamafile: 16 and 12 runs
 CI = {"avx2": {"on": SUBSET, "off": SUBSET}, "avx512": {"on": SUBSET, "off": SUBSET},  # target -> repack -> presets
       "neon": {"off": ("Q8_0", "Q4_0", "Q4_K_M"), "on": ("Q8_0",)}, "neon-i8mm": {"off": ("Q8_0", "Q4_1", "Q4_K_M")}}
 FULL_RUNS = {"avx2": {"on": None, "off": None}, "avx512": {"on": None, "off": None},  # None: every preset
-             "neon": {"off": None, "on": ("Q8_0", "MXFP4_MOE")}, "neon-i8mm": {"off": None}}
+             "neon": {"off": None, "on": ("Q8_0", "MXFP4_MOE")}, "neon-i8mm": {"off": None, "on": ("Q8_0", "MXFP4_MOE")}}
 
 
 def checked(run, target):  # manifest run -> whether the test checks it for target

@@ -45,7 +45,7 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
     group = 4 if target.neon and kind in NEON_REPACKED_BY_4 else 8  # the repacked layout's rows
     repacked = repack and kind in target.repacked and len(weights.raw(name)) % group == 0
-    if target.neon and repacked and kind == "Q8_0" and not target.mmla:
+    if target.neon and repacked and kind == "Q8_0":
         return "neon_q8_0_repacked"
     if target.neon and repacked:  # the NEON layouts: q4_0_4x4/4x8, q4_K_8x4/8x8, q8_0_4x8...
         raise GgmlCpuError(f"{name}: {kind} weights repacked (CPU_REPACK) are not emulated on the {target.name} "
@@ -125,15 +125,17 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
     }
 
 
-def neon_q8_0_repacked(x, w, target, kernels):  # x [T, K] f32, Q8_0 rows (repacked q8_0_4x4) -> [T, O]
-    """CPU repack on NEON (dotprod): rows in groups of 4 take ggml_gemm_q8_0_4x4_q8_0, whole-block
-    integers and acc + (d_w*d_a) * f32(I) unfused (vmlaq_f32, llama.cpp/ggml/src/ggml-cpu/arch/arm/repack.cpp:5134-5137):
-    the i8mm vec_dot's arithmetic; the last T mod 4 rows ggml_gemv_q8_0_4x4_q8_0, fma(f32(I), d_a*d_w,
-    acc) (vfmaq_f32, repack.cpp:1762): q0_repacked's. Both quantize as quantize_row_q8_0 (repack.cpp:69-110)."""
+def neon_q8_0_repacked(x, w, target, kernels):  # x [T, K] f32, Q8_0 rows (repacked q8_0_4x4 / 4x8) -> [T, O]
+    """CPU repack on NEON: rows in groups of 4 take the gemm, whole-block integers, the last T mod 4
+    rows the gemv, fma(f32(I), d_a*d_w, acc) (vfmaq_f32, llama.cpp/ggml/src/ggml-cpu/arch/arm/repack.cpp:1762,
+    1831): q0_repacked's arithmetic. The dotprod gemm (q8_0_4x4) adds (d_w*d_a) * f32(I) unfused
+    (vmlaq_f32, repack.cpp:5134-5137), the i8mm arithmetic of mmla_vec_dot; the i8mm one (q8_0_4x8) fuses
+    it (vfmaq_f32, repack.cpp:5283-5286). Both quantize as quantize_row_q8_0 (repack.cpp:69-110, 137-220)."""
     n4 = len(x) - len(x) % 4
     parts = []
     if n4:
-        parts.append(kernels.mmla_vec_dot(w, kernels.quantize_q8_0(x[:n4], target), "Q8_0"))
+        a = kernels.quantize_q8_0(x[:n4], target)
+        parts.append(kernels.q0_repacked(w, a) if target.mmla else kernels.mmla_vec_dot(w, a, "Q8_0"))
     if n4 < len(x):
         parts.append(kernels.q0_repacked(w, kernels.quantize_q8_0(x[n4:], target)))
     return np.concatenate(parts)
