@@ -2,7 +2,8 @@
 (golden/cpu_targets/<target>/manifest.json: per preset x repack x KV type x flash attention x prompt,
 the sha256 of the float32 prefill logits [n_tokens, n_vocab] and of the decode-step logits fed
 llama.cpp's own greedy tokens). Bit-exact or not at all: the sha256 of our float32 logits must be
-llama.cpp's. CI runs a derived subset of presets (CPU_TARGET_FULL=1: every run of the manifest)."""
+llama.cpp's. CI runs a derived subset of presets (CPU_TARGET_FULL=1: every run of the manifest the target
+emulates)."""
 import hashlib
 import json
 import os
