@@ -18,19 +18,20 @@ import numpy as np
 from gguf import GGMLQuantizationType as GT
 
 from accel.harness import GGML_OPS as OPS, random_weights  # noqa: F401 (OPS: the kernel files of both packages)
+from accel.numba.ggml.quantize import NUMBA_TARGETS
 
 from reference import ops
 from reference.ggml_cpu.blocks import DECODERS, decode
 from reference.ggml_cpu.build import GgmlCpuError
 from reference.ggml_cpu.mul_mat import QUANT_PATHS, TILED_MIN_ROWS, kernel_path
 from reference.ggml_cpu.rounding import round_bf16, round_f16
-from reference.ggml_cpu.target import TARGETS
+from reference.ggml_cpu.target import AVX512, TARGETS
 from reference.gguf import GgmlType
 from reference.random_blocks import F16_SCALE_OFFSETS
 
 F32 = np.float32
 WHY = "the same float32 operations in the same order (integer sums exact in any order): every bit equal"
-EMULATED = [name for name, target in TARGETS.items() if target.emulated]  # the CPU targets the float kernels take
+EMULATED = list(NUMBA_TARGETS)  # the CPU targets the float kernels take
 SCALE_OFFSETS = {**F16_SCALE_OFFSETS, GT.Q1_0: (0,), GgmlType.Q2_0: (0,)}  # f16 d (and m) of each block; IQ1_M: its own
 
 
@@ -122,7 +123,8 @@ def int_dot_cases(rng):  # every quantized type x batch rows x repack, through i
                     continue
                 kernel_rows = layouts[repack]
                 run = (lambda x=x, path=path, kind=kind, rows=rows, kernel_rows=kernel_rows:
-                       ([QUANT_PATHS[path](x, rows, kind)], [numba_mul_mat.QUANT_PATHS[path](x, kernel_rows, kind)]))
+                       ([QUANT_PATHS[path](x, rows, kind, AVX512)],
+                        [numba_mul_mat.QUANT_PATHS[path](x, kernel_rows, kind, AVX512)]))
                 cases.append(TwinCase("int_dots", f"{path} {kind} x[{n_rows},512] repack {'on' if repack else 'off'}",
                                       run))
     return cases

@@ -2,10 +2,13 @@
 (golden/cpu_targets/<target>/manifest.json: per preset x repack x KV type x flash attention x prompt,
 the sha256 of the float32 prefill logits [n_tokens, n_vocab] and of the decode-step logits fed
 llama.cpp's own greedy tokens). Bit-exact or not at all: the sha256 of our float32 logits must be
-llama.cpp's. CI runs a derived subset of presets (CPU_TARGET_FULL=1: every run of the manifest)."""
+llama.cpp's. CI runs a derived subset of presets (CPU_TARGET_FULL=1: every run of the manifest the target
+emulates)."""
 import hashlib
 import json
 import os
+import platform
+import re
 import warnings
 
 import numpy as np
@@ -13,7 +16,8 @@ import pytest
 
 from conftest import IN_CI, require
 from reference import gguf
-from reference.ggml_cpu import UBATCH, GgmlCpuBackend
+from reference.ggml_cpu import UBATCH, GgmlCpuBackend, GgmlCpuError
+from reference.ggml_cpu.libm import fdlibm_tanhf, libm
 from reference.text import TextModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,6 +25,19 @@ GOLDEN = os.path.join(ROOT, "golden", "cpu_targets")
 PROMPTS = os.path.join(ROOT, "golden", "prompts", "text-short.jsonl")
 FULL = os.environ.get("CPU_TARGET_FULL") == "1"
 SUBSET = ("Q4_K_M", "Q2_K", "IQ4_NL", "Q6_K")  # repacked on avx2 (Q4_K, IQ4_NL) and not (Q2_K), tiled (Q6_K)
+# neon, neon-i8mm: every preset with repack off; with repack on the all-Q8_0 presets (q8_0_4x4, 4x8; the
+# other NEON layouts are refused). CI: on neon tinyBLAS_Q0_ARM for Q8_0 and Q4_0, the NEON vec_dots of
+# Q4_K, Q5_0 and Q6_K (Q4_K_M) and the q8_0_4x4 gemm and gemv; on neon-i8mm the i8mm kernels of Q8_0,
+# Q4_1, Q4_K and Q6_K (the 64-row prompt) and the vec_dots without llamafile: 16 and 12 runs
+CI = {"avx2": {"on": SUBSET, "off": SUBSET}, "avx512": {"on": SUBSET, "off": SUBSET},  # target -> repack -> presets
+      "neon": {"off": ("Q8_0", "Q4_0", "Q4_K_M"), "on": ("Q8_0",)}, "neon-i8mm": {"off": ("Q8_0", "Q4_1", "Q4_K_M")}}
+FULL_RUNS = {"avx2": {"on": None, "off": None}, "avx512": {"on": None, "off": None},  # None: every preset
+             "neon": {"off": None, "on": ("Q8_0", "MXFP4_MOE")}, "neon-i8mm": {"off": None, "on": ("Q8_0", "MXFP4_MOE")}}
+
+
+def checked(run, target):  # manifest run -> whether the test checks it for target
+    presets = (FULL_RUNS if FULL else CI)[target].get(run["repack"], ())
+    return presets is None or run["preset"] in presets
 
 
 def manifest(target):  # -> the target's manifest; a skip only where the goldens are absent outside CI
@@ -55,9 +72,10 @@ def check_run(run, target, backend_class=GgmlCpuBackend):  # manifest run -> [(p
 
 
 def failures(target, backend_class=GgmlCpuBackend):  # -> one line per run and prompt whose logits differ
+    """CI: the target's subset; CPU_TARGET_FULL=1: every run of the manifest the target emulates."""
     failed = []
     for run in manifest(target)["runs"]:
-        if not FULL and run["preset"] not in SUBSET:
+        if not checked(run, target):
             continue
         for prompt, prefill_ok, decode_ok in check_run(run, target, backend_class):
             if not (prefill_ok and decode_ok):
@@ -66,7 +84,7 @@ def failures(target, backend_class=GgmlCpuBackend):  # -> one line per run and p
     return failed
 
 
-@pytest.mark.parametrize("target", ["avx2", "avx512"])
+@pytest.mark.parametrize("target", ["avx2", "avx512", "neon", "neon-i8mm"])
 def test_target_bit_identical_to_its_llama_cpp(target):
     failed = failures(target)
     assert not failed, "\n".join(failed)
@@ -77,3 +95,34 @@ def test_numba_twin_of_avx2_bit_identical_to_its_llama_cpp():  # the twins take 
     from accel.numba.ggml import GgmlCpuNumbaBackend
     failed = failures("avx2", GgmlCpuNumbaBackend)
     assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("preset,repack,refused", [
+    ("Q4_0", "on", "Q4_0 weights repacked (CPU_REPACK)"),  # NEON's q4_0_4x4 layout
+    ("Q4_K_M", "on", "weights repacked (CPU_REPACK) are not emulated on the neon target"),  # 8x4 Q4_K
+])
+def test_neon_refuses_what_it_does_not_emulate(preset, repack, refused):
+    """Rather than logits that are not llama.cpp's, a GgmlCpuError naming the weight type."""
+    run = next(r for r in manifest("neon")["runs"] if r["preset"] == preset and r["repack"] == repack)
+    with pytest.raises(GgmlCpuError, match=re.escape(refused)):
+        check_run(run, "neon")
+
+
+def test_neon_q8_0_cache_and_numba_twins_refused():  # NEON's Q8_0 K dots and numba twins of the ARM kernels: not emulated
+    with pytest.raises(GgmlCpuError, match="q8_0 KV cache is not emulated on the neon target"):
+        GgmlCpuBackend("q8_0", flash_attn=True, cpu="neon", check_host=False)
+    require("numba")
+    from accel.numba.ggml import GgmlCpuNumbaBackend
+    with pytest.raises(GgmlCpuError, match="numba twins model the avx2 and avx512 targets, not neon-i8mm"):
+        GgmlCpuNumbaBackend(cpu="neon-i8mm", check_host=False)
+
+
+def test_fdlibm_tanhf_unfused_is_this_glibc():
+    """The NEON softcap's tanhf is glibc's fdlibm code with aarch64's fused multiply-adds (pinned by the
+    neon goldens above); unfused, the same code must be x86-64 glibc's own tanhf, bit for bit, on the
+    softcap's range and beyond (both branches, the |x| >= 22 and tiny cases)."""
+    if platform.machine() != "x86_64" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("compares with x86-64 glibc's tanhf")
+    x = np.concatenate([np.random.default_rng(0).uniform(-3, 3, 100000), [0, -0.0, 1, -1, 22, -23, 1e-30, np.inf]])
+    x = x.astype(np.float32)
+    np.testing.assert_array_equal(fdlibm_tanhf(x, fused=False).view(np.uint32), libm("tanhf", x).view(np.uint32))

@@ -4,8 +4,8 @@ reference reproduces its logits bit for bit (docs/ggml-cpu-numerics.md).
 The builds it models (BUILD, target.py): llama.cpp 0c1e570 as llama-cpp-python 0.3.36 compiles it
 with GCC, llamafile tinyBLAS and CPU repack on, glibc 2.36 libm, 2 threads, for one CPU target:
 `avx512` (the default: x86-64 AVX512 F/BW/DQ/VL/VNNI/BF16, what GGML_NATIVE makes on this kind of
-machine) or `avx2` (AVX2 + FMA + F16C + BMI2, most prebuilt x86 builds); `neon` and `neon-i8mm` are
-named, not yet emulated. The emulation itself runs anywhere; `host_differences` says where this
+machine) or `avx2` (AVX2 + FMA + F16C + BMI2, most prebuilt x86 builds), or the ARM builds `neon` and
+`neon-i8mm` with CPU_REPACK off. The emulation itself runs anywhere; `host_differences` says where this
 machine could not run the modelled build.
 
 Each llama.cpp kernel is one function doing the same float32 operations in the same order: every

@@ -17,7 +17,8 @@ class GgmlCpuBackend:
     flash attention, as in llama.cpp); flash_attn as the llama.cpp context had it (llama-cpp-python's
     default: off); repack: whether llama.cpp's CPU_REPACK buffer holds the weights (its default;
 off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_threads matters only for the KV-split flash-attention decode;
-    cpu: the CPU build of llama.cpp to round as (target.py: "avx2", "avx512"; the default avx512).
+    cpu: the CPU build of llama.cpp to round as (target.py: "avx2", "avx512", "neon", "neon-i8mm"; the
+    default avx512).
     cache_bytes bounds the decoded weights kept between calls (the rest are decoded per call). Use a uniform cache
     and prompt chunks of at most UBATCH rows:
 
@@ -37,6 +38,9 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
             raise GgmlCpuError("a q8_0 KV cache needs flash attention "
                                "(llama.cpp refuses a quantized V cache without it)")
         self.target = target(cpu)
+        if kv_type == "q8_0" and self.target.neon:
+            raise GgmlCpuError(f"a q8_0 KV cache is not emulated on the {cpu} target (its Q8_0 K dot products: "
+                               "ggml_vec_dot_q8_0_q8_0's NEON lanes)")
         for difference in host_differences(self.target) if check_host else ():
             warnings.warn(f"ggml-cpu numerics model the {cpu} build of {BUILD}; this machine's llama.cpp differs: "
                           f"{difference}", stacklevel=2)
@@ -100,4 +104,4 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         return swiglu(np.asarray(gate, F32), np.asarray(up, F32), self.target)
 
     def softcap(self, z, cap):  # z [...] -> [...]
-        return softcap(np.asarray(z, F32), cap)
+        return softcap(np.asarray(z, F32), cap, self.target)

@@ -3,7 +3,8 @@ import numpy as np
 
 from ..ops import bilinear_corners
 
-from .libm import libm, silu_rows, v_expf
+from .build import GgmlCpuError
+from .libm import fdlibm_tanhf, libm, silu_rows, v_expf
 from .rounding import F32, F64, fma32, register_sum
 from .target import AVX512
 
@@ -43,19 +44,30 @@ def interpolate_bilinear(grid, out_h, out_w):  # grid [h, w, C] f32 -> [out_h, o
     return fma32(d * dx, dy, val)
 
 
-def rotate(x0, x1, cos, sin, fused, cos_fused):  # pairs [..., P] x2, cos/sin [..., P] -> (out0, out1)
+def rotate(x0, x1, cos, sin, fused, cos_fused, sin_fused=False, tail_fused=False):  # pairs [..., P] x2, cos/sin [..., P] -> (out0, out1)
     """rotate_pairs' x0*c - x1*s and x0*s + x1*c (llama.cpp/ggml/src/ggml-cpu/ops.cpp:6292-6308) as GCC
-    compiles them: the first `fused` pairs contracted, fma(x0, c, -(x1*s)) and fma(x0, s, x1*c), or
-    with cos_fused fma(x1, c, x0*s) (AVX2's vfmaddsub231ps fuses the cos products of both lanes); the
-    pairs after them plain products."""
+    compiles them: the first `fused` pairs contracted, fma(x0, c, -(x1*s)) (or with sin_fused
+    fma(-x1, s, x0*c), NEON's fmls) and fma(x0, s, x1*c), or with cos_fused fma(x1, c, x0*s) (AVX2's
+    vfmaddsub231ps fuses the cos products of both lanes); the pairs after them plain products, or
+    with tail_fused scalar FMAs, fma(x0, c, -(x1*s)) and the second lane as in the first pairs."""
     out0 = np.empty_like(x0)
     out1 = np.empty_like(x0)
+
+    def second(part):  # the x0*s + x1*c lane of the pairs in part, contracted
+        if cos_fused:
+            return fma32(x1[..., part], cos[..., part], x0[..., part] * sin[..., part])
+        return fma32(x0[..., part], sin[..., part], x1[..., part] * cos[..., part])
+
     head, tail = (slice(None, fused), slice(fused, None))
-    out0[..., head] = fma32(x0[..., head], cos[..., head], -(x1[..., head] * sin[..., head]))
-    out1[..., head] = (fma32(x1[..., head], cos[..., head], x0[..., head] * sin[..., head]) if cos_fused
-                       else fma32(x0[..., head], sin[..., head], x1[..., head] * cos[..., head]))
-    out0[..., tail] = x0[..., tail] * cos[..., tail] - x1[..., tail] * sin[..., tail]
-    out1[..., tail] = x0[..., tail] * sin[..., tail] + x1[..., tail] * cos[..., tail]
+    out0[..., head] = (fma32(-x1[..., head], sin[..., head], x0[..., head] * cos[..., head]) if sin_fused
+                       else fma32(x0[..., head], cos[..., head], -(x1[..., head] * sin[..., head])))
+    out1[..., head] = second(head)
+    if tail_fused:
+        out0[..., tail] = fma32(x0[..., tail], cos[..., tail], -(x1[..., tail] * sin[..., tail]))
+        out1[..., tail] = second(tail)
+    else:
+        out0[..., tail] = x0[..., tail] * cos[..., tail] - x1[..., tail] * sin[..., tail]
+        out1[..., tail] = x0[..., tail] * sin[..., tail] + x1[..., tail] * cos[..., tail]
     return out0, out1
 
 
@@ -63,19 +75,26 @@ def rope_norm(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] (ops.rope
     """rotate_pairs with glibc cosf/sinf. The AVX512 build vectorises the loop (8 pairs, then 4) and
     contracts x0*c - x1*s and x0*s + x1*c into one FMA each, the last n_pairs mod 4 pairs without
     contraction; the AVX2 build takes 4 pairs, then 2, by vfmaddsub (the cos products fused), the last
-    odd pair by vaddsubps, plain (read in its disassembly)."""
+    odd pair by vaddsubps, plain (read in its disassembly). The NEON build (ops.cpp compiled by GCC 12 with
+    its flags) takes 4 pairs at a time by ld2, fmul and fmls/fmla (x0*c - x1*s fused on the sin
+    product, x0*s + x1*c on the x0*s one: the Qcur_rope of its eval callback agrees in every element),
+    the last pairs mod 4 by scalar FMAs on x0*c and x0*s; its rope cache calls sincosf, which gives
+    glibc's cosf and sinf."""
     cos, sin = libm("cosf", theta)[:, None, :], libm("sinf", theta)[:, None, :]
     pairs = theta.shape[-1]
     out = np.empty_like(x)
     out[..., 0:2 * pairs:2], out[..., 1:2 * pairs:2] = rotate(
-        x[..., 0:2 * pairs:2], x[..., 1:2 * pairs:2], cos, sin, pairs - pairs % target.rope_group, target.rope_cos_fused)
+        x[..., 0:2 * pairs:2], x[..., 1:2 * pairs:2], cos, sin, pairs - pairs % target.rope_group, target.rope_cos_fused,
+        target.rope_sin_fused, target.rope_tail_fused)
     return out
 
 
 def rope_neox(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] (ops.rope_angles) -> [T, H, D]; pairs (i, i + D/2)
     """rotate_pairs with n_offset D/2: the AVX512 build is assumed to round as rope_norm (no llama.cpp
     golden pins this one: the drafter's goldens come from transformers); the AVX2 build keeps it a
-    scalar loop, every pair contracted (its disassembly)."""
+    scalar loop, every pair contracted (its disassembly). Not read for NEON: refused there."""
+    if target.neon:
+        raise GgmlCpuError(f"rope_neox is not emulated on the {target.name} target")
     cos, sin = libm("cosf", theta)[:, None, :], libm("sinf", theta)[:, None, :]
     half = theta.shape[-1]
     out = x.copy()
@@ -108,10 +127,13 @@ def swiglu(gate, up, target=AVX512):  # gate [T, F], up [T, F] -> [T, F]: ggml_v
     return silu_rows(gate, target) * up
 
 
-def softcap(z, cap):  # z [...] -> [...]: ggml_scale(1/cap), glibc tanhf, ggml_scale(cap)
+def softcap(z, cap, target=AVX512):  # z [...] -> [...]: ggml_scale(1/cap), glibc tanhf, ggml_scale(cap)
+    """tanhf: this machine's glibc for x86 targets; for NEON ones aarch64 glibc's, whose FMAs round
+    differently in about 1 of 1300 values (libm.fdlibm_tanhf)."""
     if cap == 0:
         return z
-    return libm("tanhf", z * F32(1.0 / cap)) * F32(cap)
+    scaled = z * F32(1.0 / cap)
+    return (fdlibm_tanhf(scaled, fused=True) if target.neon else libm("tanhf", scaled)) * F32(cap)
 
 
 def soft_max(scores, visible, scale, target=AVX512):  # scores [R, S] f32, visible [R, S] -> [R, S]: soft_max_ext

@@ -2,22 +2,35 @@
 register width and reduction tree of the CPU target (target.py)."""
 import numpy as np
 
-from .rounding import F32, F64, fma32, hsum16, register_sum, vec_reduce
+from .rounding import F32, F64, fma32, hsum4, hsum16, register_sum, vec_reduce
 from .target import AVX512
 
 
-def tinyblas(x, w, target=AVX512):  # x [T, K], w [O, K] f32 (values of the weight's type) -> [T, O]
+def tinyblas(x, w, target=AVX512, f16=False):  # x [T, K], w [O, K] f32 (values of the weight's type) -> [T, O]
     """tinyBLAS<KN = lanes>: lane l of each output accumulates k = l (mod lanes) with FMA, in k order,
     then hsum of the register (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:3832-3850, 3910-3917,
     3958-3972; hsum at 251-278). On AVX2 BF16 takes this kernel too (bf16 widened to f32: the products
-    are exact, so each FMA is one rounding of the sum, as an add is)."""
+    are exact, so each FMA is one rounding of the sum, as an add is). f16 on NEON: tinyBLAS<8,
+    float16x8_t>, 8 half lanes whose FMAs round to half (vfmaq_f16, sgemm.cpp:170-173), hsum as two
+    float32x4 halves added, then vaddvq_f32 (sgemm.cpp:238-243)."""
     T, K = x.shape
-    lanes = target.lanes
+    half = f16 and target.neon
+    lanes = target.f16_lanes if half else target.lanes
     xs, ws = x.reshape(T, 1, K // lanes, lanes), w.reshape(1, len(w), K // lanes, lanes)
     acc = np.zeros((T, len(w), lanes), F32)
     for s in range(K // lanes):
-        acc = fma32(xs[:, :, s], ws[:, :, s], acc)
-    return register_sum(acc)
+        acc = fma16(xs[:, :, s], ws[:, :, s], acc) if half else fma32(xs[:, :, s], ws[:, :, s], acc)
+    return hsum4(acc[..., :4] + acc[..., 4:]) if half else register_sum(acc)
+
+
+def fma16(a, b, c):  # f32 arrays of f16 values (broadcast) -> a*b + c rounded once to half (vfmaq_f16)
+    """The product of two halves is exact in float32, the sum with a half exact in float64 whenever
+    the two lie within 53 bits; otherwise c alone decides the rounding (c is a half, never a midpoint)."""
+    return (np.multiply(a, b, dtype=F64) + c).astype(np.float16).astype(F32)
+
+
+def add16(a, b):  # f32 arrays of f16 values -> a + b rounded to half (vaddq_f16): exact in float64 first
+    return (np.asarray(a, F64) + b).astype(np.float16).astype(F32)
 
 
 def tinyblas_bf16(x, w):  # x [T, K], w [O, K] f32 (bf16 values) -> [T, O]
@@ -47,17 +60,30 @@ def vec_body(x, y, lanes):  # x, y [..., n] f32, n a multiple of 4*lanes -> [...
     return vec_reduce(acc)
 
 
+def half_body(x, y, lanes):  # x, y [..., n] f32 (f16 values), n a multiple of 4*lanes -> [...] f32
+    """The NEON FP16 body of ggml_vec_dot_f16: GGML_F16_ARR = 4 accumulators of 8 halves, vfmaq_f16
+    over steps of 32, reduced in half (0+2, 1+3, then 0+1), the register's halves widened to float32,
+    added, and vaddvq_f32 (llama.cpp/ggml/src/ggml-cpu/simd-mappings.h:378-400)."""
+    acc = np.zeros(x.shape[:-1] + (4, lanes), F32)
+    xs, ys = x.reshape(acc.shape[:-2] + (-1, 4, lanes)), y.reshape(acc.shape[:-2] + (-1, 4, lanes))
+    for s in range(xs.shape[-3]):
+        acc = fma16(xs[..., s, :, :], ys[..., s, :, :], acc)
+    v = add16(add16(acc[..., 0, :], acc[..., 2, :]), add16(acc[..., 1, :], acc[..., 3, :]))
+    return hsum4(v[..., :4] + v[..., 4:])
+
+
 def vec_dot_f32(x, y, target=AVX512):  # x [..., n], y [..., n] f32 -> [...]: ggml_vec_dot_f32
     """Whole steps of 4*lanes through the SIMD body (llama.cpp/ggml/src/ggml-cpu/vec.cpp:104-126);
     GCC vectorises the leftover loop as products added one by one in order, a register and then half
     a register at a time, and fuses the last (fewer than lanes/2) into FMAs: the AVX512 build's
-    16 + 8 then < 8, the AVX2 build's 8 + 4 then < 4 (both read in their disassembly)."""
+    16 + 8 then < 8, the AVX2 build's 8 + 4 then < 4 (both read in their disassembly); the NEON
+    build 4 at a time, then < 4 fused (vec.cpp compiled with its flags by GCC 12)."""
     x, y = np.broadcast_arrays(x, y)
     n, step = x.shape[-1], 4 * target.lanes
     whole = n - n % step
     total = vec_body(x[..., :whole], y[..., :whole], target.lanes)
     rest = n - whole
-    plain = rest - rest % (target.lanes // 2)
+    plain = rest - rest % (target.lanes if target.neon else target.lanes // 2)
     products = x[..., whole:whole + plain] * y[..., whole:whole + plain]
     for i in range(plain):
         total = total + products[..., i]
@@ -68,12 +94,13 @@ def vec_dot_f32(x, y, target=AVX512):  # x [..., n], y [..., n] f32 -> [...]: gg
 
 def vec_dot_f16(x, y, target=AVX512):  # x [..., n], y [..., n] f32 (f16 values) -> [...]: ggml_vec_dot_f16
     """Whole steps of 4*lanes through the SIMD body (llama.cpp/ggml/src/ggml-cpu/vec.cpp:345-367, F16
-    loaded as f32: GGML_F32Cx16 / GGML_F32Cx8); the leftover products (exact in f32) are added to a
-    double sum that is rounded to float at the end."""
+    loaded as f32: GGML_F32Cx16 / GGML_F32Cx8; on NEON the half body below); the leftover products
+    (exact in f32) are added to a double sum that is rounded to float at the end."""
     x, y = np.broadcast_arrays(x, y)
-    n, step = x.shape[-1], 4 * target.lanes
+    n, step = x.shape[-1], 4 * target.f16_lanes
     whole = n - n % step
-    total = vec_body(x[..., :whole], y[..., :whole], target.lanes).astype(F64)
+    body = half_body if target.neon else vec_body
+    total = body(x[..., :whole], y[..., :whole], target.f16_lanes).astype(F64)
     products = (x[..., whole:] * y[..., whole:]).astype(F64)
     for i in range(n - whole):
         total = total + products[..., i]

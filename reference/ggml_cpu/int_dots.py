@@ -3,7 +3,9 @@ lane and accumulation order."""
 import numpy as np
 
 from .blocks import QuantRows
-from .rounding import F32, F64, fma32, hsum8
+from .build import GgmlCpuError
+from .rounding import F32, F64, fma32, hsum4, hsum8
+from .target import AVX512
 
 
 def int_dot(w, a, width):  # w [O, nb, bs], a [T, nb, bs] int -> [T, O, nb, bs/width]: exact partial sums
@@ -21,22 +23,35 @@ def f32_of(i):  # int [...] -> f32 [...]: vcvtdq2ps, round to nearest even
 # Quantized dot products, one function per kernel family
 
 
-def q0_lanes(w, a, accumulators=1):  # QuantRows/QuantActs 32-blocks -> [T, O]
+def q0_lanes(w, a, accumulators=1, target=AVX512):  # QuantRows/QuantActs 32-blocks -> [T, O]
     """tinyBLAS_Q0_AVX and ggml_vec_dot_{q8_0,q5_0,q4_0,iq4_nl}_q8_0 (AVX2), every row against every
-    activation row."""
-    return q0_accumulate(int_dot(w.values, a.q, 4), w.d[None] * a.d[:, None], accumulators)
+    activation row; on NEON tinyBLAS_Q0_ARM and the NEON vec_dots, in 4 lanes."""
+    return q0_accumulate(int_dot(w.values, a.q, 4), w.d[None] * a.d[:, None], accumulators, target)
 
 
-def q0_accumulate(lanes, scale, accumulators=1):  # lanes [..., nb, 8] int, scale [..., nb] f32 -> [...]
-    """8 lanes, each the exact sum of 4 neighbouring products of a block, fma(f32(d_w*d_a), f32(lane),
-    acc) block after block, then hsum_float_8. The IQ4_NL vec_dot takes blocks in pairs into two
-    accumulators, summed before the hsum, and an odd last block as a scalar fma(d, f32(isum), sum)."""
+def q0_accumulate(lanes, scale, accumulators=1, target=AVX512):  # lanes [..., nb, 8] int, scale [..., nb] f32 -> [...]
+    """x86: 8 lanes, each the exact sum of 4 neighbouring products of a block, fma(f32(d_w*d_a),
+    f32(lane), acc) block after block, then hsum_float_8. The IQ4_NL vec_dot takes blocks in pairs
+    into two accumulators, summed before the hsum, and an odd last block as a scalar
+    fma(d, f32(isum), sum). NEON: two vdotq_s32 over the block's halves, added: lane l holds elements
+    4l..4l+3 and 16+4l..16+4l+3 (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:1305-1314); tinyBLAS_Q0_ARM
+    keeps one accumulator, the vec_dots two (even and odd blocks, llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1355-1382),
+    each reduced by vaddvq_f32 and the two sums added; acc + f32(lane) * d_w*d_a unfused (vmlaq_n_f32);
+    the odd last block as on x86."""
+    if target.neon:
+        lanes = lanes[..., :4] + lanes[..., 4:]
     nb = lanes.shape[-2]
     paired = nb - nb % accumulators
-    acc = np.zeros((accumulators,) + lanes.shape[:-2] + (8,), F32)
+    acc = np.zeros((accumulators,) + lanes.shape[:-2] + (lanes.shape[-1],), F32)
     for b in range(paired):
-        acc[b % accumulators] = fma32(scale[..., b, None], f32_of(lanes[..., b, :]), acc[b % accumulators])
-    out = hsum8(acc[0] + acc[1] if accumulators == 2 else acc[0])
+        if target.neon:  # vmlaq_n_f32: a multiply, then an add (GCC 12 arm_neon.h:6840-6843, fmul + fadd)
+            acc[b % accumulators] = acc[b % accumulators] + f32_of(lanes[..., b, :]) * scale[..., b, None]
+        else:
+            acc[b % accumulators] = fma32(scale[..., b, None], f32_of(lanes[..., b, :]), acc[b % accumulators])
+    if target.neon:
+        out = hsum4(acc[0]) + hsum4(acc[1]) if accumulators == 2 else hsum4(acc[0])
+    else:
+        out = hsum8(acc[0] + acc[1] if accumulators == 2 else acc[0])
     for b in range(paired, nb):
         out = fma32(scale[..., b], f32_of(lanes[..., b, :].sum(-1)), out)
     return out
@@ -70,6 +85,57 @@ def q5_1_vec_dot(w, a):  # Q5_1 rows, Q8_1 acts -> [T, O]: ggml_vec_dot_q5_1_q8_
         summs = fma32(w.m[None, :, b], a.s[:, None, b], summs)
         acc = fma32(lanes[:, :, b], scale[:, :, b], acc)
     return hsum8(acc) + summs
+
+
+def neon_q1_vec_dot(w, a, kind):  # Q4_1/Q5_1 rows, Q8_1 acts -> [T, O]: ggml_vec_dot_q{4,5}_1_q8_1 (NEON)
+    """Blocks in pairs into two 4-lane accumulators as the NEON Q0 vec_dots (q0_accumulate), the
+    minimums m_w*s_a into scalars: Q5_1 two, each by FMA (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1071-1072, 1122),
+    Q4_1 one, adding fma(m_0, s_0, m_1*s_1) per pair (quants.c:700, 727); the result is
+    vaddvq(acc0) + vaddvq(acc1) + the scalars in order; an odd last block adds fma(d_w*d_a, f32(isum), m_w*s_a)."""
+    lanes = int_dot(w.values, a.q, 4)
+    lanes = f32_of(lanes[..., :4] + lanes[..., 4:])  # [T, O, nb, 4]
+    scale = w.d[None] * a.d[:, None]
+    mins = (w.m[None] * a.s[:, None]).astype(F32)  # [T, O, nb]: the products m_w*s_a, rounded
+    T, O, nb = lanes.shape[:3]
+    paired = nb - nb % 2
+    acc = np.zeros((2, T, O, 4), F32)
+    summs = np.zeros((2, T, O), F32)
+    for b in range(paired):
+        acc[b % 2] = acc[b % 2] + lanes[:, :, b] * scale[:, :, b, None]
+        if kind == "Q5_1":
+            summs[b % 2] = fma32(w.m[None, :, b], a.s[:, None, b], summs[b % 2])
+        elif b % 2:
+            summs[0] = summs[0] + fma32(w.m[None, :, b - 1], a.s[:, None, b - 1], mins[:, :, b])
+    out = hsum4(acc[0]) + hsum4(acc[1]) + summs[0]
+    if kind == "Q5_1":
+        out = out + summs[1]
+    for b in range(paired, nb):
+        out = out + fma32(scale[:, :, b], lanes[:, :, b].sum(-1), mins[:, :, b])
+    return out
+
+
+def neon_wide_block_vec_dot(w, a, target):  # Q1_0/Q2_0 rows (blocks of 128/64), Q8_0 acts, a NEON Target -> [T, O]
+    """ggml_vec_dot_q{1,2}_0_q8_0 (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:140-296): per Q8_0 block the
+    tinyBLAS_Q0_ARM lanes and multiply-add with d_w*d_a into one register, vaddvq_f32 at the end:
+    q0_accumulate on the weight block cut into 32s, each with its block's d."""
+    O, nb, bs = w.values.shape
+    rows32 = QuantRows(np.repeat(w.d, bs // 32, axis=1), w.values.reshape(O, nb * bs // 32, 32))
+    return q0_accumulate(int_dot(rows32.values, a.q, 4), rows32.d[None] * a.d[:, None], 1, target)
+
+
+def neon_iq4_nl_vec_dot(w, a):  # IQ4_NL rows, Q8_0 acts -> [T, O]: ggml_vec_dot_iq4_nl_q8_0 (NEON)
+    """Whole-block integers, blocks in pairs into one float: sumf += d_0*f32(i_0) + d_1*f32(i_1), GCC
+    fusing the first product and rounding the second (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:4238-4240);
+    an odd last block fma(d, f32(i), sumf)."""
+    sums = f32_of(int_dot(w.values, a.q, 32)[..., 0])  # [T, O, nb]
+    scale = w.d[None] * a.d[:, None]
+    nb = sums.shape[2]
+    acc = np.zeros(sums.shape[:2], F32)
+    for b in range(0, nb - nb % 2, 2):
+        acc = acc + fma32(scale[..., b], sums[..., b], scale[..., b + 1] * sums[..., b + 1])
+    for b in range(nb - nb % 2, nb):
+        acc = fma32(scale[..., b], sums[..., b], acc)
+    return acc
 
 
 def sub_block_sums(a, width):  # QuantActs (Q8_K) -> int [T, nb, 256/width]: activation sums per sub-block
@@ -109,6 +175,91 @@ def tiled(w, a):  # K-quant/IQ rows, Q8_K acts -> [T, O]: the tiled AVX512-VNNI 
             r = fma32(-w.dmin[None, :, b], s2[:, :, b], r)
         buf = fma32(r, a.d[:, None, b], buf)
     return buf
+
+
+# The NEON K-quant vec_dots form one exact integer per block (its codes times scales, less Q6_K's 32 per
+# bsum) and, for types with mins, one for sum(min * bsum); the float steps per block are these, read in
+# the disassembly of arch/arm/quants.c as GCC 12 compiles it for the build (d = d_a * d_w, m = d_a * dmin_w).
+NEON_K_EPILOGUES = {
+    # sum = fma(f32(S), d, sum), times the IQ power of two at the end: llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:3582
+    # (Q6_K), 2297 (Q3_K), 4307 (IQ4_XS), 3755-3757 (IQ2_XS), 3850-3853 (IQ2_S), 4024-4026 (IQ3_S), 1555 (TQ1_0), 1666 (TQ2_0)
+    "Q6_K": "scaled", "Q3_K": "scaled", "IQ4_XS": "scaled", "IQ2_XS": "scaled", "IQ2_S": "scaled",
+    "IQ3_S": "scaled", "TQ1_0": "scaled", "TQ2_0": "scaled",
+    # per 32 f32(dot) * (ls + 0.5) by FMA into two floats (even, odd sub-blocks), then fma(d, s_even + s_odd,
+    # sum); times 2*post at the end (0.25, 0.5): quants.c:3678-3683 (IQ2_XXS), 3911-3916 (IQ3_XXS)
+    "IQ2_XXS": "half_scales", "IQ3_XXS": "half_scales",
+    # the grid part A and the delta part B (IQ1_S sumi3, IQ1_M sumi2) as integers, then
+    # fma(d, fma(f32(B), 1/8, f32(A)), sum): quants.c:4089 (IQ1_S), 4182 (IQ1_M)
+    "IQ1_S": "delta", "IQ1_M": "delta",
+    # sumf -= m * f32(M) (fmsub), then sumf += d * f32(S) (fmadd): quants.c:2819, 2848
+    "Q4_K": "mins_first",
+    # sumf += d * f32(S) - m * f32(M): m*M rounded, fused into d*S, then added: quants.c:2949
+    "Q5_K": "mins_inside",
+}
+
+
+MMLA_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # type_traits_cpu nrows = 2 under i8mm (ggml-cpu.c:240-332)
+
+
+def mmla_vec_dot(w, a, kind):  # rows, Q8_0/Q8_1/Q8_K acts -> [T, O]: the i8mm vec_dots with nrc == 2
+    """vmmlaq_s32 gives each (weight row, activation row) its whole-block integer; one float32 lane per
+    output then takes, block by block, acc + f32(I) * d_w*d_a unfused (vmlaq_f32: fmul + fadd):
+    Q8_0, Q4_0 (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1169-1225, 316-382), Q6_K with the 32 per bsum
+    inside I (quants.c:3178-3340); Q4_K first subtracts f32(M) * dmin_w*d_a, then adds f32(S) * d_w*d_a
+    (vmlsq_f32, vmlaq_f32, quants.c:2689, 2697); Q4_1 adds the minimums m_w*s_a, accumulated by FMA
+    (GCC fuses the vaddq of their products, quants.c:630), after the blocks (quants.c:609-680)."""
+    if kind in ("Q8_0", "Q4_0", "Q4_1"):
+        S, M = f32_of(int_dot(w.values, a.q, 32)[..., 0]), None
+    else:
+        S = f32_of((int_dot(w.values - w.unsigned_offset, a.q, w.sub) * w.scales[None]).sum(-1))
+        M = None if w.mins is None else f32_of((sub_block_sums(a, w.sub)[:, None] * w.mins[None]).sum(-1))
+    d = a.d[:, None] * w.d[None]
+    acc = np.zeros(S.shape[:2], F32)
+    summs = np.zeros(S.shape[:2], F32)
+    for b in range(S.shape[2]):
+        if M is not None:
+            acc = acc - M[..., b] * (a.d[:, None, b] * w.dmin[None, :, b])
+        acc = acc + S[..., b] * d[..., b]
+        if kind == "Q4_1":
+            summs = fma32(w.m[None, :, b], a.s[:, None, b], summs)
+    return acc + summs if kind == "Q4_1" else acc
+
+
+def neon_k_vec_dot(w, a, kind):  # K-quant rows, Q8_K acts -> [T, O]: ggml_vec_dot_*_q8_K (NEON dotprod)
+    """The block integers S = sum(scale * dot) and M = sum(min * bsum) are exact; per block the
+    epilogue NEON_K_EPILOGUES[kind] into one float32 sum."""
+    if kind not in NEON_K_EPILOGUES:
+        raise GgmlCpuError(f"the NEON vec_dot of {kind} is not emulated")
+    epilogue = NEON_K_EPILOGUES[kind]
+    values = w.values - w.unsigned_offset
+    if epilogue == "delta":  # the codes 8*grid +- 1 taken apart as in iq1_vec_dot
+        grid = (values + 4) // 8
+        B = f32_of((int_dot(values - 8 * grid, a.q, w.sub) * w.scales[None]).sum(-1))
+        values = grid
+    dots = int_dot(values, a.q, w.sub) * w.scales[None]  # [T, O, nb, n_sub]
+    S = f32_of(dots.sum(-1))
+    d = a.d[:, None] * w.d[None]
+    M = None if w.mins is None else f32_of((sub_block_sums(a, w.sub)[:, None] * w.mins[None]).sum(-1))
+    m = None if w.mins is None else a.d[:, None] * w.dmin[None]
+    acc = np.zeros(S.shape[:2], F32)
+    for b in range(S.shape[2]):
+        if epilogue == "scaled":
+            acc = fma32(S[..., b], d[..., b], acc)
+        elif epilogue == "mins_first":
+            acc = fma32(S[..., b], d[..., b], fma32(-M[..., b], m[..., b], acc))
+        elif epilogue == "mins_inside":
+            acc = acc + fma32(d[..., b], S[..., b], -(m[..., b] * M[..., b]))
+        elif epilogue == "delta":
+            acc = fma32(d[..., b], fma32(B[..., b], F32(0.125), S[..., b]), acc)
+        else:  # half_scales: the odd scale 2 ls + 1 halved is ls + 0.5, exact
+            sub_dots = f32_of(int_dot(values, a.q, w.sub)[:, :, b])  # [T, O, n_sub]
+            halves = (w.scales[:, b] / 2).astype(F32)
+            pair = np.zeros((2,) + acc.shape, F32)
+            for sb in range(sub_dots.shape[-1]):
+                pair[sb % 2] = fma32(sub_dots[..., sb], halves[None, :, sb], pair[sb % 2])
+            acc = fma32(d[..., b], pair[0] + pair[1], acc)
+    final = {"scaled": w.post, "half_scales": 2 * w.post}.get(epilogue, 1.0)
+    return acc if final == 1.0 else F32(final) * acc
 
 
 def k_vec_dot(w, a):  # K-quant/IQ rows, Q8_K acts -> [T, O]: ggml_vec_dot_*_q8_K (AVX2 builds)
@@ -161,12 +312,22 @@ def wide_block_vec_dot(w, a, lanes):  # Q1_0/Q2_0 rows (blocks of 128/64), Q8_0 
     return hsum8(acc) if lanes == 8 else acc[..., 0]
 
 
-def q2_k_vec_dot(w, a):  # Q2_K rows, Q8_K acts -> [T, O]: ggml_vec_dot_q2_K_q8_K (AVX2 builds)
-    """One 8-lane accumulator per weight and activation row. Per block first the mins: lane l = min_2l*bsum_2l +
+def q2_k_vec_dot(w, a, target=AVX512):  # Q2_K rows, Q8_K acts -> [T, O]: ggml_vec_dot_q2_K_q8_K
+    """AVX2: one 8-lane accumulator per weight and activation row. Per block first the mins: lane l = min_2l*bsum_2l +
     min_2l+1*bsum_2l+1 (madd of the 16-sums), acc = fma(-d_a*dmin_w, f32(lane), acc); then the scaled
     codes, lane l holding 4 neighbouring products of every 32-chunk times its 16-half's scale (the
-    k_vec_dot lanes), acc = fma(d_a*d_w, f32(lane), acc); hsum_float_8 at the end."""
+    k_vec_dot lanes), acc = fma(d_a*d_w, f32(lane), acc); hsum_float_8 at the end. NEON
+    (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1972, 2005): the same two steps on the block's whole
+    integers into one float, sum = fma(f32(M), -(d_a*dmin_w), sum), then fma(f32(S), d_a*d_w, sum)."""
     T, O, nb = len(a.q), len(w.values), w.values.shape[1]
+    if target.neon:
+        S = f32_of((int_dot(w.values, a.q, w.sub) * w.scales[None]).sum(-1))
+        M = f32_of((a.bsums[:, None] * w.mins[None]).sum(-1))
+        acc = np.zeros((T, O), F32)
+        for b in range(nb):
+            acc = fma32(M[..., b], -(a.d[:, None, b] * w.dmin[None, :, b]), acc)
+            acc = fma32(S[..., b], a.d[:, None, b] * w.d[None, :, b], acc)
+        return acc
     products = int_dot(w.values, a.q, 4).reshape(T, O, nb, 8, 8)  # [.., chunk, lane]
     lane_scale = np.repeat(w.scales, 4, axis=-1).reshape(O, nb, 8, 8)  # a 32-chunk's lanes 0-3 and 4-7: its two 16s
     lanes = (products * lane_scale[None]).sum(3)  # [T, O, nb, 8]

@@ -79,3 +79,77 @@ def silu_rows(x, target=AVX512):  # [..., n] f32 -> [..., n]: ggml_v_silu on blo
     head = v_silu(x[..., :whole], target.scalef)
     tail = x[..., whole:] / (F32(1) + libm("expf", -x[..., whole:]))
     return np.concatenate([head, tail], axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# glibc's tanhf as its aarch64 build computes it: the fdlibm float code (sysdeps/ieee754/flt-32/s_tanhf.c,
+# s_expm1f.c of glibc 2.36), which GCC contracts into fused multiply-adds there (fmadd/fmsub/fnmsub in
+# Debian's libm.so.6 for arm64); the x86-64 build has no FMA, so libm("tanhf") is that one.
+
+EXPM1_LN2_HI, EXPM1_LN2_LO, EXPM1_INVLN2 = (np.uint32(b).view(F32) for b in (0x3F317180, 0x3717F7D1, 0x3FB8AA3B))
+EXPM1_Q = [np.uint32(b).view(F32) for b in (0xBD088889, 0x3AD00D01, 0xB8A670CD, 0x36867E54, 0xB457EDBB)]  # Q1..Q5
+
+
+def fdlibm_expm1f(x, fused):  # [...] f32 -> [...] f32: __expm1f, every a*b+c fused where fused (aarch64's GCC)
+    """Argument reduction x = k ln2 + r (k = +-1 between 0.5 and 1.5 ln2, else trunc(x/ln2 +- 0.5)),
+    the rational approximation on r, then the reconstruction by k's cases (s_expm1f.c)."""
+    x = np.asarray(x, F32)
+    one, half = F32(1), F32(0.5)
+
+    def madd(a, b, c):  # a*b + c as the build rounds it
+        return fma32(a, b, c) if fused else (a * b + c).astype(F32)
+
+    bits = x.view(np.uint32)
+    hx, negative = bits & np.uint32(0x7FFFFFFF), (bits >> np.uint32(31)) == 1
+    with np.errstate(all="ignore"):
+        near = hx < 0x3F851592  # |x| < 1.5 ln2: k = +-1
+        k_far = (x * EXPM1_INVLN2 + np.where(negative, -half, half)).astype(F32)
+        k = np.where(near, np.where(negative, -1, 1), np.trunc(k_far)).astype(np.int64)
+        t = k.astype(F32)
+        hi = np.where(near, x - np.where(negative, -EXPM1_LN2_HI, EXPM1_LN2_HI), madd(-t, EXPM1_LN2_HI, x))
+        lo = np.where(near, np.where(negative, -EXPM1_LN2_LO, EXPM1_LN2_LO), t * EXPM1_LN2_LO)
+        reduced = hx > 0x3EB17218
+        k = np.where(reduced, k, 0)
+        r = np.where(reduced, hi - lo, x).astype(F32)
+        c = np.where(reduced, (hi - r) - lo, F32(0)).astype(F32)
+        hfx = half * r
+        hxs = r * hfx
+        p = madd(hxs, EXPM1_Q[4], EXPM1_Q[3])
+        for q in (EXPM1_Q[2], EXPM1_Q[1], EXPM1_Q[0], one):
+            p = madd(p, hxs, q)
+        t3 = madd(-hfx, p, F32(3))
+        e = hxs * ((p - t3) / madd(-r, t3, F32(6)))
+        k0 = r - madd(r, e, -hxs)
+        e = madd(e - c, r, -c) - hxs
+        k_minus1 = madd(r - e, half, -half)
+        k1 = np.where(r < F32(-0.25), F32(-2) * (e - (r + half)), madd(r - e, F32(2), one))
+        scale = (k << 23).astype(np.uint32)
+        wide = ((one - (e - r)).view(np.uint32) + scale).view(F32) - one
+        small_t = (np.uint32(0x3F800000) - (np.uint32(0x1000000) >> np.clip(k, 0, 31).astype(np.uint32))).view(F32)
+        small = ((small_t - (e - r)).view(np.uint32) + scale).view(F32)
+        big_t = (np.clip(0x7F - k, 0, 255).astype(np.uint32) << np.uint32(23)).view(F32)
+        big = (((r - (e + big_t)) + one).view(np.uint32) + scale).view(F32)
+        out = np.select([k == 0, k == -1, k == 1, (k <= -2) | (k > 56), k < 23], [k0, k_minus1, k1, wide, small], big)
+        out = np.where(hx < 0x33000000, x, out)  # |x| < 2^-25: x
+        huge_x = hx >= 0x4195B844  # |x| >= 27 ln2: -1 below, overflow above 88.72, NaN and inf as they are
+        out = np.where(huge_x & negative, F32(-1), out)
+        out = np.where(huge_x & ~negative & (x > np.uint32(0x42B17180).view(F32)), F32(np.inf), out)
+        out = np.where(np.isnan(x), x + x, out)
+    return out.astype(F32)
+
+
+def fdlibm_tanhf(x, fused):  # [...] f32 -> [...] f32: __tanhf on fdlibm_expm1f
+    """|x| < 1: -t/(t+2) with t = expm1f(-2|x|); 1 <= |x| < 22: 1 - 2/(t+2) with t = expm1f(2|x|);
+    beyond: 1; the sign of x restored; |x| < 2^-55: x*(1+x) (s_tanhf.c)."""
+    x = np.asarray(x, F32)
+    ax = np.abs(x)
+    one, two = F32(1), F32(2)
+    with np.errstate(all="ignore"):
+        below = ax < one
+        t = fdlibm_expm1f(np.where(below, -two * ax, two * ax).astype(F32), fused)
+        z = np.where(below, -t / (t + two), one - two / (t + two)).astype(F32)
+        z = np.where(ax >= F32(22), one, z)
+        out = np.where(x < 0, -z, z)
+        out = np.where(ax < np.uint32(0x24000000).view(F32), x * (one + x), out)
+        out = np.where(np.isnan(x), x, out)
+    return out.astype(F32)

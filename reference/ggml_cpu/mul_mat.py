@@ -9,7 +9,8 @@ from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
 from .int_dots import q2_k_vec_dot, wide_block_vec_dot
-from .int_dots import iq1_vec_dot
+from .int_dots import iq1_vec_dot, neon_iq4_nl_vec_dot, neon_k_vec_dot, neon_q1_vec_dot, neon_wide_block_vec_dot  # noqa: F401
+from .int_dots import MMLA_TYPES, mmla_vec_dot  # noqa: F401 (mmla_vec_dot through QUANT_PATHS)
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import F32, round_bf16, round_f16
 from .target import AVX512
@@ -26,6 +27,7 @@ REPACK_GEMM_ELEMENTS = {"Q4_K": 64, "Q2_K": 128}  # elements per FMA step of the
 TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "IQ3_XXS",  # tiled kernel from 8 rows
          "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M")
 TILED_MIN_ROWS = 8
+NEON_REPACKED_BY_4 = ("Q4_0", "IQ4_NL", "Q8_0", "Q1_0")  # repacked 4 rows at a time on NEON (repack.cpp:4975-5140)
 
 
 def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> the kernel a matmul of n_rows rows takes
@@ -35,45 +37,117 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
     llama-cpp-python's use_extra_bufts=False and the tools' --no-repack keep them in plain buffers),
     which takes the target's types (ggml_repack_get_optimal_repack_type,
     llama.cpp/ggml/src/ggml-cpu/repack.cpp:4925-5140: Q2_K only where AVX512 is)."""
+    if kind == "BF16" and target.neon:  # NEON's BF16 dots (vbfdotq, armv8.6's BF16) are not read
+        raise GgmlCpuError(f"{name}: BF16 weights are not emulated on the {target.name} target")
     if kind in FLOAT_KERNELS:
         return "float"
     if kind not in DECODERS:
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
-    repacked = repack and kind in target.repacked and len(weights.raw(name)) % 8 == 0  # rows of blocks
+    group = 4 if target.neon and kind in NEON_REPACKED_BY_4 else 8  # the repacked layout's rows
+    repacked = repack and kind in target.repacked and len(weights.raw(name)) % group == 0
+    if target.neon and repacked and kind == "Q8_0":
+        return "neon_q8_0_repacked"
+    if target.neon and repacked:  # the NEON layouts: q4_0_4x4/4x8, q4_K_8x4/8x8, q8_0_4x8...
+        raise GgmlCpuError(f"{name}: {kind} weights repacked (CPU_REPACK) are not emulated on the {target.name} "
+                           "target (--repack off: llama.cpp's plain buffers)")
     if kind in REPACK_GEMM_ELEMENTS and repacked:
         return "k_repacked"
     if kind in ("Q4_0", "IQ4_NL") and repacked:
         return "q0_repacked"
+    if target.mmla and kind in MMLA_TYPES and mmla_chunks(len(weights.raw(name)), n_rows, name):
+        return "mmla_vec_dot"
+    if kind == "IQ4_NL" and target.neon:
+        return "neon_iq4_nl_vec_dot"
     if kind in ("Q8_0", "Q5_0", "Q4_0", "IQ4_NL"):
+        odd_blocks = target.neon and kind == "Q4_0" and weights.shape(name)[1] // 32 % 2
+        if odd_blocks and q0_accumulators(kind, n_rows, target) == 2:
+            # the NEON vec_dot's odd last block rounds f32(isum)*d_w before d_a (arch/arm/quants.c:584)
+            raise GgmlCpuError(f"{name}: Q4_0 rows of an odd number of blocks are not emulated on {target.name}")
         return "q0_lanes"
     if kind in ("Q5_1", "Q4_1"):  # neither tinyBLAS nor the CPU repack takes them: vec_dot at every batch size
-        return "q5_1_vec_dot"
+        return "neon_q1_vec_dot" if target.neon else "q5_1_vec_dot"
     if kind in ("Q1_0", "Q2_0"):  # vec_dot at every batch size too (Q1_0 is repacked on ARM only)
-        return "wide_block_vec_dot"
+        return "neon_wide_block_vec_dot" if target.neon else "wide_block_vec_dot"
     if target.tiled and kind in TILED and n_rows >= TILED_MIN_ROWS:
         return "tiled"
     if kind == "Q2_K":
         return "q2_k_vec_dot"
+    if target.neon:
+        return "neon_k_vec_dot"
     if kind in ("IQ1_S", "IQ1_M"):
         return "iq1_vec_dot"
     return "k_vec_dot"
 
 
-def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel path: (x, rows, type) -> [T, O]}
+MUL_MAT_THREADS = 2  # the modelled build's threads: they chunk the vec_dot matmul (BUILD)
+
+
+def mmla_chunks(n_rows0, n_rows1, name):  # weight rows, batch rows -> whether the i8mm kernels take 2 x 2 rows
+    """ggml_compute_forward_mul_mat's chunks (llama.cpp/ggml/src/ggml-cpu/ggml-cpu.c:1414-1463): 16 rows a side (64
+    where one side is 1), re-chunked by thread when fewer than 4 per thread; a chunk takes the
+    nrc == 2 vec_dot where both its sides and both matrices' row counts are even. Chunks that
+    disagree are refused: their outputs would mix the two epilogues."""
+    size = 64 if 1 in (n_rows0, n_rows1) else 16
+    chunks0, chunks1 = -(-n_rows0 // size), -(-n_rows1 // size)
+    if chunks0 * chunks1 < MUL_MAT_THREADS * 4:
+        chunks0, chunks1 = (MUL_MAT_THREADS, 1) if n_rows0 > n_rows1 else (1, MUL_MAT_THREADS)
+    step0, step1 = -(-n_rows0 // chunks0), -(-n_rows1 // chunks1)
+    modes = {n_rows0 % 2 == n_rows1 % 2 == min(step0, n_rows0 - start0) % 2 == min(step1, n_rows1 - start1) % 2 == 0
+             for start0 in range(0, n_rows0, step0) for start1 in range(0, n_rows1, step1)}
+    if len(modes) > 1:
+        raise GgmlCpuError(f"{name}: a {n_rows1}-row batch splits into chunks of both i8mm kernels (not emulated)")
+    return modes.pop()
+
+
+def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel path: (x, rows, type, Target) -> [T, O]}
     """The call each path makes; the numba twin (accel/numba/ggml/mul_mat.py) passes its own module."""
     k = kernels
     return {
-        "k_repacked": lambda x, w, kind: k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind], k),
-        "q0_repacked": lambda x, w, kind: k.q0_repacked(w, k.quantize_q8_0(x)),
-        "q0_lanes": lambda x, w, kind: k.q0_lanes(w, k.quantize_q8_0(x), 2 if kind == "IQ4_NL" and len(x) == 1 else 1),
-        "q5_1_vec_dot": lambda x, w, kind: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
-        "wide_block_vec_dot": lambda x, w, kind: k.wide_block_vec_dot(w, k.quantize_q8_0(x),
-                                                                      8 if kind == "Q1_0" else 1),
-        "q2_k_vec_dot": lambda x, w, kind: k.q2_k_vec_dot(w, k.quantize_q8_k(x)),
-        "tiled": lambda x, w, kind: k.tiled(w, k.quantize_q8_k(x)),
-        "k_vec_dot": lambda x, w, kind: k.k_vec_dot(w, k.quantize_q8_k(x)),
-        "iq1_vec_dot": lambda x, w, kind: k.iq1_vec_dot(w, k.quantize_q8_k(x), 8 if kind == "IQ1_M" else 1),
+        "k_repacked": lambda x, w, kind, target: k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind], k),
+        "q0_repacked": lambda x, w, kind, target: k.q0_repacked(w, k.quantize_q8_0(x)),
+        "q0_lanes": lambda x, w, kind, target: k.q0_lanes(w, k.quantize_q8_0(x, target),
+                                                          q0_accumulators(kind, len(x), target), target),
+        "q5_1_vec_dot": lambda x, w, kind, target: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
+        "mmla_vec_dot": lambda x, w, kind, target: k.mmla_vec_dot(
+            w, k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target), kind),
+        "neon_q8_0_repacked": lambda x, w, kind, target: neon_q8_0_repacked(x, w, target, k),
+        "neon_wide_block_vec_dot": lambda x, w, kind, target: k.neon_wide_block_vec_dot(
+            w, k.quantize_q8_0(x, target), target),
+        "neon_iq4_nl_vec_dot": lambda x, w, kind, target: k.neon_iq4_nl_vec_dot(w, k.quantize_q8_0(x, target)),
+        "neon_q1_vec_dot": lambda x, w, kind, target: k.neon_q1_vec_dot(w, k.quantize_q8_0(x, target), kind),
+        "wide_block_vec_dot": lambda x, w, kind, target: k.wide_block_vec_dot(w, k.quantize_q8_0(x),
+                                                                              8 if kind == "Q1_0" else 1),
+        "q2_k_vec_dot": lambda x, w, kind, target: k.q2_k_vec_dot(w, k.quantize_q8_k(x, target=target), target),
+        "tiled": lambda x, w, kind, target: k.tiled(w, k.quantize_q8_k(x)),
+        "k_vec_dot": lambda x, w, kind, target: k.k_vec_dot(w, k.quantize_q8_k(x)),
+        "neon_k_vec_dot": lambda x, w, kind, target: k.neon_k_vec_dot(w, k.quantize_q8_k(x, target=target), kind),
+        "iq1_vec_dot": lambda x, w, kind, target: k.iq1_vec_dot(w, k.quantize_q8_k(x), 8 if kind == "IQ1_M" else 1),
     }
+
+
+def neon_q8_0_repacked(x, w, target, kernels):  # x [T, K] f32, Q8_0 rows (repacked q8_0_4x4 / 4x8) -> [T, O]
+    """CPU repack on NEON: rows in groups of 4 take the gemm, whole-block integers, the last T mod 4
+    rows the gemv, fma(f32(I), d_a*d_w, acc) (vfmaq_f32, llama.cpp/ggml/src/ggml-cpu/arch/arm/repack.cpp:1762,
+    1831): q0_repacked's arithmetic. The dotprod gemm (q8_0_4x4) adds (d_w*d_a) * f32(I) unfused
+    (vmlaq_f32, repack.cpp:5134-5137), the i8mm arithmetic of mmla_vec_dot; the i8mm one (q8_0_4x8) fuses
+    it (vfmaq_f32, repack.cpp:5283-5286). Both quantize as quantize_row_q8_0 (repack.cpp:69-110, 137-220)."""
+    n4 = len(x) - len(x) % 4
+    parts = []
+    if n4:
+        a = kernels.quantize_q8_0(x[:n4], target)
+        parts.append(kernels.q0_repacked(w, a) if target.mmla else kernels.mmla_vec_dot(w, a, "Q8_0"))
+    if n4 < len(x):
+        parts.append(kernels.q0_repacked(w, kernels.quantize_q8_0(x[n4:], target)))
+    return np.concatenate(parts)
+
+
+def q0_accumulators(kind, n_rows, target):  # -> the float accumulators of the Q0 kernel a batch of n_rows takes
+    """x86: one (tinyBLAS_Q0_AVX, the AVX2 vec_dots) but for the IQ4_NL vec_dot's two. NEON: one in
+    tinyBLAS_Q0_ARM (Q8_0 and Q4_0 in batches of 2+ rows where llamafile is built,
+    llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:4041-4097), two in every vec_dot."""
+    if target.neon:
+        return 1 if target.llamafile and n_rows >= 2 and kind in ("Q8_0", "Q4_0") else 2
+    return 2 if kind == "IQ4_NL" and n_rows == 1 else 1
 
 
 def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX512):  # x [T, K] f32 -> [T, O]
@@ -85,7 +159,7 @@ def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX51
         return float_weight_mul_mat(x, weights, name, cache, lambda x, w, kind: float_mul_mat(x, w, kind, target))
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
                            lambda start, stop: decode_rows(weights, name, start, stop),
-                           lambda rows: QUANT_PATHS[path](x, rows, kind))
+                           lambda rows: QUANT_PATHS[path](x, rows, kind, target))
 
 
 def float_weight_mul_mat(x, weights, name, cache, product):  # x [T, K] f32, an F32/F16/BF16 tensor -> [T, O]
@@ -98,11 +172,14 @@ def float_weight_mul_mat(x, weights, name, cache, product):  # x [T, K] f32, an 
 
 
 def float_mul_mat(x, w, kind, target=AVX512):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]
-    """tinyBLAS when llamafile_sgemm takes it (2+ rows, O a multiple of 4, K of its vector step: the
-    target's lanes, twice that for vdpbf16ps), else ggml_vec_dot_* row by row."""
+    """tinyBLAS when llamafile_sgemm takes it (the target's fewest rows, O a multiple of 4, K of its
+    vector step: the target's lanes, its F16 lanes for F16, twice the lanes for vdpbf16ps), else
+    ggml_vec_dot_* row by row."""
     dpbf16 = kind == "BF16" and target.dpbf16
-    if len(x) >= 2 and len(w) % 4 == 0 and w.shape[1] % (target.lanes * (2 if dpbf16 else 1)) == 0:
-        return tinyblas_bf16(x, w) if dpbf16 else tinyblas(x, w, target)
+    step = target.f16_lanes if kind == "F16" else target.lanes * (2 if dpbf16 else 1)
+    if (target.llamafile and len(x) >= target.sgemm_min_rows(kind) and len(w) % 4 == 0
+            and w.shape[1] % step == 0):
+        return tinyblas_bf16(x, w) if dpbf16 else tinyblas(x, w, target, kind == "F16")
     return FLOAT_KERNELS[kind][1](w[None], x[:, None, :], target)
 
 

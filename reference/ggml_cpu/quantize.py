@@ -3,6 +3,7 @@
 import numpy as np
 
 from .rounding import F32, round_f16
+from .target import AVX512
 
 
 class QuantActs:
@@ -12,22 +13,24 @@ class QuantActs:
         self.d, self.q, self.s, self.bsums = d, q, s, bsums
 
 
-def quantize_q8_0(x):  # x [T, K] f32 -> QuantActs: quantize_row_q8_0 (AVX2) and its 4x8 repack twin
-    """d = amax/127 stored as f16, q = round-half-even(x * (127/amax)): the scale that rounds the
-    values is not the stored one."""
+def quantize_q8_0(x, target=AVX512):  # x [T, K] f32 -> QuantActs: quantize_row_q8_0 and its 4x8 repack twin
+    """d = amax/127 stored as f16, q = round-half-even(x * inverse): the scale that rounds the values
+    is not the stored one. The inverse is 127/amax on x86 (AVX2), 1/d on NEON
+    (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:63-64, vcvtnq_s32_f32 rounding to nearest even too)."""
     blocks = x.reshape(len(x), -1, 32)
     amax = np.max(np.abs(blocks), axis=-1)
     d = amax / F32(127)
     with np.errstate(divide="ignore"):
-        inv = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+        inv = np.where(amax != 0, F32(1) / d if target.neon else F32(127) / amax, F32(0)).astype(F32)
     q = np.rint(blocks * inv[..., None]).astype(np.int64)
     return QuantActs(round_f16(d), q, s=round_f16(d * q.sum(-1).astype(F32)))
 
 
-def quantize_q8_k(x, prefer_positive=False):  # x [T, K] f32 -> QuantActs: quantize_row_q8_K_ref
+def quantize_q8_k(x, prefer_positive=False, target=AVX512):  # x [T, K] f32 -> QuantActs: quantize_row_q8_K_ref
     """iscale = -127/max with max the signed element of largest |x| (the first one; the 4x8 repack
     quantizer takes the positive one when +max and -max tie), q = min(127, rint(iscale*x)),
-    d = 1/iscale (f32, not rounded to f16)."""
+    d = 1/iscale (f32, not rounded to f16). On aarch64 GCC fuses nearest_int's iscale*x + 12582912
+    (llama.cpp/ggml/src/ggml-quants.c:621-626, an fmla in the build), so the exact product is rounded."""
     blocks = x.reshape(len(x), -1, 256)
     absx = np.abs(blocks)
     amax = np.max(absx, axis=-1)
@@ -36,5 +39,6 @@ def quantize_q8_k(x, prefer_positive=False):  # x [T, K] f32 -> QuantActs: quant
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = np.where(amax != 0, F32(-127) / signed_max, F32(0)).astype(F32)
         d = np.where(amax != 0, F32(1) / iscale, F32(0)).astype(F32)
-    q = np.minimum(127, np.rint(blocks * iscale[..., None])).astype(np.int64)
+    product = np.multiply(blocks, iscale[..., None], dtype=np.float64 if target.neon else F32)
+    q = np.minimum(127, np.rint(product)).astype(np.int64)
     return QuantActs(d, q, bsums=q.reshape(q.shape[:-1] + (16, 16)).sum(-1))

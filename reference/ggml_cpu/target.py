@@ -1,7 +1,8 @@
 """The CPU builds of llama.cpp the mode models (`--cpu TARGET`): what each one compiles that rounds
 differently (docs/ggml-cpu-numerics.md, a section per target). A target is a parameter of the kernel
 families, never a copy of them: the register width of the float kernels, which ggml_v_expf, which
-weight types the CPU_REPACK buffer takes, whether the tiled kernel exists."""
+weight types the CPU_REPACK buffer takes, whether the tiled kernel exists, the ARM kernels. The NEON
+targets emulate every weight type with CPU_REPACK off; their repacked layouts are refused (mul_mat)."""
 import os
 import platform
 import re
@@ -23,19 +24,36 @@ class Target:
     neox_group: int  # the same for rope_neox
     machine: str  # platform.machine() of the hosts that run this build
     cpu_flags: tuple  # /proc/cpuinfo flags the build needs
-    emulated: bool = True  # False: named and documented, its quantized kernels not emulated yet
+    neon: bool = False  # the ARM kernels: arch/arm/quants.c, tinyBLAS_Q0_ARM, F16 arithmetic in half precision
+    llamafile: bool = True  # GGML_USE_LLAMAFILE: tinyBLAS takes float (and Q8_0/Q4_0 on ARM) batches of 2+ rows
+    mmla: bool = False  # __ARM_FEATURE_MATMUL_INT8: Q4_0/Q4_1/Q8_0/Q4_K/Q6_K vec_dots of 2 rows x 2 rows (nrc == 2)
+    rope_sin_fused: bool = False  # rope_norm's vectorised x0*c - x1*s fused on the sin product (NEON's fmls)
+    rope_tail_fused: bool = False  # the last (pairs mod rope_group) pairs by scalar FMAs rather than plain
+
+    @property
+    def f16_lanes(self):  # halves per F16 register: GGML_F16_EPR, tinyBLAS's KN for F16 weights
+        """With FP16 vector arithmetic (NEON fp16) a register holds 8 halves and the FMAs round to half
+        (llama.cpp/ggml/src/ggml-cpu/simd-mappings.h:378-400); x86 converts to the float32 lanes."""
+        return 8 if self.neon else self.lanes
+
+    def sgemm_min_rows(self, kind):  # F32/F16/BF16 -> the fewest batch rows llamafile_sgemm takes for that type
+        """n < 2 is refused everywhere (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:3819-3822); the NEON
+        float kernels want n >= 4 (F32, sgemm.cpp:3845-3846) and n >= 8 (F16, sgemm.cpp:3974-3975)."""
+        if not self.neon:
+            return 2
+        return {"F32": 4, "F16": 8}.get(kind, 2)
 
 
-NEON_REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
+NEON_REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q1_0")
 TARGETS = {t.name: t for t in (
     Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, True, 1, "x86_64",
            ("avx2", "fma", "f16c", "bmi2")),
     Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, False, 4, "x86_64",
            ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "fma", "f16c")),
     Target("neon", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp"),
-           emulated=False),
+           neon=True, rope_sin_fused=True, rope_tail_fused=True),
     Target("neon-i8mm", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp", "i8mm"),
-           emulated=False),
+           neon=True, llamafile=False, mmla=True, rope_sin_fused=True, rope_tail_fused=True),
 )}
 DEFAULT_TARGET = "avx512"
 
@@ -43,11 +61,7 @@ DEFAULT_TARGET = "avx512"
 def target(name):  # "avx2" | "avx512" | "neon" | "neon-i8mm" -> Target, or GgmlCpuError
     if name not in TARGETS:
         raise GgmlCpuError(f"unknown CPU target {name!r} ({', '.join(TARGETS)})")
-    chosen = TARGETS[name]
-    if not chosen.emulated:
-        raise GgmlCpuError(f"the {name} target is not emulated yet: its quantized kernels (arch/arm/quants.c, "
-                           "the NEON repack layouts) differ from the x86 ones (docs/ggml-cpu-numerics.md)")
-    return chosen
+    return TARGETS[name]
 
 
 SYSTEM_INFO_FEATURE = re.compile(r"\b([A-Z0-9_]+) = 1\b")

@@ -9,6 +9,7 @@ from reference.ggml_cpu import GgmlCpuBackend
 from . import attention, elementwise
 from .float_dots import float_mul_mat
 from .mul_mat import mul_mat
+from .quantize import x86_only
 
 F32 = np.float32
 
@@ -17,6 +18,10 @@ class GgmlCpuNumbaBackend(GgmlCpuBackend):
     name = "numba-ggml-cpu"
     float_product = staticmethod(float_mul_mat)
     attention_kernels = attention.KERNELS
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        x86_only(self.target)
 
     def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
         cache = self.decoded.setdefault(weights, {})

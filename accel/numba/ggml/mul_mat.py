@@ -13,7 +13,7 @@ from reference.ggml_cpu.target import AVX512
 
 from . import block_dots, float_dots, int_dots
 from .blocks import DECODERS
-from .quantize import quantize_q8_0, quantize_q8_k
+from .quantize import quantize_q8_0, quantize_q8_k, x86_only
 
 F32 = np.float32
 NONE_INT, NONE_F32 = np.zeros((0, 0, 0), np.int8), np.zeros((0, 0), F32)
@@ -114,8 +114,10 @@ def q0_repacked(w, a):  # KernelRows (Q4_0/IQ4_NL, repacked), Q8_0 acts -> [T, O
     return int_dots.q0_repacked(w.vs, w.d, a.q, a.d)
 
 
-def q0_lanes(w, a, accumulators):  # KernelRows (32-blocks), Q8_0 acts -> [T, O]
+def q0_lanes(w, a, accumulators, target):  # KernelRows (32-blocks), Q8_0 acts, an x86 Target -> [T, O]
+    x86_only(target)
     return int_dots.q0_lanes(w.vs, w.d, a.q, a.d, accumulators)
+
 
 
 def q5_1_vec_dot(w, a):  # KernelRows (Q5_1), Q8_1 acts -> [T, O]
@@ -166,7 +168,7 @@ def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX51
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
                            lambda start, stop: kernel_rows(decode_rows(weights, name, start, stop, DECODERS), kind,
                                                            paths),
-                           lambda rows: QUANT_PATHS[path](x, rows, kind))
+                           lambda rows: QUANT_PATHS[path](x, rows, kind, target))
 
 
 QUANT_PATHS = quant_paths(sys.modules[__name__])
@@ -176,7 +178,8 @@ def wide_block_vec_dot(w, a, lanes):  # KernelRows (Q1_0/Q2_0), Q8_0 acts -> [T,
     return int_dots.wide_block_vec_dot(w.vs, w.d, a.q, a.d, lanes)
 
 
-def q2_k_vec_dot(w, a):  # KernelRows (Q2_K), Q8_K acts -> [T, O]
+def q2_k_vec_dot(w, a, target):  # KernelRows (Q2_K), Q8_K acts, an x86 Target -> [T, O]
+    x86_only(target)
     return int_dots.q2_k_vec_dot(w.vs, w.d, w.dmin, w.mins, a.q, a.d, a.bsums)
 
 

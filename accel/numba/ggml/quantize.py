@@ -5,6 +5,16 @@ import numpy as np
 
 from reference.ggml_cpu.quantize import QuantActs
 from reference.ggml_cpu.rounding import round_f16
+from reference.ggml_cpu.build import GgmlCpuError
+from reference.ggml_cpu.target import AVX512
+
+NUMBA_TARGETS = ("avx2", "avx512")  # the CPU targets the twins model; the NEON kernels are the reference's alone
+
+
+def x86_only(target):  # Target -> None, or GgmlCpuError for a target the twins do not model
+    if target.name not in NUMBA_TARGETS:
+        raise GgmlCpuError(f"the numba twins model the {' and '.join(NUMBA_TARGETS)} targets, not {target.name} "
+                           "(--backend numpy emulates it)")
 
 
 @numba.njit(cache=True)
@@ -26,7 +36,8 @@ def q8_0_blocks(x):  # x f32 [T, nb, 32] -> (d f32 [T, nb] unrounded, q int8 [T,
     return d, q, sums
 
 
-def quantize_q8_0(x):  # x [T, K] f32 -> QuantActs: as reference quantize_q8_0
+def quantize_q8_0(x, target=AVX512):  # x [T, K] f32, an x86 Target -> QuantActs: as reference quantize_q8_0
+    x86_only(target)
     d, q, sums = q8_0_blocks(np.ascontiguousarray(x, np.float32).reshape(len(x), -1, 32))
     return QuantActs(round_f16(d), q, s=round_f16(d * sums.astype(np.float32)))
 
@@ -57,6 +68,7 @@ def q8_k_blocks(x, prefer_positive):  # x f32 [T, nb, 256] -> (d [T, nb], q int8
     return d, q, bsums
 
 
-def quantize_q8_k(x, prefer_positive=False):  # x [T, K] f32 -> QuantActs: as reference quantize_q8_k
+def quantize_q8_k(x, prefer_positive=False, target=AVX512):  # x [T, K] f32, an x86 Target -> QuantActs: as reference
+    x86_only(target)
     d, q, bsums = q8_k_blocks(np.ascontiguousarray(x, np.float32).reshape(len(x), -1, 256), prefer_positive)
     return QuantActs(d, q, bsums=bsums)
