@@ -676,23 +676,14 @@ def dump_with_system_info(tmp_path, features):  # -> DEFAULT_DUMP, its system_in
     return str(path)
 
 
-NOT_EMULATED = [t for t in TARGETS if not TARGETS[t].emulated] or [
-    pytest.param(None, marks=pytest.mark.skip(reason="every CPU target is emulated"))]
-
-
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_cpu_target_is_read_from_system_info(tmp_path, target):
     """Each target's own build logged its features (golden/cpu_targets/<target>/manifest.json): the
-    dump's configuration names that target and reproduces with --cpu <target>, or, for a target not
-    emulated yet, says reference.run cannot."""
+    dump's configuration names that target and reproduces with --cpu <target>."""
     config = dump_parse.load_dump(dump_with_system_info(tmp_path, system_info_of(target))).config
     assert config.cpu == target and config.cpu_note() is None
     assert config.describe().startswith(f"CPU {target}, K cache f16")
-    if TARGETS[target].emulated:
-        assert config.reference_options()[-2:] == ["--cpu", target]
-    else:
-        with pytest.raises(dump_parse.DumpError, match=f"--cpu {target}: the {target} target is not emulated yet"):
-            config.reference_options()
+    assert config.reference_options()[-2:] == ["--cpu", target]
 
 
 def test_system_info_of_an_unmodelled_cpu_is_said(tmp_path):
@@ -748,16 +739,3 @@ def test_bad_cpu_exits_2_with_one_line(exact_trace):
     cli_error(run_cli("tools.bisect", t32, DEFAULT_DUMP, "--cpu", "sse4"), "argument --cpu: invalid choice: 'sse4'")
     cli_error(run_cli("tools.bisect", t32, t64, "--cpu", "avx2"),
               "tools.bisect: --cpu chooses the CPU build a llama.cpp text dump is reproduced as; neither side is one")
-
-
-@pytest.mark.parametrize("target", NOT_EMULATED)
-def test_cpu_not_emulated_exits_2_with_one_line(tmp_path, exact_trace, target):
-    t32, _ = exact_trace
-    cli_error(run_cli("tools.bisect", t32, DEFAULT_DUMP, "--cpu", target),
-              f"tools.bisect: --cpu {target}: the {target} target is not emulated yet")
-    dump = dump_with_system_info(tmp_path, system_info_of(target))
-    cli_error(run_cli("tools.bisect", t32, dump, "--reproduce", "--model", MODELS),
-              f"tools.bisect: --reproduce: --cpu {target}: the {target} target is not emulated yet")
-    r = run_cli("tools.bisect", t32, dump)
-    assert r.returncode == 1
-    assert f"not reproducible: --cpu {target}: the {target} target is not emulated yet" in r.stdout
