@@ -224,12 +224,12 @@ def input_files(tmp_path):  # -> {name: path} of the files the cases below name
     (["--prompt-file", "{missing}"], "{missing}: No such file or directory"),
     (["--prompt-file", "{dir}"], "{dir}: a directory, not a regular file (prompt file)"),
     (["--prompt-file", "{surrogate}"], "{surrogate}: byte 1 encodes U+D800"),
-    (["--prompt", "hi", "--mmproj", MMPROJ, "--image", "{missing}"], "{missing}: no such file"),
+    (["--prompt", "hi", "--mmproj", MMPROJ, "--image", "{missing}"], "{missing}: No such file or directory"),
     (["--prompt", "hi", "--mmproj", MMPROJ, "--image", "{text}"], "{text}: not an image file"),
     (["--prompt", "hi", "--mmproj", "{missing}", "--image", "{png}"], "{missing}: no such file"),
     (["--draft-model", "{missing}"], "{missing}: no such file"),
     (["--draft-model", "{text}"], "{text}: not a GGUF file"),
-    (["--model", "{dir}"], "{dir}: is a directory, not a GGUF file"),
+    (["--model", "{dir}"], "{dir}: a directory, not a regular file (GGUF file)"),
     (["--trace", "{text}"], "--trace {text} exists and is not a directory"),
 ])
 def test_bad_input_is_refused_before_any_gguf_loads(monkeypatch, capsys, tmp_path, args, message):
