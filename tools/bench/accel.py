@@ -35,7 +35,7 @@ from gguf import GGUFWriter
 
 from reference import factory, gguf, ops
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, names_in, output_file, write_json
-from tools.bench.forward import MAX_REPEAT
+from tools.bench.forward import MAX_REPEAT, peak_rss_gb
 from tools.synthetic import (ARCH, Q, RELEASE_30B, RELEASE_MMPROJ, TensorSpec, random_spec, stream_gguf, text_keys,
                              text_shapes, write_layout_gguf, write_mmproj_gguf)
 
@@ -275,7 +275,6 @@ def engine_makers(args):  # -> {engine name: () -> (prefill, decode)} of the run
 def one_shot(name, args, ids, n_decode, logits_path, conn):  # in a process of its own -> conn gets its times
     """What a user's one command costs: load, one prefill, n_decode steps, nothing warmed; the peak
     RSS is this process's alone (the mapped weights it touched included, as for llama.cpp)."""
-    import resource
     set_threads(args.threads)
     t0, c0 = time.perf_counter(), time.process_time()
     engine = engine_makers(args)[name]()
@@ -284,7 +283,7 @@ def one_shot(name, args, ids, n_decode, logits_path, conn):  # in a process of i
     np.save(logits_path, logits)
     conn.send({**times, "load_s": load_s, "load_cpu_s": load_cpu_s,
                "total_s": load_s + times["prefill_s"] + times["decode_s"],
-               "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20})  # Linux: KiB
+               "peak_rss_gb": peak_rss_gb()})
 
 
 def read_through(path):  # -> None: the file's pages into the page cache, as a second run of any command finds them

@@ -140,8 +140,12 @@ def bench_vision(args):  # -> report dict
             "photo_1024_all_global_s": all_global, "ratio_global_over_window_local": all_global / windowed}
 
 
-def bench_scale(args):  # -> report dict of one full-size run, with this process's peak RSS
+def peak_rss_gb():  # -> this process's peak resident set so far, GB (Linux reports ru_maxrss in KiB)
     import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def bench_scale(args):  # -> report dict of one full-size run, with this process's peak RSS
     from tools.synthetic import synthetic_image
     report = {"backend": args.backend}
     # both GGUFs and the backend are checked before the text run, which takes hours at full size
@@ -166,7 +170,7 @@ def bench_scale(args):  # -> report dict of one full-size run, with this process
         out = vision.encode(synthetic_image(args.image_size, args.image_size, 0, "smooth"), progress=LAYER_BAR)
         report.update(mmproj=args.mmproj, image_size=args.image_size, image_tokens=len(out),
                       image_s=time.perf_counter() - t0)
-    report["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    report["peak_rss_gb"] = peak_rss_gb()
     return report
 
 

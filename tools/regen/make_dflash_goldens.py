@@ -23,14 +23,13 @@ Two deliberate departures from transformers' own generate loop, both to follow l
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from tools.common import REPO, sha256
+from tools.common import REPO, sha256, today
 
 from tools.parity.golden import read_prompts
 
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                     "window": {"n_swa": window,
                                "llama.cpp": f"sliding_window={window - 1}: |q - k| <= {window - 1} == q - k < {window}",
                                "transformers": f"sliding_window={window}: |q - k| <= {window}"}},
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "date": today(),
         "sequences": {pid: {"prompt_tokens": prompts[pid], "tokens": seq, "g": f"{pid}.g.npy",
                             "g_rows": len(seq) - 1}
                       for pid, (seq, _) in sequences.items()},

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
 import json
 import os
 import subprocess
@@ -45,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.common import KV_TYPES, LLAMA_CPP_COMMIT, REPO, sha256
+from tools.common import KV_TYPES, LLAMA_CPP_COMMIT, REPO, sha256, today
 from tools.synthetic import TextDims, write_text_gguf
 
 MODELS = REPO / "golden" / "models"
@@ -366,10 +365,6 @@ def write_geometry_ops(out, ids):  # -> manifest entry; ops/geometry.npz
     np.savez(out / "ops" / "geometry.npz", **arrays)
     print(f"ops/geometry.npz: {len(arrays)} tensors", flush=True)
     return {"type": "geometry", "file": "ops/geometry.npz", "models": models, "keys": sorted(arrays)}
-
-
-def today():  # -> "YYYY-MM-DD" (UTC), the manifest's date
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
 
 
 def main(argv=None):

@@ -18,7 +18,6 @@ llama-quantize and llama-imatrix in build/bin (or pass --llama-bin).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ import sys
 from pathlib import Path
 
 from reference import artifacts
-from tools.common import LLAMA_CPP_COMMIT, REPO, GoldenError, sha256
+from tools.common import LLAMA_CPP_COMMIT, REPO, GoldenError, sha256, today
 
 CORPUS = REPO / "tools" / "data" / "tiny_corpus.txt"
 
@@ -332,7 +331,7 @@ class Catalog:
         old = json.loads(self.path.read_text()) if self.path.exists() else {}
         self.files: dict[str, dict] = {e["name"]: e for e in old.get("files", [])}
         self.failures: dict[str, str] = dict(old.get("failed", {}))
-        self.today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        self.today = today()
 
     def record(self, path: Path, role: str, ckpt: str, config: dict, made: dict) -> None:
         self.files[path.name] = {

@@ -30,7 +30,6 @@ import argparse
 import ast
 import contextlib
 import ctypes
-import datetime
 import hashlib
 import json
 import math
@@ -39,7 +38,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from tools.common import REPO
+from tools.common import REPO, today
 from tools.synthetic import raw_words, synthetic_image
 
 MODELS = REPO / "golden" / "models"
@@ -506,7 +505,7 @@ def main(argv=None) -> int:
         args.images_out.mkdir(parents=True, exist_ok=True)
         for case in CASES:
             Image.fromarray(case_image(case)).save(args.images_out / f"{case[0]}.png")
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    date = today()
     lc = manifest.setdefault("llama-cpp", {})
     if steps - {"transformers"}:
         import llama_cpp

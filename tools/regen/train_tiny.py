@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import datetime
 import hashlib
 import json
 import math
@@ -43,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from tools.regen import make_tiny
-from tools.common import REPO, sha256
+from tools.common import REPO, sha256, today
 from tools.regen.make_tiny import (BOS, EOS, Runner, save_tokenizer, special_ids, tensor_types, versions,
                              write_preprocessor_config)
 
@@ -440,7 +439,7 @@ def convert(work: Path, out: Path, runner: Runner, llama_dir: Path) -> None:
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     files = {e["name"]: e for e in manifest["files"]}
     vers = versions(llama_dir)
-    today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    date = today()
     target, drafter = work / NAME, work / f"{NAME}-dflash"
     jobs = [(f"{NAME}-{GGUF_TYPE}.gguf", "text", target, []),
             (f"{NAME}-mmproj-{GGUF_TYPE}.gguf", "mmproj", target, ["--mmproj"]),
@@ -459,7 +458,7 @@ def convert(work: Path, out: Path, runner: Runner, llama_dir: Path) -> None:
         files[name] = {"name": name, "role": role, "sha256": sha256(dst), "size": dst.stat().st_size,
                        "tensor_types": tensor_types(dst), "checkpoint": hf_dir.name,
                        "config": json.loads((hf_dir / "config.json").read_text(encoding="utf-8")),
-                       "made": made, "versions": vers, "date": today}
+                       "made": made, "versions": vers, "date": date}
         log(f"  wrote {name} ({dst.stat().st_size / 1e6:.2f} MB)")
     manifest["files"] = [files[k] for k in sorted(files)]
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
