@@ -479,13 +479,15 @@ def test_block_dots_on_llama_cpp_decode_products(kind):  # llama.cpp's own 1-row
 
 @pytest.mark.parametrize("kind", sorted(BLOCK_DOT_MODELS))
 @pytest.mark.parametrize("rows", [1, 3, 8, 17])  # the vec_dot's loop over activation rows, past a vector's 16
-def test_block_dots_are_the_numpy_vec_dots(kind, rows):  # every tensor of the type in its committed model
+@pytest.mark.parametrize("path", ["k_vec_dot", "tiled"])  # the decode kernel, and the prefill one from 8 rows
+def test_block_dots_are_the_numpy_vec_dots(kind, rows, path):  # every tensor of the type in its committed model
     from reference.ggml_cpu import int_dots as reference_dots, quantize as reference_quantize
     from reference.ggml_cpu.blocks import decode
     weights = model(fixture(BLOCK_DOT_MODELS[kind])[0]["model"]).weights
     names = [n for n in weights.tensors if weights.type_name(n) == kind]
     assert names
-    path = "q0_lanes" if kind == "Q8_0" else "k_vec_dot"
+    if kind == "Q8_0":
+        path = "q0_lanes"
     for name in names:
         x = activations(rows, weights.shape(name)[1], rows)
         quantize = reference_quantize.quantize_q8_0 if kind == "Q8_0" else reference_quantize.quantize_q8_k

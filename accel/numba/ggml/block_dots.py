@@ -292,6 +292,9 @@ TYPES = {  # type -> (scales, sub-blocks, byte of d, byte of dmin or -1, unsigne
 }
 
 
+ROWS_PER_TASK = 16  # rows one parallel task takes: its scratch arrays are allocated once for them, not per row
+
+
 def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
     """reference k_vec_dot on the raw blocks: per block the scales (and mins), code_lanes per activation
     row, Q6_K's offset taken off each lane through its pair of 16-sums, then fma(d_w * d_a,
@@ -307,49 +310,94 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
         O = raw.shape[0]
         T, nb = ad.shape
         out = np.zeros((T, O), F32)
-        for o in numba.prange(O):
+        for task in numba.prange((O + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             scales, mins, lanes = np.zeros(16, np.int32), np.zeros(8, np.int32), np.zeros(8, np.int32)
             acc, summs = np.zeros((T, 8), F32), np.zeros((T, 4), F32)
-            for b in range(nb):
-                at = block_bytes * b
-                block_scales(raw, o, at, scales, mins)
-                d = f16_at(raw, o, at + d_at)
+            for o in range(task * ROWS_PER_TASK, min(O, (task + 1) * ROWS_PER_TASK)):
+                acc[:] = 0
+                summs[:] = 0
+                for b in range(nb):
+                    at = block_bytes * b
+                    block_scales(raw, o, at, scales, mins)
+                    d = f16_at(raw, o, at + d_at)
+                    for t in range(T):
+                        code_lanes(raw, o, b, aq, t, grid, signs, scales, lanes)
+                        if offset:
+                            for p in range(8):
+                                pair = scales[2 * p] * bsums[t, b, 2 * p] + scales[2 * p + 1] * bsums[t, b, 2 * p + 1]
+                                lanes[p] -= offset * pair
+                        if dmin_at >= 0:
+                            dm = -ad[t, b] * f16_at(raw, o, at + dmin_at)
+                            for j in range(min_lanes):
+                                mn = np.int32(0)
+                                for i in range(j * per_min_lane, (j + 1) * per_min_lane):
+                                    mn += mins[i] * sums32[t, b, i]
+                                summs[t, j] = fma32(dm, F32(mn), summs[t, j])
+                        scale = d * ad[t, b]
+                        for lane in range(8):
+                            acc[t, lane] = fma32(scale, F32(lanes[lane]), acc[t, lane])
                 for t in range(T):
-                    code_lanes(raw, o, b, aq, t, grid, signs, scales, lanes)
-                    if offset:
-                        for p in range(8):
-                            pair = scales[2 * p] * bsums[t, b, 2 * p] + scales[2 * p + 1] * bsums[t, b, 2 * p + 1]
-                            lanes[p] -= offset * pair
-                    if dmin_at >= 0:
-                        dm = -ad[t, b] * f16_at(raw, o, at + dmin_at)
-                        for j in range(min_lanes):
-                            mn = np.int32(0)
-                            for i in range(j * per_min_lane, (j + 1) * per_min_lane):
-                                mn += mins[i] * sums32[t, b, i]
-                            summs[t, j] = fma32(dm, F32(mn), summs[t, j])
-                    scale = d * ad[t, b]
-                    for lane in range(8):
-                        acc[t, lane] = fma32(scale, F32(lanes[lane]), acc[t, lane])
-            for t in range(T):
-                x = post * hsum8(acc[t])
-                if dmin_at >= 0 and min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
-                    x = x + ((summs[t, 0] + summs[t, 2]) + (summs[t, 1] + summs[t, 3]))
-                elif dmin_at >= 0:
-                    x = x + summs[t, 0]
-                out[t, o] = x
+                    x = post * hsum8(acc[t])
+                    if dmin_at >= 0 and min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
+                        x = x + ((summs[t, 0] + summs[t, 2]) + (summs[t, 1] + summs[t, 3]))
+                    elif dmin_at >= 0:
+                        x = x + summs[t, 0]
+                    out[t, o] = x
+        return out
+    return kernel
+
+
+def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
+    """reference tiled (the tiled AVX512-VNNI kernel, from 8 rows) on the raw blocks: per block
+    s1 = sum(scale * dot) as one exact integer (code_lanes' lanes summed, Q6_K's offset taken off
+    through the 16-sums), r = f32(s1) * d0 with d0 = d * post, the mins by one fnmadd, then
+    buf = fma(r, d_act, buf). Any order of the integer sums gives the same s1; only this float
+    epilogue is ggml's order."""
+    block_scales, n_sub, d_at, dmin_at, offset, _, post = TYPES[kind]
+    code_lanes, block_bytes, post = code_lanes_intrinsic(kind, n_sub), BLOCK_BYTES[kind], F32(post)
+
+    @numba.njit(cache=True, parallel=True)
+    def kernel(raw, grid, signs, aq, ad, bsums, sums32):
+        O = raw.shape[0]
+        T, nb = ad.shape
+        out = np.zeros((T, O), F32)
+        for task in numba.prange((O + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+            scales, mins, lanes = np.zeros(16, np.int32), np.zeros(8, np.int32), np.zeros(8, np.int32)
+            for o in range(task * ROWS_PER_TASK, min(O, (task + 1) * ROWS_PER_TASK)):
+                for b in range(nb):
+                    at = block_bytes * b
+                    block_scales(raw, o, at, scales, mins)
+                    d0 = f16_at(raw, o, at + d_at) * post
+                    dmin = f16_at(raw, o, at + dmin_at) if dmin_at >= 0 else F32(0)
+                    for t in range(T):
+                        code_lanes(raw, o, b, aq, t, grid, signs, scales, lanes)
+                        s1 = np.int32(0)
+                        for lane in range(8):
+                            s1 += lanes[lane]
+                        if offset:
+                            for s in range(16):
+                                s1 -= offset * scales[s] * bsums[t, b, s]
+                        r = F32(s1) * d0
+                        if dmin_at >= 0:
+                            s2 = np.int32(0)
+                            for j in range(8):
+                                s2 += mins[j] * sums32[t, b, j]
+                            r = fma32(-dmin, F32(s2), r)
+                        out[t, o] = fma32(r, ad[t, b], out[t, o])
         return out
     return kernel
 
 
 KERNELS = {}
+FACTORIES = {"k_vec_dot": k_vec_dot_kernel, "tiled": tiled_kernel}
 
 
-def k_vec_dot(raw, kind, a):  # raw uint8 [O, row bytes] of `kind`, Q8_K acts -> [T, O]
-    if kind not in KERNELS:
-        KERNELS[kind] = k_vec_dot_kernel(kind)
+def k_quant_mul_mat(raw, kind, path, a):  # raw uint8 [O, row bytes] of `kind`, "k_vec_dot" | "tiled", Q8_K acts -> [T, O]
+    if (kind, path) not in KERNELS:
+        KERNELS[kind, path] = FACTORIES[path](kind)
     sums32 = np.ascontiguousarray(a.bsums.reshape(a.bsums.shape[:2] + (8, 2)).sum(-1), np.int32)
-    return KERNELS[kind](raw, *tables(kind), np.ascontiguousarray(a.q), np.ascontiguousarray(a.d, F32),
-                         np.ascontiguousarray(a.bsums, np.int32), sums32)
+    return KERNELS[kind, path](raw, *tables(kind), np.ascontiguousarray(a.q), np.ascontiguousarray(a.d, F32),
+                               np.ascontiguousarray(a.bsums, np.int32), sums32)
 
 
 def q8_0(raw, a):  # raw Q8_0 uint8 [O, row bytes], Q8_0 acts -> [T, O]
@@ -357,14 +405,14 @@ def q8_0(raw, a):  # raw Q8_0 uint8 [O, row bytes], Q8_0 acts -> [T, O]
 
 
 def reads(kind, path):  # whether the matmul of a `kind` weight on kernel `path` runs on the raw blocks here
-    return (path == "k_vec_dot" and kind in TYPES) or (path == "q0_lanes" and kind == "Q8_0")
+    return (path in FACTORIES and kind in TYPES) or (path == "q0_lanes" and kind == "Q8_0")
 
 
 def mul_mat(x, weights, name, path):  # x [T, K] f32, a tensor `reads` takes -> [T, O]
     kind, raw = weights.type_name(name), raw_rows(weights, name)
     if path == "q0_lanes":
         return q8_0(raw, quantize_q8_0(x))
-    return k_vec_dot(raw, kind, quantize_q8_k(x))
+    return k_quant_mul_mat(raw, kind, path, quantize_q8_k(x))
 
 
 def raw_rows(weights, name):  # GGUF tensor -> its bytes as uint8 [O, row bytes], the mmap itself (no copy)
