@@ -10,11 +10,13 @@
   its command line; the drafter on numba; tools.bench_ggml_numba.
 """
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import ROOT, require
 
 require("numba")  # the [accel] extra
 
@@ -493,3 +495,23 @@ def test_block_dots_are_the_numpy_vec_dots(kind, rows, path):  # every tensor of
         quantize = reference_quantize.quantize_q8_0 if kind == "Q8_0" else reference_quantize.quantize_q8_k
         ref = getattr(reference_dots, path)(decode(weights, name), quantize(x))
         assert_identical(ref, block_dots.mul_mat(x, weights, name, path), f"block_dots {kind} {name}, {rows} rows")
+
+
+CACHED_KERNEL_RUN = """
+import numpy as np
+from accel import ggml_harness
+from accel.numba.ggml import block_dots, mul_mat
+w = ggml_harness.BlockWeights("IQ2_XXS", 16, 256, np.random.default_rng(0))
+for rows in (1, 8):  # k_vec_dot, then tiled
+    mul_mat.mul_mat(np.ones((rows, 256), np.float32), w, "w", {})
+print(sum(len(k.stats.cache_hits) for k in block_dots.KERNELS.values()), len(block_dots.KERNELS))
+"""
+
+
+def test_block_dot_kernels_load_from_numbas_cache_in_a_new_process(tmp_path):
+    """The per-type kernels are closures; one holding a dispatcher or an intrinsic gets a new cache
+    key in every process, and each start compiled every kernel again (2 s each here)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    runs = [subprocess.run([sys.executable, "-c", CACHED_KERNEL_RUN], env=env, capture_output=True, text=True,
+                           check=True).stdout.split() for _ in range(2)]
+    assert runs == [["0", "2"], ["2", "2"]]  # the first process compiles both kernels, the second loads both

@@ -13,7 +13,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from reference.ggml_cpu.blocks import KVALUES_IQ4NL, iq_grid
 
@@ -295,15 +295,43 @@ TYPES = {  # type -> (scales, sub-blocks, byte of d, byte of dmin or -1, unsigne
 ROWS_PER_TASK = 16  # rows one parallel task takes: its scratch arrays are allocated once for them, not per row
 
 
+def block_scales(kind, raw, o, at, scales, mins):  # kind a literal type name: its scales function (TYPES)
+    raise TypeError("block_scales is compiled by numba, for a literal type name")
+
+
+def code_lanes(kind, raw, o, b, aq, t, grid, signs, scales, lanes):  # kind a literal type name: its code_lanes
+    raise TypeError("code_lanes is compiled by numba, for a literal type name")
+
+
+CODE_LANES = {kind: code_lanes_intrinsic(kind, spec[1]) for kind, spec in TYPES.items()}
+
+
+# The kernels below capture only the type's name and numbers, and reach the type's functions through
+# these overloads: a closure holding a dispatcher or an intrinsic gets a new cache key in every process
+# (their pickles carry a fresh uuid), so numba would compile each kernel again at every start.
+@overload(block_scales, inline="always")
+def block_scales_of(kind, raw, o, at, scales, mins):
+    if isinstance(kind, types.StringLiteral):
+        scales_of = TYPES[kind.literal_value][0]
+        return lambda kind, raw, o, at, scales, mins: scales_of(raw, o, at, scales, mins)
+
+
+@overload(code_lanes, inline="always")
+def code_lanes_of(kind, raw, o, b, aq, t, grid, signs, scales, lanes):
+    if isinstance(kind, types.StringLiteral):
+        lanes_of = CODE_LANES[kind.literal_value]
+        return lambda kind, raw, o, b, aq, t, grid, signs, scales, lanes: lanes_of(raw, o, b, aq, t, grid, signs,
+                                                                                    scales, lanes)
+
+
 def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
     """reference k_vec_dot on the raw blocks: per block the scales (and mins), code_lanes per activation
     row, Q6_K's offset taken off each lane through its pair of 16-sums, then fma(d_w * d_a,
     f32(lane), acc) lane by lane and the mins into min_lanes float lanes; post * hsum_float_8 at the
     end plus the mins folded as the reference folds them. The layout numbers are constants of each
     type's kernel."""
-    block_scales, n_sub, d_at, dmin_at, offset, min_lanes, post = TYPES[kind]
-    code_lanes, block_bytes, post = code_lanes_intrinsic(kind, n_sub), BLOCK_BYTES[kind], F32(post)
-    per_min_lane = 8 // min_lanes
+    _, n_sub, d_at, dmin_at, offset, min_lanes, post = TYPES[kind]
+    block_bytes, post, per_min_lane = BLOCK_BYTES[kind], F32(post), 8 // min_lanes
 
     @numba.njit(cache=True, parallel=True)
     def kernel(raw, grid, signs, aq, ad, bsums, sums32):
@@ -318,10 +346,10 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
                 summs[:] = 0
                 for b in range(nb):
                     at = block_bytes * b
-                    block_scales(raw, o, at, scales, mins)
+                    block_scales(kind, raw, o, at, scales, mins)
                     d = f16_at(raw, o, at + d_at)
                     for t in range(T):
-                        code_lanes(raw, o, b, aq, t, grid, signs, scales, lanes)
+                        code_lanes(kind, raw, o, b, aq, t, grid, signs, scales, lanes)
                         if offset:
                             for p in range(8):
                                 pair = scales[2 * p] * bsums[t, b, 2 * p] + scales[2 * p + 1] * bsums[t, b, 2 * p + 1]
@@ -353,8 +381,8 @@ def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, 
     through the 16-sums), r = f32(s1) * d0 with d0 = d * post, the mins by one fnmadd, then
     buf = fma(r, d_act, buf). Any order of the integer sums gives the same s1; only this float
     epilogue is ggml's order."""
-    block_scales, n_sub, d_at, dmin_at, offset, _, post = TYPES[kind]
-    code_lanes, block_bytes, post = code_lanes_intrinsic(kind, n_sub), BLOCK_BYTES[kind], F32(post)
+    _, n_sub, d_at, dmin_at, offset, _, post = TYPES[kind]
+    block_bytes, post = BLOCK_BYTES[kind], F32(post)
 
     @numba.njit(cache=True, parallel=True)
     def kernel(raw, grid, signs, aq, ad, bsums, sums32):
@@ -366,11 +394,11 @@ def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, 
             for o in range(task * ROWS_PER_TASK, min(O, (task + 1) * ROWS_PER_TASK)):
                 for b in range(nb):
                     at = block_bytes * b
-                    block_scales(raw, o, at, scales, mins)
+                    block_scales(kind, raw, o, at, scales, mins)
                     d0 = f16_at(raw, o, at + d_at) * post
                     dmin = f16_at(raw, o, at + dmin_at) if dmin_at >= 0 else F32(0)
                     for t in range(T):
-                        code_lanes(raw, o, b, aq, t, grid, signs, scales, lanes)
+                        code_lanes(kind, raw, o, b, aq, t, grid, signs, scales, lanes)
                         s1 = np.int32(0)
                         for lane in range(8):
                             s1 += lanes[lane]
