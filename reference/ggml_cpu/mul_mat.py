@@ -28,6 +28,16 @@ TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "
          "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M")
 TILED_MIN_ROWS = 8
 NEON_REPACKED_BY_4 = ("Q4_0", "IQ4_NL", "Q8_0", "Q1_0")  # repacked 4 rows at a time on NEON (repack.cpp:4975-5140)
+# The NEON layouts emulated -> ((gemv, gemm) of the dotprod layout, (gemv, gemm) of the i8mm one): whether each
+# adds the block's f32(I) * d_w*d_a into its float by one fma (vfmaq_f32, asm fmla) or by a multiply, then an add
+# (vmlaq_f32; vmulq_f32 then vaddq_f32). Source lines: llama.cpp/ggml/src/ggml-cpu/arch/arm/repack.cpp.
+NEON_REPACKED_FUSED = {
+    "Q8_0": ((True, False), (True, True)),  # q8_0_4x4 / 4x8: 1762, 5134-5137 / 1831, 5283-5286
+    "Q4_0": ((True, True), (True, True)),  # q4_0_4x4 / 4x8: 278, asm fmla 2102-2114 / 344, asm fmla 2567-2582
+    "IQ4_NL": ((False, False), (False, False)),  # iq4_nl_4x4 on both targets: 509, 3370-3373
+    "Q6_K": ((False, False), (False, False)),  # q6_K_8x4 / 8x8: 1500-1504, 4845-4846 / 1699-1705, 5060-5061
+}
+NEON_Q8_K_REPACKED = ("Q6_K",)  # against Q8_K activations (the others Q8_0)
 
 
 def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> the kernel a matmul of n_rows rows takes
@@ -45,9 +55,9 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
     group = 4 if target.neon and kind in NEON_REPACKED_BY_4 else 8  # the repacked layout's rows
     repacked = repack and kind in target.repacked and len(weights.raw(name)) % group == 0
-    if target.neon and repacked and kind == "Q8_0":
-        return "neon_q8_0_repacked"
-    if target.neon and repacked:  # the NEON layouts: q4_0_4x4/4x8, q4_K_8x4/8x8, q8_0_4x8...
+    if target.neon and repacked and kind in NEON_REPACKED_FUSED:
+        return "neon_repacked"
+    if target.neon and repacked:  # the NEON layouts not read: q4_K_8x4/8x8, q5_K, q6_K, q1_0
         raise GgmlCpuError(f"{name}: {kind} weights repacked (CPU_REPACK) are not emulated on the {target.name} "
                            "target (--repack off: llama.cpp's plain buffers)")
     if kind in REPACK_GEMM_ELEMENTS and repacked:
@@ -110,7 +120,7 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
         "q5_1_vec_dot": lambda x, w, kind, target: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
         "mmla_vec_dot": lambda x, w, kind, target: k.mmla_vec_dot(
             w, k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target), kind),
-        "neon_q8_0_repacked": lambda x, w, kind, target: neon_q8_0_repacked(x, w, target, k),
+        "neon_repacked": lambda x, w, kind, target: neon_repacked(x, w, kind, target, k),
         "neon_wide_block_vec_dot": lambda x, w, kind, target: k.neon_wide_block_vec_dot(
             w, k.quantize_q8_0(x, target), target),
         "neon_iq4_nl_vec_dot": lambda x, w, kind, target: k.neon_iq4_nl_vec_dot(w, k.quantize_q8_0(x, target)),
@@ -125,19 +135,32 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
     }
 
 
-def neon_q8_0_repacked(x, w, target, kernels):  # x [T, K] f32, Q8_0 rows (repacked q8_0_4x4 / 4x8) -> [T, O]
-    """CPU repack on NEON: rows in groups of 4 take the gemm, whole-block integers, the last T mod 4
-    rows the gemv, fma(f32(I), d_a*d_w, acc) (vfmaq_f32, llama.cpp/ggml/src/ggml-cpu/arch/arm/repack.cpp:1762,
-    1831): q0_repacked's arithmetic. The dotprod gemm (q8_0_4x4) adds (d_w*d_a) * f32(I) unfused
-    (vmlaq_f32, repack.cpp:5134-5137), the i8mm arithmetic of mmla_vec_dot; the i8mm one (q8_0_4x8) fuses
-    it (vfmaq_f32, repack.cpp:5283-5286). Both quantize as quantize_row_q8_0 (repack.cpp:69-110, 137-220)."""
+def neon_repacked(x, w, kind, target, kernels):  # x [T, K] f32, rows of a NEON_REPACKED_FUSED type -> [T, O]
+    """CPU repack on NEON (q8_0_4x4/4x8, q4_0_4x4/4x8, iq4_nl_4x4, q6_K_8x4/8x8): rows in groups of 4
+    take the gemm, the last T mod 4 rows the gemv. Every kernel forms one exact integer per block and
+    weight row (Q4_0's codes sit in the high nibble, 16 I, which scvtf #4 / vcvtq_n_f32_s32(., 4)
+    divides exactly; Q6_K's codes less 32 per bsum) and adds f32(I) * d_w*d_a into one float per
+    output, fused or not as NEON_REPACKED_FUSED says. The 32-block layouts quantize as
+    quantize_row_q8_0 (repack.cpp:69-110, 137-220 take 1/d as the NEON quantizer does); the Q8_K
+    ones as quantize_row_q8_K, on NEON by the generic ggml_quantize_mat_q8_K_4x4/4x8
+    (llama.cpp/ggml/src/ggml-cpu/repack.cpp:211-310: the first element of largest |x|, nearest_int of
+    iscale*x contracted as in quantize_row_q8_K_ref)."""
+    fused = NEON_REPACKED_FUSED[kind][target.mmla]
+    k_quant = kind in NEON_Q8_K_REPACKED
+
+    def product(rows, fused):  # activation rows -> [len(rows), O]
+        if k_quant:
+            a = kernels.quantize_q8_k(rows, target=target)
+            return kernels.neon_k_vec_dot(w, a, kind) if fused else kernels.mmla_vec_dot(w, a, kind)
+        a = kernels.quantize_q8_0(rows, target)
+        return kernels.q0_repacked(w, a) if fused else kernels.mmla_vec_dot(w, a, "Q8_0")
+
     n4 = len(x) - len(x) % 4
     parts = []
     if n4:
-        a = kernels.quantize_q8_0(x[:n4], target)
-        parts.append(kernels.q0_repacked(w, a) if target.mmla else kernels.mmla_vec_dot(w, a, "Q8_0"))
+        parts.append(product(x[:n4], fused[1]))
     if n4 < len(x):
-        parts.append(kernels.q0_repacked(w, kernels.quantize_q8_0(x[n4:], target)))
+        parts.append(product(x[n4:], fused[0]))
     return np.concatenate(parts)
 
 
