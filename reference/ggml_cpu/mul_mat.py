@@ -7,7 +7,7 @@ import numpy as np
 from .blocks import DECODERS, decode_rows
 from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
-from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
+from .int_dots import k_repacked_rows, k_vec_dot, neon_k_repacked_rows, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
 from .int_dots import q2_k_vec_dot, wide_block_vec_dot
 from .int_dots import iq1_vec_dot, neon_iq4_nl_vec_dot, neon_k_vec_dot, neon_q1_vec_dot, neon_wide_block_vec_dot  # noqa: F401
 from .int_dots import MMLA_TYPES, mmla_vec_dot  # noqa: F401 (mmla_vec_dot through QUANT_PATHS)
@@ -28,16 +28,22 @@ TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "
          "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M")
 TILED_MIN_ROWS = 8
 NEON_REPACKED_BY_4 = ("Q4_0", "IQ4_NL", "Q8_0", "Q1_0")  # repacked 4 rows at a time on NEON (repack.cpp:4975-5140)
-# The NEON layouts emulated -> ((gemv, gemm) of the dotprod layout, (gemv, gemm) of the i8mm one): whether each
-# adds the block's f32(I) * d_w*d_a into its float by one fma (vfmaq_f32, asm fmla) or by a multiply, then an add
-# (vmlaq_f32; vmulq_f32 then vaddq_f32). Source lines: llama.cpp/ggml/src/ggml-cpu/arch/arm/repack.cpp.
-NEON_REPACKED_FUSED = {
-    "Q8_0": ((True, False), (True, True)),  # q8_0_4x4 / 4x8: 1762, 5134-5137 / 1831, 5283-5286
-    "Q4_0": ((True, True), (True, True)),  # q4_0_4x4 / 4x8: 278, asm fmla 2102-2114 / 344, asm fmla 2567-2582
-    "IQ4_NL": ((False, False), (False, False)),  # iq4_nl_4x4 on both targets: 509, 3370-3373
-    "Q6_K": ((False, False), (False, False)),  # q6_K_8x4 / 8x8: 1500-1504, 4845-4846 / 1699-1705, 5060-5061
+# The NEON layouts emulated -> ((gemv, gemm) of the dotprod layout, (gemv, gemm) of the i8mm one), each how it adds
+# a block's integer I into one float per output (d = d_w*d_a, m = dmin_w*d_a): "fma", acc = fma(f32(I), d, acc)
+# (vfmaq_f32, asm fmla); "mla", acc - f32(M)*m where the type has mins, then + f32(I)*d, each a multiply then an
+# add (vmlsq_f32, vmlaq_f32; vmulq_f32 then vaddq_f32); (s, g): fma(f32(I_s), d, acc) per s elements, then
+# acc - f32(M_g)*m (vmlsq_f32) per g elements. Source lines: llama.cpp/ggml/src/ggml-cpu/arch/arm/repack.cpp.
+NEON_REPACKED_EPILOGUES = {
+    "Q8_0": (("fma", "mla"), ("fma", "fma")),  # q8_0_4x4 / 4x8: 1762, 5134-5137 / 1831, 5283-5286
+    "Q4_0": (("fma", "fma"), ("fma", "fma")),  # q4_0_4x4 / 4x8: 278, asm fmla 2102-2114 / 344, asm fmla 2567-2582
+    "IQ4_NL": (("mla", "mla"), ("mla", "mla")),  # iq4_nl_4x4 on both targets: 509, 3370-3373
+    "Q6_K": (("mla", "mla"), ("mla", "mla")),  # q6_K_8x4 / 8x8: 1500-1504, 4845-4846 / 1699-1705, 5060-5061
+    # q4_K_8x4: 696-702, 716-717; 3621-3627, 3646-3648. q4_K_8x8: 846-850, 866-867; 4393-4395
+    "Q4_K": (((64, 256), (64, 256)), ((32, 256), "mla")),
+    # q5_K_8x4: 1009-1015, 1027-1028; 3850-3856, 3875-3877. q5_K_8x8: 1302-1313; 4640-4642
+    "Q5_K": (((64, 256), (64, 256)), ((32, 64), "mla")),
 }
-NEON_Q8_K_REPACKED = ("Q6_K",)  # against Q8_K activations (the others Q8_0)
+NEON_Q8_K_REPACKED = ("Q6_K", "Q4_K", "Q5_K")  # against Q8_K activations (the others Q8_0)
 
 
 def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> the kernel a matmul of n_rows rows takes
@@ -55,7 +61,7 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
     group = 4 if target.neon and kind in NEON_REPACKED_BY_4 else 8  # the repacked layout's rows
     repacked = repack and kind in target.repacked and len(weights.raw(name)) % group == 0
-    if target.neon and repacked and kind in NEON_REPACKED_FUSED:
+    if target.neon and repacked and kind in NEON_REPACKED_EPILOGUES:
         return "neon_repacked"
     if target.neon and repacked:  # the NEON layouts not read: q4_K_8x4/8x8, q5_K, q6_K, q1_0
         raise GgmlCpuError(f"{name}: {kind} weights repacked (CPU_REPACK) are not emulated on the {target.name} "
@@ -135,32 +141,32 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
     }
 
 
-def neon_repacked(x, w, kind, target, kernels):  # x [T, K] f32, rows of a NEON_REPACKED_FUSED type -> [T, O]
-    """CPU repack on NEON (q8_0_4x4/4x8, q4_0_4x4/4x8, iq4_nl_4x4, q6_K_8x4/8x8): rows in groups of 4
-    take the gemm, the last T mod 4 rows the gemv. Every kernel forms one exact integer per block and
-    weight row (Q4_0's codes sit in the high nibble, 16 I, which scvtf #4 / vcvtq_n_f32_s32(., 4)
-    divides exactly; Q6_K's codes less 32 per bsum) and adds f32(I) * d_w*d_a into one float per
-    output, fused or not as NEON_REPACKED_FUSED says. The 32-block layouts quantize as
-    quantize_row_q8_0 (repack.cpp:69-110, 137-220 take 1/d as the NEON quantizer does); the Q8_K
-    ones as quantize_row_q8_K, on NEON by the generic ggml_quantize_mat_q8_K_4x4/4x8
-    (llama.cpp/ggml/src/ggml-cpu/repack.cpp:211-310: the first element of largest |x|, nearest_int of
-    iscale*x contracted as in quantize_row_q8_K_ref)."""
-    fused = NEON_REPACKED_FUSED[kind][target.mmla]
+def neon_repacked(x, w, kind, target, kernels):  # x [T, K] f32, rows of a NEON_REPACKED_EPILOGUES type -> [T, O]
+    """CPU repack on NEON (q8_0_4x4/4x8, q4_0_4x4/4x8, iq4_nl_4x4, q4_K/q5_K/q6_K_8x4/8x8): rows in
+    groups of 4 take the gemm, the last T mod 4 rows the gemv. Every kernel forms exact integers per
+    block and weight row (Q4_0's codes sit in the high nibble, 16 I, which scvtf #4 / vcvtq_n_f32_s32(., 4)
+    divides exactly; Q6_K's codes less 32 per bsum) and adds them into one float per output as
+    NEON_REPACKED_EPILOGUES says. The 32-block layouts quantize as quantize_row_q8_0 (repack.cpp:69-110,
+    137-220 take 1/d as the NEON quantizer does); the Q8_K ones as quantize_row_q8_K, on NEON by the
+    generic ggml_quantize_mat_q8_K_4x4/4x8 (llama.cpp/ggml/src/ggml-cpu/repack.cpp:211-310: the first
+    element of largest |x|, nearest_int of iscale*x contracted as in quantize_row_q8_K_ref)."""
+    epilogues = NEON_REPACKED_EPILOGUES[kind][target.mmla]
     k_quant = kind in NEON_Q8_K_REPACKED
 
-    def product(rows, fused):  # activation rows -> [len(rows), O]
-        if k_quant:
-            a = kernels.quantize_q8_k(rows, target=target)
-            return kernels.neon_k_vec_dot(w, a, kind) if fused else kernels.mmla_vec_dot(w, a, kind)
-        a = kernels.quantize_q8_0(rows, target)
-        return kernels.q0_repacked(w, a) if fused else kernels.mmla_vec_dot(w, a, "Q8_0")
+    def product(rows, epilogue):  # activation rows -> [len(rows), O]
+        a = kernels.quantize_q8_k(rows, target=target) if k_quant else kernels.quantize_q8_0(rows, target)
+        if epilogue == "fma":
+            return kernels.q0_repacked(w, a)
+        if epilogue == "mla":
+            return kernels.mmla_vec_dot(w, a, kind if k_quant else "Q8_0")
+        return kernels.neon_k_repacked_rows(w, a, *epilogue)
 
     n4 = len(x) - len(x) % 4
     parts = []
     if n4:
-        parts.append(product(x[:n4], fused[1]))
+        parts.append(product(x[:n4], epilogues[1]))
     if n4 < len(x):
-        parts.append(product(x[n4:], fused[0]))
+        parts.append(product(x[n4:], epilogues[0]))
     return np.concatenate(parts)
 
 
