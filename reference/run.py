@@ -120,9 +120,9 @@ def add_compute_flags(p):
                    help="with --numerics ggml-cpu: llama.cpp's flash attention (default off, on for --kv-type q8_0)")
     p.add_argument("--cpu", choices=tuple(TARGETS),
                    help="with --numerics ggml-cpu: the CPU build of llama.cpp to round as (default avx512; "
-                        "neon and neon-i8mm: ARM builds, NumPy only, their CPU_REPACK layouts but Q8_0 refused)")
+                        "neon and neon-i8mm: ARM builds, NumPy only)")
     p.add_argument("--repack", choices=("on", "off"),
-                   help="with --numerics ggml-cpu: llama.cpp's CPU repack of Q4_0/IQ4_NL/Q4_K/Q2_K weights "
+                   help="with --numerics ggml-cpu: llama.cpp's CPU repack of the target's weight types "
                         "(default on; off as llama-cpp-python's use_extra_bufts=False or the tools' --no-repack)")
 
 

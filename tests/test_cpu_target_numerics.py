@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import warnings
 
 import numpy as np
@@ -25,14 +24,16 @@ GOLDEN = os.path.join(ROOT, "golden", "cpu_targets")
 PROMPTS = os.path.join(ROOT, "golden", "prompts", "text-short.jsonl")
 FULL = os.environ.get("CPU_TARGET_FULL") == "1"
 SUBSET = ("Q4_K_M", "Q2_K", "IQ4_NL", "Q6_K")  # repacked on avx2 (Q4_K, IQ4_NL) and not (Q2_K), tiled (Q6_K)
-# neon, neon-i8mm: every preset with repack off; with repack on the all-Q8_0 presets (q8_0_4x4, 4x8; the
-# other NEON layouts are refused). CI: on neon tinyBLAS_Q0_ARM for Q8_0 and Q4_0, the NEON vec_dots of
-# Q4_K, Q5_0 and Q6_K (Q4_K_M) and the q8_0_4x4 gemm and gemv; on neon-i8mm the i8mm kernels of Q8_0,
-# Q4_1, Q4_K and Q6_K (the 64-row prompt) and the vec_dots without llamafile: 16 and 12 runs
+# neon, neon-i8mm: every preset with repack on and off. CI: with repack off on neon tinyBLAS_Q0_ARM for Q8_0
+# and Q4_0, the NEON vec_dots of Q4_K, Q5_0 and Q6_K (Q4_K_M); on neon-i8mm the i8mm kernels of Q8_0, Q4_1, Q4_K
+# and Q6_K (the 64-row prompt) and the vec_dots without llamafile. With repack on, on both, every NEON layout
+# (mul_mat.NEON_REPACKED_EPILOGUES): q8_0, q4_0, q1_0 and iq4_nl 4-row layouts, q4_K, q5_K (IQ4_NL) and q6_K
+# 8-row ones, gemm and gemv (prompts of 33 and 7 rows): 32 runs on each
+NEON_REPACKED_CI = ("Q8_0", "Q4_0", "Q4_K_M", "IQ4_NL", "Q1_0")
 CI = {"avx2": {"on": SUBSET, "off": SUBSET}, "avx512": {"on": SUBSET, "off": SUBSET},  # target -> repack -> presets
-      "neon": {"off": ("Q8_0", "Q4_0", "Q4_K_M"), "on": ("Q8_0",)}, "neon-i8mm": {"off": ("Q8_0", "Q4_1", "Q4_K_M")}}
-FULL_RUNS = {"avx2": {"on": None, "off": None}, "avx512": {"on": None, "off": None},  # None: every preset
-             "neon": {"off": None, "on": ("Q8_0", "MXFP4_MOE")}, "neon-i8mm": {"off": None, "on": ("Q8_0", "MXFP4_MOE")}}
+      "neon": {"off": ("Q8_0", "Q4_0", "Q4_K_M"), "on": NEON_REPACKED_CI},
+      "neon-i8mm": {"off": ("Q8_0", "Q4_1", "Q4_K_M"), "on": NEON_REPACKED_CI}}
+FULL_RUNS = {target: {"on": None, "off": None} for target in CI}  # None: every preset
 
 
 def checked(run, target):  # manifest run -> whether the test checks it for target
@@ -95,17 +96,6 @@ def test_numba_twin_of_avx2_bit_identical_to_its_llama_cpp():  # the twins take 
     from accel.numba.ggml import GgmlCpuNumbaBackend
     failed = failures("avx2", GgmlCpuNumbaBackend)
     assert not failed, "\n".join(failed)
-
-
-@pytest.mark.parametrize("preset,repack,refused", [
-    ("Q4_0", "on", "Q4_0 weights repacked (CPU_REPACK)"),  # NEON's q4_0_4x4 layout
-    ("Q4_K_M", "on", "weights repacked (CPU_REPACK) are not emulated on the neon target"),  # 8x4 Q4_K
-])
-def test_neon_refuses_what_it_does_not_emulate(preset, repack, refused):
-    """Rather than logits that are not llama.cpp's, a GgmlCpuError naming the weight type."""
-    run = next(r for r in manifest("neon")["runs"] if r["preset"] == preset and r["repack"] == repack)
-    with pytest.raises(GgmlCpuError, match=re.escape(refused)):
-        check_run(run, "neon")
 
 
 def test_neon_q8_0_cache_and_numba_twins_refused():  # NEON's Q8_0 K dots and numba twins of the ARM kernels: not emulated

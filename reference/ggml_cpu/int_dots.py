@@ -161,6 +161,26 @@ def k_repacked_rows(w, a, elements_per_fma):  # Q4_K/Q2_K rows, Q8_K acts -> [T,
     return acc - acc_min
 
 
+def neon_k_repacked_rows(w, a, scale_elements, min_elements):  # Q4_K/Q5_K rows, Q8_K acts -> [T, O]
+    """The NEON repacked q4_K/q5_K kernels that add the scale part by FMA every scale_elements
+    elements, acc = fma(f32(S), d_w*d_a, acc), and take the min part away every min_elements,
+    acc - f32(M) * dmin_w*d_a, a multiply then a subtraction (vmlsq_f32)."""
+    dots = int_dot(w.values, a.q, w.sub) * w.scales[None]  # [T, O, nb, nsub]
+    mins = sub_block_sums(a, w.sub)[:, None] * w.mins[None]
+    T, O, nb, nsub = dots.shape
+    per_min = min_elements // scale_elements
+    S = f32_of(dots.reshape(T, O, nb, -1, per_min, scale_elements // w.sub).sum(-1))  # [T, O, nb, min group, part]
+    M = f32_of(mins.reshape(T, O, nb, -1, min_elements // w.sub).sum(-1))  # [T, O, nb, min group]
+    d, m = w.d[None] * a.d[:, None], w.dmin[None] * a.d[:, None]
+    acc = np.zeros((T, O), F32)
+    for b in range(nb):
+        for g in range(M.shape[3]):
+            for p in range(per_min):
+                acc = fma32(S[:, :, b, g, p], d[:, :, b], acc)
+            acc = acc - M[:, :, b, g] * m[:, :, b]
+    return acc
+
+
 def tiled(w, a):  # K-quant/IQ rows, Q8_K acts -> [T, O]: the tiled AVX512-VNNI kernel (tiled/)
     """Per 256-slab: s1 = sum(scale * dot) exact, r = f32(s1) * d0 (d0 = f16 d times the IQ power of
     two), minus dmin*f32(s2) by one fnmadd for types with mins, then buf = fma(r, d_act, buf)."""

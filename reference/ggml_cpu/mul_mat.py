@@ -7,7 +7,7 @@ import numpy as np
 from .blocks import DECODERS, decode_rows
 from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
-from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
+from .int_dots import k_repacked_rows, k_vec_dot, neon_k_repacked_rows, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
 from .int_dots import q2_k_vec_dot, wide_block_vec_dot
 from .int_dots import iq1_vec_dot, neon_iq4_nl_vec_dot, neon_k_vec_dot, neon_q1_vec_dot, neon_wide_block_vec_dot  # noqa: F401
 from .int_dots import MMLA_TYPES, mmla_vec_dot  # noqa: F401 (mmla_vec_dot through QUANT_PATHS)
@@ -28,11 +28,29 @@ TILED = ("Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ2_S", "
          "IQ2_XS", "IQ3_S", "IQ1_S", "IQ1_M")
 TILED_MIN_ROWS = 8
 NEON_REPACKED_BY_4 = ("Q4_0", "IQ4_NL", "Q8_0", "Q1_0")  # repacked 4 rows at a time on NEON (repack.cpp:4975-5140)
+# The NEON layouts emulated -> ((gemv, gemm) of the dotprod layout, (gemv, gemm) of the i8mm one), each how it adds
+# a block's integer I into one float per output (d = d_w*d_a, m = dmin_w*d_a): "fma", acc = fma(f32(I), d, acc)
+# (vfmaq_f32, asm fmla); "mla", acc - f32(M)*m where the type has mins, then + f32(I)*d, each a multiply then an
+# add (vmlsq_f32, vmlaq_f32; vmulq_f32 then vaddq_f32); (s, g): fma(f32(I_s), d, acc) per s elements, then
+# acc - f32(M_g)*m (vmlsq_f32) per g elements; "wide", per 128-block inner = fma(f32(I_k), d_a_k, inner) over its
+# four Q8_0 blocks, then acc = fma(inner, d_w, acc) (vfmaq_n_f32 / vfmaq_laneq_f32, vfmaq_f32). Source lines: llama.cpp/ggml/src/ggml-cpu/arch/arm/repack.cpp.
+NEON_REPACKED_EPILOGUES = {
+    "Q8_0": (("fma", "mla"), ("fma", "fma")),  # q8_0_4x4 / 4x8: 1762, 5134-5137 / 1831, 5283-5286
+    "Q4_0": (("fma", "fma"), ("fma", "fma")),  # q4_0_4x4 / 4x8: 278, asm fmla 2102-2114 / 344, asm fmla 2567-2582
+    "Q1_0": (("wide", "wide"), ("wide", "wide")),  # q1_0_4x4 / 4x8: 1893-1895, 5358-5367 / 1955-1958, 5444-5453
+    "IQ4_NL": (("mla", "mla"), ("mla", "mla")),  # iq4_nl_4x4 on both targets: 509, 3370-3373
+    "Q6_K": (("mla", "mla"), ("mla", "mla")),  # q6_K_8x4 / 8x8: 1500-1504, 4845-4846 / 1699-1705, 5060-5061
+    # q4_K_8x4: 696-702, 716-717; 3621-3627, 3646-3648. q4_K_8x8: 846-850, 866-867; 4393-4395
+    "Q4_K": (((64, 256), (64, 256)), ((32, 256), "mla")),
+    # q5_K_8x4: 1009-1015, 1027-1028; 3850-3856, 3875-3877. q5_K_8x8: 1302-1313; 4640-4642
+    "Q5_K": (((64, 256), (64, 256)), ((32, 64), "mla")),
+}
+NEON_Q8_K_REPACKED = ("Q6_K", "Q4_K", "Q5_K")  # against Q8_K activations (the others Q8_0)
 
 
 def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> the kernel a matmul of n_rows rows takes
     """"float", "k_repacked", "q0_repacked", "q0_lanes", "q5_1_vec_dot", "wide_block_vec_dot", "tiled",
-    "q2_k_vec_dot", "iq1_vec_dot" or "k_vec_dot"; one decision for this emulation and its numba twin.
+    "q2_k_vec_dot", "iq1_vec_dot", "k_vec_dot" or a NEON one ("neon_repacked", ...); one decision for this emulation and its numba twin.
     repack: whether llama.cpp loaded the weights into its CPU_REPACK extra buffer (the default;
     llama-cpp-python's use_extra_bufts=False and the tools' --no-repack keep them in plain buffers),
     which takes the target's types (ggml_repack_get_optimal_repack_type,
@@ -45,11 +63,8 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
     group = 4 if target.neon and kind in NEON_REPACKED_BY_4 else 8  # the repacked layout's rows
     repacked = repack and kind in target.repacked and len(weights.raw(name)) % group == 0
-    if target.neon and repacked and kind == "Q8_0":
-        return "neon_q8_0_repacked"
-    if target.neon and repacked:  # the NEON layouts: q4_0_4x4/4x8, q4_K_8x4/8x8, q8_0_4x8...
-        raise GgmlCpuError(f"{name}: {kind} weights repacked (CPU_REPACK) are not emulated on the {target.name} "
-                           "target (--repack off: llama.cpp's plain buffers)")
+    if target.neon and repacked:  # every NEON layout: NEON_REPACKED_EPILOGUES
+        return "neon_repacked"
     if kind in REPACK_GEMM_ELEMENTS and repacked:
         return "k_repacked"
     if kind in ("Q4_0", "IQ4_NL") and repacked:
@@ -110,7 +125,7 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
         "q5_1_vec_dot": lambda x, w, kind, target: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
         "mmla_vec_dot": lambda x, w, kind, target: k.mmla_vec_dot(
             w, k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target), kind),
-        "neon_q8_0_repacked": lambda x, w, kind, target: neon_q8_0_repacked(x, w, target, k),
+        "neon_repacked": lambda x, w, kind, target: neon_repacked(x, w, kind, target, k),
         "neon_wide_block_vec_dot": lambda x, w, kind, target: k.neon_wide_block_vec_dot(
             w, k.quantize_q8_0(x, target), target),
         "neon_iq4_nl_vec_dot": lambda x, w, kind, target: k.neon_iq4_nl_vec_dot(w, k.quantize_q8_0(x, target)),
@@ -125,19 +140,34 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
     }
 
 
-def neon_q8_0_repacked(x, w, target, kernels):  # x [T, K] f32, Q8_0 rows (repacked q8_0_4x4 / 4x8) -> [T, O]
-    """CPU repack on NEON: rows in groups of 4 take the gemm, whole-block integers, the last T mod 4
-    rows the gemv, fma(f32(I), d_a*d_w, acc) (vfmaq_f32, llama.cpp/ggml/src/ggml-cpu/arch/arm/repack.cpp:1762,
-    1831): q0_repacked's arithmetic. The dotprod gemm (q8_0_4x4) adds (d_w*d_a) * f32(I) unfused
-    (vmlaq_f32, repack.cpp:5134-5137), the i8mm arithmetic of mmla_vec_dot; the i8mm one (q8_0_4x8) fuses
-    it (vfmaq_f32, repack.cpp:5283-5286). Both quantize as quantize_row_q8_0 (repack.cpp:69-110, 137-220)."""
+def neon_repacked(x, w, kind, target, kernels):  # x [T, K] f32, rows of a NEON_REPACKED_EPILOGUES type -> [T, O]
+    """CPU repack on NEON (q8_0_4x4/4x8, q4_0_4x4/4x8, q1_0_4x4/4x8, iq4_nl_4x4, q4_K/q5_K/q6_K_8x4/8x8): rows in
+    groups of 4 take the gemm, the last T mod 4 rows the gemv. Every kernel forms exact integers per
+    block and weight row (Q4_0's codes sit in the high nibble, 16 I, which scvtf #4 / vcvtq_n_f32_s32(., 4)
+    divides exactly; Q6_K's codes less 32 per bsum) and adds them into one float per output as
+    NEON_REPACKED_EPILOGUES says. The 32-block layouts quantize as quantize_row_q8_0 (repack.cpp:69-110,
+    137-220 take 1/d as the NEON quantizer does); the Q8_K ones as quantize_row_q8_K, on NEON by the
+    generic ggml_quantize_mat_q8_K_4x4/4x8 (llama.cpp/ggml/src/ggml-cpu/repack.cpp:211-310: the first
+    element of largest |x|, nearest_int of iscale*x contracted as in quantize_row_q8_K_ref)."""
+    epilogues = NEON_REPACKED_EPILOGUES[kind][target.mmla]
+    k_quant = kind in NEON_Q8_K_REPACKED
+
+    def product(rows, epilogue):  # activation rows -> [len(rows), O]
+        a = kernels.quantize_q8_k(rows, target=target) if k_quant else kernels.quantize_q8_0(rows, target)
+        if epilogue == "fma":
+            return kernels.q0_repacked(w, a)
+        if epilogue == "wide":
+            return kernels.wide_block_vec_dot(w, a, 1)
+        if epilogue == "mla":
+            return kernels.mmla_vec_dot(w, a, kind if k_quant else "Q8_0")
+        return kernels.neon_k_repacked_rows(w, a, *epilogue)
+
     n4 = len(x) - len(x) % 4
     parts = []
     if n4:
-        a = kernels.quantize_q8_0(x[:n4], target)
-        parts.append(kernels.q0_repacked(w, a) if target.mmla else kernels.mmla_vec_dot(w, a, "Q8_0"))
+        parts.append(product(x[:n4], epilogues[1]))
     if n4 < len(x):
-        parts.append(kernels.q0_repacked(w, kernels.quantize_q8_0(x[n4:], target)))
+        parts.append(product(x[n4:], epilogues[0]))
     return np.concatenate(parts)
 
 

@@ -2,7 +2,7 @@
 differently (docs/ggml-cpu-numerics.md, a section per target). A target is a parameter of the kernel
 families, never a copy of them: the register width of the float kernels, which ggml_v_expf, which
 weight types the CPU_REPACK buffer takes, whether the tiled kernel exists, the ARM kernels. The NEON
-targets emulate every weight type with CPU_REPACK off; their repacked layouts are refused (mul_mat)."""
+targets emulate every weight type with CPU_REPACK off and on (mul_mat.NEON_REPACKED_EPILOGUES)."""
 import os
 import platform
 import re
