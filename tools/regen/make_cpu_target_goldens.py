@@ -287,7 +287,9 @@ def compare_clang(target: str, args, prompts: list[dict], presets: list[dict], n
     publish(args.out / target, args)
 
 
-FIXTURE_MODEL = PRESETS / "models" / "tiny-b-q4_0.gguf"  # Q4_0: repacked on ARM (4x4 with dotprod, 4x8 with i8mm)
+# Q8_0 with llama.cpp's defaults (repack on): NEON repacks Q8_0 to q8_0_4x4 with dotprod
+# (ggml-cpu/repack.cpp), which reference/ggml_cpu/mul_mat.py emulates; repacked Q4_0 it refuses on NEON.
+FIXTURE_MODEL = PRESETS / "models" / "tiny-b-q8_0.gguf"
 FIXTURE_TEXT = REPO / "tests" / "fixtures" / "perplexity" / "text-crlf.txt"
 DRAIN_C = "#include <stdlib.h>\n#include <unistd.h>\nstatic void drain(void) { sleep(2); }\n" \
           "__attribute__((constructor)) static void init(void) { atexit(drain); }\n"
