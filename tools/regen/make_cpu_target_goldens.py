@@ -288,7 +288,7 @@ def compare_clang(target: str, args, prompts: list[dict], presets: list[dict], n
 
 
 # Q8_0 with llama.cpp's defaults (repack on): NEON repacks Q8_0 to q8_0_4x4 with dotprod
-# (ggml-cpu/repack.cpp), which reference/ggml_cpu/mul_mat.py emulates; repacked Q4_0 it refuses on NEON.
+# (ggml-cpu/repack.cpp), the layout reference/ggml_cpu/mul_mat.py emulated first on NEON.
 FIXTURE_MODEL = PRESETS / "models" / "tiny-b-q8_0.gguf"
 FIXTURE_TEXT = REPO / "tests" / "fixtures" / "perplexity" / "text-crlf.txt"
 DRAIN_C = "#include <stdlib.h>\n#include <unistd.h>\nstatic void drain(void) { sleep(2); }\n" \
