@@ -739,3 +739,25 @@ def test_bad_cpu_exits_2_with_one_line(exact_trace):
     cli_error(run_cli("tools.bisect", t32, DEFAULT_DUMP, "--cpu", "sse4"), "argument --cpu: invalid choice: 'sse4'")
     cli_error(run_cli("tools.bisect", t32, t64, "--cpu", "avx2"),
               "tools.bisect: --cpu chooses the CPU build a llama.cpp text dump is reproduced as; neither side is one")
+
+
+NEON_FIXTURES = os.path.join(ROOT, "golden", "cpu_targets", "neon")  # the neon build under qemu (make_cpu_target_goldens --fixtures)
+
+
+def test_neon_dump_of_llama_cpp_is_the_reference_at_every_point(tmp_path):
+    """llama-eval-callback of the neon (armv8.2-a+dotprod+fp16) build, run under qemu on tiny-b-q8_0
+    with llama.cpp's default CPU_REPACK (Q8_0 as q8_0_4x4), "the sun", F32 KV, flash attention off;
+    the reference with --cpu neon and the same options. bisect reads the target from the dump's
+    system_info. Gate: NMSE 0 at every point, because both sides print the same float32 values."""
+    manifest = json.loads(open(os.path.join(NEON_FIXTURES, "manifest.json")).read())["fixtures"]
+    model = os.path.join(ROOT, manifest["model"]["file"])
+    dump = os.path.join(NEON_FIXTURES, manifest["eval_callback"]["file"])
+    r = run_cli("reference.run", "--model", model, "--prompt", "the sun", "--n-predict", "1", "--numerics", "ggml-cpu",
+                "--cpu", "neon", "--kv-type", "f32", "--flash-attn", "off", "--trace", tmp_path / "trace")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("tools.bisect", tmp_path / "trace", dump, "--json", tmp_path / "b.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "llama.cpp configuration: CPU neon, K cache f32, V cache f32, flash attention off" in r.stdout
+    points = [p for p in json.loads((tmp_path / "b.json").read_text())["points"] if p["only_in"] is None]
+    assert len(points) == 58  # measured: every named point the dump and the trace share
+    assert all(p["nmse"] == 0.0 and p["sum_ok"] is not False for p in points), [p["name"] for p in points if p["nmse"]]
