@@ -98,6 +98,23 @@ def test_ggml_cpu_base_is_llama_perplexitys_own(tmp_path, capsys):
     assert final_estimate(stderr) == final_estimate(recorded("lcpp-tiny-a-f32.stderr"))
 
 
+def test_neon_base_is_the_neon_llama_perplexitys_own(tmp_path, capsys):
+    """llama-perplexity of the neon build run under qemu (golden/cpu_targets/neon, "fixtures": tiny-b-q8_0,
+    llama.cpp's defaults, -c 128 -b 128) against --numerics ggml-cpu --cpu neon: byte-identical. Its
+    u16 codes come from an FMA that aarch64 GCC forms in nearest_int; rounded as on x86, 74 of the
+    129024 codes are one step off, so the check can fail."""
+    fixtures = os.path.join(GOLDEN, "cpu_targets", "neon")
+    made = json.loads(open(os.path.join(fixtures, "manifest.json")).read())["fixtures"]
+    out = str(tmp_path / "ref.kld")
+    status, _, _ = run_tool(capsys, "-m", os.path.join(ROOT, made["model"]["file"]), "-f", TEXT, *N_CTX,
+                            "--numerics", "ggml-cpu", "--cpu", "neon", "--kl-divergence-base", out)
+    assert status == 0
+    with open(out, "rb") as a, open(os.path.join(fixtures, made["kld"]["file"]), "rb") as b:
+        ours, theirs = a.read(), b.read()
+    assert digest(os.path.join(fixtures, made["kld"]["file"])) == made["kld"]["sha256"]
+    assert len(ours) == len(theirs) and ours == theirs
+
+
 def test_ggml_cpu_base_in_two_batches_per_chunk(tmp_path, capsys):
     """-b 64 below -c 128: each chunk is decoded in two batches, the first without outputs, on one
     cache. llama-perplexity wrote the identical file with -b 64 (and with its default -b 2048, 16

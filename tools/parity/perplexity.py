@@ -112,7 +112,12 @@ def log_sum_exp(logits, max_logit):  # [N, V] f32, [N] f32 -> (sum_exp [N] f64, 
     return sum_exp, np.array([math.log(s) for s in sum_exp], F32)  # math.log: glibc's log, as the C++
 
 
-def uint16_rows(logits):  # [N, V] f32 -> [N, row_width(V)] u16: log_softmax(n_vocab, logits, uint16_t *)
+def uint16_rows(logits, fused=False):  # [N, V] f32 -> [N, row_width(V)] u16: log_softmax(n_vocab, logits, uint16_t *)
+    """fused: llama-perplexity built by aarch64 GCC, which contracts nearest_int's `fval + 12582912.f`
+    with the product `inv_scale*(logits[i] - min_logit)` into one FMA (-ffp-contract=fast, the
+    inlined nearest_int of tools/perplexity/perplexity.cpp:72-77, 101): the product is not rounded
+    to float32 first. On x86-64 only ggml is compiled for the CPU's features (GGML_NATIVE, the
+    GGML_AVX* flags); the tools are built for baseline x86-64, which has no FMA, so the product rounds."""
     n, V = logits.shape
     max_logit = logits.max(axis=1)
     min_logit = np.maximum(logits.min(axis=1), max_logit - LOG_RANGE)
@@ -121,7 +126,11 @@ def uint16_rows(logits):  # [N, V] f32 -> [N, row_width(V)] u16: log_softmax(n_v
     with np.errstate(divide="ignore"):
         inv_scale = np.where(scale != 0, F32(1) / scale, F32(0))
     # nearest_int(): +1.5*2^23 rounds half to even; 65536 (never seen) would wrap as the C++ stores it
-    codes = np.rint(inv_scale[:, None] * (logits - min_logit[:, None])).astype(np.int64) & 0xFFFF
+    # fused: the float64 product of two float32s is exact, and adding 1.5*2^23 then rounds it to the
+    # nearest integer, ties to even, as np.rint does
+    product = (np.asarray(inv_scale, F64)[:, None] * np.asarray(logits - min_logit[:, None], F64) if fused
+               else inv_scale[:, None] * (logits - min_logit[:, None]))
+    codes = np.rint(product).astype(np.int64) & 0xFFFF
     rows = np.zeros((n, row_width(V)), np.uint16)
     rows[:, 4:4 + V] = np.where(logits > min_logit[:, None], codes, 0)
     rows[:, :4] = np.stack([scale, (min_logit - max_logit) - lse], axis=1).astype(F32).view(np.uint16)
@@ -606,12 +615,13 @@ class BaseWriters:
 
     def __init__(self, args, n_vocab, tokens, numerics):  # tokens [n_chunk * n_ctx], the chunks scored
         self.n_ctx, self.n_vocab, self.tokens, self.f32_rows, self.numerics = args.ctx_size, n_vocab, tokens, [], numerics
+        self.fused_codes = args.cpu is not None and TARGETS[args.cpu].neon  # an ARM llama-perplexity's codes
         self.f32_path, self.top_k = args.kl_divergence_base_f32, args.kl_top_k
         self.u16 = KldWriter(args.kl_divergence_base, self.n_ctx, n_vocab, tokens) if args.kl_divergence_base else None
 
     def add(self, logits, next_ids):  # [n_scored, V] f32 of one chunk, the tokens it scores -> None
         if self.u16:
-            self.u16.write(uint16_rows(logits))
+            self.u16.write(uint16_rows(logits, self.fused_codes))
         if self.f32_path:
             log_probs = log_softmax64(logits)
             self.f32_rows.append(top_k_rows(log_probs, next_ids, self.top_k) if self.top_k
