@@ -251,7 +251,8 @@ def numba_decodes(weights, name, rows):  # -> whether the numba mul_mat decodes 
     return not block_dots.reads(kind, kernel_path(kind, rows, weights, name))
 
 
-@pytest.mark.parametrize("run", BOUNDED_RUNS, ids=run_id)
+# iq2_xxs: every matrix numba multiplies there reads its blocks (block_dots), so nothing is left to stream
+@pytest.mark.parametrize("run", [r for r in BOUNDED_RUNS if r["type"] != "iq2_xxs"], ids=run_id)
 def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, monkeypatch):  # some matrices kept, the rest streamed
     check_bounded_logits(run, GgmlCpuNumbaBackend, monkeypatch)
 # ---------------------------------------------------------------------------------------------
