@@ -295,6 +295,16 @@ TYPES = {  # type -> (scales, sub-blocks, byte of d, byte of dmin or -1, unsigne
 ROWS_PER_TASK = 16  # rows one parallel task takes: its scratch arrays are allocated once for them, not per row
 
 
+@numba.njit(cache=True, inline="always")
+def n_tasks(O):  # -> the parallel tasks of O rows, ROWS_PER_TASK each (the last fewer)
+    return (O + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+
+
+@numba.njit(cache=True, inline="always")
+def task_rows(task, O):  # -> (first row, row past the last) of one task
+    return task * ROWS_PER_TASK, min(O, (task + 1) * ROWS_PER_TASK)
+
+
 def block_scales(kind, raw, o, at, scales, mins):  # kind a literal type name: its scales function (TYPES)
     raise TypeError("block_scales is compiled by numba, for a literal type name")
 
@@ -338,10 +348,11 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
         O = raw.shape[0]
         T, nb = ad.shape
         out = np.zeros((T, O), F32)
-        for task in numba.prange((O + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        for task in numba.prange(n_tasks(O)):
             scales, mins, lanes = np.zeros(16, np.int32), np.zeros(8, np.int32), np.zeros(8, np.int32)
             acc, summs = np.zeros((T, 8), F32), np.zeros((T, 4), F32)
-            for o in range(task * ROWS_PER_TASK, min(O, (task + 1) * ROWS_PER_TASK)):
+            first, stop = task_rows(task, O)
+            for o in range(first, stop):
                 acc[:] = 0
                 summs[:] = 0
                 for b in range(nb):
@@ -389,9 +400,10 @@ def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, 
         O = raw.shape[0]
         T, nb = ad.shape
         out = np.zeros((T, O), F32)
-        for task in numba.prange((O + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        for task in numba.prange(n_tasks(O)):
             scales, mins, lanes = np.zeros(16, np.int32), np.zeros(8, np.int32), np.zeros(8, np.int32)
-            for o in range(task * ROWS_PER_TASK, min(O, (task + 1) * ROWS_PER_TASK)):
+            first, stop = task_rows(task, O)
+            for o in range(first, stop):
                 for b in range(nb):
                     at = block_bytes * b
                     block_scales(kind, raw, o, at, scales, mins)
