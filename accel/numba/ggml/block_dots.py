@@ -17,7 +17,7 @@ from numba.extending import intrinsic, overload
 
 from reference.ggml_cpu.blocks import KVALUES_IQ4NL, iq_grid
 
-from .int_dots import I8X64, I32X16, VPDPBUSD, dpbusd, item_pointer, load_at
+from .int_dots import I8X64, I32X16, VPDPBUSD, dpbusd, item_pointer, load_at, store_at
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import fma32, hsum8
 
@@ -161,40 +161,134 @@ PARTS = {"IQ2_XXS": iq_xxs_part(I64, 1, 6, 8), "IQ3_XXS": iq_xxs_part(I32, 2, 66
          "Q4_K": q4_k_part, "Q5_K": q5_k_part, "Q6_K": q6_k_part}
 
 
-def scale_vector(builder, scales, p, n_sub):  # scales i8* (int32 [n_sub]) -> <16 x i32>: part p's lanes' scales
-    row = load_at(builder, scales, 0, ir.VectorType(I32, n_sub))
-    per = n_sub // 4  # a part's 16 lanes cover 64 elements: 2 scales of 32 or 4 of 16
-    return shuffle(builder, row, row, [p * per + lane * per // 16 for lane in range(16)])
+# ---------------------------------------------------------------------------------------------
+# Each type's block scales (8, or 16 for Q6_K) and mins, read from the block's bytes as i32 values in
+# registers: code_lanes multiplies by them without a trip through memory (a vector load of scales
+# just stored one by one cannot be forwarded from the stores and waits for them to reach the cache)
+
+def u8_at(builder, block, offset):  # the byte at offset as a zero-extended i32
+    return builder.zext(byte_at(builder, block, offset), I32)
 
 
-def code_lanes_intrinsic(kind, n_sub):
-    """The intrinsic lanes int32 [8] <- block b of row o's k_vec_dot lanes times their scales (int32
-    [n_sub], the block's scales), against activation row t: lane l = sum over the 32-chunks c of
+def shr_and(builder, v, shift, mask):  # (v >> shift) & mask, i32
+    return builder.and_(builder.lshr(v, constant(I32, shift)), constant(I32, mask))
+
+
+def aux_scales(aux_top):  # IQ2_XXS/IQ3_XXS: 2 * (aux >> 28) + 1, the top nibble of each chunk's aux word
+    def scales(builder, block):  # -> ([8 i32 scales], [])
+        odd = lambda v: builder.add(builder.shl(v, constant(I32, 1)), constant(I32, 1))
+        return [odd(builder.lshr(u8_at(builder, block, aux_top(c)), constant(I32, 4))) for c in range(8)], []
+    return scales
+
+
+def iq4_xs_scales(builder, block):  # 4 low bits from scales_l, 2 high from the u16 scales_h, minus 32
+    high = builder.or_(u8_at(builder, block, 2), builder.shl(u8_at(builder, block, 3), constant(I32, 8)))
+    out = []
+    for j in range(8):
+        low = shr_and(builder, u8_at(builder, block, 4 + j // 2), 4 * (j % 2), 15)
+        top = builder.shl(shr_and(builder, high, 2 * j, 3), constant(I32, 4))
+        out.append(builder.sub(builder.or_(low, top), constant(I32, 32)))
+    return out, []
+
+
+def k4_scales(builder, block):  # get_scale_min_k4 of the 12 bytes at byte 4 (Q4_K, Q5_K) -> (scales, mins)
+    scales, mins = [None] * 8, [None] * 8
+    for j in range(4):
+        s, m, hi = (u8_at(builder, block, at + j) for at in (4, 8, 12))
+        scales[j], mins[j] = shr_and(builder, s, 0, 63), shr_and(builder, m, 0, 63)
+        scales[j + 4] = builder.or_(shr_and(builder, hi, 0, 15), builder.shl(shr_and(builder, s, 6, 3), constant(I32, 4)))
+        mins[j + 4] = builder.or_(shr_and(builder, hi, 4, 15), builder.shl(shr_and(builder, m, 6, 3), constant(I32, 4)))
+    return scales, mins
+
+
+def q6_k_scales(builder, block):  # the 16 int8 scales at byte 192
+    return [builder.sext(byte_at(builder, block, 192 + s), I32) for s in range(16)], []
+
+
+SCALES = {"IQ2_XXS": aux_scales(lambda c: 2 + 8 * c + 7), "IQ3_XXS": aux_scales(lambda c: 66 + 4 * c + 3),
+          "IQ4_XS": iq4_xs_scales, "Q4_K": k4_scales, "Q5_K": k4_scales, "Q6_K": q6_k_scales}
+
+
+def scale_vector(builder, scales, p):  # the block's i32 scales -> <16 x i32>: part p's lanes' scales
+    per = len(scales) // 4  # a part's 16 lanes cover 64 elements: 2 scales of 32 or 4 of 16
+    out = ir.Constant(I32X16, None)
+    for lane in range(16):
+        out = builder.insert_element(out, scales[p * per + lane * per // 16], constant(I32, lane))
+    return out
+
+
+def block_pointer(context, builder, signature, args, block_bytes):  # (raw, o, b, ...) -> i8* to block b of row o
+    tys = signature.args
+    o_, b_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
+    return item_pointer(context, builder, tys[0], args[0], [o_, builder.mul(b_, constant(b_.type, block_bytes))])
+
+
+def block_scales_intrinsic(kind):
+    """The intrinsic scales int32 [16], mins int32 [8] <- block b of row o's scales and mins (SCALES),
+    for the kernels' scalar uses: Q6_K's offset through the 16-sums, the mins' sums."""
+    block_bytes, read = BLOCK_BYTES[kind], SCALES[kind]
+
+    @intrinsic
+    def block_scales(typingctx, raw, o, b, scales, mins):
+        def codegen(context, builder, signature, args):
+            block = block_pointer(context, builder, signature, args, block_bytes)
+            for array, values in zip((3, 4), read(builder, block)):
+                at = item_pointer(context, builder, signature.args[array], args[array], [])
+                for i, v in enumerate(values):
+                    store_at(builder, at, 4 * i, v)
+            return context.get_dummy_value()
+        if raw.ndim == 2 and all(a.layout == "C" for a in (raw, scales, mins)):
+            return types.none(raw, o, b, scales, mins), codegen
+    return block_scales
+
+
+def code_lanes_intrinsic(kind):
+    """The intrinsic lanes int32 [8] <- block b of row o's k_vec_dot lanes times their scales (SCALES,
+    read here from the block), against activation row t: lane l = sum over the 32-chunks c of
     scale(c, l) * sum_i code[32c + 4l + i] * q[t, b, 32c + 4l + i], the codes as the type stores
     them (unsigned offsets stay in). int32 exact: |scale * code * q| <= 127 * 127 * 127 and 32 of
     those a lane."""
-    block_bytes, part = BLOCK_BYTES[kind], PARTS[kind]
+    block_bytes, part, read_scales = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind]
 
     @intrinsic
-    def code_lanes(typingctx, raw, o, b, aq, t, grid, signs, scales, lanes):
+    def code_lanes(typingctx, raw, o, b, aq, t, grid, signs, lanes):
         def codegen(context, builder, signature, args):
             tys = signature.args
-            o_, b_, t_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
-            offset = builder.mul(b_, constant(b_.type, block_bytes))
-            block = item_pointer(context, builder, tys[0], args[0], [o_, offset])
+            block = block_pointer(context, builder, signature, args, block_bytes)
+            b_, t_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (2, 4))
             acts = item_pointer(context, builder, tys[3], args[3], [t_, b_])
-            grid_, signs_, scales_, out = (item_pointer(context, builder, tys[i], args[i], []) for i in (5, 6, 7, 8))
+            grid_, signs_, out = (item_pointer(context, builder, tys[i], args[i], []) for i in (5, 6, 7))
+            scales = read_scales(builder, block)[0]
             total = ir.Constant(I32X16, None)
             for p in range(4):
                 u, s = part(builder, block, grid_, signs_, load_at(builder, acts, 64 * p, I8X64), p)
                 four = dpbusd(builder, ir.Constant(I32X16, None), u, s)
-                total = builder.add(total, builder.mul(four, scale_vector(builder, scales_, p, n_sub)))
+                total = builder.add(total, builder.mul(four, scale_vector(builder, scales, p)))
             folded = builder.add(shuffle(builder, total, total, range(8)), shuffle(builder, total, total, range(8, 16)))
             builder.store(folded, builder.bitcast(out, I32X8.as_pointer()), align=1)
             return context.get_dummy_value()
-        if raw.ndim == 2 and aq.dtype == types.int8 and all(a.layout == "C" for a in (raw, aq, grid, signs, scales, lanes)):
-            return types.none(raw, o, b, aq, t, grid, signs, scales, lanes), codegen
+        if raw.ndim == 2 and aq.dtype == types.int8 and all(a.layout == "C" for a in (raw, aq, grid, signs, lanes)):
+            return types.none(raw, o, b, aq, t, grid, signs, lanes), codegen
     return code_lanes
+
+
+@intrinsic
+def fma_lanes(typingctx, acc, t, scale, lanes):  # acc[t, l] <- fma(scale, f32(lanes[l]), acc[t, l]) for the 8 lanes
+    """One vfmadd231ps of the 8 lanes, as ggml's _mm256_fmadd_ps: each lane rounded once, as fma32 would."""
+    def codegen(context, builder, signature, args):
+        tys = signature.args
+        f32x8 = ir.VectorType(ir.FloatType(), 8)
+        row = builder.bitcast(item_pointer(context, builder, tys[0], args[0], [context.cast(builder, args[1], tys[1], types.intp)]),
+                              f32x8.as_pointer())
+        ints = builder.load(builder.bitcast(item_pointer(context, builder, tys[3], args[3], []), I32X8.as_pointer()), align=1)
+        one = builder.insert_element(ir.Constant(f32x8, None), context.cast(builder, args[2], tys[2], types.float32),
+                                     constant(I32, 0))
+        fma = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(f32x8, [f32x8] * 3))
+        summed = builder.call(fma, [shuffle(builder, one, one, [0] * 8), builder.sitofp(ints, f32x8), builder.load(row, align=1)])
+        builder.store(summed, row, align=1)
+        return context.get_dummy_value()
+    if acc.ndim == 2 and acc.dtype == types.float32 and lanes.dtype == types.int32 and acc.layout == lanes.layout == "C":
+        return types.none(acc, t, scale, lanes), codegen
 
 
 @intrinsic
@@ -247,48 +341,9 @@ def q8_0_vec_dot(raw, aq, ad):  # raw Q8_0 [O, nb * 34], Q8_0 acts -> [T, O]: re
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Each type's block scales (int32 [8], or [16] for Q6_K) and mins, read from the block's bytes
-
-@numba.njit(cache=True, inline="always")
-def iq2_xxs_scales(raw, o, at, scales, mins):  # 2 * (aux >> 28) + 1: the top nibble of each chunk's aux word
-    for c in range(8):
-        scales[c] = 2 * (np.int32(raw[o, at + 2 + 8 * c + 7]) >> 4) + 1
-
-
-@numba.njit(cache=True, inline="always")
-def iq3_xxs_scales(raw, o, at, scales, mins):  # as IQ2_XXS, the aux words at byte 66
-    for c in range(8):
-        scales[c] = 2 * (np.int32(raw[o, at + 66 + 4 * c + 3]) >> 4) + 1
-
-
-@numba.njit(cache=True, inline="always")
-def iq4_xs_scales(raw, o, at, scales, mins):  # 4 low bits from scales_l, 2 high from the u16 scales_h, minus 32
-    high = np.int32(raw[o, at + 2]) | (np.int32(raw[o, at + 3]) << 8)
-    for j in range(8):
-        low = (np.int32(raw[o, at + 4 + j // 2]) >> (4 * (j % 2))) & 15
-        scales[j] = (low | (((high >> (2 * j)) & 3) << 4)) - 32
-
-
-@numba.njit(cache=True, inline="always")
-def k4_scales(raw, o, at, scales, mins):  # get_scale_min_k4 of the 12 bytes at byte 4 (Q4_K, Q5_K)
-    for j in range(4):
-        s, m, hi = np.int32(raw[o, at + 4 + j]), np.int32(raw[o, at + 8 + j]), np.int32(raw[o, at + 12 + j])
-        scales[j], mins[j] = s & 63, m & 63
-        scales[j + 4] = (hi & 15) | ((s >> 6) << 4)
-        mins[j + 4] = (hi >> 4) | ((m >> 6) << 4)
-
-
-@numba.njit(cache=True, inline="always")
-def q6_k_scales(raw, o, at, scales, mins):  # the 16 int8 scales at byte 192
-    for s in range(16):
-        scales[s] = np.int32(np.int8(raw[o, at + 192 + s]))
-
-
-TYPES = {  # type -> (scales, sub-blocks, byte of d, byte of dmin or -1, unsigned offset, min lanes, post)
-    "IQ2_XXS": (iq2_xxs_scales, 8, 0, -1, 0, 1, 0.125), "IQ3_XXS": (iq3_xxs_scales, 8, 0, -1, 0, 1, 0.25),
-    "IQ4_XS": (iq4_xs_scales, 8, 0, -1, 0, 1, 1.0), "Q4_K": (k4_scales, 8, 0, 2, 0, 4, 1.0),
-    "Q5_K": (k4_scales, 8, 0, 2, 0, 1, 1.0), "Q6_K": (q6_k_scales, 16, 208, -1, 32, 1, 1.0),
+TYPES = {  # type -> (byte of d, byte of dmin or -1, unsigned offset, min lanes, post)
+    "IQ2_XXS": (0, -1, 0, 1, 0.125), "IQ3_XXS": (0, -1, 0, 1, 0.25), "IQ4_XS": (0, -1, 0, 1, 1.0),
+    "Q4_K": (0, 2, 0, 4, 1.0), "Q5_K": (0, 2, 0, 1, 1.0), "Q6_K": (208, -1, 32, 1, 1.0),
 }
 
 
@@ -305,33 +360,33 @@ def task_rows(task, O):  # -> (first row, row past the last) of one task
     return task * ROWS_PER_TASK, min(O, (task + 1) * ROWS_PER_TASK)
 
 
-def block_scales(kind, raw, o, at, scales, mins):  # kind a literal type name: its scales function (TYPES)
+def block_scales(kind, raw, o, b, scales, mins):  # kind a literal type name: its block_scales intrinsic
     raise TypeError("block_scales is compiled by numba, for a literal type name")
 
 
-def code_lanes(kind, raw, o, b, aq, t, grid, signs, scales, lanes):  # kind a literal type name: its code_lanes
+def code_lanes(kind, raw, o, b, aq, t, grid, signs, lanes):  # kind a literal type name: its code_lanes
     raise TypeError("code_lanes is compiled by numba, for a literal type name")
 
 
-CODE_LANES = {kind: code_lanes_intrinsic(kind, spec[1]) for kind, spec in TYPES.items()}
+CODE_LANES = {kind: code_lanes_intrinsic(kind) for kind in TYPES}
+BLOCK_SCALES = {kind: block_scales_intrinsic(kind) for kind in TYPES}
 
 
 # The kernels below capture only the type's name and numbers, and reach the type's functions through
 # these overloads: a closure holding a dispatcher or an intrinsic gets a new cache key in every process
 # (their pickles carry a fresh uuid), so numba would compile each kernel again at every start.
 @overload(block_scales, inline="always")
-def block_scales_of(kind, raw, o, at, scales, mins):
+def block_scales_of(kind, raw, o, b, scales, mins):
     if isinstance(kind, types.StringLiteral):
-        scales_of = TYPES[kind.literal_value][0]
-        return lambda kind, raw, o, at, scales, mins: scales_of(raw, o, at, scales, mins)
+        scales_of = BLOCK_SCALES[kind.literal_value]
+        return lambda kind, raw, o, b, scales, mins: scales_of(raw, o, b, scales, mins)
 
 
 @overload(code_lanes, inline="always")
-def code_lanes_of(kind, raw, o, b, aq, t, grid, signs, scales, lanes):
+def code_lanes_of(kind, raw, o, b, aq, t, grid, signs, lanes):
     if isinstance(kind, types.StringLiteral):
         lanes_of = CODE_LANES[kind.literal_value]
-        return lambda kind, raw, o, b, aq, t, grid, signs, scales, lanes: lanes_of(raw, o, b, aq, t, grid, signs,
-                                                                                    scales, lanes)
+        return lambda kind, raw, o, b, aq, t, grid, signs, lanes: lanes_of(raw, o, b, aq, t, grid, signs, lanes)
 
 
 def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
@@ -340,8 +395,9 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
     f32(lane), acc) lane by lane and the mins into min_lanes float lanes; post * hsum_float_8 at the
     end plus the mins folded as the reference folds them. The layout numbers are constants of each
     type's kernel."""
-    _, n_sub, d_at, dmin_at, offset, min_lanes, post = TYPES[kind]
+    d_at, dmin_at, offset, min_lanes, post = TYPES[kind]
     block_bytes, post, per_min_lane = BLOCK_BYTES[kind], F32(post), 8 // min_lanes
+    scalar_scales = offset != 0 or dmin_at >= 0  # IQ2_XXS, IQ3_XXS, IQ4_XS need them only in code_lanes
 
     @numba.njit(cache=True, parallel=True)
     def kernel(raw, grid, signs, aq, ad, bsums, sums32):
@@ -357,10 +413,11 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
                 summs[:] = 0
                 for b in range(nb):
                     at = block_bytes * b
-                    block_scales(kind, raw, o, at, scales, mins)
+                    if scalar_scales:
+                        block_scales(kind, raw, o, b, scales, mins)
                     d = f16_at(raw, o, at + d_at)
                     for t in range(T):
-                        code_lanes(kind, raw, o, b, aq, t, grid, signs, scales, lanes)
+                        code_lanes(kind, raw, o, b, aq, t, grid, signs, lanes)
                         if offset:
                             for p in range(8):
                                 pair = scales[2 * p] * bsums[t, b, 2 * p] + scales[2 * p + 1] * bsums[t, b, 2 * p + 1]
@@ -372,9 +429,7 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
                                 for i in range(j * per_min_lane, (j + 1) * per_min_lane):
                                     mn += mins[i] * sums32[t, b, i]
                                 summs[t, j] = fma32(dm, F32(mn), summs[t, j])
-                        scale = d * ad[t, b]
-                        for lane in range(8):
-                            acc[t, lane] = fma32(scale, F32(lanes[lane]), acc[t, lane])
+                        fma_lanes(acc, t, d * ad[t, b], lanes)
                 for t in range(T):
                     x = post * hsum8(acc[t])
                     if dmin_at >= 0 and min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
@@ -392,8 +447,9 @@ def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, 
     through the 16-sums), r = f32(s1) * d0 with d0 = d * post, the mins by one fnmadd, then
     buf = fma(r, d_act, buf). Any order of the integer sums gives the same s1; only this float
     epilogue is ggml's order."""
-    _, n_sub, d_at, dmin_at, offset, _, post = TYPES[kind]
+    d_at, dmin_at, offset, _, post = TYPES[kind]
     block_bytes, post = BLOCK_BYTES[kind], F32(post)
+    scalar_scales = offset != 0 or dmin_at >= 0
 
     @numba.njit(cache=True, parallel=True)
     def kernel(raw, grid, signs, aq, ad, bsums, sums32):
@@ -406,11 +462,12 @@ def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, 
             for o in range(first, stop):
                 for b in range(nb):
                     at = block_bytes * b
-                    block_scales(kind, raw, o, at, scales, mins)
+                    if scalar_scales:
+                        block_scales(kind, raw, o, b, scales, mins)
                     d0 = f16_at(raw, o, at + d_at) * post
                     dmin = f16_at(raw, o, at + dmin_at) if dmin_at >= 0 else F32(0)
                     for t in range(T):
-                        code_lanes(kind, raw, o, b, aq, t, grid, signs, scales, lanes)
+                        code_lanes(kind, raw, o, b, aq, t, grid, signs, lanes)
                         s1 = np.int32(0)
                         for lane in range(8):
                             s1 += lanes[lane]
