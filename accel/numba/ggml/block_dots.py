@@ -13,6 +13,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from reference.ggml_cpu.blocks import KVALUES_IQ4NL, iq_grid
@@ -72,20 +73,23 @@ def byte_at(builder, block, offset):
     return load_at(builder, block, offset, I8)
 
 
-def signed_pair(builder, values, q):  # signed <64 x i8> values, q -> vpdpbusd's (unsigned, signed) operands
-    """|v| times q with v's sign (psignb's trick, as ggml's mul_add_epi8): exact, |q| <= 127."""
+def sign_split(builder, values):  # signed <64 x i8> values -> (|v|, mask 0xFF where v < 0)
+    """|v| times q with v's sign moved onto q (psignb's trick, as ggml's mul_add_epi8): exact, |q| <= 127."""
     negative = builder.icmp_signed("<", values, ir.Constant(I8X64, None))
-    magnitude = builder.select(negative, builder.sub(ir.Constant(I8X64, None), values), values)
-    return magnitude, builder.select(negative, builder.sub(ir.Constant(I8X64, None), q), q)
+    return builder.select(negative, builder.sub(ir.Constant(I8X64, None), values), values), builder.sext(negative, I8X64)
+
+
+def signed(builder, q, mask):  # q with the elements under mask (0xFF) negated: (q ^ m) - m; mask None: q
+    return q if mask is None else builder.sub(builder.xor(q, mask), mask)
 
 
 def iq_xxs_part(entry_ty, entries_per_8, aux_offset, aux_step):
     """IQ2_XXS (i64 entries of 8 values, aux words after each chunk's 4 grid bytes) and IQ3_XXS (i32
-    entries of 4 values, 8 grid bytes a chunk, aux words after all 64): grid values >= 0 times q
-    with the ksigns of its 8-groups applied to q ((q ^ m) - m)."""
+    entries of 4 values, 8 grid bytes a chunk, aux words after all 64): grid values >= 0, the
+    ksigns of its 8-groups as the mask that negates q."""
     per_chunk = 4 * entries_per_8
 
-    def part(builder, block, grid, signs, q, p):  # -> (unsigned, signed) <64 x i8> of elements 64p..64p+63
+    def part(builder, block, grid, signs, p):  # -> (unsigned values, sign mask) <64 x i8> of elements 64p..64p+63
         vec_ty = ir.VectorType(entry_ty, 64 * 8 // entry_ty.width)
         values, masks = ir.Constant(vec_ty, None), ir.Constant(ir.VectorType(I64, 8), None)
         for half in range(2):
@@ -99,8 +103,7 @@ def iq_xxs_part(entry_ty, entries_per_8, aux_offset, aux_step):
                 sign_index = builder.trunc(builder.and_(builder.lshr(aux, constant(I32, 7 * g)), constant(I32, 127)), I8)
                 masks = builder.insert_element(masks, table_entry(builder, signs, sign_index, I64),
                                                constant(I32, 4 * half + g))
-        m = builder.bitcast(masks, I8X64)
-        return builder.bitcast(values, I8X64), builder.sub(builder.xor(q, m), m)
+        return builder.bitcast(values, I8X64), builder.bitcast(masks, I8X64)
     return part
 
 
@@ -108,7 +111,7 @@ def nibbles_of(builder, packed):  # <32 x i8> -> (low nibbles, high nibbles) <32
     return builder.and_(packed, splat8(builder, 15, 32)), builder.lshr(packed, splat8(builder, 4, 32))
 
 
-def iq4_xs_part(builder, block, kvalues, _, q, p):
+def iq4_xs_part(builder, block, kvalues, _, p):
     """16 bytes a 32-chunk: low nibbles its elements 0-15, high nibbles 16-31; kvalues by vpshufb
     (a 16-entry table lookup, kvalues_iq4nl broadcast), the sign moved onto q."""
     low, high = nibbles_of(builder, load_at(builder, block, 8 + 32 * p, I8X32))
@@ -116,7 +119,7 @@ def iq4_xs_part(builder, block, kvalues, _, q, p):
                    shuffle(builder, low, high, list(range(16, 32)) + list(range(48, 64))))
     table = load_at(builder, kvalues, 0, ir.VectorType(I8, 16))
     values = lookup16(builder, shuffle(builder, table, table, list(range(16)) * 4), codes)
-    return signed_pair(builder, values, q)
+    return sign_split(builder, values)
 
 
 def lookup16(builder, table, codes):  # <64 x i8> table (16 entries, 4 times), codes 0..15 -> table[codes]
@@ -130,20 +133,20 @@ def lookup16(builder, table, codes):  # <64 x i8> table (16 entries, 4 times), c
     return out
 
 
-def q4_k_part(builder, block, _, __, q, p):  # 32 bytes: low nibbles chunk 2p, high nibbles chunk 2p + 1
+def q4_k_part(builder, block, _, __, p):  # 32 bytes: low nibbles chunk 2p, high nibbles chunk 2p + 1
     low, high = nibbles_of(builder, load_at(builder, block, 16 + 32 * p, I8X32))
-    return concat(builder, low, high), q
+    return concat(builder, low, high), None
 
 
-def q5_k_part(builder, block, _, __, q, p):  # as Q4_K, plus bit c of qh[i] as 16 for element i of chunk c
+def q5_k_part(builder, block, _, __, p):  # as Q4_K, plus bit c of qh[i] as 16 for element i of chunk c
     low, high = nibbles_of(builder, load_at(builder, block, 48 + 32 * p, I8X32))
     qh = load_at(builder, block, 16, I8X32)
     fifth = [builder.shl(builder.and_(builder.lshr(qh, splat8(builder, c, 32)), splat8(builder, 1, 32)),
                          splat8(builder, 4, 32)) for c in (2 * p, 2 * p + 1)]
-    return concat(builder, builder.or_(low, fifth[0]), builder.or_(high, fifth[1])), q
+    return concat(builder, builder.or_(low, fifth[0]), builder.or_(high, fifth[1])), None
 
 
-def q6_k_part(builder, block, _, __, q, p):
+def q6_k_part(builder, block, _, __, p):
     """Half h = p // 2 of 128 elements: ql[64h:64h+64], qh[32h:32h+32]; part 2h takes the low nibbles
     of ql's two 32s with qh's bits 0-1 and 2-3, part 2h + 1 the high nibbles with bits 4-5 and 6-7."""
     h, upper = divmod(p, 2)
@@ -154,7 +157,7 @@ def q6_k_part(builder, block, _, __, q, p):
         nibble = nibbles_of(builder, ql)[upper]
         bits = builder.and_(builder.lshr(qh, splat8(builder, 4 * upper + 2 * k, 32)), splat8(builder, 3, 32))
         pieces.append(builder.or_(nibble, builder.shl(bits, splat8(builder, 4, 32))))
-    return concat(builder, *pieces), q
+    return concat(builder, *pieces), None
 
 
 PARTS = {"IQ2_XXS": iq_xxs_part(I64, 1, 6, 8), "IQ3_XXS": iq_xxs_part(I32, 2, 66, 4), "IQ4_XS": iq4_xs_part,
@@ -243,51 +246,61 @@ def block_scales_intrinsic(kind):
 
 
 def code_lanes_intrinsic(kind):
-    """The intrinsic lanes int32 [8] <- block b of row o's k_vec_dot lanes times their scales (SCALES,
-    read here from the block), against activation row t: lane l = sum over the 32-chunks c of
-    scale(c, l) * sum_i code[32c + 4l + i] * q[t, b, 32c + 4l + i], the codes as the type stores
-    them (unsigned offsets stay in). int32 exact: |scale * code * q| <= 127 * 127 * 127 and 32 of
-    those a lane."""
+    """The intrinsic lanes int32 [T, 8] <- block b of row o's k_vec_dot lanes times their scales
+    (SCALES, read here from the block), against every activation row t: lane l = sum over the
+    32-chunks c of scale(c, l) * sum_i code[32c + 4l + i] * q[t, b, 32c + 4l + i], the codes as the
+    type stores them (unsigned offsets stay in). Given lanes int32 [T] instead, each row's 8 lanes
+    summed: the tiled kernel's s1. The block is unpacked once, into registers, for all T rows.
+    int32 exact: |scale * code * q| <= 127 * 127 * 127 and 32 of those a lane."""
     block_bytes, part, read_scales = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind]
 
     @intrinsic
-    def code_lanes(typingctx, raw, o, b, aq, t, grid, signs, lanes):
+    def code_lanes(typingctx, raw, o, b, aq, grid, signs, lanes):
         def codegen(context, builder, signature, args):
             tys = signature.args
             block = block_pointer(context, builder, signature, args, block_bytes)
-            b_, t_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (2, 4))
-            acts = item_pointer(context, builder, tys[3], args[3], [t_, b_])
-            grid_, signs_, out = (item_pointer(context, builder, tys[i], args[i], []) for i in (5, 6, 7))
+            b_ = context.cast(builder, args[2], tys[2], types.intp)
+            grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (4, 5))
             scales = read_scales(builder, block)[0]
-            total = ir.Constant(I32X16, None)
-            for p in range(4):
-                u, s = part(builder, block, grid_, signs_, load_at(builder, acts, 64 * p, I8X64), p)
-                four = dpbusd(builder, ir.Constant(I32X16, None), u, s)
-                total = builder.add(total, builder.mul(four, scale_vector(builder, scales, p)))
-            folded = builder.add(shuffle(builder, total, total, range(8)), shuffle(builder, total, total, range(8, 16)))
-            builder.store(folded, builder.bitcast(out, I32X8.as_pointer()), align=1)
+            parts = [part(builder, block, grid_, signs_, p) for p in range(4)]
+            part_scales = [scale_vector(builder, scales, p) for p in range(4)]
+            n_rows = context.make_array(tys[3])(context, builder, args[3]).shape
+            with cgutils.for_range(builder, builder.extract_value(n_rows, 0)) as loop:
+                acts = item_pointer(context, builder, tys[3], args[3], [loop.index, b_])
+                total = ir.Constant(I32X16, None)
+                for p, ((u, mask), scale) in enumerate(zip(parts, part_scales)):
+                    four = dpbusd(builder, ir.Constant(I32X16, None), u, signed(builder, load_at(builder, acts, 64 * p, I8X64), mask))
+                    total = builder.add(total, builder.mul(four, scale))
+                while total.type.count > n_lanes:
+                    half = total.type.count // 2
+                    total = builder.add(shuffle(builder, total, total, range(half)), shuffle(builder, total, total, range(half, 2 * half)))
+                out = item_pointer(context, builder, tys[6], args[6], [loop.index])
+                builder.store(builder.extract_element(total, constant(I32, 0)) if n_lanes == 1 else total,
+                              builder.bitcast(out, total.type.as_pointer() if n_lanes > 1 else I32.as_pointer()), align=1)
             return context.get_dummy_value()
-        if raw.ndim == 2 and aq.dtype == types.int8 and all(a.layout == "C" for a in (raw, aq, grid, signs, lanes)):
-            return types.none(raw, o, b, aq, t, grid, signs, lanes), codegen
+        n_lanes = 8 if lanes.ndim == 2 else 1
+        if (raw.ndim == 2 and aq.ndim == 3 and aq.dtype == types.int8 and lanes.dtype == types.int32
+                and all(a.layout == "C" for a in (raw, aq, grid, signs, lanes))):
+            return types.none(raw, o, b, aq, grid, signs, lanes), codegen
     return code_lanes
 
 
 @intrinsic
-def fma_lanes(typingctx, acc, t, scale, lanes):  # acc[t, l] <- fma(scale, f32(lanes[l]), acc[t, l]) for the 8 lanes
+def fma_lanes(typingctx, acc, t, scale, lanes):  # acc[t, l] <- fma(scale, f32(lanes[t, l]), acc[t, l]) for the 8 lanes
     """One vfmadd231ps of the 8 lanes, as ggml's _mm256_fmadd_ps: each lane rounded once, as fma32 would."""
     def codegen(context, builder, signature, args):
         tys = signature.args
         f32x8 = ir.VectorType(ir.FloatType(), 8)
-        row = builder.bitcast(item_pointer(context, builder, tys[0], args[0], [context.cast(builder, args[1], tys[1], types.intp)]),
-                              f32x8.as_pointer())
-        ints = builder.load(builder.bitcast(item_pointer(context, builder, tys[3], args[3], []), I32X8.as_pointer()), align=1)
+        t_ = context.cast(builder, args[1], tys[1], types.intp)
+        row = builder.bitcast(item_pointer(context, builder, tys[0], args[0], [t_]), f32x8.as_pointer())
+        ints = builder.load(builder.bitcast(item_pointer(context, builder, tys[3], args[3], [t_]), I32X8.as_pointer()), align=1)
         one = builder.insert_element(ir.Constant(f32x8, None), context.cast(builder, args[2], tys[2], types.float32),
                                      constant(I32, 0))
         fma = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(f32x8, [f32x8] * 3))
         summed = builder.call(fma, [shuffle(builder, one, one, [0] * 8), builder.sitofp(ints, f32x8), builder.load(row, align=1)])
         builder.store(summed, row, align=1)
         return context.get_dummy_value()
-    if acc.ndim == 2 and acc.dtype == types.float32 and lanes.dtype == types.int32 and acc.layout == lanes.layout == "C":
+    if acc.ndim == lanes.ndim == 2 and acc.dtype == types.float32 and lanes.dtype == types.int32 and acc.layout == lanes.layout == "C":
         return types.none(acc, t, scale, lanes), codegen
 
 
@@ -313,8 +326,8 @@ def q8_0_lanes(typingctx, raw, o, b, aq, t, lanes):  # lanes int32 [8] <- block 
         acts = item_pointer(context, builder, tys[3], args[3], [t_, b_])
         zero = ir.Constant(I8X32, None)
         values = concat(builder, load_at(builder, block, 2, I8X32), zero)
-        u, s = signed_pair(builder, values, concat(builder, load_at(builder, acts, 0, I8X32), zero))
-        four = dpbusd(builder, ir.Constant(I32X16, None), u, s)
+        u, mask = sign_split(builder, values)
+        four = dpbusd(builder, ir.Constant(I32X16, None), u, signed(builder, concat(builder, load_at(builder, acts, 0, I8X32), zero), mask))
         out = item_pointer(context, builder, tys[5], args[5], [])
         builder.store(shuffle(builder, four, four, range(8)), builder.bitcast(out, I32X8.as_pointer()), align=1)
         return context.get_dummy_value()
@@ -364,7 +377,7 @@ def block_scales(kind, raw, o, b, scales, mins):  # kind a literal type name: it
     raise TypeError("block_scales is compiled by numba, for a literal type name")
 
 
-def code_lanes(kind, raw, o, b, aq, t, grid, signs, lanes):  # kind a literal type name: its code_lanes
+def code_lanes(kind, raw, o, b, aq, grid, signs, lanes):  # kind a literal type name: its code_lanes
     raise TypeError("code_lanes is compiled by numba, for a literal type name")
 
 
@@ -383,15 +396,15 @@ def block_scales_of(kind, raw, o, b, scales, mins):
 
 
 @overload(code_lanes, inline="always")
-def code_lanes_of(kind, raw, o, b, aq, t, grid, signs, lanes):
+def code_lanes_of(kind, raw, o, b, aq, grid, signs, lanes):
     if isinstance(kind, types.StringLiteral):
         lanes_of = CODE_LANES[kind.literal_value]
-        return lambda kind, raw, o, b, aq, t, grid, signs, lanes: lanes_of(raw, o, b, aq, t, grid, signs, lanes)
+        return lambda kind, raw, o, b, aq, grid, signs, lanes: lanes_of(raw, o, b, aq, grid, signs, lanes)
 
 
 def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
-    """reference k_vec_dot on the raw blocks: per block the scales (and mins), code_lanes per activation
-    row, Q6_K's offset taken off each lane through its pair of 16-sums, then fma(d_w * d_a,
+    """reference k_vec_dot on the raw blocks: per block the scales (and mins), code_lanes for every
+    activation row, Q6_K's offset taken off each lane through its pair of 16-sums, then fma(d_w * d_a,
     f32(lane), acc) lane by lane and the mins into min_lanes float lanes; post * hsum_float_8 at the
     end plus the mins folded as the reference folds them. The layout numbers are constants of each
     type's kernel."""
@@ -405,7 +418,7 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
         T, nb = ad.shape
         out = np.zeros((T, O), F32)
         for task in numba.prange(n_tasks(O)):
-            scales, mins, lanes = np.zeros(16, np.int32), np.zeros(8, np.int32), np.zeros(8, np.int32)
+            scales, mins, lanes = np.zeros(16, np.int32), np.zeros(8, np.int32), np.zeros((T, 8), np.int32)
             acc, summs = np.zeros((T, 8), F32), np.zeros((T, 4), F32)
             first, stop = task_rows(task, O)
             for o in range(first, stop):
@@ -416,12 +429,12 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
                     if scalar_scales:
                         block_scales(kind, raw, o, b, scales, mins)
                     d = f16_at(raw, o, at + d_at)
+                    code_lanes(kind, raw, o, b, aq, grid, signs, lanes)
                     for t in range(T):
-                        code_lanes(kind, raw, o, b, aq, t, grid, signs, lanes)
                         if offset:
                             for p in range(8):
                                 pair = scales[2 * p] * bsums[t, b, 2 * p] + scales[2 * p + 1] * bsums[t, b, 2 * p + 1]
-                                lanes[p] -= offset * pair
+                                lanes[t, p] -= offset * pair
                         if dmin_at >= 0:
                             dm = -ad[t, b] * f16_at(raw, o, at + dmin_at)
                             for j in range(min_lanes):
@@ -443,7 +456,7 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
 
 def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
     """reference tiled (the tiled AVX512-VNNI kernel, from 8 rows) on the raw blocks: per block
-    s1 = sum(scale * dot) as one exact integer (code_lanes' lanes summed, Q6_K's offset taken off
+    s1 = sum(scale * dot) as one exact integer (code_lanes' lanes summed there, Q6_K's offset taken off
     through the 16-sums), r = f32(s1) * d0 with d0 = d * post, the mins by one fnmadd, then
     buf = fma(r, d_act, buf). Any order of the integer sums gives the same s1; only this float
     epilogue is ggml's order."""
@@ -457,20 +470,20 @@ def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, 
         T, nb = ad.shape
         out = np.zeros((T, O), F32)
         for task in numba.prange(n_tasks(O)):
-            scales, mins, lanes = np.zeros(16, np.int32), np.zeros(8, np.int32), np.zeros(8, np.int32)
+            scales, mins, lanes = np.zeros(16, np.int32), np.zeros(8, np.int32), np.zeros(T, np.int32)
+            buf = np.zeros(T, F32)  # row o's sums, contiguous: out[:, o] is a column
             first, stop = task_rows(task, O)
             for o in range(first, stop):
+                buf[:] = 0
                 for b in range(nb):
                     at = block_bytes * b
                     if scalar_scales:
                         block_scales(kind, raw, o, b, scales, mins)
                     d0 = f16_at(raw, o, at + d_at) * post
                     dmin = f16_at(raw, o, at + dmin_at) if dmin_at >= 0 else F32(0)
+                    code_lanes(kind, raw, o, b, aq, grid, signs, lanes)
                     for t in range(T):
-                        code_lanes(kind, raw, o, b, aq, t, grid, signs, lanes)
-                        s1 = np.int32(0)
-                        for lane in range(8):
-                            s1 += lanes[lane]
+                        s1 = lanes[t]
                         if offset:
                             for s in range(16):
                                 s1 -= offset * scales[s] * bsums[t, b, s]
@@ -480,7 +493,8 @@ def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, 
                             for j in range(8):
                                 s2 += mins[j] * sums32[t, b, j]
                             r = fma32(-dmin, F32(s2), r)
-                        out[t, o] = fma32(r, ad[t, b], out[t, o])
+                        buf[t] = fma32(r, ad[t, b], buf[t])
+                out[:, o] = buf
         return out
     return kernel
 
