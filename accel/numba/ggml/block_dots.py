@@ -18,7 +18,7 @@ from numba.extending import intrinsic, overload
 
 from reference.ggml_cpu.blocks import KVALUES_IQ4NL, iq_grid
 
-from .int_dots import I8X64, I32X16, VPDPBUSD, dpbusd, item_pointer, load_at, store_at
+from .int_dots import I8X64, I32X16, VPDPBUSD, dpbusd, item_pointer, load_at, splat, store_at
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import fma32, hsum8
 
@@ -249,9 +249,8 @@ def code_lanes_intrinsic(kind):
     """The intrinsic lanes int32 [T, 8] <- block b of row o's k_vec_dot lanes times their scales
     (SCALES, read here from the block), against every activation row t: lane l = sum over the
     32-chunks c of scale(c, l) * sum_i code[32c + 4l + i] * q[t, b, 32c + 4l + i], the codes as the
-    type stores them (unsigned offsets stay in). Given lanes int32 [T] instead, each row's 8 lanes
-    summed: the tiled kernel's s1. The block is unpacked once, into registers, for all T rows.
-    int32 exact: |scale * code * q| <= 127 * 127 * 127 and 32 of those a lane."""
+    type stores them (unsigned offsets stay in). The block is unpacked once, into registers, for all
+    T rows. int32 exact: |scale * code * q| <= 127 * 127 * 127 and 32 of those a lane."""
     block_bytes, part, read_scales = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind]
 
     @intrinsic
@@ -271,15 +270,11 @@ def code_lanes_intrinsic(kind):
                 for p, ((u, mask), scale) in enumerate(zip(parts, part_scales)):
                     four = dpbusd(builder, ir.Constant(I32X16, None), u, signed(builder, load_at(builder, acts, 64 * p, I8X64), mask))
                     total = builder.add(total, builder.mul(four, scale))
-                while total.type.count > n_lanes:
-                    half = total.type.count // 2
-                    total = builder.add(shuffle(builder, total, total, range(half)), shuffle(builder, total, total, range(half, 2 * half)))
+                folded = builder.add(shuffle(builder, total, total, range(8)), shuffle(builder, total, total, range(8, 16)))
                 out = item_pointer(context, builder, tys[6], args[6], [loop.index])
-                builder.store(builder.extract_element(total, constant(I32, 0)) if n_lanes == 1 else total,
-                              builder.bitcast(out, total.type.as_pointer() if n_lanes > 1 else I32.as_pointer()), align=1)
+                builder.store(folded, builder.bitcast(out, I32X8.as_pointer()), align=1)
             return context.get_dummy_value()
-        n_lanes = 8 if lanes.ndim == 2 else 1
-        if (raw.ndim == 2 and aq.ndim == 3 and aq.dtype == types.int8 and lanes.dtype == types.int32
+        if (raw.ndim == 2 and aq.ndim == 3 and aq.dtype == types.int8 and lanes.ndim == 2 and lanes.dtype == types.int32
                 and all(a.layout == "C" for a in (raw, aq, grid, signs, lanes))):
             return types.none(raw, o, b, aq, grid, signs, lanes), codegen
     return code_lanes
@@ -302,6 +297,72 @@ def fma_lanes(typingctx, acc, t, scale, lanes):  # acc[t, l] <- fma(scale, f32(l
         return context.get_dummy_value()
     if acc.ndim == lanes.ndim == 2 and acc.dtype == types.float32 and lanes.dtype == types.int32 and acc.layout == lanes.layout == "C":
         return types.none(acc, t, scale, lanes), codegen
+
+
+TILE = 16  # activation rows a tile takes: one int32 lane each, as the columns of llama.cpp's tiled kernel
+
+
+def tile_dots_intrinsic(kind):
+    """The intrinsic buf f32 [G * TILE] (row o's sums, for every activation row) += block b of row o
+    against every tile g of TILE activation rows, the way llama.cpp's tiled kernel lays the product
+    out (tiled-kernel.cpp:127-195): the block unpacked once into 256 unsigned codes (value + 128
+    for the signed types; Q6_K's stored +32 kept), 4 codes broadcast against 4 elements of each of
+    the TILE rows per vpdpbusd, so each lane is one row's sum; per sub-block the codes' bias times
+    the rows' sub-block sums taken off and the scale multiplied in. Its s1 is the exact integer the
+    vec_dot lanes sum to. Then per lane, as the tiled epilogue: r = f32(s1) * d0, r = fma(-dmin,
+    f32(s2), r) with s2 = sum of mins times 32-sums, buf = fma(r, d_act, buf).
+
+    acts int8 [G, nb, 64, TILE * 4]: element 4k + i of block b of row TILE g + j at [g, b, k, 4j + i];
+    bias_sums int32 [G, nb, n_sub, TILE]: tile_bias times each row's sub-block sums; min_sums
+    int32 [G, nb, 8, TILE]: the 32-sums; ad f32 [G, nb, TILE]: the rows' Q8_K scales."""
+    block_bytes, part, read_scales, n_sub = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind], N_SUB[kind]
+    biased, has_min, per_sub = tile_bias(kind) != 0, TYPES[kind][1] >= 0, 64 // N_SUB[kind]
+
+    @intrinsic
+    def tile_dots(typingctx, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out):
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            block = block_pointer(context, builder, signature, args, block_bytes)
+            o_, b_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
+            grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (7, 8))
+            f32x16 = ir.VectorType(ir.FloatType(), 16)
+            d0_, dmin_ = (context.cast(builder, args[i], tys[i], types.float32) for i in (9, 10))
+            scales, mins = read_scales(builder, block)
+            codes = builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(I8, 256)), I8.as_pointer())
+            for p in range(4):
+                u, mask = part(builder, block, grid_, signs_, p)
+                store_at(builder, codes, 64 * p, u if mask is None else builder.add(signed(builder, u, mask), splat8(builder, 128, 64)))
+            fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(f32x16, [f32x16] * 3))
+            n_tiles = builder.extract_value(context.make_array(tys[3])(context, builder, args[3]).shape, 0)
+            with cgutils.for_range(builder, n_tiles) as loop:
+                g = loop.index
+                acts_ = item_pointer(context, builder, tys[3], args[3], [g, b_])
+                s1 = ir.Constant(I32X16, None)
+                for sub in range(n_sub):
+                    acc = ir.Constant(I32X16, None)
+                    for k in range(sub * per_sub, (sub + 1) * per_sub):
+                        four = splat(builder, load_at(builder, codes, 4 * k, I32))
+                        acc = dpbusd(builder, acc, builder.bitcast(four, I8X64), load_at(builder, acts_, 64 * k, I8X64))
+                    if biased:
+                        at = item_pointer(context, builder, tys[4], args[4], [g, b_, constant(b_.type, sub)])
+                        acc = builder.sub(acc, load_at(builder, at, 0, I32X16))
+                    s1 = builder.add(s1, builder.mul(acc, splat(builder, scales[sub])))
+                r = builder.fmul(builder.sitofp(s1, f32x16), splat(builder, d0_))
+                if has_min:
+                    s2 = ir.Constant(I32X16, None)
+                    for j in range(8):
+                        at = item_pointer(context, builder, tys[5], args[5], [g, b_, constant(b_.type, j)])
+                        s2 = builder.add(s2, builder.mul(load_at(builder, at, 0, I32X16), splat(builder, mins[j])))
+                    r = builder.call(fma, [splat(builder, builder.fneg(dmin_)), builder.sitofp(s2, f32x16), r])
+                d_act = load_at(builder, item_pointer(context, builder, tys[6], args[6], [g, b_]), 0, f32x16)
+                row = builder.gep(item_pointer(context, builder, tys[11], args[11], [o_]),
+                                  [builder.mul(g, constant(g.type, 4 * TILE))])
+                store_at(builder, row, 0, builder.call(fma, [r, d_act, load_at(builder, row, 0, f32x16)]))
+            return context.get_dummy_value()
+        arrays = (raw, acts, bias_sums, min_sums, ad, grid, signs, out)
+        if raw.ndim == 2 and acts.ndim == 4 and out.ndim == 2 and all(a.layout == "C" for a in arrays):
+            return types.none(raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out), codegen
+    return tile_dots
 
 
 @intrinsic
@@ -358,6 +419,12 @@ TYPES = {  # type -> (byte of d, byte of dmin or -1, unsigned offset, min lanes,
     "IQ2_XXS": (0, -1, 0, 1, 0.125), "IQ3_XXS": (0, -1, 0, 1, 0.25), "IQ4_XS": (0, -1, 0, 1, 1.0),
     "Q4_K": (0, 2, 0, 4, 1.0), "Q5_K": (0, 2, 0, 1, 1.0), "Q6_K": (208, -1, 32, 1, 1.0),
 }
+SIGNED_CODES = {"IQ2_XXS", "IQ3_XXS", "IQ4_XS"}  # their parts give |value| and a sign mask
+N_SUB = {kind: 16 if kind == "Q6_K" else 8 for kind in TYPES}  # scales a block holds
+
+
+def tile_bias(kind):  # -> what a tile's unsigned codes hold above the values: 128 added to signed ones, Q6_K's 32
+    return 128 * (kind in SIGNED_CODES) + TYPES[kind][2]
 
 
 ROWS_PER_TASK = 16  # rows one parallel task takes: its scratch arrays are allocated once for them, not per row
@@ -381,7 +448,12 @@ def code_lanes(kind, raw, o, b, aq, grid, signs, lanes):  # kind a literal type 
     raise TypeError("code_lanes is compiled by numba, for a literal type name")
 
 
+def tile_dots(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out):  # kind a literal type name
+    raise TypeError("tile_dots is compiled by numba, for a literal type name")
+
+
 CODE_LANES = {kind: code_lanes_intrinsic(kind) for kind in TYPES}
+TILE_DOTS = {kind: tile_dots_intrinsic(kind) for kind in TYPES}
 BLOCK_SCALES = {kind: block_scales_intrinsic(kind) for kind in TYPES}
 
 
@@ -400,6 +472,14 @@ def code_lanes_of(kind, raw, o, b, aq, grid, signs, lanes):
     if isinstance(kind, types.StringLiteral):
         lanes_of = CODE_LANES[kind.literal_value]
         return lambda kind, raw, o, b, aq, grid, signs, lanes: lanes_of(raw, o, b, aq, grid, signs, lanes)
+
+
+@overload(tile_dots, inline="always")
+def tile_dots_of(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out):
+    if isinstance(kind, types.StringLiteral):
+        dots_of = TILE_DOTS[kind.literal_value]
+        return lambda kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out: dots_of(
+            raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out)
 
 
 def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
@@ -454,49 +534,46 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
     return kernel
 
 
-def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
-    """reference tiled (the tiled AVX512-VNNI kernel, from 8 rows) on the raw blocks: per block
-    s1 = sum(scale * dot) as one exact integer (code_lanes' lanes summed there, Q6_K's offset taken off
-    through the 16-sums), r = f32(s1) * d0 with d0 = d * post, the mins by one fnmadd, then
-    buf = fma(r, d_act, buf). Any order of the integer sums gives the same s1; only this float
-    epilogue is ggml's order."""
-    d_at, dmin_at, offset, _, post = TYPES[kind]
+def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, acts, bias_sums, min_sums, ad) -> [O, G * TILE]
+    """reference tiled (the tiled AVX512-VNNI kernel, from 8 rows) on the raw blocks, as llama.cpp
+    computes it: tile_dots per block and tile of activation rows, d0 = d * post. Any order of the
+    integer sums gives the same s1; only the float epilogue is ggml's order, lane by lane."""
+    d_at, dmin_at, _, _, post = TYPES[kind]
     block_bytes, post = BLOCK_BYTES[kind], F32(post)
-    scalar_scales = offset != 0 or dmin_at >= 0
 
     @numba.njit(cache=True, parallel=True)
-    def kernel(raw, grid, signs, aq, ad, bsums, sums32):
+    def kernel(raw, grid, signs, acts, bias_sums, min_sums, ad):
         O = raw.shape[0]
-        T, nb = ad.shape
-        out = np.zeros((T, O), F32)
+        G, nb = ad.shape[:2]
+        out = np.zeros((O, G * TILE), F32)
         for task in numba.prange(n_tasks(O)):
-            scales, mins, lanes = np.zeros(16, np.int32), np.zeros(8, np.int32), np.zeros(T, np.int32)
-            buf = np.zeros(T, F32)  # row o's sums, contiguous: out[:, o] is a column
             first, stop = task_rows(task, O)
-            for o in range(first, stop):
-                buf[:] = 0
-                for b in range(nb):
-                    at = block_bytes * b
-                    if scalar_scales:
-                        block_scales(kind, raw, o, b, scales, mins)
+            for b in range(nb):  # the task's rows one after another on block b: its activations stay in L1
+                at = block_bytes * b
+                for o in range(first, stop):
                     d0 = f16_at(raw, o, at + d_at) * post
                     dmin = f16_at(raw, o, at + dmin_at) if dmin_at >= 0 else F32(0)
-                    code_lanes(kind, raw, o, b, aq, grid, signs, lanes)
-                    for t in range(T):
-                        s1 = lanes[t]
-                        if offset:
-                            for s in range(16):
-                                s1 -= offset * scales[s] * bsums[t, b, s]
-                        r = F32(s1) * d0
-                        if dmin_at >= 0:
-                            s2 = np.int32(0)
-                            for j in range(8):
-                                s2 += mins[j] * sums32[t, b, j]
-                            r = fma32(-dmin, F32(s2), r)
-                        buf[t] = fma32(r, ad[t, b], buf[t])
-                out[:, o] = buf
+                    tile_dots(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out)
         return out
     return kernel
+
+
+def tiles(x, T):  # x [T, nb, ...] -> [G, nb, ..., TILE]: rows padded with zeros to G tiles, each row a lane
+    G = -(-T // TILE)
+    padded = np.zeros((G * TILE,) + x.shape[1:], x.dtype)
+    padded[:T] = x
+    moved = padded.reshape((G, TILE) + x.shape[1:])
+    return np.ascontiguousarray(np.moveaxis(moved, 1, -1))
+
+
+def tiled_acts(kind, a):  # Q8_K acts of T rows -> tiled_kernel's (acts, bias_sums, min_sums, ad)
+    T, nb = a.d.shape
+    sums16 = a.bsums.astype(np.int32)
+    sums32 = sums16.reshape(T, nb, 8, 2).sum(-1, dtype=np.int32)
+    sub_sums = sums16 if N_SUB[kind] == 16 else sums32
+    acts = tiles(a.q.reshape(T, nb, 64, 4), T)  # [G, nb, 64, 4, TILE] -> the 4 elements of a row side by side
+    acts = np.ascontiguousarray(np.swapaxes(acts, -1, -2)).reshape(acts.shape[:3] + (4 * TILE,))
+    return acts, tiles(np.int32(tile_bias(kind)) * sub_sums, T), tiles(sums32, T), tiles(a.d.astype(F32), T)
 
 
 KERNELS = {}
@@ -506,6 +583,8 @@ FACTORIES = {"k_vec_dot": k_vec_dot_kernel, "tiled": tiled_kernel}
 def k_quant_mul_mat(raw, kind, path, a):  # raw uint8 [O, row bytes] of `kind`, "k_vec_dot" | "tiled", Q8_K acts -> [T, O]
     if (kind, path) not in KERNELS:
         KERNELS[kind, path] = FACTORIES[path](kind)
+    if path == "tiled":
+        return KERNELS[kind, path](raw, *tables(kind), *tiled_acts(kind, a))[:, :len(a.d)].T.copy()
     sums32 = np.ascontiguousarray(a.bsums.reshape(a.bsums.shape[:2] + (8, 2)).sum(-1), np.int32)
     return KERNELS[kind, path](raw, *tables(kind), np.ascontiguousarray(a.q), np.ascontiguousarray(a.d, F32),
                                np.ascontiguousarray(a.bsums, np.int32), sums32)
