@@ -159,11 +159,14 @@ class _Cursor:
         self.pos -= 8 * n
         view, pos, end, length_at, out = self.view, self.pos, self.end, _U64.unpack_from, []
         for i in range(n):
-            length = length_at(view, pos)[0]  # in the file: 8 bytes per string left are checked above
+            if end - pos < 8:
+                self.fail(f"the length of string {i} of {what} runs past the end of the file (8 bytes at offset "
+                          f"{pos}, {end - pos} left)")
+            length = length_at(view, pos)[0]
             pos += 8
-            if length > end - pos - 8 * (n - 1 - i):
-                self.pos = pos
-                self.fail(f"string {i} of {what} ({length} bytes at offset {pos}) runs past the end of the file")
+            if length > end - pos:
+                self.fail(f"string {i} of {what} runs past the end of the file ({length} bytes at offset {pos}, "
+                          f"{end - pos} left)")
             try:
                 out.append(str(view[pos:pos + length], "utf-8"))
             except UnicodeDecodeError as e:
