@@ -143,9 +143,6 @@ class _Cursor:
     def string(self, what):  # -> str; GGUF strings are a u64 length and that many UTF-8 bytes
         n = self.u64(f"the length of {what}")
         start = self.take(n, f"{what} ({n} bytes)")
-        return self.text(start, n, what)
-
-    def text(self, start, n, what):
         try:
             return str(self.view[start:start + n], "utf-8")
         except UnicodeDecodeError as e:
@@ -227,8 +224,9 @@ def _tensor_type(cursor, raw, name):  # u32 -> GGMLQuantizationType | GgmlType
 
 def _read_tensor_info(cursor, index):  # -> (name, ne, type, type_offset, offset in the data section)
     name = cursor.string(f"the name of tensor {index}")
-    if len(name.encode()) >= GGML_MAX_NAME:
-        cursor.fail(f"tensor {index}'s name is {len(name.encode())} bytes, ggml's limit {GGML_MAX_NAME - 1}")
+    name_bytes = len(name.encode())
+    if name_bytes >= GGML_MAX_NAME:
+        cursor.fail(f"tensor {index}'s name is {name_bytes} bytes, ggml's limit {GGML_MAX_NAME - 1}")
     n_dims = cursor.u32(f"the dimension count of tensor {name}")
     if n_dims > GGML_MAX_DIMS:
         cursor.fail(f"tensor {name} has {n_dims} dimensions, ggml at most {GGML_MAX_DIMS}")
@@ -253,8 +251,8 @@ class GGUFFile:
     def __init__(self, path):  # open_reader's; check_file has refused a bad magic, version or count
         self.data = np.memmap(path, mode="r")
         cursor = _Cursor(path, self.data)
-        cursor.take(8, "the magic and version")
-        self.version = int(self.data[4:8].view("<u4")[0])
+        cursor.take(4, "the magic")
+        self.version = cursor.u32("the version")
         n_tensors, n_kv = cursor.u64("the tensor count"), cursor.u64("the metadata count")
         self.fields = {}
         for i in range(n_kv):

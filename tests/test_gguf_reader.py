@@ -242,6 +242,7 @@ ABSURD = [  # (slot, value, what the refusal says)
     ("w name length", u64(2**62), "the name of tensor 0"),
     ("w name length", LEFT, "the name of tensor 0"),
     ("w name", b"\xfe", "the name of tensor 0 is not UTF-8"),
+    ("w name length", u64(64), "tensor 0's name is 64 bytes, ggml's limit 63"),
     ("h name", b"w", "duplicated tensor name w"),
     ("w n_dims", u32(2**31), "tensor w has 2147483648 dimensions, ggml at most 4"),
     ("w n_dims", u32(5), "tensor w has 5 dimensions"),
