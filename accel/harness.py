@@ -27,12 +27,12 @@ import tempfile
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType as GT, GGML_QUANT_SIZES, GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType as GT, GGML_QUANT_SIZES, GGUFWriter
 from gguf import quants
 
 from reference import ops
 from reference.cli import OneLineParser, fail, int_in, names_in
-from reference.gguf import EXTRA_SIZES, Weights, write_out
+from reference.gguf import EXTRA_SIZES, Weights, open_reader, write_out
 from reference.random_blocks import F16_SCALE_OFFSETS
 from reference.metrics import max_abs_diff, nmse
 
@@ -96,7 +96,7 @@ class TensorFile:
             data = random_weights(qtype, n_out, n_in, rng)
             w.add_tensor(name, data, raw_dtype=qtype)  # raw blocks: the shape follows from the row bytes
         write_out(w)
-        self.weights = Weights(GGUFReader(path, "r"), path)
+        self.weights = Weights(open_reader(path), path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,12 +11,14 @@ tensors, so a 30B file never needs to be dequantized whole.
 """
 import math
 import os
+import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, GGMLQuantizationType, ReaderTensor
+from gguf import GGML_QUANT_SIZES, GGUFValueType, GGMLQuantizationType
 from gguf import quants
 
 from . import artifacts
@@ -37,9 +39,17 @@ class GGUFError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading metadata
+# Reading the header, the metadata and the tensor infos (ggml/include/gguf.h:1-30 is the layout;
+# ggml/src/gguf.cpp gguf_init_from_file_impl the checks), every count checked against the bytes
+# left before anything is allocated for it
 
-def _check_header(path, file_size):  # refuse absurd counts before GGUFReader walks them
+GGUF_DEFAULT_ALIGNMENT = 32  # gguf.h:46
+GGML_MAX_DIMS = 4            # ggml.h:222
+GGML_MAX_NAME = 64           # ggml.h:229: a tensor name is shorter (gguf.cpp:658)
+INT64_MAX = (1 << 63) - 1    # ggml's ne are int64 (gguf.cpp:692, 706)
+
+
+def _check_header(path, file_size):  # refuse absurd counts before the metadata is walked
     if file_size < 24:
         raise GGUFError(path, f"file too short for a GGUF header ({file_size} bytes)")
     with open(path, "rb") as f:
@@ -47,8 +57,9 @@ def _check_header(path, file_size):  # refuse absurd counts before GGUFReader wa
     if head[:4] != GGUF_MAGIC:
         raise GGUFError(path, f"not a GGUF file (magic {head[:4]!r})")
     version = int.from_bytes(head[4:8], "little")
-    if version not in (2, 3):
-        raise GGUFError(path, f"unsupported GGUF version {version}")
+    if version not in (2, 3):  # v2 and v3 share the layout; a big-endian v3 reads as 0x03000000 here
+        byte_order = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
+        raise GGUFError(path, f"unsupported GGUF version {version}{byte_order}")
     n_tensors = int.from_bytes(head[8:16], "little")
     n_kv = int.from_bytes(head[16:24], "little")
     if n_kv * MIN_KV_BYTES > file_size or n_tensors * MIN_TENSOR_BYTES > file_size:
@@ -76,19 +87,205 @@ def check_file(path):  # path -> its size; GGUFError unless a regular file with 
     return file_size
 
 
-def open_reader(path):  # path -> GGUFReader, memory-mapped, every tensor inside the file
+def open_reader(path):  # path -> GGUFFile, memory-mapped, every tensor inside the file
     path = os.fspath(path)
-    file_size = check_file(path)
+    check_file(path)
+    return GGUFFile(path)
+
+
+class Field(NamedTuple):  # one metadata value
+    types: list     # [value type], or [ARRAY, item type] (gguf-py's ReaderField.types, which has no item type for [])
+    value: object   # int, float, bool or str; a list of them for an array
+
+
+class TensorInfo(NamedTuple):  # one tensor, its data a view of the memory map
+    name: str
+    tensor_type: IntEnum  # a GGMLQuantizationType, or a GgmlType gguf-py lacks
+    shape: tuple          # ggml's ne: the NumPy shape reversed
+    n_elements: int
+    n_bytes: int
+    data_offset: int      # in the file
+    data: np.ndarray      # the NumPy shape (F16, F32, F64, I8-I64), or uint8 [..., row bytes] for blocks
+    type_offset: int      # in the file, of the tensor info's u32 type id
+
+
+_VALUE_DTYPES = {GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT16: "<u2",
+                 GGUFValueType.INT16: "<i2", GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
+                 GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "<u1", GGUFValueType.UINT64: "<u8",
+                 GGUFValueType.INT64: "<i8", GGUFValueType.FLOAT64: "<f8"}
+_VALUE_DTYPES = {t: np.dtype(d) for t, d in _VALUE_DTYPES.items()}
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+
+
+class _Cursor:
+    """The file's bytes and a position in them: each read checks the bytes left first and names
+    what it was reading when they run out."""
+
+    def __init__(self, path, data):
+        self.path, self.view, self.pos, self.end = path, memoryview(data), 0, len(data)
+
+    def fail(self, problem):
+        raise GGUFError(self.path, f"corrupt GGUF: {problem}")
+
+    def take(self, n_bytes, what):  # -> offset of the next n_bytes, now read
+        if n_bytes > self.end - self.pos:
+            self.fail(f"{what} runs past the end of the file ({n_bytes} bytes at offset {self.pos}, "
+                      f"{self.end - self.pos} left)")
+        self.pos += n_bytes
+        return self.pos - n_bytes
+
+    def u32(self, what):
+        return _U32.unpack_from(self.view, self.take(4, what))[0]
+
+    def u64(self, what):
+        return _U64.unpack_from(self.view, self.take(8, what))[0]
+
+    def string(self, what):  # -> str; GGUF strings are a u64 length and that many UTF-8 bytes
+        n = self.u64(f"the length of {what}")
+        start = self.take(n, f"{what} ({n} bytes)")
+        try:
+            return str(self.view[start:start + n], "utf-8")
+        except UnicodeDecodeError as e:
+            self.fail(f"{what} is not UTF-8 ({e.reason} at byte {e.start})")
+
+    def numbers(self, dtype, n, what):  # -> NumPy view [n] of the next n values of dtype
+        return np.frombuffer(self.view, dtype, n, self.take(n * dtype.itemsize, f"{what} ({n} values)"))
+
+    def strings(self, n, what):  # -> list of n str, in one pass over the bytes
+        self.take(8 * n, f"{what} ({n} strings)")  # each string has its 8-byte length at least
+        self.pos -= 8 * n
+        view, pos, end, length_at, out = self.view, self.pos, self.end, _U64.unpack_from, []
+        for i in range(n):
+            if end - pos < 8:
+                self.fail(f"the length of string {i} of {what} runs past the end of the file (8 bytes at offset "
+                          f"{pos}, {end - pos} left)")
+            length = length_at(view, pos)[0]
+            pos += 8
+            if length > end - pos:
+                self.fail(f"string {i} of {what} runs past the end of the file ({length} bytes at offset {pos}, "
+                          f"{end - pos} left)")
+            try:
+                out.append(str(view[pos:pos + length], "utf-8"))
+            except UnicodeDecodeError as e:
+                self.fail(f"string {i} of {what} is not UTF-8 ({e.reason} at byte {e.start})")
+            pos += length
+        self.pos = pos
+        return out
+
+
+def _value_type(cursor, raw, what):  # u32 -> GGUFValueType, refused by number when GGUF has none
     try:
-        reader = TypedReader(path, "r")
-    except UnsupportedTensorType as e:
-        raise GGUFError(path, str(e)) from None
-    except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError, TypeError) as e:
-        raise GGUFError(path, f"corrupt GGUF ({type(e).__name__}: {e})") from None
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > file_size:
-            raise GGUFError(path, f"tensor {t.name} runs past the end of the file (truncated?)")
-    return reader
+        return GGUFValueType(raw)
+    except ValueError:
+        cursor.fail(f"{what} has unknown value type {raw}")
+
+
+def _read_field(cursor, index):  # -> (key, Field) of metadata entry `index`
+    key = cursor.string(f"the key of metadata entry {index}")
+    if not key:  # gguf.cpp:571
+        cursor.fail(f"the key of metadata entry {index} is empty")
+    what = f"key {key}"
+    vtype = _value_type(cursor, cursor.u32(f"the type of {what}"), what)
+    if vtype != GGUFValueType.ARRAY:
+        if vtype == GGUFValueType.STRING:
+            return key, Field([vtype], cursor.string(f"the value of {what}"))
+        return key, Field([vtype], _as_values(vtype, cursor.numbers(_VALUE_DTYPES[vtype], 1, what))[0])
+    item = _value_type(cursor, cursor.u32(f"the item type of {what}"), what)
+    n = cursor.u64(f"the length of {what}")
+    if item == GGUFValueType.ARRAY:  # gguf.cpp:606: nested arrays are not GGUF
+        cursor.fail(f"{what} is an array of arrays")
+    if item == GGUFValueType.STRING:
+        return key, Field([vtype, item], cursor.strings(n, what))
+    return key, Field([vtype, item], _as_values(item, cursor.numbers(_VALUE_DTYPES[item], n, what)))
+
+
+def _as_values(vtype, numbers):  # NumPy [n] -> list of Python numbers; a bool is a byte, 0 false (gguf.cpp:316-322)
+    return (numbers != 0).tolist() if vtype == GGUFValueType.BOOL else numbers.tolist()
+
+
+def _alignment(cursor, fields):  # -> general.alignment: a u32 power of 2, 32 when absent (gguf.cpp:622-635)
+    f = fields.get("general.alignment")
+    if f is None:
+        return GGUF_DEFAULT_ALIGNMENT
+    if f.types != [GGUFValueType.UINT32]:
+        cursor.fail(f"general.alignment must be a uint32, not {f.types[-1].name}")
+    if f.value == 0 or f.value & (f.value - 1):
+        cursor.fail(f"general.alignment {f.value} is not a power of 2")
+    return f.value
+
+
+def _tensor_type(cursor, raw, name):  # u32 -> GGMLQuantizationType | GgmlType
+    if raw in _GGUF_PY_IDS:
+        return GGMLQuantizationType(raw)
+    if raw in GgmlType._value2member_map_:
+        return GgmlType(raw)
+    raise GGUFError(cursor.path, f"unsupported tensor type id {raw} in tensor {name} (not a type of the pinned ggml)")
+
+
+def _read_tensor_info(cursor, index):  # -> (name, ne, type, type_offset, offset in the data section)
+    name = cursor.string(f"the name of tensor {index}")
+    name_bytes = len(name.encode())
+    if name_bytes >= GGML_MAX_NAME:
+        cursor.fail(f"tensor {index}'s name is {name_bytes} bytes, ggml's limit {GGML_MAX_NAME - 1}")
+    n_dims = cursor.u32(f"the dimension count of tensor {name}")
+    if n_dims > GGML_MAX_DIMS:
+        cursor.fail(f"tensor {name} has {n_dims} dimensions, ggml at most {GGML_MAX_DIMS}")
+    ne = tuple(cursor.numbers(_VALUE_DTYPES[GGUFValueType.UINT64], n_dims, f"the dimensions of tensor {name}").tolist())
+    if math.prod(ne) > INT64_MAX or max(ne, default=0) > INT64_MAX:
+        cursor.fail(f"tensor {name} has {ne} elements, more than ggml's int64 counts hold")
+    type_offset = cursor.pos
+    qtype = _tensor_type(cursor, cursor.u32(f"the type of tensor {name}"), name)
+    return name, ne, qtype, type_offset, cursor.u64(f"the offset of tensor {name}")
+
+
+_PLAIN_DTYPES = {GGMLQuantizationType.F16: np.float16, GGMLQuantizationType.F32: np.float32,
+                 GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
+                 GGMLQuantizationType.I16: np.int16, GGMLQuantizationType.I32: np.int32,
+                 GGMLQuantizationType.I64: np.int64}
+
+
+class GGUFFile:
+    """A GGUF's metadata (`fields`: key -> Field) and tensor infos (`tensors`, in the file's order),
+    parsed from its memory map; each tensor's data is a view of the map."""
+
+    def __init__(self, path):  # open_reader's; check_file has refused a bad magic, version or count
+        self.data = np.memmap(path, mode="r")
+        cursor = _Cursor(path, self.data)
+        cursor.take(4, "the magic")
+        self.version = cursor.u32("the version")
+        n_tensors, n_kv = cursor.u64("the tensor count"), cursor.u64("the metadata count")
+        self.fields = {}
+        for i in range(n_kv):
+            key, f = _read_field(cursor, i)
+            if key in self.fields:  # gguf.cpp:575
+                cursor.fail(f"duplicated key {key}")
+            self.fields[key] = f
+        self.alignment = _alignment(cursor, self.fields)
+        infos = [_read_tensor_info(cursor, i) for i in range(n_tensors)]
+        self.data_offset = -(-cursor.pos // self.alignment) * self.alignment
+        self.tensors = [self._tensor(cursor, *info) for info in infos]
+        if len({t.name for t in self.tensors}) != len(self.tensors):  # gguf.cpp:665
+            names = [t.name for t in self.tensors]
+            cursor.fail(f"duplicated tensor name {next(n for n in names if names.count(n) > 1)}")
+
+    def _tensor(self, cursor, name, ne, qtype, type_offset, offset):  # -> TensorInfo, its data inside the file
+        block, size = TENSOR_SIZES[qtype]
+        row = ne[0] if ne else 1
+        if row % block:  # gguf.cpp:740
+            cursor.fail(f"tensor {name}: rows of {row} values are not whole {qtype.name} blocks of {block}")
+        if offset % self.alignment:  # gguf.cpp:216: a multiple of the alignment
+            cursor.fail(f"tensor {name}'s offset {offset} is not a multiple of the alignment {self.alignment}")
+        n_elements = math.prod(ne)
+        n_bytes = n_elements // block * size
+        start = self.data_offset + offset
+        if start + n_bytes > cursor.end:
+            cursor.fail(f"tensor {name} runs past the end of the file (truncated?)")
+        np_shape = tuple(reversed(ne))
+        dtype = _PLAIN_DTYPES.get(qtype)
+        if dtype is None:  # blocks: rows of bytes
+            dtype, np_shape = np.uint8, (*np_shape[:-1], (np_shape or (1,))[-1] // block * size)
+        data = self.data[start:start + n_bytes].view(dtype).reshape(np_shape)
+        return TensorInfo(name, qtype, ne, n_elements, n_bytes, start, data, type_offset)
 
 
 _INT_TYPES = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
@@ -114,14 +311,14 @@ class Metadata:
             return default
         if f.types != [GGUFValueType.STRING]:
             raise GGUFError(self.path, f"key {key} should be a string")
-        return f.contents()
+        return f.value
 
     def int(self, key, default=None, required=False, per_layer=None):  # per_layer: n_layer, if an array may hold the value
         f = self._field(key, required)
         if f is None:
             return default
         if f.types[0] == GGUFValueType.ARRAY and per_layer is not None:
-            values = f.contents()
+            values = f.value
             if len(values) != per_layer:  # llama.cpp would give the layers past its end 0
                 raise GGUFError(self.path, f"key {key}: {len(values)} per-layer values for {per_layer} layers")
             if f.types[-1] not in _INT_TYPES or len(set(values)) != 1:
@@ -130,7 +327,7 @@ class Metadata:
             return int(values[0])
         if f.types[0] not in _INT_TYPES:
             raise GGUFError(self.path, f"key {key} should be an integer")
-        return int(f.contents())
+        return int(f.value)
 
     def float(self, key, default=None, required=False):
         f = self._field(key, required)
@@ -138,13 +335,13 @@ class Metadata:
             return default
         if f.types[0] not in _FLOAT_TYPES:
             raise GGUFError(self.path, f"key {key} should be a float")
-        return float(f.contents())
+        return float(f.value)
 
     def bool(self, key, default=None):
         f = self._field(key, False)
         if f is None:
             return default
-        return bool(f.contents())
+        return bool(f.value)
 
     def array(self, key, default=None):
         f = self._field(key, False)
@@ -152,7 +349,7 @@ class Metadata:
             return default
         if f.types[0] != GGUFValueType.ARRAY:
             raise GGUFError(self.path, f"key {key} should be an array")
-        return f.contents()
+        return f.value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +362,7 @@ def swa_layers_from(meta, key, n_layer, default_period):  # -> tuple[bool] per l
     if f is not None and f.types[0] == GGUFValueType.ARRAY:
         if f.types[-1] not in _INT_TYPES | {GGUFValueType.BOOL}:
             raise GGUFError(meta.path, f"key {key} should be an array of bool or int")
-        values = [bool(v) for v in f.contents()][:n_layer]
+        values = [bool(v) for v in f.value][:n_layer]
         return tuple(values + [False] * (n_layer - len(values)))
     period = meta.int(key, default=default_period)
     return tuple(period == 0 or (i % period) < period - 1 for i in range(n_layer))
@@ -471,7 +668,7 @@ class Weights:
         return name in self.tensors
 
     def shape(self, name):  # name -> NumPy shape (reversed ggml ne)
-        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+        return tuple(reversed(self.tensors[name].shape))
 
     def type_name(self, name):
         return self.tensors[name].tensor_type.name
@@ -546,6 +743,7 @@ class GgmlType(IntEnum):  # ggml.h type ids missing from gguf-py's GGMLQuantizat
 EXTRA_SIZES = {GGMLQuantizationType.Q1_0: (128, 2 + 16),  # values per block, bytes per block
                GgmlType.Q2_0: (64, 2 + 16)}
 _GGUF_PY_IDS = frozenset(int(t) for t in GGML_QUANT_SIZES)
+TENSOR_SIZES = {**GGML_QUANT_SIZES, GgmlType.Q2_0: EXTRA_SIZES[GgmlType.Q2_0]}
 
 
 class UnsupportedTensorType(Exception):
@@ -584,37 +782,6 @@ def dequantize_blocks(data, qtype, decode):  # uint8 [..., row_bytes] -> float32
     block, size = EXTRA_SIZES[qtype]
     blocks = data.view(np.uint8).reshape(-1, size)
     return decode(blocks).reshape(*data.shape[:-1], data.shape[-1] // size * block)
-
-
-class TypedReader(GGUFReader):
-    """gguf-py's reader, which also lays out tensors of the ggml types it does not know (GgmlType);
-    an id that ggml.h does not define either is refused by number, naming the tensor."""
-
-    def _build_tensors(self, start_offs, fields):
-        super()._build_tensors(start_offs, [f for f in fields if int(f.parts[4][0]) in _GGUF_PY_IDS])
-        extra = [self._extra_tensor(start_offs, f) for f in fields if int(f.parts[4][0]) not in _GGUF_PY_IDS]
-        names = [t.name for t in self.tensors + extra]
-        if len(set(names)) != len(names):
-            raise ValueError(f"duplicated tensor names among {len(names)} tensors")
-        self.tensors = sorted(self.tensors + extra, key=lambda t: t.field.offset)
-
-    def _extra_tensor(self, start_offs, field):  # a tensor-info field of a GgmlType -> ReaderTensor
-        _, name_data, _, dims, raw_type, offset = field.parts
-        name = str(bytes(name_data), encoding="utf-8")
-        if int(raw_type[0]) not in GgmlType._value2member_map_:
-            raise UnsupportedTensorType(f"unsupported tensor type id {int(raw_type[0])} in tensor {name} "
-                                        "(not a type of the pinned ggml)")
-        qtype = GgmlType(int(raw_type[0]))
-        block, size = EXTRA_SIZES[qtype]
-        np_dims = tuple(reversed(dims.tolist()))
-        if not np_dims or np_dims[-1] % block:
-            raise ValueError(f"tensor {name}: rows of {np_dims[-1:]} values are not whole {qtype.name} blocks")
-        n_elements = int(np.prod(dims))
-        n_bytes = n_elements // block * size
-        data_offset = int(start_offs + offset[0])
-        data = self._get(data_offset, np.uint8, n_bytes).reshape(*np_dims[:-1], np_dims[-1] // block * size)
-        return ReaderTensor(name=name, tensor_type=qtype, shape=dims, n_elements=n_elements, n_bytes=n_bytes,
-                            data_offset=data_offset, data=data, field=field)
 
 
 # ---------------------------------------------------------------------------------------------

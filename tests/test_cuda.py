@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as GT, GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType as GT, GGUFWriter
 
 from accel import BackendError, cuda_harness, harness
 from accel.cupy import CupyBackend, kernels, launch
@@ -418,7 +418,7 @@ def one_tensor_gguf(path, name, values):  # -> Weights of a GGUF holding one ten
     w = GGUFWriter(path, "test")
     w.add_tensor(name, values)
     gguf.write_out(w)
-    return Weights(GGUFReader(path, "r"), path)
+    return Weights(gguf.open_reader(path), path)
 
 
 def test_float16_decoding_matches_numpy_for_every_bit_pattern(backend, tmp_path):

@@ -123,6 +123,19 @@ def test_gguf_header_numbers(worker, tmp_path_factory, numbers, flips, cut):
 
 
 @fuzz(100)
+@given(slot=st.sampled_from(SLOTS), delta=st.integers(-24, 24), cut=st.none() | st.integers(24, DATA_OFFSET + 64))
+def test_gguf_counts_near_the_bytes_left(worker, tmp_path_factory, slot, delta, cut):
+    # a length or count of about the bytes after it: the edge of each check against the bytes left
+    offset, size = slot
+    data = bytearray(ORIGINAL[:cut])
+    if offset + size <= len(data):  # the cut left the number in the file
+        data[offset:offset + size] = packed(size, max(len(data) - offset - size + delta, 0))
+    path = tmp_path_factory.getbasetemp() / "fuzz-left.gguf"
+    if check(worker, "gguf", path, bytes(data)) == "ok":
+        check(worker, "run", path, bytes(data))
+
+
+@fuzz(100)
 @given(flips=gguf_bytes)
 def test_gguf_header_bytes(worker, tmp_path_factory, flips):
     path = tmp_path_factory.getbasetemp() / "fuzz-bytes.gguf"

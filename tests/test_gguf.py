@@ -151,11 +151,9 @@ def test_tensor_shape_disagrees_with_metadata(tmp_path):
 def test_unsupported_quant_type(tmp_path):
     # patch the type id of one tensor to a type gguf.quants cannot dequantize (Q8_1 = 9, same block size as Q8_0)
     path = planted(tmp_path, "q8_0", qtype="Q8_0")
-    reader = gguf.open_reader(path)
-    t = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight")
-    type_offset = t.field.offset + sum(p.nbytes for p in t.field.parts[:4])
+    t = next(t for t in gguf.open_reader(path).tensors if t.name == "blk.0.ffn_up.weight")
     with open(path, "r+b") as f:
-        f.seek(type_offset)
+        f.seek(t.type_offset)
         f.write(struct.pack("<I", 9))
     with pytest.raises(gguf.GGUFError, match="Q8_1"):
         gguf.load(path, "text")
@@ -360,9 +358,9 @@ def test_file_without_read_permission(tmp_path, synthetic_gguf):
 def test_read_error_while_mapping(monkeypatch, synthetic_gguf):
     # the same refusal as a file without read permission, where the test runs as root: the header
     # was read, then mapping the file fails
-    def refuse(path, mode):
+    def refuse(path):
         raise PermissionError(13, "Permission denied", path)
-    monkeypatch.setattr(gguf, "TypedReader", refuse)
+    monkeypatch.setattr(gguf, "GGUFFile", refuse)
     with pytest.raises(gguf.GGUFError, match=r"cannot read \(Permission denied\)") as e:
         gguf.load(synthetic_gguf, "text")
     assert e.value.path == synthetic_gguf

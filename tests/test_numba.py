@@ -138,7 +138,7 @@ def test_type_without_kernel_falls_back_to_the_reference(tmp_path):
     w.add_tensor("w", quants.quantize(np.random.default_rng(2).standard_normal((8, 64)).astype(np.float32), GT.MXFP4),
                  raw_dtype=GT.MXFP4)
     gguf.write_out(w)
-    weights = Weights(GGUFReader(path, "r"), path)
+    weights = Weights(gguf.open_reader(path), path)
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
     assert GT.MXFP4 not in quant.KERNEL_TYPES
     assert np.array_equal(NumbaBackend(np.float32).linear(x, weights, "w"), ops.linear(x, weights.get("w", np.float64)))

@@ -261,10 +261,9 @@ def test_numba_gives_the_numpy_logits(preset):
 def patched_type(tmp_path, type_id, tensor="blk.0.ffn_up.weight"):  # -> the Q2_0 preset, one tensor's type id changed
     src = os.path.join(PRESETS, preset_entry("Q2_0")["file"])
     t = next(t for t in gguf.open_reader(src).tensors if t.name == tensor)
-    type_offset = t.field.offset + sum(p.nbytes for p in t.field.parts[:4])
     path = tmp_path / f"type{type_id}.gguf"
     data = bytearray(open(src, "rb").read())
-    data[type_offset:type_offset + 4] = struct.pack("<I", type_id)
+    data[t.type_offset:t.type_offset + 4] = struct.pack("<I", type_id)
     path.write_bytes(bytes(data))
     return str(path)
 

@@ -301,6 +301,8 @@ def test_cuda_harness_without_cupy(paths):
     (("{tmp}/out.gguf", "--layers", "1"), "a text model needs at least 2 layers"),
     (("{tmp}/out.gguf", "--layout", "30b", "--role", "dflash", "--layers", "6"), "has at most 5 layers"),
     (("{tmp}/out.gguf", "--seed", "-1"), "--seed: -1 is out of range"),
+    (("{tmp}/out.gguf", "--vocab", "3"), "--vocab: 3 is out of range"),
+    (("{tmp}/out.gguf", "--role", "mmproj", "--vocab", "600"), "--vocab is the text role's"),
     (("{tmp}/out.gguf", "--role", "foo"), "invalid choice: 'foo'"),
 ))
 def test_make_synthetic_refuses(paths, args, words):
@@ -316,6 +318,14 @@ def test_make_synthetic_writes_what_the_loader_takes(tmp_path, role, layers, qty
     r = run_cli("tools.make_synthetic", out, "--role", role, "--layers", layers, "--type", qtype)
     assert r.returncode == 0, r.stderr
     assert gguf.load(out, role).config.n_layer == int(layers)
+
+
+def test_make_synthetic_vocab_sets_the_vocabulary(tmp_path):
+    out = tmp_path / "out.gguf"
+    r = run_cli("tools.make_synthetic", out, "--layers", "2", "--vocab", "700")
+    assert r.returncode == 0, r.stderr
+    m = gguf.load(out, "text")
+    assert m.config.n_vocab == 700 and m.weights.shape("token_embd.weight") == (700, 256)
 
 
 @pytest.mark.parametrize("args, words", cases(

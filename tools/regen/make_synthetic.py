@@ -3,6 +3,7 @@
     python -m tools.make_synthetic OUT.gguf                       # a small test model (F32)
     python -m tools.make_synthetic OUT.gguf --layout 30b --mix ud-iq2_xxs   # the release layout
     python -m tools.make_synthetic OUT.gguf --layout 30b --mix q8_0 --layers 2   # real widths, 2 layers
+    python -m tools.make_synthetic OUT.gguf --type Q8_0 --vocab 202048  # the release's vocabulary size, small tensors
     python -m tools.make_synthetic OUT.gguf --role mmproj --layout 30b --type F16  # the 50-layer tower
     python -m tools.make_synthetic OUT.gguf --role dflash --layout 30b --type Q8_0 # the 5-layer drafter
 """
@@ -25,6 +26,7 @@ def ggml_type(text):  # argparse type: "Q8_0" -> GGMLQuantizationType
 # --layers is at most the reference loader's limit (0 < n_layer <= 512), and at the release layout at most
 # the release's own count: deeper, it is only a bigger file (a 30B text layer is 1.9 GB at F32).
 MAX_LAYERS = 512
+MAX_VOCAB = 1 << 24  # 83 times the release's; the 3 special tokens come last (tools/synthetic.py vocab)
 RELEASE_LAYERS = {"text": RELEASE_30B.n_layer, "mmproj": RELEASE_MMPROJ.n_layer, "dflash": RELEASE_DRAFTER.n_layer}
 
 
@@ -36,18 +38,22 @@ def write(a):  # parsed arguments -> None; UsageError for a combination no loade
     if a.layers == 1 and a.role == "text":  # HF's rule makes the one layer full attention
         raise UsageError("a text model needs at least 2 layers: with one it has no sliding-window layer, "
                          "which the loader refuses (llama.cpp aborts on it)")
-    layers = {} if a.layers is None else {"n_layer": a.layers}
+    if a.vocab is not None and a.role != "text":
+        raise UsageError(f"--vocab is the text role's ({a.role} has no vocabulary)")
+    sizes = {} if a.layers is None else {"n_layer": a.layers}
+    if a.vocab is not None:
+        sizes["n_vocab"] = a.vocab
     if a.role == "text" and release:  # the mix chooses the types: random blocks that the release widths hold
-        write_layout_gguf(a.out, replace(RELEASE_30B, **layers), a.mix, a.seed)
+        write_layout_gguf(a.out, replace(RELEASE_30B, **sizes), a.mix, a.seed)
         return
     if a.role == "mmproj":
-        dims = replace(RELEASE_MMPROJ if release else VisionDims(), **layers)
+        dims = replace(RELEASE_MMPROJ if release else VisionDims(), **sizes)
         shapes = vision_shapes(dims)
     elif a.role == "dflash":
-        dims = replace(RELEASE_DRAFTER if release else DraftDims(), **layers)
+        dims = replace(RELEASE_DRAFTER if release else DraftDims(), **sizes)
         shapes = draft_shapes(dims)
     else:
-        dims = replace(TextDims(), **layers)
+        dims = replace(TextDims(), **sizes)
         shapes = text_shapes(dims)
     problem = type_problem(shapes, a.type, from_floats=a.role == "text")
     if problem:
@@ -69,6 +75,7 @@ def main(argv=None):
     p.add_argument("--type", type=ggml_type, default="F32",
                    help="GGML type of the 2-D weights (small text; mmproj; dflash)")
     p.add_argument("--layers", type=int_in(1, MAX_LAYERS), help="override the layer count")
+    p.add_argument("--vocab", type=int_in(4, MAX_VOCAB), help="override the vocabulary size (text)")
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="numpy seeds are non-negative")
     a = p.parse_args(argv)
     try:
