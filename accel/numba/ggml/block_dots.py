@@ -337,11 +337,14 @@ def tile_dots_intrinsic(kind):
             with cgutils.for_range(builder, n_tiles) as loop:
                 g = loop.index
                 acts_ = item_pointer(context, builder, tys[3], args[3], [g, b_])
+                # the codes' address through an empty asm: LLVM would otherwise hoist the 64 broadcasts
+                # out of the loop and spill them, 64 stores a block that cost more than the loop
+                tile_codes = builder.asm(ir.FunctionType(codes.type, [codes.type]), "", "=r,0", [codes], True)
                 s1 = ir.Constant(I32X16, None)
                 for sub in range(n_sub):
                     acc = ir.Constant(I32X16, None)
                     for k in range(sub * per_sub, (sub + 1) * per_sub):
-                        four = splat(builder, load_at(builder, codes, 4 * k, I32))
+                        four = splat(builder, load_at(builder, tile_codes, 4 * k, I32))
                         acc = dpbusd(builder, acc, builder.bitcast(four, I8X64), load_at(builder, acts_, 64 * k, I8X64))
                     if biased:
                         at = item_pointer(context, builder, tys[4], args[4], [g, b_, constant(b_.type, sub)])
