@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 from gguf import GGUFValueType
@@ -160,6 +161,11 @@ def test_bench_scale_last_position_lifts_the_prompt_cap(tmp_path):
     (("kernels", "{q4}", "--rows", "0"), "--rows: 0 is out of range"),
     (("ceiling", "{q4}", "--rows", "-1"), "--rows: -1 is out of range"),
     (("ceiling", "{q4}", "--n-in", "6"), "--n-in 6 is not a multiple of 4"),
+    (("blocks", "{missing}"), "no such file"),
+    (("blocks", "{trunc}"), "corrupt header"),
+    (("blocks", "{mmproj}"), "expected a muse-glimmer text model"),
+    (("blocks", "{q4}", "--tokens", "0"), "--tokens: 0 is out of range"),
+    (("blocks", "{q4}", "--json", "{tmp}/none/x.json"), "no such directory"),
 ))
 def test_bench_accel_refuses(paths, args, words):
     line = refused("tools.bench_accel", args, paths)
@@ -181,6 +187,20 @@ def test_bench_accel_run_on_a_tiny_model(tmp_path):
                 "--n-decode-numpy", "1", "--repeat", "1", "--json", out)
     assert r.returncode == 0, r.stderr
     assert list(json.loads(out.read_text())["engines"]) == ["numpy"]
+
+
+def test_bench_accel_blocks_times_every_matrix_of_a_forward(tmp_path):
+    pytest.importorskip("numba")
+    out = tmp_path / "blocks.json"
+    r = run_cli("tools.bench_accel", "blocks", TINY_Q4, "--tokens", "3", "--threads", "1", "--json", out)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    # gguf-py's reader counts the matrices: every 2-D weight but the looked-up embedding, by type
+    from gguf import GGUFReader
+    matrices = [t for t in GGUFReader(TINY_Q4).tensors if len(t.shape) == 2 and t.name != "token_embd.weight"]
+    assert {row["type"]: row["matrices"] for row in report["types"]} == dict(Counter(t.tensor_type.name for t in matrices))
+    assert report["total"]["gb"] * 1e9 == sum(int(t.n_bytes) for t in matrices)
+    assert all(row["kernel_s"] > 0 and row["floor_s"] > 0 for row in report["types"])
 
 
 def test_bench_accel_run_last_position_agrees_with_llama_cpp(tmp_path):

@@ -15,6 +15,9 @@ and llama.cpp (llama-cpp-python) with the same number of threads, as ratios from
     python -m tools.bench_accel kernels build/bench/mid-q4_k_m.gguf [--rows 8192 --tokens 1,64]
         one product per weight type of the file on its first rows: numba's kernel against the
         reference's (gguf-py dequantization, then a float64 matmul), weight-products per second
+    python -m tools.bench_accel blocks build/bench/30b-ud-iq2_xxs.gguf [--tokens 1 --threads 2]
+        every matrix of one forward of T tokens on its memory-mapped blocks (--numerics ggml-cpu on
+        numba), in layer order, timed per weight type against the read floor of the same bytes
     python -m tools.bench_accel ceiling build/bench/mid-q4_k_m.gguf [--threads 2]
         the floor loops of tools/bench/kernel_floor.py on streamed bytes, the decode tokens/s that bounds
         any numba kernel to on this model, and llama.cpp's and numba's decode tokens/s beside it
@@ -32,6 +35,7 @@ from dataclasses import replace
 
 import numpy as np
 from gguf import GGUFWriter
+from tqdm import tqdm
 
 from reference import factory, gguf, ops
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, names_in, output_file, write_json
@@ -359,6 +363,45 @@ def run(args):  # -> report dict
     return report
 
 
+def blocks(args):  # -> {"types": rows of {type, matrices, gb, kernel_s, floor_s, ...}, "total": ...}
+    """The products of one forward of `tokens` rows, as the ggml-cpu numba backend makes them (no
+    repack: llama.cpp's plain buffers), every 2-D weight but the embedding once in the file's order,
+    summed per weight type; then the read floor (kernel_floor.read_floor) over the same bytes in the
+    same order. Each weight type's kernel runs once on its first matrix before the timing: numba's
+    compilation or its cache is not a forward's cost."""
+    from tools.bench import kernel_floor
+    set_threads(args.threads)
+    text_vocab(args.model)  # a text model, or refused before anything is timed
+    reader = gguf.open_reader(args.model)
+    weights = gguf.Weights(reader, args.model)
+    backend = factory.backend(factory.Build(backend="numba", numerics="ggml-cpu", repack=False, n_threads=args.threads))
+    kind = {t.name: weights.type_name(t.name) for t in reader.tensors if len(t.shape) == 2 and t.name != "token_embd.weight"}
+    rng = np.random.default_rng(0)
+    xs = {n_in: rng.standard_normal((args.tokens, n_in)).astype(np.float32) for n_in in {weights.shape(m)[1] for m in kind}}
+    data = {m: np.asarray(weights.raw(m)).view(np.uint8).reshape(-1) for m in kind}
+    words = {m: b[:len(b) // 8 * 8].view(np.uint64) for m, b in data.items()}  # a tensor's last < 8 bytes skipped
+    kernel_floor.read_floor(words[next(iter(kind))][:1])
+    for t in set(kind.values()):
+        m = next(m for m in kind if kind[m] == t)
+        backend.linear(xs[weights.shape(m)[1]], weights, m)
+    kernel_s, floor_s, n_bytes, count = ({t: 0 for t in kind.values()} for _ in range(4))
+    for m in tqdm(kind, desc="products", unit="matrix"):
+        kernel_s[kind[m]] += timed(backend.linear, xs[weights.shape(m)[1]], weights, m)[1]
+    for m in kind:
+        floor_s[kind[m]] += timed(kernel_floor.read_floor, words[m])[1]
+        n_bytes[kind[m]] += data[m].nbytes
+        count[kind[m]] += 1
+    rows = [{"type": t, "matrices": count[t], "gb": n_bytes[t] / 1e9, "kernel_s": kernel_s[t], "floor_s": floor_s[t],
+             "kernel_gb_s": n_bytes[t] / 1e9 / kernel_s[t], "floor_gb_s": n_bytes[t] / 1e9 / floor_s[t]} for t in kernel_s]
+    total = {key: sum(r[key] for r in rows) for key in ("matrices", "gb", "kernel_s", "floor_s")}
+    for r in rows + [{"type": "all", **total}]:
+        print(f"{r['type']:8s} {r['matrices']:4d} matrices {r['gb']:7.3f} GB: kernels {r['kernel_s']:7.3f} s "
+              f"({r['gb'] / r['kernel_s']:6.2f} GB/s), read floor {r['floor_s']:7.3f} s ({r['gb'] / r['floor_s']:6.2f} GB/s): "
+              f"x{r['floor_s'] / r['kernel_s']:.2f} of the floor", flush=True)
+    return {"model": os.path.basename(args.model), "threads": args.threads, "tokens": args.tokens,
+            "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]), "types": rows, "total": total}
+
+
 def slice_gguf(src, dst, n_rows):  # -> names of the largest matrix of each weight type, first n_rows rows copied to dst
     largest = {}
     for t in gguf.open_reader(src).tensors:
@@ -599,6 +642,12 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     k.add_argument("--threads", type=threads, default=2)
     k.add_argument("--repeat", type=repeat, default=3)
     k.add_argument("--json", type=output_file)
+    b = sub.add_parser("blocks", help="one forward's products on the memory-mapped blocks (ggml-cpu numerics), "
+                                      "per weight type, against the read floor of the same bytes")
+    b.add_argument("model")
+    b.add_argument("--tokens", type=int_in(1, MAX_TOKENS), default=1, help="rows of x: 1 is a decode step")
+    b.add_argument("--threads", type=threads, default=2)
+    b.add_argument("--json", type=output_file)
     c = sub.add_parser("ceiling", help="decode tokens/s no numba kernel exceeds here (floor loops), beside llama.cpp")
     c.add_argument("model")
     c.add_argument("--threads", type=threads, default=2)
@@ -644,6 +693,8 @@ def main(argv=None):
             report = kernels(args)
         elif args.what == "ceiling":
             report = ceiling(args)
+        elif args.what == "blocks":
+            report = blocks(args)
         else:
             report = run(args)
             print_ratios(report)

@@ -60,6 +60,27 @@ def q4_k_step(with_scales):  # -> njit(blocks [R, row_bytes], x [n], out [R], ta
     return loop
 
 
+READ_WORDS = 4096  # 32 KB of a tensor per parallel task of read_floor
+
+
+@njit(parallel=True, cache=True)
+def read_floor(words):  # uint64 [n] -> uint64: their xor, which no pass can give without reading every byte
+    """The least any product of these weights does: read them once. At the release layout the
+    weights (9.2 GB) do not stay in any cache, so this pass streams them from memory as a decode
+    step does; it is the floor of the block kernels (`python -m tools.bench_accel blocks`)."""
+    n_tasks = -(-len(words) // READ_WORDS)
+    parts = np.zeros(n_tasks, np.uint64)
+    for task in prange(n_tasks):
+        acc = np.uint64(0)
+        for i in range(task * READ_WORDS, min(len(words), (task + 1) * READ_WORDS)):
+            acc ^= words[i]
+        parts[task] = acc
+    acc = np.uint64(0)
+    for part in parts:
+        acc ^= part
+    return acc
+
+
 # type -> high_bits of its values; every other type has no floor and counts as free in the bound. (The
 # 5-bit floor reads a high plane of n/4 bytes where Q5_K has n/8: the loop is bound by its arithmetic,
 # not by memory, at these sizes.)
