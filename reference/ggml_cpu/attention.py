@@ -29,23 +29,26 @@ def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, kernels=N
     numba twin passes its own). cells: K and V are a KV cache's cells (padded to n_kv_cells); False:
     a graph's tensors, as long as they are (attention_graph)."""
     kernels = kernels or KERNELS
-    H = q.shape[1]
+    T, H, D = q.shape
     group = H // k.shape[1]
     n_kv = n_kv_cells(len(k)) if cells else len(k)
-    visible = pad_cells(visible.T, n_kv).T
+    visible = np.tile(pad_cells(visible.T, n_kv).T, (group, 1))  # the rows of a group's heads, one head after another
     if kv_type == "f16":
         k, v = round_f16(k), round_f16(v)
     k, v = pad_cells(k, n_kv), pad_cells(v, n_kv)
     out = np.empty_like(q)
-    for h in range(H):
-        kh, vh, qh = k[:, h // group], v[:, h // group], q[:, h]
+    for g in range(k.shape[1]):  # the heads that share a KV head in one product: ggml's mul_mat takes each
+        heads = slice(g * group, (g + 1) * group)  # head's T rows as one batch, hence batch_rows=T
+        qg = q[:, heads].transpose(1, 0, 2).reshape(group * T, D)
+        kg, vg = k[:, g], v[:, g]
         if kv_type == "f16":  # Q converted to f16 first, then contiguous: the F16 matmul
-            kq = kernels.float_mul_mat(round_f16(qh), kh, "F16", target)
+            kq = kernels.float_mul_mat(round_f16(qg), kg, "F16", target, batch_rows=T)
         else:  # the permuted Q is not contiguous, so llamafile refuses it: vec_dot_f32 row by row
-            kq = kernels.vec_dot_f32(qh[:, None, :], kh[None], target)
+            kq = kernels.vec_dot_f32(qg[:, None, :], kg[None], target)
         p = kernels.soft_max(kq, visible, scale, target)
-        out[:, h] = (kernels.float_mul_mat(round_f16(p), vh.T, "F16", target) if kv_type == "f16"
-                     else kernels.float_mul_mat(p, vh.T, "F32", target))
+        kqv = (kernels.float_mul_mat(round_f16(p), vg.T, "F16", target, batch_rows=T) if kv_type == "f16"
+               else kernels.float_mul_mat(p, vg.T, "F32", target, batch_rows=T))
+        out[:, heads] = kqv.reshape(group, T, D).transpose(1, 0, 2)
     return out
 
 

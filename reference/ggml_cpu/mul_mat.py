@@ -201,13 +201,14 @@ def float_weight_mul_mat(x, weights, name, cache, product):  # x [T, K] f32, an 
     return product(FLOAT_KERNELS[kind][0](x), cache[name], kind)
 
 
-def float_mul_mat(x, w, kind, target=AVX512):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]
+def float_mul_mat(x, w, kind, target=AVX512, batch_rows=None):  # x [T, K] (already in the weight's type), w [O, K] f32 -> [T, O]
     """tinyBLAS when llamafile_sgemm takes it (the target's fewest rows, O a multiple of 4, K of its
     vector step: the target's lanes, its F16 lanes for F16, twice the lanes for vdpbf16ps), else
-    ggml_vec_dot_* row by row."""
+    ggml_vec_dot_* row by row. batch_rows: the rows of x one llamafile_sgemm call sees (one attention
+    head's, where x stacks several heads; None: all of x). Either way each output is its own dot."""
     dpbf16 = kind == "BF16" and target.dpbf16
     step = target.f16_lanes if kind == "F16" else target.lanes * (2 if dpbf16 else 1)
-    if (target.llamafile and len(x) >= target.sgemm_min_rows(kind) and len(w) % 4 == 0
+    if (target.llamafile and (batch_rows or len(x)) >= target.sgemm_min_rows(kind) and len(w) % 4 == 0
             and w.shape[1] % step == 0):
         return tinyblas_bf16(x, w) if dpbf16 else tinyblas(x, w, target, kind == "F16")
     return FLOAT_KERNELS[kind][1](w[None], x[:, None, :], target)

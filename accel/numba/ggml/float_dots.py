@@ -169,9 +169,9 @@ def tinyblas_bf16(x, w):  # x [T, K], w [O, K] f32 (bf16 values) -> [T, O]: refe
 DOT_KINDS = {"F32": F32_DOT, "F16": F16_DOT, "BF16": BF16_DOT}
 
 
-def float_mul_mat(x, w, kind, target=AVX512):  # x [T, K] (in the weight's type), w [O, K] f32 -> [T, O] (reference mul_mat.py)
+def float_mul_mat(x, w, kind, target=AVX512, batch_rows=None):  # x [T, K] (in the weight's type), w [O, K] f32 -> [T, O] (reference mul_mat.py)
     dpbf16 = kind == "BF16" and target.dpbf16
-    if len(x) >= 2 and len(w) % 4 == 0 and w.shape[1] % (target.lanes * (2 if dpbf16 else 1)) == 0:
+    if (batch_rows or len(x)) >= 2 and len(w) % 4 == 0 and w.shape[1] % (target.lanes * (2 if dpbf16 else 1)) == 0:
         return tinyblas_bf16(x, w) if dpbf16 else tinyblas(x, w, target)
     return dot_pairs(len(x) * np.size(w), DOT_KINDS[kind], np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32),
                      target.lanes, target.dpbf16)
