@@ -29,7 +29,7 @@ def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512):  # [T, H
     return reference.attention_mul_mat(q, k, v, visible, scale, kv_type, target, KERNELS)
 
 
-@threaded()
+@threaded
 def fwht_blocks(y):  # f32 [R, n] -> [R, n]: reference fwht of each row
     R, n = y.shape
     norm = F32(1) / sqrt32(F32(n))
@@ -86,7 +86,7 @@ def vec_dot_q8_0(kd, kq, qd, qq, lanes):  # K row d [nb], q [nb, 32], Q row the 
     return hsum8(lanes)
 
 
-@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
+@threaded
 def chunk_f16(q16, k, v, visible, scale, start, stop, lanes):  # q16 [T, H, D] f16 values -> (M [T, H], S [T, H], VKQ)
     T, H, _ = q16.shape
     m, s_sum, acc = np.empty((T, H), F32), np.empty((T, H), F32), np.zeros((T, H, v.shape[-1]), F32)
@@ -102,7 +102,7 @@ def chunk_f16(q16, k, v, visible, scale, start, stop, lanes):  # q16 [T, H, D] f
     return m, s_sum, acc
 
 
-@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
+@threaded
 def chunk_q8_0(qd, qq, kd, kq, v, visible, scale, start, stop):  # Q and K rows in Q8_0 -> (M, S, VKQ)
     T, H, _ = qd.shape
     m, s_sum, acc = np.empty((T, H), F32), np.empty((T, H), F32), np.zeros((T, H, v.shape[-1]), F32)
@@ -131,7 +131,7 @@ def flash_chunk(q, k, v, visible, scale, cells, kv_type, target=AVX512, partial=
     return (m, s_sum, acc) if partial else flash_normalise(s_sum, acc)
 
 
-@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
+@threaded
 def merge_split(m, s_sum, acc):  # the chunks' M, S [C, T, H], VKQ [C, T, H, Dv] -> [T, H, Dv]: reference flash_split
     """Chunk by chunk (those with S != 0): M grows to the larger maximum, VKQ = VKQ*expf(M_old - M)
     + VKQ_chunk*expf(M_chunk - M) and the same for S (contracted into FMAs); finally VKQ / S."""
@@ -199,7 +199,7 @@ def tile_softmax(kq, tile_max, m, s_sum, acc, lanes, scalef):  # a tile's scores
     return m_new, F32(F64(s_sum) + total)
 
 
-@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
+@threaded
 def tiled_rows(q, k_t, v, visible, scale, lanes, scalef):  # [T, H, D], K^T [H, D, n_kv], V [n_kv, H, D], [T, n_kv] -> (S, VKQ)
     T, H, _ = q.shape
     s_sum, acc = np.zeros((T, H), F32), np.zeros((T, H, v.shape[-1]), F32)

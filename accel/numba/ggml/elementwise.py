@@ -44,7 +44,7 @@ def rows_of(x):  # [..., n] -> contiguous f32 [R, n]
     return x.reshape(-1, x.shape[-1])
 
 
-@threaded()
+@threaded
 def rms_norm_rows(x, eps):  # f32 [R, n], f32 eps -> [R, n]: squares in f32, summed in double left to right
     R, n = x.shape
     out = np.empty_like(x)
@@ -63,7 +63,7 @@ def rms_norm(x, eps):  # x [..., n] f32 -> [..., n]: reference rms_norm
     return rms_norm_rows(rows.size, rows, F32(eps)).reshape(np.shape(x))
 
 
-@threaded()
+@threaded
 def layer_norm_rows(x, w, b, eps, lanes):  # f32 [R, n], w/b [n] -> [R, n]: reference layer_norm's sums and roundings
     R, n = x.shape
     whole = n - n % lanes
@@ -92,7 +92,7 @@ def layer_norm(x, w, b, eps, target=AVX512):  # x [..., n] f32, w [n], b [n] -> 
                            F32(eps), target.lanes).reshape(np.shape(x))
 
 
-@threaded()
+@threaded
 def rotate_pairs(x, cos, sin, first, stride, group, cos_fused):  # x [T, H, D], cos/sin [T, P] -> [T, H, D]
     """Pair i is (first(i), first(i) + stride): rope_norm has first 2i, stride 1; rope_neox i, P.
     The pairs of whole groups take the contracted FMAs (reference rotate), the last P mod group
@@ -135,7 +135,7 @@ def swiglu(gate, up, target=AVX512):  # gate [T, F], up [T, F] -> [T, F]: silu(g
     return silu_rows(gate, target) * np.asarray(up, F32)
 
 
-@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
+@threaded
 def soft_max_rows(scores, visible, scale, lanes, scalef):  # f32 [R, S], bool [R, S], f32 -> [R, S]: reference soft_max
     R, S = scores.shape
     whole = S - S % lanes

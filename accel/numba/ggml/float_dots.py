@@ -84,7 +84,7 @@ def dot_of(kind, x, y, acc, lanes, dpbf16):  # F32_DOT | F16_DOT | BF16_DOT, f32
     return dot_f32(x, y, acc, lanes)
 
 
-@threaded()
+@threaded
 def dot_rows(kind, x, y, lanes, dpbf16):  # f32 [R, n] x2 -> [R]: the vec_dot of each row pair
     out = np.empty(x.shape[0], F32)
     for r in numba.prange(x.shape[0]):
@@ -92,7 +92,7 @@ def dot_rows(kind, x, y, lanes, dpbf16):  # f32 [R, n] x2 -> [R]: the vec_dot of
     return out
 
 
-@threaded()
+@threaded
 def dot_pairs(kind, a, b, lanes, dpbf16):  # f32 [M, n], [N, n] -> [M, N]: the vec_dot of every row of a with every row of b
     out = np.empty((a.shape[0], b.shape[0]), F32)
     for i in numba.prange(a.shape[0]):
@@ -125,7 +125,7 @@ def vec_dot_bf16(x, y, target=AVX512):  # x [..., n], y [..., n] f32 (bf16 value
     return broadcast_dot(BF16_DOT, x, y, target)
 
 
-@threaded()
+@threaded
 def tinyblas_kernel(x, w_t, bf16, lanes):  # x [T, K], w_t [K, O] f32 (the weight transposed) -> [T, O]
     """Lane l of each output: FMAs over k = l (mod lanes) in k order (F32/F16, BF16 without
     vdpbf16ps), or the bf16 pairs (32s + 2l + 1, then 32s + 2l) of every 32-element step as vdpbf16ps

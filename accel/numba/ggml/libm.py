@@ -1,27 +1,54 @@
-"""reference/ggml_cpu/libm.py's glibc calls inside numba kernels: numba calls the same ctypes
-functions of libm from compiled code, so a whole array costs one Python call, not one per element."""
+"""reference/ggml_cpu/libm.py's glibc calls inside numba kernels: compiled code calls the same
+glibc functions, so a whole array costs one Python call, not one per element."""
 import numba
 import numpy as np
-
-from reference.ggml_cpu.libm import _libm_fn
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
 from reference.ggml_cpu.target import AVX512
 
 from .threads import threaded
 
-LIBM = {name: _libm_fn(name) for name in ("expf", "cosf", "sinf", "tanhf", "erff")}
+GLIBC = ("expf", "cosf", "sinf", "tanhf", "erff")
 
 
-def libm_kernel(fn):  # ctypes or njit float(float) -> Threaded (work, x f32 [n]) -> f32 [n]
-    def apply(x):  # glibc's float functions are pure: the elements may go to any thread
+def glibc_call(name):  # "expf" -> intrinsic f32 -> f32: a call of glibc's function by its symbol
+    """The symbol is resolved when the compiled code is loaded, so the kernels that call it can be
+    cached (a ctypes pointer is an address of one process). The function is nobuiltin: LLVM neither
+    folds it nor swaps it for a vector library's variant, so every value is glibc's own, as
+    reference libm's ctypes call gives it (both resolve the symbol's default version)."""
+    def call(typingctx, x):
+        def codegen(context, builder, signature, args):
+            f32 = ir.FloatType()
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), name)
+            fn.attributes.add("nobuiltin")
+            return builder.call(fn, args)
+        if x == types.float32:
+            return types.float32(x), codegen
+    call.__name__ = call.__qualname__ = f"glibc_{name}"  # numba tells intrinsics apart by name
+    return intrinsic(call)
+
+
+GLIBC_CALLS = {name: glibc_call(name) for name in GLIBC}
+EXPF = GLIBC_CALLS["expf"]
+
+
+def lane(which, x, scalef):  # which a literal: a GLIBC name, "v_expf" or "v_silu"; f32, bool -> f32
+    raise TypeError("lane is compiled by numba, for a literal function name")
+
+
+def lane_kernel(which, scalef=False):  # -> Threaded (work, x f32 [n]) -> f32 [n] of lane(which, ., scalef)
+    def apply(x):  # the lane functions are pure: the elements may go to any thread
         out = np.empty_like(x)
         for i in numba.prange(x.size):
-            out[i] = fn(x[i])
+            out[i] = lane(which, x[i], scalef)
         return out
-    return threaded(cache=False)(apply)  # not cached: the glibc functions are ctypes pointers
+    return threaded(apply)
 
 
-KERNELS = {name: libm_kernel(fn) for name, fn in LIBM.items()}
+KERNELS = {name: lane_kernel(name) for name in GLIBC}
 
 
 def libm(name, x):  # as reference libm: "expf" | "cosf" | "sinf" | "tanhf" | "erff", [...] f32 -> [...] f32
@@ -37,7 +64,6 @@ from reference.ggml_cpu.libm import (C1, C2, C3, C4, C5, C_LN2_HI, C_LN2_LO, C_L
 
 from .rounding import bits_f32, f32_bits, fma32  # noqa: E402
 
-EXPF = LIBM["expf"]
 ONE, INF = np.float32(1), np.float32(np.inf)
 LOW32 = np.uint64(0xFFFFFFFF)
 
@@ -74,15 +100,21 @@ def v_silu_lane(x, scalef):  # f32, bool -> f32: x / (1 + v_expf(0 - x))
     return x / (ONE + v_expf_lane(np.float32(0) - x, scalef))
 
 
-def variant(fn, scalef):  # njit lane function (x, scalef) -> njit float(float) of that ggml_v_expf variant
-    return numba.njit(cache=False, inline="always")(lambda x: fn(x, scalef))
+@overload(lane, inline="always")
+def lane_overload(which, x, scalef):
+    if isinstance(which, types.StringLiteral) and which.literal_value in ("v_expf", "v_silu"):
+        lane_fn = v_expf_lane if which.literal_value == "v_expf" else v_silu_lane
+        return lambda which, x, scalef: lane_fn(x, scalef)
+    if isinstance(which, types.StringLiteral) and which.literal_value in GLIBC_CALLS:
+        call = GLIBC_CALLS[which.literal_value]
+        return lambda which, x, scalef: call(x)
 
 
-V_EXPF = {scalef: libm_kernel(variant(v_expf_lane, scalef)) for scalef in (True, False)}  # (work, f32 [n]) -> [n]
-V_SILU = {scalef: libm_kernel(variant(v_silu_lane, scalef)) for scalef in (True, False)}
+V_EXPF = {scalef: lane_kernel("v_expf", scalef) for scalef in (True, False)}  # (work, f32 [n]) -> [n]
+V_SILU = {scalef: lane_kernel("v_silu", scalef) for scalef in (True, False)}
 
 
-@threaded(cache=False)  # not cached: glibc expf is a ctypes pointer
+@threaded
 def silu_rows_2d(x, lanes, scalef):  # f32 [R, n] -> [R, n]: v_silu on whole registers, glibc x/(1+expf(-x)) on the tail
     R, n = x.shape
     whole = n - n % lanes
