@@ -380,7 +380,7 @@ def blocks(args):  # -> {"types": rows of {type, matrices, gb, kernel_s, floor_s
     xs = {n_in: rng.standard_normal((args.tokens, n_in)).astype(np.float32) for n_in in {weights.shape(m)[1] for m in kind}}
     data = {m: np.asarray(weights.raw(m)).view(np.uint8).reshape(-1) for m in kind}
     words = {m: b[:len(b) // 8 * 8].view(np.uint64) for m, b in data.items()}  # a tensor's last < 8 bytes skipped
-    kernel_floor.read_floor(words[next(iter(kind))][:1])
+    kernel_floor.read_floor(words[next(iter(kind))][:2], args.threads)
     for t in set(kind.values()):
         m = next(m for m in kind if kind[m] == t)
         backend.linear(xs[weights.shape(m)[1]], weights, m)
@@ -388,7 +388,7 @@ def blocks(args):  # -> {"types": rows of {type, matrices, gb, kernel_s, floor_s
     for m in tqdm(kind, desc="products", unit="matrix"):
         kernel_s[kind[m]] += timed(backend.linear, xs[weights.shape(m)[1]], weights, m)[1]
     for m in kind:
-        floor_s[kind[m]] += timed(kernel_floor.read_floor, words[m])[1]
+        floor_s[kind[m]] += timed(kernel_floor.read_floor, words[m], args.threads)[1]
         n_bytes[kind[m]] += data[m].nbytes
         count[kind[m]] += 1
     rows = [{"type": t, "matrices": count[t], "gb": n_bytes[t] / 1e9, "kernel_s": kernel_s[t], "floor_s": floor_s[t],
