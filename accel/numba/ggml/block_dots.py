@@ -228,7 +228,7 @@ def block_pointer(context, builder, signature, args, block_bytes):  # (raw, o, b
 
 def block_scales_intrinsic(kind):
     """The intrinsic scales int32 [16], mins int32 [8] <- block b of row o's scales and mins (SCALES),
-    for the kernels' scalar uses: Q6_K's offset through the 16-sums, the mins' sums."""
+    for k_vec_dot's scalar use of the mins (its scales stay in code_lanes' registers)."""
     block_bytes, read = BLOCK_BYTES[kind], SCALES[kind]
 
     @intrinsic
@@ -249,20 +249,26 @@ def code_lanes_intrinsic(kind):
     """The intrinsic lanes int32 [T, 8] <- block b of row o's k_vec_dot lanes times their scales
     (SCALES, read here from the block), against every activation row t: lane l = sum over the
     32-chunks c of scale(c, l) * sum_i code[32c + 4l + i] * q[t, b, 32c + 4l + i], the codes as the
-    type stores them (unsigned offsets stay in). The block is unpacked once, into registers, for all
-    T rows. int32 exact: |scale * code * q| <= 127 * 127 * 127 and 32 of those a lane."""
-    block_bytes, part, read_scales = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind]
+    type stores them; a type with an unsigned offset (Q6_K's 32) then takes it off lane l through
+    its pair of 16-sums, offset * (scale[2l] * bsums[t, b, 2l] + scale[2l + 1] * bsums[t, b, 2l + 1]),
+    as reference k_vec_dot does. The block is unpacked once, into registers, for all T rows. int32
+    exact: |scale * code * q| <= 127 * 127 * 127 and 32 of those a lane."""
+    block_bytes, part, read_scales, offset = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind], TYPES[kind][2]
 
     @intrinsic
-    def code_lanes(typingctx, raw, o, b, aq, grid, signs, lanes):
+    def code_lanes(typingctx, raw, o, b, aq, bsums, grid, signs, lanes):
         def codegen(context, builder, signature, args):
             tys = signature.args
             block = block_pointer(context, builder, signature, args, block_bytes)
             b_ = context.cast(builder, args[2], tys[2], types.intp)
-            grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (4, 5))
+            grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (5, 6))
             scales = read_scales(builder, block)[0]
             parts = [part(builder, block, grid_, signs_, p) for p in range(4)]
             part_scales = [scale_vector(builder, scales, p) for p in range(4)]
+            if offset:
+                sub_scales = ir.Constant(I32X16, None)
+                for i, v in enumerate(scales):
+                    sub_scales = builder.insert_element(sub_scales, v, constant(I32, i))
             n_rows = context.make_array(tys[3])(context, builder, args[3]).shape
             with cgutils.for_range(builder, builder.extract_value(n_rows, 0)) as loop:
                 acts = item_pointer(context, builder, tys[3], args[3], [loop.index, b_])
@@ -271,12 +277,19 @@ def code_lanes_intrinsic(kind):
                     four = dpbusd(builder, ir.Constant(I32X16, None), u, signed(builder, load_at(builder, acts, 64 * p, I8X64), mask))
                     total = builder.add(total, builder.mul(four, scale))
                 folded = builder.add(shuffle(builder, total, total, range(8)), shuffle(builder, total, total, range(8, 16)))
-                out = item_pointer(context, builder, tys[6], args[6], [loop.index])
+                if offset:
+                    sums = load_at(builder, item_pointer(context, builder, tys[4], args[4], [loop.index, b_]), 0, I32X16)
+                    weighted = builder.mul(sums, sub_scales)
+                    pairs = builder.add(shuffle(builder, weighted, weighted, range(0, 16, 2)),
+                                        shuffle(builder, weighted, weighted, range(1, 16, 2)))
+                    folded = builder.sub(folded, builder.mul(pairs, ir.Constant(I32X8, [offset] * 8)))
+                out = item_pointer(context, builder, tys[7], args[7], [loop.index])
                 builder.store(folded, builder.bitcast(out, I32X8.as_pointer()), align=1)
             return context.get_dummy_value()
-        if (raw.ndim == 2 and aq.ndim == 3 and aq.dtype == types.int8 and lanes.ndim == 2 and lanes.dtype == types.int32
-                and all(a.layout == "C" for a in (raw, aq, grid, signs, lanes))):
-            return types.none(raw, o, b, aq, grid, signs, lanes), codegen
+        if (raw.ndim == 2 and aq.ndim == 3 and aq.dtype == types.int8 and bsums.ndim == 3 and bsums.dtype == types.int32
+                and lanes.ndim == 2 and lanes.dtype == types.int32
+                and all(a.layout == "C" for a in (raw, aq, bsums, grid, signs, lanes))):
+            return types.none(raw, o, b, aq, bsums, grid, signs, lanes), codegen
     return code_lanes
 
 
@@ -447,7 +460,7 @@ def block_scales(kind, raw, o, b, scales, mins):  # kind a literal type name: it
     raise TypeError("block_scales is compiled by numba, for a literal type name")
 
 
-def code_lanes(kind, raw, o, b, aq, grid, signs, lanes):  # kind a literal type name: its code_lanes
+def code_lanes(kind, raw, o, b, aq, bsums, grid, signs, lanes):  # kind a literal type name: its code_lanes
     raise TypeError("code_lanes is compiled by numba, for a literal type name")
 
 
@@ -471,10 +484,10 @@ def block_scales_of(kind, raw, o, b, scales, mins):
 
 
 @overload(code_lanes, inline="always")
-def code_lanes_of(kind, raw, o, b, aq, grid, signs, lanes):
+def code_lanes_of(kind, raw, o, b, aq, bsums, grid, signs, lanes):
     if isinstance(kind, types.StringLiteral):
         lanes_of = CODE_LANES[kind.literal_value]
-        return lambda kind, raw, o, b, aq, grid, signs, lanes: lanes_of(raw, o, b, aq, grid, signs, lanes)
+        return lambda kind, raw, o, b, aq, bsums, grid, signs, lanes: lanes_of(raw, o, b, aq, bsums, grid, signs, lanes)
 
 
 @overload(tile_dots, inline="always")
@@ -486,14 +499,13 @@ def tile_dots_of(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0
 
 
 def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
-    """reference k_vec_dot on the raw blocks: per block the scales (and mins), code_lanes for every
-    activation row, Q6_K's offset taken off each lane through its pair of 16-sums, then fma(d_w * d_a,
+    """reference k_vec_dot on the raw blocks: per block the mins, code_lanes for every activation
+    row (Q6_K's offset taken off each lane there, through its pair of 16-sums), then fma(d_w * d_a,
     f32(lane), acc) lane by lane and the mins into min_lanes float lanes; post * hsum_float_8 at the
     end plus the mins folded as the reference folds them. The layout numbers are constants of each
     type's kernel."""
-    d_at, dmin_at, offset, min_lanes, post = TYPES[kind]
+    d_at, dmin_at, _, min_lanes, post = TYPES[kind]
     block_bytes, post, per_min_lane = BLOCK_BYTES[kind], F32(post), 8 // min_lanes
-    scalar_scales = offset != 0 or dmin_at >= 0  # IQ2_XXS, IQ3_XXS, IQ4_XS need them only in code_lanes
 
     @numba.njit(cache=True, parallel=True)
     def kernel(raw, grid, signs, aq, ad, bsums, sums32):
@@ -509,15 +521,11 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
                 summs[:] = 0
                 for b in range(nb):
                     at = block_bytes * b
-                    if scalar_scales:
+                    if dmin_at >= 0:  # the scales themselves only code_lanes needs, in registers
                         block_scales(kind, raw, o, b, scales, mins)
                     d = f16_at(raw, o, at + d_at)
-                    code_lanes(kind, raw, o, b, aq, grid, signs, lanes)
+                    code_lanes(kind, raw, o, b, aq, bsums, grid, signs, lanes)
                     for t in range(T):
-                        if offset:
-                            for p in range(8):
-                                pair = scales[2 * p] * bsums[t, b, 2 * p] + scales[2 * p + 1] * bsums[t, b, 2 * p + 1]
-                                lanes[t, p] -= offset * pair
                         if dmin_at >= 0:
                             dm = -ad[t, b] * f16_at(raw, o, at + dmin_at)
                             for j in range(min_lanes):
