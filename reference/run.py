@@ -120,7 +120,8 @@ def add_compute_flags(p):
                    help="with --numerics ggml-cpu: llama.cpp's flash attention (default off, on for --kv-type q8_0)")
     p.add_argument("--cpu", choices=tuple(TARGETS),
                    help="with --numerics ggml-cpu: the CPU build of llama.cpp to round as (default avx512; "
-                        "neon and neon-i8mm: ARM builds, NumPy only)")
+                        "neon and neon-i8mm: ARM builds by GCC, neon-clang and neon-i8mm-clang: the same by clang, as "
+                        "macOS builds; the ARM builds NumPy only)")
     p.add_argument("--repack", choices=("on", "off"),
                    help="with --numerics ggml-cpu: llama.cpp's CPU repack of the target's weight types "
                         "(default on; off as llama-cpp-python's use_extra_bufts=False or the tools' --no-repack)")

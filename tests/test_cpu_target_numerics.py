@@ -1,7 +1,7 @@
 """--numerics ggml-cpu for each CPU target against that target's own llama.cpp build
 (golden/cpu_targets/<target>/manifest.json: per preset x repack x KV type x flash attention x prompt,
 the sha256 of the float32 prefill logits [n_tokens, n_vocab] and of the decode-step logits fed
-llama.cpp's own greedy tokens). Bit-exact or not at all: the sha256 of our float32 logits must be
+llama.cpp's own greedy tokens; for the clang builds of the ARM targets, the manifest's "clang" entry). Bit-exact or not at all: the sha256 of our float32 logits must be
 llama.cpp's. CI runs a derived subset of presets (CPU_TARGET_FULL=1: every run of the manifest the target
 emulates)."""
 import hashlib
@@ -33,6 +33,8 @@ NEON_REPACKED_CI = ("Q8_0", "Q4_0", "Q4_K_M", "IQ4_NL", "Q1_0")
 CI = {"avx2": {"on": SUBSET, "off": SUBSET}, "avx512": {"on": SUBSET, "off": SUBSET},  # target -> repack -> presets
       "neon": {"off": ("Q8_0", "Q4_0", "Q4_K_M"), "on": NEON_REPACKED_CI},
       "neon-i8mm": {"off": ("Q8_0", "Q4_1", "Q4_K_M"), "on": NEON_REPACKED_CI}}
+CLANG = {"neon-clang": "neon", "neon-i8mm-clang": "neon-i8mm"}  # clang target -> the GCC one whose manifest has its runs
+CI.update({clang: CI[gcc] for clang, gcc in CLANG.items()})  # the same kernels, with clang's contractions
 FULL_RUNS = {target: {"on": None, "off": None} for target in CI}  # None: every preset
 
 
@@ -47,6 +49,26 @@ def manifest(target):  # -> the target's manifest; a skip only where the goldens
         pytest.skip(f"{path} absent (the cpu_targets goldens are committed by the tool that makes them)")
     with open(path) as f:
         return json.load(f)
+
+
+def target_runs(target):  # -> the manifest runs of the target's own llama.cpp build
+    """A clang build's runs are its GCC twin's, with the prompts whose logits differ taken from the
+    manifest's "clang" entry (make_cpu_target_goldens --clang records those, with the hashes and
+    greedy tokens that differ)."""
+    if target not in CLANG:
+        return manifest(target)["runs"]
+    m = manifest(CLANG[target])
+    differing = {(d["preset"], d["repack"], d["kv_type"], d["flash_attn"], d["prompt"]): d
+                 for d in m["clang"]["differing"]}
+    runs = []
+    for run in m["runs"]:
+        key = (run["preset"], run["repack"], run["kv_type"], run["flash_attn"])
+        prompts = []
+        for p in run["prompts"]:
+            d = differing.get(key + (p["id"],))
+            prompts.append(p if d is None else {**p, **{k: d[k] for k in d["differs"]}})
+        runs.append({**run, "prompts": prompts})
+    return runs
 
 
 def sha256(a):  # float32 array -> hex digest of its C-order bytes
@@ -75,7 +97,7 @@ def check_run(run, target, backend_class=GgmlCpuBackend):  # manifest run -> [(p
 def failures(target, backend_class=GgmlCpuBackend):  # -> one line per run and prompt whose logits differ
     """CI: the target's subset; CPU_TARGET_FULL=1: every run of the manifest the target emulates."""
     failed = []
-    for run in manifest(target)["runs"]:
+    for run in target_runs(target):
         if not checked(run, target):
             continue
         for prompt, prefill_ok, decode_ok in check_run(run, target, backend_class):
@@ -85,7 +107,7 @@ def failures(target, backend_class=GgmlCpuBackend):  # -> one line per run and p
     return failed
 
 
-@pytest.mark.parametrize("target", ["avx2", "avx512", "neon", "neon-i8mm"])
+@pytest.mark.parametrize("target", ["avx2", "avx512", "neon", "neon-i8mm", *CLANG])
 def test_target_bit_identical_to_its_llama_cpp(target):
     failed = failures(target)
     assert not failed, "\n".join(failed)

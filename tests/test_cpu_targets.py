@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import GOLDEN, ROOT
+from reference.ggml_cpu import target_of_system_info
 from tools import common
 from tools.parity import golden
 from tools.regen import make_cpu_target_goldens as cpu
@@ -97,6 +98,26 @@ def test_committed_arrays_are_the_hashed_logits(target):
                 assert a.dtype == np.float32 and a.shape == (len(p[f"{part}_argmax"]), 512), (key, p["id"])
                 assert float_sha256(a) == p[f"{part}_sha256"], (key, p["id"], part)
                 assert a.argmax(-1).tolist() == p[f"{part}_argmax"]
+
+
+@pytest.mark.parametrize("target", cpu.ARM)
+def test_clang_entry_is_whole(target):
+    """make_cpu_target_goldens --clang reran every run with the clang build and recorded the prompts
+    whose hashes or greedy tokens differ from GCC's: each names a run of the manifest, and what it
+    records differs from GCC's. The clang build's system_info shows the same features but OPENMP
+    (built without it, as macOS builds are); the compiler is not in it."""
+    m = manifest(target)
+    clang, runs = m["clang"], runs_by_key(target)
+    assert clang["n_runs"] == len(runs) and clang["compiler"].startswith("Debian clang version 14")
+    assert clang["system_info"] == m["system_info"].replace(" OPENMP = 1 |", "")
+    assert "-DGGML_OPENMP=OFF" in clang["cmake_flags"] and target_of_system_info(clang["system_info"]) == target
+    keys = set()
+    for d in clang["differing"]:
+        key = (d["preset"], d["repack"], d["kv_type"], d["flash_attn"])
+        gcc = next(p for p in runs[key]["prompts"] if p["id"] == d["prompt"])
+        assert d["differs"] and all(d[k] != gcc[k] for k in d["differs"]), (key, d["prompt"])
+        keys.add(key)
+    assert clang["n_runs_differing"] == len(keys)
 
 
 def test_avx512_plain_buffers_are_the_native_builds():

@@ -5,7 +5,8 @@ The builds it models (BUILD, target.py): llama.cpp 0c1e570 as llama-cpp-python 0
 with GCC, llamafile tinyBLAS and CPU repack on, glibc 2.36 libm, 2 threads, for one CPU target:
 `avx512` (the default: x86-64 AVX512 F/BW/DQ/VL/VNNI/BF16, what GGML_NATIVE makes on this kind of
 machine) or `avx2` (AVX2 + FMA + F16C + BMI2, most prebuilt x86 builds), or the ARM builds `neon` and
-`neon-i8mm` with CPU_REPACK off. The emulation itself runs anywhere; `host_differences` says where this
+`neon-i8mm` with CPU_REPACK off and on, and the same ARM builds compiled by clang (`neon-clang`,
+`neon-i8mm-clang`, as macOS builds are). The emulation itself runs anywhere; `host_differences` says where this
 machine could not run the modelled build.
 
 Each llama.cpp kernel is one function doing the same float32 operations in the same order: every
@@ -39,7 +40,7 @@ from .attention import (attention_flash, attention_mul_mat, attention_q8_0, flas
 from .backend import GgmlCpuBackend
 from .blocks import DECODERS, QuantRows, decode
 from .build import BUILD, KV_TYPES, UBATCH, GgmlCpuError
-from .target import DEFAULT_TARGET, TARGETS, Target, host_differences, target, target_of_system_info
+from .target import CLANG_BUILDS, DEFAULT_TARGET, TARGETS, Target, host_differences, target, target_of_system_info
 from .elementwise import gelu_erf, layer_norm, rms_norm, rope_2d, rope_norm, sigmoid, soft_max, softcap, swiglu
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled, vec_dot_q8_0

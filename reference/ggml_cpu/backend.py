@@ -17,8 +17,8 @@ class GgmlCpuBackend:
     flash attention, as in llama.cpp); flash_attn as the llama.cpp context had it (llama-cpp-python's
     default: off); repack: whether llama.cpp's CPU_REPACK buffer holds the weights (its default;
 off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_threads matters only for the KV-split flash-attention decode;
-    cpu: the CPU build of llama.cpp to round as (target.py: "avx2", "avx512", "neon", "neon-i8mm"; the
-    default avx512).
+    cpu: the CPU build of llama.cpp to round as (target.py: "avx2", "avx512", "neon", "neon-i8mm",
+    "neon-clang", "neon-i8mm-clang"; the default avx512).
     cache_bytes bounds the decoded weights kept between calls (the rest are decoded per call). Use a uniform cache
     and prompt chunks of at most UBATCH rows:
 

@@ -77,13 +77,19 @@ def vec_dot_f32(x, y, target=AVX512):  # x [..., n], y [..., n] f32 -> [...]: gg
     GCC vectorises the leftover loop as products added one by one in order, a register and then half
     a register at a time, and fuses the last (fewer than lanes/2) into FMAs: the AVX512 build's
     16 + 8 then < 8, the AVX2 build's 8 + 4 then < 4 (both read in their disassembly); the NEON
-    build 4 at a time, then < 4 fused (vec.cpp compiled with its flags by GCC 12)."""
+    build 4 at a time, then < 4 fused (vec.cpp compiled with its flags by GCC 12). clang 14 makes it
+    an ordered reduction of two registers of products at a time, the last < 8 by FMA (the
+    disassembly of its neon-i8mm build's libggml-cpu.so; llama.cpp/ggml/src/ggml-cpu/vec.cpp:124-126)."""
     x, y = np.broadcast_arrays(x, y)
     n, step = x.shape[-1], 4 * target.lanes
     whole = n - n % step
     total = vec_body(x[..., :whole], y[..., :whole], target.lanes)
     rest = n - whole
-    plain = rest - rest % (target.lanes if target.neon else target.lanes // 2)
+    if target.compiler == "clang":
+        group = 2 * target.lanes
+    else:
+        group = target.lanes if target.neon else target.lanes // 2
+    plain = rest - rest % group
     products = x[..., whole:whole + plain] * y[..., whole:whole + plain]
     for i in range(plain):
         total = total + products[..., i]

@@ -19,6 +19,16 @@ def f32_of(i):  # int [...] -> f32 [...]: vcvtdq2ps, round to nearest even
     return np.asarray(i).astype(F32)
 
 
+def multiply_add(acc, x, y, fused):  # f32 arrays (broadcast) -> acc + x*y: one FMA, or a multiply then an add
+    """NEON's vmlaq_f32 / vmlaq_n_f32 are fused where the build's compiler fuses them
+    (Target.mla_fused: clang, not GCC)."""
+    return fma32(x, y, acc) if fused else acc + x * y
+
+
+def multiply_subtract(acc, x, y, fused):  # -> acc - x*y, as vmlsq_f32 (Target.mla_fused)
+    return fma32(-x, y, acc) if fused else acc - x * y
+
+
 # ---------------------------------------------------------------------------------------------
 # Quantized dot products, one function per kernel family
 
@@ -36,18 +46,16 @@ def q0_accumulate(lanes, scale, accumulators=1, target=AVX512):  # lanes [..., n
     fma(d, f32(isum), sum). NEON: two vdotq_s32 over the block's halves, added: lane l holds elements
     4l..4l+3 and 16+4l..16+4l+3 (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:1305-1314); tinyBLAS_Q0_ARM
     keeps one accumulator, the vec_dots two (even and odd blocks, llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1355-1382),
-    each reduced by vaddvq_f32 and the two sums added; acc + f32(lane) * d_w*d_a unfused (vmlaq_n_f32);
-    the odd last block as on x86."""
+    each reduced by vaddvq_f32 and the two sums added; acc + f32(lane) * d_w*d_a by vmlaq_n_f32 (fused
+    where the compiler fuses it, Target.mla_fused); the odd last block as on x86."""
     if target.neon:
         lanes = lanes[..., :4] + lanes[..., 4:]
     nb = lanes.shape[-2]
     paired = nb - nb % accumulators
     acc = np.zeros((accumulators,) + lanes.shape[:-2] + (lanes.shape[-1],), F32)
+    fused = target.mla_fused or not target.neon  # x86: the FMA intrinsics
     for b in range(paired):
-        if target.neon:  # vmlaq_n_f32: a multiply, then an add (GCC 12 arm_neon.h:6840-6843, fmul + fadd)
-            acc[b % accumulators] = acc[b % accumulators] + f32_of(lanes[..., b, :]) * scale[..., b, None]
-        else:
-            acc[b % accumulators] = fma32(scale[..., b, None], f32_of(lanes[..., b, :]), acc[b % accumulators])
+        acc[b % accumulators] = multiply_add(acc[b % accumulators], f32_of(lanes[..., b, :]), scale[..., b, None], fused)
     if target.neon:
         out = hsum4(acc[0]) + hsum4(acc[1]) if accumulators == 2 else hsum4(acc[0])
     else:
@@ -87,7 +95,7 @@ def q5_1_vec_dot(w, a):  # Q5_1 rows, Q8_1 acts -> [T, O]: ggml_vec_dot_q5_1_q8_
     return hsum8(acc) + summs
 
 
-def neon_q1_vec_dot(w, a, kind):  # Q4_1/Q5_1 rows, Q8_1 acts -> [T, O]: ggml_vec_dot_q{4,5}_1_q8_1 (NEON)
+def neon_q1_vec_dot(w, a, kind, target):  # Q4_1/Q5_1 rows, Q8_1 acts, a NEON Target -> [T, O]: ggml_vec_dot_q{4,5}_1_q8_1
     """Blocks in pairs into two 4-lane accumulators as the NEON Q0 vec_dots (q0_accumulate), the
     minimums m_w*s_a into scalars: Q5_1 two, each by FMA (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1071-1072, 1122),
     Q4_1 one, adding fma(m_0, s_0, m_1*s_1) per pair (quants.c:700, 727); the result is
@@ -101,7 +109,7 @@ def neon_q1_vec_dot(w, a, kind):  # Q4_1/Q5_1 rows, Q8_1 acts -> [T, O]: ggml_ve
     acc = np.zeros((2, T, O, 4), F32)
     summs = np.zeros((2, T, O), F32)
     for b in range(paired):
-        acc[b % 2] = acc[b % 2] + lanes[:, :, b] * scale[:, :, b, None]
+        acc[b % 2] = multiply_add(acc[b % 2], lanes[:, :, b], scale[:, :, b, None], target.mla_fused)
         if kind == "Q5_1":
             summs[b % 2] = fma32(w.m[None, :, b], a.s[:, None, b], summs[b % 2])
         elif b % 2:
@@ -161,10 +169,10 @@ def k_repacked_rows(w, a, elements_per_fma):  # Q4_K/Q2_K rows, Q8_K acts -> [T,
     return acc - acc_min
 
 
-def neon_k_repacked_rows(w, a, scale_elements, min_elements):  # Q4_K/Q5_K rows, Q8_K acts -> [T, O]
+def neon_k_repacked_rows(w, a, scale_elements, min_elements, target):  # Q4_K/Q5_K rows, Q8_K acts -> [T, O]
     """The NEON repacked q4_K/q5_K kernels that add the scale part by FMA every scale_elements
     elements, acc = fma(f32(S), d_w*d_a, acc), and take the min part away every min_elements,
-    acc - f32(M) * dmin_w*d_a, a multiply then a subtraction (vmlsq_f32)."""
+    acc - f32(M) * dmin_w*d_a by vmlsq_f32 (fused where the compiler fuses it, Target.mla_fused)."""
     dots = int_dot(w.values, a.q, w.sub) * w.scales[None]  # [T, O, nb, nsub]
     mins = sub_block_sums(a, w.sub)[:, None] * w.mins[None]
     T, O, nb, nsub = dots.shape
@@ -177,7 +185,7 @@ def neon_k_repacked_rows(w, a, scale_elements, min_elements):  # Q4_K/Q5_K rows,
         for g in range(M.shape[3]):
             for p in range(per_min):
                 acc = fma32(S[:, :, b, g, p], d[:, :, b], acc)
-            acc = acc - M[:, :, b, g] * m[:, :, b]
+            acc = multiply_subtract(acc, M[:, :, b, g], m[:, :, b], target.mla_fused)
     return acc
 
 
@@ -221,13 +229,16 @@ NEON_K_EPILOGUES = {
 MMLA_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # type_traits_cpu nrows = 2 under i8mm (ggml-cpu.c:240-332)
 
 
-def mmla_vec_dot(w, a, kind):  # rows, Q8_0/Q8_1/Q8_K acts -> [T, O]: the i8mm vec_dots with nrc == 2
+def mmla_vec_dot(w, a, kind, fused):  # rows, Q8_0/Q8_1/Q8_K acts -> [T, O]: the i8mm vec_dots with nrc == 2
     """vmmlaq_s32 gives each (weight row, activation row) its whole-block integer; one float32 lane per
-    output then takes, block by block, acc + f32(I) * d_w*d_a unfused (vmlaq_f32: fmul + fadd):
+    output then takes, block by block, acc + f32(I) * d_w*d_a (vmlaq_f32; fused: as one FMA, Target.mla_fused):
     Q8_0, Q4_0 (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:1169-1225, 316-382), Q6_K with the 32 per bsum
     inside I (quants.c:3178-3340); Q4_K first subtracts f32(M) * dmin_w*d_a, then adds f32(S) * d_w*d_a
-    (vmlsq_f32, vmlaq_f32, quants.c:2689, 2697); Q4_1 adds the minimums m_w*s_a, accumulated by FMA
-    (GCC fuses the vaddq of their products, quants.c:630), after the blocks (quants.c:609-680)."""
+    (vmlsq_f32, vmlaq_f32, quants.c:2689, 2697); Q4_1 adds the minimums m_w*s_a, accumulated (GCC fuses
+    the vaddq of their products, quants.c:630; clang does not, but the product of two halves is exact
+    in float32, so both round the sum alone), after the blocks (quants.c:609-680). The repacked
+    kernels whose epilogue is this one pass fused=False where they multiply and add by separate
+    intrinsics (vmulq_f32, vaddq_f32), which no compiler here fuses."""
     if kind in ("Q8_0", "Q4_0", "Q4_1"):
         S, M = f32_of(int_dot(w.values, a.q, 32)[..., 0]), None
     else:
@@ -238,8 +249,8 @@ def mmla_vec_dot(w, a, kind):  # rows, Q8_0/Q8_1/Q8_K acts -> [T, O]: the i8mm v
     summs = np.zeros(S.shape[:2], F32)
     for b in range(S.shape[2]):
         if M is not None:
-            acc = acc - M[..., b] * (a.d[:, None, b] * w.dmin[None, :, b])
-        acc = acc + S[..., b] * d[..., b]
+            acc = multiply_subtract(acc, M[..., b], a.d[:, None, b] * w.dmin[None, :, b], fused)
+        acc = multiply_add(acc, S[..., b], d[..., b], fused)
         if kind == "Q4_1":
             summs = fma32(w.m[None, :, b], a.s[:, None, b], summs)
     return acc + summs if kind == "Q4_1" else acc

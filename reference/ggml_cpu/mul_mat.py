@@ -30,16 +30,17 @@ TILED_MIN_ROWS = 8
 NEON_REPACKED_BY_4 = ("Q4_0", "IQ4_NL", "Q8_0", "Q1_0")  # repacked 4 rows at a time on NEON (repack.cpp:4975-5140)
 # The NEON layouts emulated -> ((gemv, gemm) of the dotprod layout, (gemv, gemm) of the i8mm one), each how it adds
 # a block's integer I into one float per output (d = d_w*d_a, m = dmin_w*d_a): "fma", acc = fma(f32(I), d, acc)
-# (vfmaq_f32, asm fmla); "mla", acc - f32(M)*m where the type has mins, then + f32(I)*d, each a multiply then an
-# add (vmlsq_f32, vmlaq_f32; vmulq_f32 then vaddq_f32); (s, g): fma(f32(I_s), d, acc) per s elements, then
-# acc - f32(M_g)*m (vmlsq_f32) per g elements; "wide", per 128-block inner = fma(f32(I_k), d_a_k, inner) over its
+# (vfmaq_f32, asm fmla); "mla", acc - f32(M)*m where the type has mins, then + f32(I)*d (vmlsq_f32, vmlaq_f32:
+# a multiply then an add under GCC, one FMA under clang, Target.mla_fused); "mul_add", acc + f32(I)*d by
+# vmulq_f32 then vaddq_f32, a multiply then an add under both; (s, g): fma(f32(I_s), d, acc) per s elements, then
+# acc - f32(M_g)*m (vmlsq_f32, as "mla") per g elements; "wide", per 128-block inner = fma(f32(I_k), d_a_k, inner) over its
 # four Q8_0 blocks, then acc = fma(inner, d_w, acc) (vfmaq_n_f32 / vfmaq_laneq_f32, vfmaq_f32). Source lines: llama.cpp/ggml/src/ggml-cpu/arch/arm/repack.cpp.
 NEON_REPACKED_EPILOGUES = {
     "Q8_0": (("fma", "mla"), ("fma", "fma")),  # q8_0_4x4 / 4x8: 1762, 5134-5137 / 1831, 5283-5286
     "Q4_0": (("fma", "fma"), ("fma", "fma")),  # q4_0_4x4 / 4x8: 278, asm fmla 2102-2114 / 344, asm fmla 2567-2582
     "Q1_0": (("wide", "wide"), ("wide", "wide")),  # q1_0_4x4 / 4x8: 1893-1895, 5358-5367 / 1955-1958, 5444-5453
     "IQ4_NL": (("mla", "mla"), ("mla", "mla")),  # iq4_nl_4x4 on both targets: 509, 3370-3373
-    "Q6_K": (("mla", "mla"), ("mla", "mla")),  # q6_K_8x4 / 8x8: 1500-1504, 4845-4846 / 1699-1705, 5060-5061
+    "Q6_K": (("mul_add", "mla"), ("mul_add", "mla")),  # q6_K_8x4 / 8x8: 1500-1504, 4845-4846 / 1699-1705, 5060-5061
     # q4_K_8x4: 696-702, 716-717; 3621-3627, 3646-3648. q4_K_8x8: 846-850, 866-867; 4393-4395
     "Q4_K": (((64, 256), (64, 256)), ((32, 256), "mla")),
     # q5_K_8x4: 1009-1015, 1027-1028; 3850-3856, 3875-3877. q5_K_8x8: 1302-1313; 4640-4642
@@ -124,12 +125,13 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
                                                           q0_accumulators(kind, len(x), target), target),
         "q5_1_vec_dot": lambda x, w, kind, target: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
         "mmla_vec_dot": lambda x, w, kind, target: k.mmla_vec_dot(
-            w, k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target), kind),
+            w, k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target), kind,
+            target.mla_fused),
         "neon_repacked": lambda x, w, kind, target: neon_repacked(x, w, kind, target, k),
         "neon_wide_block_vec_dot": lambda x, w, kind, target: k.neon_wide_block_vec_dot(
             w, k.quantize_q8_0(x, target), target),
         "neon_iq4_nl_vec_dot": lambda x, w, kind, target: k.neon_iq4_nl_vec_dot(w, k.quantize_q8_0(x, target)),
-        "neon_q1_vec_dot": lambda x, w, kind, target: k.neon_q1_vec_dot(w, k.quantize_q8_0(x, target), kind),
+        "neon_q1_vec_dot": lambda x, w, kind, target: k.neon_q1_vec_dot(w, k.quantize_q8_0(x, target), kind, target),
         "wide_block_vec_dot": lambda x, w, kind, target: k.wide_block_vec_dot(w, k.quantize_q8_0(x),
                                                                               8 if kind == "Q1_0" else 1),
         "q2_k_vec_dot": lambda x, w, kind, target: k.q2_k_vec_dot(w, k.quantize_q8_k(x, target=target), target),
@@ -158,9 +160,9 @@ def neon_repacked(x, w, kind, target, kernels):  # x [T, K] f32, rows of a NEON_
             return kernels.q0_repacked(w, a)
         if epilogue == "wide":
             return kernels.wide_block_vec_dot(w, a, 1)
-        if epilogue == "mla":
-            return kernels.mmla_vec_dot(w, a, kind if k_quant else "Q8_0")
-        return kernels.neon_k_repacked_rows(w, a, *epilogue)
+        if epilogue in ("mla", "mul_add"):
+            return kernels.mmla_vec_dot(w, a, kind if k_quant else "Q8_0", epilogue == "mla" and target.mla_fused)
+        return kernels.neon_k_repacked_rows(w, a, *epilogue, target)
 
     n4 = len(x) - len(x) % 4
     parts = []

@@ -30,7 +30,8 @@ def quantize_q8_k(x, prefer_positive=False, target=AVX512):  # x [T, K] f32 -> Q
     """iscale = -127/max with max the signed element of largest |x| (the first one; the 4x8 repack
     quantizer takes the positive one when +max and -max tie), q = min(127, rint(iscale*x)),
     d = 1/iscale (f32, not rounded to f16). On aarch64 GCC fuses nearest_int's iscale*x + 12582912
-    (llama.cpp/ggml/src/ggml-quants.c:621-626, an fmla in the build), so the exact product is rounded."""
+    (llama.cpp/ggml/src/ggml-quants.c:621-626, an fmla in the build), so the exact product is rounded;
+    clang rounds the product first, an argument of nearest_int (Target.contracts_across_statements)."""
     blocks = x.reshape(len(x), -1, 256)
     absx = np.abs(blocks)
     amax = np.max(absx, axis=-1)
@@ -39,6 +40,6 @@ def quantize_q8_k(x, prefer_positive=False, target=AVX512):  # x [T, K] f32 -> Q
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = np.where(amax != 0, F32(-127) / signed_max, F32(0)).astype(F32)
         d = np.where(amax != 0, F32(1) / iscale, F32(0)).astype(F32)
-    product = np.multiply(blocks, iscale[..., None], dtype=np.float64 if target.neon else F32)
+    product = np.multiply(blocks, iscale[..., None], dtype=np.float64 if target.contracts_across_statements else F32)
     q = np.minimum(127, np.rint(product)).astype(np.int64)
     return QuantActs(d, q, bsums=q.reshape(q.shape[:-1] + (16, 16)).sum(-1))

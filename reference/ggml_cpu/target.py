@@ -1,12 +1,14 @@
 """The CPU builds of llama.cpp the mode models (`--cpu TARGET`): what each one compiles that rounds
 differently (docs/ggml-cpu-numerics.md, a section per target). A target is a parameter of the kernel
 families, never a copy of them: the register width of the float kernels, which ggml_v_expf, which
-weight types the CPU_REPACK buffer takes, whether the tiled kernel exists, the ARM kernels. The NEON
-targets emulate every weight type with CPU_REPACK off and on (mul_mat.NEON_REPACKED_EPILOGUES)."""
+weight types the CPU_REPACK buffer takes, whether the tiled kernel exists, the ARM kernels, and for
+the ARM builds the compiler, whose contractions round differently (GCC 12 or clang 14, as macOS
+builds). The NEON targets emulate every weight type with CPU_REPACK off and on
+(mul_mat.NEON_REPACKED_EPILOGUES)."""
 import os
 import platform
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .build import BUILD_GLIBC, GgmlCpuError
 
@@ -29,6 +31,22 @@ class Target:
     mmla: bool = False  # __ARM_FEATURE_MATMUL_INT8: Q4_0/Q4_1/Q8_0/Q4_K/Q6_K vec_dots of 2 rows x 2 rows (nrc == 2)
     rope_sin_fused: bool = False  # rope_norm's vectorised x0*c - x1*s fused on the sin product (NEON's fmls)
     rope_tail_fused: bool = False  # the last (pairs mod rope_group) pairs by scalar FMAs rather than plain
+    compiler: str = "gcc"  # the build's compiler: "gcc" (Debian's GCC 12) or "clang" (clang 14, ARM targets)
+
+    @property
+    def mla_fused(self):  # vmlaq_f32 / vmlaq_n_f32 / vmlsq_f32 as one FMA rather than a multiply and an add
+        """clang's arm_neon.h writes them as one C expression, `__p0 + __p1 * __p2` (clang 14's
+        arm_neon.h:14493, 14947, 15155), which it contracts (-ffp-contract=on); GCC 12's are builtins
+        it expands to fmul + fadd (GCC 12 arm_neon.h:6840-6843, 19162-19165, 19360-19363)."""
+        return self.compiler == "clang"
+
+    @property
+    def contracts_across_statements(self):  # a product fused into the add of another statement (GCC on aarch64)
+        """GCC's default -ffp-contract=fast contracts after inlining, across statements, wherever FMA is
+        baseline (aarch64): nearest_int(iscale*x) in quantize_row_q8_K_ref, the i8mm Q4_1 minimums,
+        llama-perplexity's u16 codes. clang contracts only within one expression, so those products
+        are rounded first, as on x86 (where the x86 code is SIMD or built without FMA)."""
+        return self.neon and self.compiler == "gcc"
 
     @property
     def f16_lanes(self):  # halves per F16 register: GGML_F16_EPR, tinyBLAS's KN for F16 weights
@@ -45,20 +63,31 @@ class Target:
 
 
 NEON_REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q1_0")
+NEON = Target("neon", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp"),
+              neon=True, rope_sin_fused=True, rope_tail_fused=True)
+NEON_I8MM = replace(NEON, name="neon-i8mm", cpu_flags=("asimddp", "fphp", "i8mm"), llamafile=False, mmla=True)
+
+
+def clang_build(gcc_target):  # an ARM Target -> the same build compiled by clang
+    """rotate_pairs' x0*c - x1*s and x0*s + x1*c (llama.cpp/ggml/src/ggml-cpu/ops.cpp:6305-6306) each
+    contracted on its first product in every pair, vectorised or not: fma(x0, c, -(x1*s)),
+    fma(x0, s, x1*c)."""
+    return replace(gcc_target, name=f"{gcc_target.name}-clang", compiler="clang", rope_sin_fused=False,
+                   rope_tail_fused=True)
+
+
+CLANG_BUILDS = {t.name: clang_build(t) for t in (NEON, NEON_I8MM)}  # GCC target name -> the clang build
 TARGETS = {t.name: t for t in (
     Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, True, 1, "x86_64",
            ("avx2", "fma", "f16c", "bmi2")),
     Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, False, 4, "x86_64",
            ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "fma", "f16c")),
-    Target("neon", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp"),
-           neon=True, rope_sin_fused=True, rope_tail_fused=True),
-    Target("neon-i8mm", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp", "i8mm"),
-           neon=True, llamafile=False, mmla=True, rope_sin_fused=True, rope_tail_fused=True),
+    NEON, NEON_I8MM, *CLANG_BUILDS.values(),
 )}
 DEFAULT_TARGET = "avx512"
 
 
-def target(name):  # "avx2" | "avx512" | "neon" | "neon-i8mm" -> Target, or GgmlCpuError
+def target(name):  # "avx2" | "avx512" | "neon" | "neon-i8mm" | "neon-clang" | "neon-i8mm-clang" -> Target, or GgmlCpuError
     if name not in TARGETS:
         raise GgmlCpuError(f"unknown CPU target {name!r} ({', '.join(TARGETS)})")
     return TARGETS[name]
@@ -69,7 +98,8 @@ SYSTEM_INFO_FEATURE = re.compile(r"\b([A-Z0-9_]+) = 1\b")
 
 def target_of_system_info(text):  # llama.cpp's system_info line(s) -> the target name they show, or None
     """ggml_cpu_get_features lists the features the build was compiled with (ggml-cpu.cpp:547-645):
-    AVX512 builds also show AVX2, i8mm builds (MATMUL_INT8) also DOTPROD."""
+    AVX512 builds also show AVX2, i8mm builds (MATMUL_INT8) also DOTPROD. It does not name the
+    compiler: an ARM line is read as the GCC build (CLANG_BUILDS holds the clang one)."""
     on = set(SYSTEM_INFO_FEATURE.findall(text))
     if "AVX512" in on:
         return "avx512"

@@ -51,7 +51,8 @@ Threshold (a point diverges when its NMSE is above it, or its sums disagree):
                       another engine with --threshold (e.g. 5e-4 for quantized matmuls) or --noise-floor.
 
 llama.cpp's configuration. A text dump shows how llama.cpp was set up: the CPU build (its
-system_info line: avx2, avx512, neon or neon-i8mm), the cache types (the type of the cache_k_l* /
+system_info line: avx2, avx512, neon or neon-i8mm; a clang build of an ARM target shows the same line,
+and is --cpu neon-clang or neon-i8mm-clang), the cache types (the type of the cache_k_l* /
 cache_v_l* nodes), flash attention (FLASH_ATTN_EXT nodes) and the ubatches (the passes). The exact
 reference rounds as float32 math, as llama.cpp does with `-ctk f32 -ctv f32 -fa off`; an F16 or
 Q8_0 cache or flash attention rounds otherwise from the first attention output on

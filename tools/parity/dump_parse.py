@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from reference import artifacts, factory
-from reference.ggml_cpu import DEFAULT_TARGET, TARGETS, target_of_system_info
+from reference.ggml_cpu import CLANG_BUILDS, DEFAULT_TARGET, TARGETS, target_of_system_info
 
 from tools.parity.hf_names import HF_DEBUGGER_MISSING, HF_DEBUGGER_POINTS, HF_TEXT_MODULES, debugger_module, trace_layout
 
@@ -263,12 +263,16 @@ class LlamaConfig:
 
     def cpu_note(self, cpu=None):  # --cpu given or None -> a line on the CPU target the reference takes, or None
         default = f"the reference rounds as {DEFAULT_TARGET}, the default"
+        clang = CLANG_BUILDS.get(self.cpu)  # an ARM build: its system_info does not show the compiler
         if cpu:
-            return f"--cpu {cpu}: the dump's system_info shows the {self.cpu} build" if self.cpu not in (None, cpu) else None
+            shown = self.cpu in (None, cpu) or (clang is not None and clang.name == cpu)
+            return None if shown else f"--cpu {cpu}: the dump's system_info shows the {self.cpu} build"
         if self.system_info is None:
             return f"the dump logs no system_info line (its CPU build): {default}"
         if self.cpu is None:
             return f"the dump's system_info shows none of the CPU builds {', '.join(TARGETS)}: {default}"
+        if clang is not None:
+            return f"system_info does not show the compiler: a clang build (as on macOS) is --cpu {clang.name}"
         return None
 
     def reference_options(self, cpu=None):  # --cpu or None -> reference.run options rounding as this configuration

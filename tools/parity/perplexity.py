@@ -6,7 +6,8 @@
     python -m tools.perplexity -m M.gguf --kl-divergence-base BASE.kld --kl-divergence   KL statistics
     python -m tools.perplexity --compare-kld ENGINE.kld REF.kld        two bases, without a model
     (the reference's own: --numerics exact|ggml-cpu, --backend numpy|numba, --dtype float32|float64,
-     with ggml-cpu -fa, -ctk, --no-repack and --cpu avx2|avx512|neon|neon-i8mm, llama.cpp's CPU build)
+     with ggml-cpu -fa, -ctk, --no-repack and --cpu avx2|avx512|neon|neon-i8mm|neon-clang|neon-i8mm-clang,
+     llama.cpp's CPU build)
 
 The text (its bytes, as llama.cpp reads them: a CRLF file keeps its \\r; one trailing \\n is dropped)
 is tokenized whole with BOS, cut into chunks of n_ctx tokens, each chunk's first token replaced by BOS,
@@ -116,7 +117,8 @@ def uint16_rows(logits, fused=False):  # [N, V] f32 -> [N, row_width(V)] u16: lo
     """fused: llama-perplexity built by aarch64 GCC, which contracts nearest_int's `fval + 12582912.f`
     with the product `inv_scale*(logits[i] - min_logit)` into one FMA (-ffp-contract=fast, the
     inlined nearest_int of tools/perplexity/perplexity.cpp:72-77, 101): the product is not rounded
-    to float32 first. On x86-64 only ggml is compiled for the CPU's features (GGML_NATIVE, the
+    to float32 first. clang contracts only within one expression, so its builds round the product.
+    On x86-64 only ggml is compiled for the CPU's features (GGML_NATIVE, the
     GGML_AVX* flags); the tools are built for baseline x86-64, which has no FMA, so the product rounds."""
     n, V = logits.shape
     max_logit = logits.max(axis=1)
@@ -615,7 +617,7 @@ class BaseWriters:
 
     def __init__(self, args, n_vocab, tokens, numerics):  # tokens [n_chunk * n_ctx], the chunks scored
         self.n_ctx, self.n_vocab, self.tokens, self.f32_rows, self.numerics = args.ctx_size, n_vocab, tokens, [], numerics
-        self.fused_codes = args.cpu is not None and TARGETS[args.cpu].neon  # an ARM llama-perplexity's codes
+        self.fused_codes = args.cpu is not None and TARGETS[args.cpu].contracts_across_statements  # GCC on ARM
         self.f32_path, self.top_k = args.kl_divergence_base_f32, args.kl_top_k
         self.u16 = KldWriter(args.kl_divergence_base, self.n_ctx, n_vocab, tokens) if args.kl_divergence_base else None
 
