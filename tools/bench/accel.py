@@ -371,11 +371,10 @@ def blocks(args):  # -> {"types": rows of {type, matrices, gb, kernel_s, floor_s
     compilation or its cache is not a forward's cost."""
     from tools.bench import kernel_floor
     set_threads(args.threads)
-    text_vocab(args.model)  # a text model, or refused before anything is timed
-    reader = gguf.open_reader(args.model)
-    weights = gguf.Weights(reader, args.model)
+    weights = gguf.load(args.model, "text").weights  # a text model, or refused before anything is timed
     backend = factory.backend(factory.Build(backend="numba", numerics="ggml-cpu", repack=False, n_threads=args.threads))
-    kind = {t.name: weights.type_name(t.name) for t in reader.tensors if len(t.shape) == 2 and t.name != "token_embd.weight"}
+    kind = {name: weights.type_name(name) for name, t in weights.tensors.items()  # the file's order
+            if len(t.shape) == 2 and name != "token_embd.weight"}
     rng = np.random.default_rng(0)
     xs = {n_in: rng.standard_normal((args.tokens, n_in)).astype(np.float32) for n_in in {weights.shape(m)[1] for m in kind}}
     data = {m: np.asarray(weights.raw(m)).view(np.uint8).reshape(-1) for m in kind}
@@ -385,12 +384,13 @@ def blocks(args):  # -> {"types": rows of {type, matrices, gb, kernel_s, floor_s
         m = next(m for m in kind if kind[m] == t)
         backend.linear(xs[weights.shape(m)[1]], weights, m)
     kernel_s, floor_s, n_bytes, count = ({t: 0 for t in kind.values()} for _ in range(4))
+    for m in kind:
+        n_bytes[kind[m]] += data[m].nbytes
+        count[kind[m]] += 1
     for m in tqdm(kind, desc="products", unit="matrix"):
         kernel_s[kind[m]] += timed(backend.linear, xs[weights.shape(m)[1]], weights, m)[1]
     for m in kind:
         floor_s[kind[m]] += timed(kernel_floor.read_floor, words[m], args.threads)[1]
-        n_bytes[kind[m]] += data[m].nbytes
-        count[kind[m]] += 1
     rows = [{"type": t, "matrices": count[t], "gb": n_bytes[t] / 1e9, "kernel_s": kernel_s[t], "floor_s": floor_s[t],
              "kernel_gb_s": n_bytes[t] / 1e9 / kernel_s[t], "floor_gb_s": n_bytes[t] / 1e9 / floor_s[t]} for t in kernel_s]
     total = {key: sum(r[key] for r in rows) for key in ("matrices", "gb", "kernel_s", "floor_s")}
