@@ -143,6 +143,9 @@ def attention_cases(rng):
         ("prefill chunk, SWA ring", (4, 18, 4, 2, 32), ops.causal_visible(np.arange(16, 20), ring_pos, 8)),
         ("vision windows of 16", (64, 64, 2, 2, 32), window_visible(64, 16)),
         ("a query with no key", (2, 6, 2, 1, 8), np.array([[True] * 6, [False] * 6])),
+        # 42 query rows per kv head: the blocked route (attention.ROW_BLOCK), edges in rows and keys;
+        # query t sees keys s < t % 11, so queries 0 and 11 see none
+        ("blocks, queries with no key", (21, 11, 4, 2, 8), np.arange(11)[None, :] < np.arange(21)[:, None] % 11),
     ]
     cases = []
     for name, (T, S, H, Hkv, D), visible in setups:
