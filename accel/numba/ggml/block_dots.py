@@ -226,12 +226,18 @@ def block_pointer(context, builder, signature, args, block_bytes):  # (raw, o, b
     return item_pointer(context, builder, tys[0], args[0], [o_, builder.mul(b_, constant(b_.type, block_bytes))])
 
 
+def of_kind(fn, kind):  # an intrinsic's typing function -> the intrinsic, named for its type
+    """numba tells intrinsics apart by name: the kinds' intrinsics under one name could load one
+    another's code from the cache in a new process, as glibc_call's once did (libm.py)."""
+    fn.__name__ = fn.__qualname__ = f"{fn.__name__}_{kind}"
+    return intrinsic(fn)
+
+
 def block_scales_intrinsic(kind):
     """The intrinsic scales int32 [16], mins int32 [8] <- block b of row o's scales and mins (SCALES),
     for k_vec_dot's scalar use of the mins (its scales stay in code_lanes' registers)."""
     block_bytes, read = BLOCK_BYTES[kind], SCALES[kind]
 
-    @intrinsic
     def block_scales(typingctx, raw, o, b, scales, mins):
         def codegen(context, builder, signature, args):
             block = block_pointer(context, builder, signature, args, block_bytes)
@@ -242,7 +248,7 @@ def block_scales_intrinsic(kind):
             return context.get_dummy_value()
         if raw.ndim == 2 and all(a.layout == "C" for a in (raw, scales, mins)):
             return types.none(raw, o, b, scales, mins), codegen
-    return block_scales
+    return of_kind(block_scales, kind)
 
 
 def code_lanes_intrinsic(kind):
@@ -255,7 +261,6 @@ def code_lanes_intrinsic(kind):
     exact: |scale * code * q| <= 127 * 127 * 127 and 32 of those a lane."""
     block_bytes, part, read_scales, offset = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind], TYPES[kind][2]
 
-    @intrinsic
     def code_lanes(typingctx, raw, o, b, aq, bsums, grid, signs, lanes):
         def codegen(context, builder, signature, args):
             tys = signature.args
@@ -290,7 +295,7 @@ def code_lanes_intrinsic(kind):
                 and lanes.ndim == 2 and lanes.dtype == types.int32
                 and all(a.layout == "C" for a in (raw, aq, bsums, grid, signs, lanes))):
             return types.none(raw, o, b, aq, bsums, grid, signs, lanes), codegen
-    return code_lanes
+    return of_kind(code_lanes, kind)
 
 
 @intrinsic
@@ -331,7 +336,6 @@ def tile_dots_intrinsic(kind):
     block_bytes, part, read_scales, n_sub = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind], N_SUB[kind]
     biased, has_min, per_sub = tile_bias(kind) != 0, TYPES[kind][1] >= 0, 64 // N_SUB[kind]
 
-    @intrinsic
     def tile_dots(typingctx, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out):
         def codegen(context, builder, signature, args):
             tys = signature.args
@@ -378,7 +382,7 @@ def tile_dots_intrinsic(kind):
         arrays = (raw, acts, bias_sums, min_sums, ad, grid, signs, out)
         if raw.ndim == 2 and acts.ndim == 4 and out.ndim == 2 and all(a.layout == "C" for a in arrays):
             return types.none(raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out), codegen
-    return tile_dots
+    return of_kind(tile_dots, kind)
 
 
 @intrinsic
