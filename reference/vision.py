@@ -175,7 +175,9 @@ class VisionModel:
         return self.backend.linear(x, self.weights, name)
 
     def dense(self, x, name):  # x [T, in] -> [T, out]; a GGUF linear with its bias
-        return self.linear(x, name + ".weight") + self.weights.get(name + ".bias", self.dtype)
+        out = self.linear(x, name + ".weight")
+        out += self.weights.get(name + ".bias", self.dtype)  # in place: a new [5476, 8960] array cost 0.1 s a call
+        return out
 
     def block(self, il, x, theta_w, theta_h, spans, trace):  # x [T, E] (window order) -> [T, E]
         c, b = self.cfg, f"v.blk.{il}."

@@ -166,6 +166,16 @@ def test_bench_scale_last_position_lifts_the_prompt_cap(tmp_path):
     (("blocks", "{mmproj}"), "expected a muse-glimmer text model"),
     (("blocks", "{q4}", "--tokens", "0"), "--tokens: 0 is out of range"),
     (("blocks", "{q4}", "--json", "{tmp}/none/x.json"), "no such directory"),
+    (("vision",), "required: mmproj"),
+    (("vision", "{missing}"), "no such file"),
+    (("vision", "{trunc}"), "corrupt header"),
+    (("vision", "{tiny}"), "expected a muse-glimmer mmproj (clip), found a muse-glimmer text model"),
+    (("vision", "{mmproj}", "--image-size", "13"), "--image-size: 13 is out of range"),
+    (("vision", "{mmproj}", "--llama-bin", "{tmp}"), "needs both --llama-bin DIR and --model"),
+    (("vision", "{mmproj}", "--model", "{tiny}"), "needs both --llama-bin DIR and --model"),
+    (("vision", "{mmproj}", "--llama-bin", "{tmp}", "--model", "{tiny}"), "no executable llama-mtmd-cli there"),
+    (("vision", "{mmproj}", "--plot", "{tmp}/x.xyz"), "matplotlib cannot write .xyz"),
+    (("vision", "{mmproj}", "--json", "{tmp}/none/x.json"), "no such directory"),
 ))
 def test_bench_accel_refuses(paths, args, words):
     line = refused("tools.bench_accel", args, paths)
@@ -187,6 +197,40 @@ def test_bench_accel_run_on_a_tiny_model(tmp_path):
                 "--n-decode-numpy", "1", "--repeat", "1", "--json", out)
     assert r.returncode == 0, r.stderr
     assert list(json.loads(out.read_text())["engines"]) == ["numpy"]
+
+
+def fake_mtmd_cli(directory, script):  # -> directory with an executable llama-mtmd-cli running `script` (sh)
+    cli = directory / "llama-mtmd-cli"
+    cli.write_text("#!/bin/sh\n" + script)
+    cli.chmod(0o755)
+    return directory
+
+
+def test_bench_accel_vision_reads_llama_mtmd_clis_encoding_time(tmp_path):
+    pytest.importorskip("numba")
+    # mtmd-cli.cpp's own line after mtmd_batch_encode, among the loader's; the process is stopped there
+    # (the sleep would otherwise hold the run for a minute)
+    bin_dir = fake_mtmd_cli(tmp_path, 'echo "load_tensors: ..."\n'
+                                      'echo "0.13.081.928 I encoding mtmd batch, n_chunks = 1"\n'
+                                      'echo "3.28.303.083 I mtmd batch encoding done in 195220 ms"\nsleep 60\n')
+    out, plot = tmp_path / "vision.json", tmp_path / "vision.png"
+    r = run_cli("tools.bench_accel", "vision", MMPROJ, "--image-size", "56", "--threads", "1",
+                "--llama-bin", bin_dir, "--model", TINY, "--json", out, "--plot", plot)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert report["llama_mtmd_cli_s"] == 195.22 and report["image_tokens"] == 4  # 56 px: 2 x 2 merged tokens
+    assert report["numba_over_llama_mtmd_cli"] == pytest.approx(195.22 / report["numba_s"])
+    assert plot.stat().st_size > 0
+
+
+def test_bench_accel_vision_refuses_a_failed_llama_mtmd_cli(tmp_path):
+    pytest.importorskip("numba")
+    bin_dir = fake_mtmd_cli(tmp_path, 'echo "E Model does not have chat template."\nexit 1\n')
+    r = run_cli("tools.bench_accel", "vision", MMPROJ, "--image-size", "56", "--threads", "1",
+                "--llama-bin", bin_dir, "--model", TINY)
+    line = cli_error(r)
+    assert "llama-mtmd-cli exited with status 1 before encoding the image" in line
+    assert "Model does not have chat template." in line
 
 
 def test_bench_accel_blocks_times_every_matrix_of_a_forward(tmp_path):

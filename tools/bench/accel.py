@@ -18,6 +18,10 @@ and llama.cpp (llama-cpp-python) with the same number of threads, as ratios from
     python -m tools.bench_accel blocks build/bench/30b-ud-iq2_xxs.gguf [--tokens 1 --threads 2]
         every matrix of one forward of T tokens on its memory-mapped blocks (--numerics ggml-cpu on
         numba), in layer order, timed per weight type against the read floor of the same bytes
+    python -m tools.bench_accel vision build/bench/30b-mmproj-f16.gguf [--image-size 1024 --llama-bin DIR
+        --model build/bench/30b-ud-iq2_xxs.gguf --plot out.png]
+        one synthetic image through the tower on numba (exact numerics), and with --llama-bin through
+        llama-mtmd-cli (its "mtmd batch encoding done" time): seconds each, and numba's share of its speed
     python -m tools.bench_accel ceiling build/bench/mid-q4_k_m.gguf [--threads 2]
         the floor loops of tools/bench/kernel_floor.py on streamed bytes, the decode tokens/s that bounds
         any numba kernel to on this model, and llama.cpp's and numba's decode tokens/s beside it
@@ -27,6 +31,7 @@ the reference does. The GGUFs are large (7.5 GB F16): keep them under build/, ne
 Needs the `accel` extra, and the `parity` extra for llama.cpp.
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,7 +44,7 @@ from tqdm import tqdm
 
 from reference import factory, gguf, ops
 from reference.cli import OneLineParser, UsageError, exit_status, int_in, names_in, output_file, write_json
-from tools.bench.forward import MAX_REPEAT, peak_rss_gb
+from tools.bench.forward import LAYER_BAR, MAX_IMAGE_SIDE, MAX_REPEAT, peak_rss_gb
 from tools.synthetic import (ARCH, Q, RELEASE_30B, RELEASE_MMPROJ, TensorSpec, random_spec, stream_gguf, text_keys,
                              text_shapes, write_layout_gguf, write_mmproj_gguf)
 
@@ -103,14 +108,19 @@ def make_release(out):  # -> exit status: the 30B layout's UD-IQ2_XXS text model
     return 0
 
 
+def llama_tool(llama_bin, name):  # -> the path of llama.cpp's executable `name` in llama_bin; UsageError if none
+    path = os.path.join(llama_bin, name)
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise UsageError(f"--llama-bin {llama_bin}: no executable {name} there")
+    return path
+
+
 def make(args):  # -> exit status
     if args.layout == "30b":
         return make_release(args.out)
     if not args.llama_bin:
         raise UsageError("--layout mid quantizes with llama-quantize: --llama-bin DIR")
-    quantize = os.path.join(args.llama_bin, "llama-quantize")
-    if not (os.path.isfile(quantize) and os.access(quantize, os.X_OK)):  # before writing 7.5 GB of F16
-        raise UsageError(f"--llama-bin {args.llama_bin}: no executable llama-quantize there")
+    quantize = llama_tool(args.llama_bin, "llama-quantize")  # before writing 7.5 GB of F16
     os.makedirs(args.out, exist_ok=True)
     f16 = os.path.join(args.out, "mid-f16.gguf")
     if not os.path.exists(f16):
@@ -570,6 +580,80 @@ def floor_shares(rounds, runs):  # -> {(what, type): its speed / its floor's}, t
     return shares
 
 
+# ---------------------------------------------------------------------------------------------
+# The vision tower against llama-mtmd-cli
+
+MTMD_ENCODED = re.compile(rb"mtmd batch encoding done in (\d+) ms")  # mtmd-cli.cpp, after mtmd_batch_encode
+
+
+def write_ppm(path, rgb):  # uint8 [H, W, 3] -> a binary PPM file, which llama.cpp's stb_image reads
+    h, w, _ = rgb.shape
+    with open(path, "wb") as f:
+        f.write(b"P6\n%d %d\n255\n" % (w, h) + np.ascontiguousarray(rgb, np.uint8).tobytes())
+
+
+def mtmd_encode_s(cli, model, mmproj, image, threads):  # -> seconds llama-mtmd-cli reports for encoding the image
+    """Plain CPU buffers and no warm-up run, as the text engines; stopped once the encoding is
+    reported, before the text model would take the embeddings and generate."""
+    cmd = [cli, "-m", model, "--mmproj", mmproj, "--image", image, "-p", "x", "-n", "1", "-t", str(threads),
+           "--no-repack", "--no-warmup", "--chat-template", "chatml"]
+    last = b""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        for line in proc.stdout:
+            found = MTMD_ENCODED.search(line)
+            if found:
+                proc.kill()
+                return int(found.group(1)) / 1000
+            last = line.strip() or last
+    raise UsageError(f"llama-mtmd-cli exited with status {proc.returncode} before encoding the image: "
+                     f"{last.decode(errors='replace')[:200]}")
+
+
+def vision(args):  # -> report dict
+    from tools.synthetic import synthetic_image
+    set_threads(args.threads)
+    build = factory.Build(backend="numba")
+    tower = factory.vision_model(gguf.load(args.mmproj, "mmproj"), build, factory.backend(build))
+    if args.llama_bin:
+        cli = llama_tool(args.llama_bin, "llama-mtmd-cli")
+        text_vocab(args.model)
+    image = synthetic_image(args.image_size, args.image_size, 0, "smooth")
+    report = {"mmproj": os.path.basename(args.mmproj), "image_size": args.image_size, "threads": args.threads,
+              "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:])}
+    if args.llama_bin:  # first: a llama.cpp that fails is found before the tower's minutes
+        with tempfile.TemporaryDirectory() as tmp:
+            write_ppm(os.path.join(tmp, "image.ppm"), image)
+            report["llama_mtmd_cli_s"] = mtmd_encode_s(cli, args.model, args.mmproj, os.path.join(tmp, "image.ppm"),
+                                                       args.threads)
+    t0 = time.perf_counter()
+    report["image_tokens"] = len(tower.encode(image, progress=LAYER_BAR))
+    report["numba_s"] = time.perf_counter() - t0
+    if args.llama_bin:
+        report["numba_over_llama_mtmd_cli"] = report["llama_mtmd_cli_s"] / report["numba_s"]  # of its speed
+    return report
+
+
+def print_vision(report):
+    line = f"{report['image_size']}x{report['image_size']} ({report['image_tokens']} tokens): numba {report['numba_s']:.1f} s"
+    if "llama_mtmd_cli_s" in report:
+        line += (f", llama-mtmd-cli {report['llama_mtmd_cli_s']:.1f} s: numba x{report['numba_over_llama_mtmd_cli']:.2f} "
+                 "of its speed")
+    print(line)
+
+
+def plot_vision(report, path):  # -> None: each engine's seconds for the image as bars
+    from tools.common import pyplot, save_figure
+    plt = pyplot(path)
+    names = ["numba"] + ["llama-mtmd-cli"] * ("llama_mtmd_cli_s" in report)
+    fig, ax = plt.subplots(figsize=(4.5, 3.5))
+    ax.bar(names, [report["numba_s"], report.get("llama_mtmd_cli_s")][:len(names)], color="tab:blue")
+    ax.set_ylabel("seconds")
+    ax.set_title(f"{report['image_size']} x {report['image_size']} image, {report['threads']} threads")
+    fig.suptitle(report["mmproj"])
+    fig.tight_layout()
+    save_figure(plt, fig, path)
+
+
 def print_ratios(report):  # the ratios and logit agreements of a run report, one line each
     for pair, ratio in report["ratios"].items():
         print(f"{pair}: prefill x{ratio['prefill_tok_s']:.2f}, decode x{ratio['decode_tok_s']:.2f} (per CPU second: "
@@ -648,6 +732,14 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     b.add_argument("--tokens", type=int_in(1, MAX_TOKENS), default=1, help="rows of x: 1 is a decode step")
     b.add_argument("--threads", type=threads, default=2)
     b.add_argument("--json", type=output_file)
+    v = sub.add_parser("vision", help="one image through the tower on numba (exact), and through llama-mtmd-cli")
+    v.add_argument("mmproj")
+    v.add_argument("--image-size", type=int_in(14, MAX_IMAGE_SIDE), default=1024, help="a square synthetic image")
+    v.add_argument("--llama-bin", help="the directory with llama-mtmd-cli; with --model, its time beside numba's")
+    v.add_argument("--model", help="the text GGUF llama-mtmd-cli loads beside the projector")
+    v.add_argument("--threads", type=threads, default=2)
+    v.add_argument("--json", type=output_file)
+    v.add_argument("--plot", help="an image of the engines' seconds (PNG unless the extension says otherwise)")
     c = sub.add_parser("ceiling", help="decode tokens/s no numba kernel exceeds here (floor loops), beside llama.cpp")
     c.add_argument("model")
     c.add_argument("--threads", type=threads, default=2)
@@ -664,7 +756,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
 
 
 def check_args(args):  # what the argument types cannot see alone -> UsageError
-    if args.what == "run" and args.plot:  # before the engines run: a path or format matplotlib refuses
+    if args.what in ("run", "vision") and args.plot:  # before the engines run: a path or format matplotlib refuses
         from tools.common import check_plot
         check_plot(args.plot)
     if args.what == "run" and args.one_shot and args.turns:
@@ -678,6 +770,8 @@ def check_args(args):  # what the argument types cannot see alone -> UsageError
         if n_decode > args.prompt_len:
             raise UsageError(f"{n_decode} decode steps need a prompt of at least as many tokens "
                              f"(--prompt-len {args.prompt_len})")
+    if args.what == "vision" and bool(args.llama_bin) != bool(args.model):
+        raise UsageError("llama-mtmd-cli needs both --llama-bin DIR and --model TEXT.gguf")
     if args.what == "ceiling" and args.n_in % 4:  # a floor loop takes four values a step
         raise UsageError(f"--n-in {args.n_in} is not a multiple of 4")
 
@@ -695,6 +789,11 @@ def main(argv=None):
             report = ceiling(args)
         elif args.what == "blocks":
             report = blocks(args)
+        elif args.what == "vision":
+            report = vision(args)
+            print_vision(report)
+            if args.plot:
+                plot_vision(report, args.plot)
         else:
             report = run(args)
             print_ratios(report)
