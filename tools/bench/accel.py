@@ -644,9 +644,10 @@ def print_vision(report):
 def plot_vision(report, path):  # -> None: each engine's seconds for the image as bars
     from tools.common import pyplot, save_figure
     plt = pyplot(path)
-    names = ["numba"] + ["llama-mtmd-cli"] * ("llama_mtmd_cli_s" in report)
+    seconds = {name: report[key] for name, key in (("numba", "numba_s"), ("llama-mtmd-cli", "llama_mtmd_cli_s"))
+               if key in report}
     fig, ax = plt.subplots(figsize=(4.5, 3.5))
-    ax.bar(names, [report["numba_s"], report.get("llama_mtmd_cli_s")][:len(names)], color="tab:blue")
+    ax.bar(list(seconds), list(seconds.values()), color="tab:blue")
     ax.set_ylabel("seconds")
     ax.set_title(f"{report['image_size']} x {report['image_size']} image, {report['threads']} threads")
     fig.suptitle(report["mmproj"])
