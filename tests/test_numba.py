@@ -84,8 +84,24 @@ def test_exp_nonpositive_against_libm():  # the attention's own exp, which the h
     ulp = np.spacing(libm[normal])
     assert np.max(np.abs(ours[normal] - libm[normal]) / ulp) <= 2
     assert ours[-6] == 1.0 and ours[-5] == 1.0  # exp(0) and exp of a subnormal are exactly 1, as libm's
-    # below -708 exp is < 3.1e-308, nothing beside the softmax's largest term (exp(0) = 1)
-    assert np.all(ours[~normal] == 0) and np.all(libm[~normal] < 3.1e-308)
+    # from -708 down exp is < 3.31e-308, nothing beside the softmax's largest term (exp(0) = 1)
+    assert np.all(ours[~normal] == 0) and np.all(libm[~normal] < 3.31e-308)
+    assert np.isnan(exp_nonpositive(np.nan))
+
+
+def test_blocked_attention_keeps_nans_and_huge_scores():
+    # 40 query rows per kv head: the blocked route. A NaN in one query is NaN in its output, as the
+    # reference's; scores of ~1e19 (a query scaled by 1e18) leave each row's largest at exp(0) = 1
+    rng = np.random.default_rng(0)
+    T, S, H, Hkv, D = 20, 20, 4, 2, 8
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((T, H, D), (S, Hkv, D), (S, Hkv, D)))
+    q[3, 0, 0] = np.nan
+    q[5, 1] *= np.float32(1e18)
+    visible = ops.causal_visible(np.arange(T), np.arange(S), 0)
+    ref, got = ops.attention(q, k, v, visible, 0.25), NumbaBackend(np.float32).attention(q, k, v, visible, 0.25)
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.isnan(ref[3, 0]).all()
+    finite = ~np.isnan(ref)
+    assert nmse(ref[finite], got[finite]) <= harness.GATES["attention"][0]  # the harness's attention gate
 
 
 def logits_of(model, backend, ids, decode):  # -> [len(ids) + len(decode), V]: chunked prefill, then decode steps

@@ -4,11 +4,12 @@ Scores against the visible keys, softmax, weighted sum of V, all in float64 and 
 reference/ops.py attention does. The mask is all there is to the cache layout: the uniform cache,
 the persistent SWA ring (slots out of position order) and the vision tower's windows are the same
 kernels with different `visible` matrices. Two routes, as linear's:
-- few query rows (decode): one task per (query, head), GQA reading kv head h // (H / Hkv) in place;
-- many (prefill, the vision tower): the query rows of one kv head in blocks of ROW_BLOCK, each
-  block's scores and weighted sum of V as two register-blocked products (quant.tile_product) on
-  float64 copies of K and V^T. A key row then serves ROW_BLOCK queries instead of one: a global
-  layer of the vision tower (5476 queries and keys, 16 heads) attends in 5.5 s, where one task per
+- fewer than ROW_BLOCK query rows per kv head (T * H / Hkv; a decode step of a model with fewer than
+  16 heads per kv head): one task per (query, head), GQA reading kv head h // (H / Hkv) in place;
+- more (prefill, the vision tower, the release's decode with 32 heads over 2): the query rows of
+  one kv head in blocks of ROW_BLOCK, each block's scores and weighted sum of V as two
+  register-blocked products (quant.tile_product) on float64 copies of K and V^T. A key row then serves ROW_BLOCK queries instead of one: a global
+  layer of the vision tower (5476 queries and keys, 16 heads) attends in 5.6 s, where one task per
   (query, head) took about 45 s (2 threads, measured).
 """
 import numpy as np
@@ -72,31 +73,38 @@ def float64_of_bits(typingctx, bits):  # int64 -> the float64 with these bits
 
 
 @njit(cache=True, fastmath=FAST)
-def exp_nonpositive(x):  # float64 x <= 0 -> exp(x) within 2 ulp; 0 below -708, where exp(x) < 3.1e-308
+def exp_nonpositive(x):  # float64 x <= 0 or NaN -> exp(x) within 2 ulp; 0 from -708 down, where exp(x) < 3.31e-308
     """2^k e^r with |r| <= ln2 / 2, e^r by its Taylor series to r^13 (truncation 4e-18): a
     polynomial that LLVM vectorises, where a libm call takes one score at a time (0.7 against 4.7 ns
     a score, measured). Below -708 the term is lost beside the row's largest, exp(0) = 1."""
-    k = np.floor(x * LOG2E + 0.5)
+    k = np.floor(max(x, -708.0) * LOG2E + 0.5)  # -1021 .. 0: 2^k is a normal float64
     r = (x - k * LN2_HI) - k * LN2_LO
     p = ((((((((((((1 / 6227020800 * r + 1 / 479001600) * r + 1 / 39916800) * r + 1 / 3628800) * r
                   + 1 / 362880) * r + 1 / 40320) * r + 1 / 5040) * r + 1 / 720) * r + 1 / 120) * r
               + 1 / 24) * r + 1 / 6) * r + 0.5) * r + 1.0) * r + 1.0
-    two_k = float64_of_bits((np.int64(max(k, -1022.0)) + 1023) << 52)
+    two_k = float64_of_bits((np.int64(k) + 1023) << 52)
+    if x != x:  # NaN (a NaN or inf score, as the reference's inf - inf) stays NaN
+        return x
     return p * two_k if x > -708.0 else 0.0
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True, fastmath={"reassoc"})
 def softmax_rows(scores, rows, visible, r0, group, scale):  # scores [ROW_BLOCK, S] -> exp(scale s - max) in place; -> sums [ROW_BLOCK]
+    """Each score scaled and rounded once, then less its row's largest, as ops.softmax takes them: no
+    contraction here, which would fuse the two into fma(s, scale, -max), and the largest would then
+    be off 0 by its own rounding (up to 32 ulp in its exp, and unbounded for huge scores)."""
     totals = np.zeros(ROW_BLOCK)
     for i in range(rows):
         t = (r0 + i) // group
+        for s in range(scores.shape[1]):
+            scores[i, s] *= scale
         best = -np.inf
         for s in range(scores.shape[1]):
             if visible[t, s]:
-                best = max(best, scores[i, s] * scale)
+                best = max(best, scores[i, s])
         total = 0.0  # a local, not totals[i]: a store that may alias scores would keep the loop scalar
         for s in range(scores.shape[1]):  # a row with no visible key gives 0, as ops.softmax does
-            p = exp_nonpositive(scores[i, s] * scale - best) if visible[t, s] else 0.0
+            p = exp_nonpositive(scores[i, s] - best) if visible[t, s] else 0.0
             scores[i, s] = p
             total += p
         totals[i] = total
@@ -120,7 +128,7 @@ def attention_blocks(qg, kg, vtg, visible, group, scale, out):  # qg [Hkv, T*gro
         for i in range(rows):
             t, h = (r0 + i) // group, g * group + (r0 + i) % group
             for d in range(D):
-                out[t, h, d] = weighted[i, d] / totals[i] if totals[i] > 0 else 0.0
+                out[t, h, d] = 0.0 if totals[i] == 0 else weighted[i, d] / totals[i]  # a NaN total stays NaN
 
 
 def attention(q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] bool -> [T, H, D]

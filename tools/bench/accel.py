@@ -32,6 +32,7 @@ Needs the `accel` extra, and the `parity` extra for llama.cpp.
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -594,15 +595,16 @@ def write_ppm(path, rgb):  # uint8 [H, W, 3] -> a binary PPM file, which llama.c
 
 def mtmd_encode_s(cli, model, mmproj, image, threads):  # -> seconds llama-mtmd-cli reports for encoding the image
     """Plain CPU buffers and no warm-up run, as the text engines; stopped once the encoding is
-    reported, before the text model would take the embeddings and generate."""
+    reported, before the text model would take the embeddings and generate. The tower's image is one
+    chunk, encoded in one batch: the first such line is all of it."""
     cmd = [cli, "-m", model, "--mmproj", mmproj, "--image", image, "-p", "x", "-n", "1", "-t", str(threads),
            "--no-repack", "--no-warmup", "--chat-template", "chatml"]
     last = b""
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True) as proc:
         for line in proc.stdout:
             found = MTMD_ENCODED.search(line)
             if found:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)  # its process group: a wrapper's children too
                 return int(found.group(1)) / 1000
             last = line.strip() or last
     raise UsageError(f"llama-mtmd-cli exited with status {proc.returncode} before encoding the image: "
