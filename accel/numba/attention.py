@@ -8,9 +8,10 @@ kernels with different `visible` matrices. Two routes, as linear's:
   16 heads per kv head): one task per (query, head), GQA reading kv head h // (H / Hkv) in place;
 - more (prefill, the vision tower, the release's decode with 32 heads over 2): the query rows of
   one kv head in blocks of ROW_BLOCK, each block's scores and weighted sum of V as two
-  register-blocked products (quant.tile_product) on float64 copies of K and V^T. A key row then serves ROW_BLOCK queries instead of one: a global
-  layer of the vision tower (5476 queries and keys, 16 heads) attends in 5.6 s, where one task per
-  (query, head) took about 45 s (2 threads, measured).
+  register-blocked products (quant.tile_product) on float64 copies of K and V^T. A key row then
+  serves ROW_BLOCK queries instead of one: a global layer of the vision tower (5476 queries and
+  keys, 16 heads) attends in 5.4-5.6 s, where one task per (query, head) took about 45 s (2
+  threads, measured).
 """
 import numpy as np
 from llvmlite import ir
@@ -136,12 +137,13 @@ def attention(q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] boo
     S, Hkv, _ = k.shape
     out = np.empty(q.shape, q.dtype)
     visible = np.ascontiguousarray(visible)
-    if T * (H // Hkv) < ROW_BLOCK:
+    group = H // Hkv  # query heads per kv head
+    if T * group < ROW_BLOCK:
         attention_kernel(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
                          visible, float(scale), out)
         return out
-    qg = np.ascontiguousarray(q.reshape(T, Hkv, H // Hkv, D).transpose(1, 0, 2, 3), np.float64).reshape(Hkv, -1, D)
+    qg = np.ascontiguousarray(q.reshape(T, Hkv, group, D).transpose(1, 0, 2, 3), np.float64).reshape(Hkv, -1, D)
     kg = np.ascontiguousarray(k.transpose(1, 0, 2), np.float64)
     vtg = np.ascontiguousarray(v.transpose(1, 2, 0), np.float64)
-    attention_blocks(qg, kg, vtg, visible, H // Hkv, float(scale), out)
+    attention_blocks(qg, kg, vtg, visible, group, float(scale), out)
     return out

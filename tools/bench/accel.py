@@ -205,6 +205,10 @@ def llama_cpp_engine(path, threads, n_prompt, last=False):  # -> (prefill, decod
     return prefill, decode
 
 
+def command_line():  # -> the command that is running, as the reports record it
+    return " ".join(["python -m tools.bench_accel"] + sys.argv[1:])
+
+
 def timed(fn, *args):  # -> (result, wall seconds, CPU seconds of all threads of this process)
     t0, c0 = time.perf_counter(), time.process_time()
     out = fn(*args)
@@ -338,7 +342,7 @@ def run(args):  # -> report dict
     makers = engine_makers(args)
     report = {"model": os.path.basename(args.model), "threads": args.threads, "prompt_len": args.prompt_len,
               "logits": args.logits,
-              "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]),
+              "command": command_line(),
               "engines": {}, "logits_vs_numba": {}}
     logits = {}
     plans = {name: (args.n_decode_numpy, 1) if name == "numpy" else (args.n_decode, 1 if args.one_shot else args.repeat)
@@ -410,7 +414,7 @@ def blocks(args):  # -> {"types": rows of {type, matrices, gb, kernel_s, floor_s
               f"({r['gb'] / r['kernel_s']:6.2f} GB/s), read floor {r['floor_s']:7.3f} s ({r['gb'] / r['floor_s']:6.2f} GB/s): "
               f"x{r['floor_s'] / r['kernel_s']:.2f} of the floor", flush=True)
     return {"model": os.path.basename(args.model), "threads": args.threads, "tokens": args.tokens,
-            "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]), "types": rows, "total": total}
+            "command": command_line(), "types": rows, "total": total}
 
 
 def slice_gguf(src, dst, n_rows):  # -> names of the largest matrix of each weight type, first n_rows rows copied to dst
@@ -533,7 +537,7 @@ def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kern
     bound_s = kernel_floor.model_bound(counts, floors)
     llama = decode["llama-cpp"]
     report = {"model": os.path.basename(args.model), "threads": args.threads,
-              "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:]), "weights_per_type": counts,
+              "command": command_line(), "weights_per_type": counts,
               "floor_gw_s": {f"{4 + b}-bit": v for b, v in floors.items()}, "kernel_gw_s": kernel_gw_s,
               "kernel_over_floor": {t: v / floors[kernel_floor.FLOOR_BITS[t]] for t, v in kernel_gw_s.items()},
               "share_of_floor": {f"{t} {what}": share for (what, t), share in shares.items()},
@@ -621,7 +625,7 @@ def vision(args):  # -> report dict
         text_vocab(args.model)
     image = synthetic_image(args.image_size, args.image_size, 0, "smooth")
     report = {"mmproj": os.path.basename(args.mmproj), "image_size": args.image_size, "threads": args.threads,
-              "command": " ".join(["python -m tools.bench_accel"] + sys.argv[1:])}
+              "command": command_line()}
     if args.llama_bin:  # first: a llama.cpp that fails is found before the tower's minutes
         with tempfile.TemporaryDirectory() as tmp:
             write_ppm(os.path.join(tmp, "image.ppm"), image)

@@ -165,8 +165,8 @@ PARTS = {"IQ2_XXS": iq_xxs_part(I64, 1, 6, 8), "IQ3_XXS": iq_xxs_part(I32, 2, 66
 
 
 # ---------------------------------------------------------------------------------------------
-# Each type's block scales (8, or 16 for Q6_K) and mins, read from the block's bytes as i32 values in
-# registers: code_lanes multiplies by them without a trip through memory (a vector load of scales
+# Each type's block scales (8, or 16 for Q6_K) and mins, read from the block's bytes into vector
+# registers: the kernels multiply by them without a trip through memory (a vector load of scales
 # just stored one by one cannot be forwarded from the stores and waits for them to reach the cache)
 
 def u8_at(builder, block, offset):  # the byte at offset as a zero-extended i32
@@ -177,10 +177,18 @@ def shr_and(builder, v, shift, mask):  # (v >> shift) & mask, i32
     return builder.and_(builder.lshr(v, constant(I32, shift)), constant(I32, mask))
 
 
+def vector_of(builder, values):  # i32 scalars -> <n x i32>
+    out = ir.Constant(ir.VectorType(I32, len(values)), None)
+    for i, v in enumerate(values):
+        out = builder.insert_element(out, v, constant(I32, i))
+    return out
+
+
 def aux_scales(aux_top):  # IQ2_XXS/IQ3_XXS: 2 * (aux >> 28) + 1, the top nibble of each chunk's aux word
-    def scales(builder, block):  # -> ([8 i32 scales], [])
+    def scales(builder, block):  # -> (<8 x i32> scales, None)
         odd = lambda v: builder.add(builder.shl(v, constant(I32, 1)), constant(I32, 1))
-        return [odd(builder.lshr(u8_at(builder, block, aux_top(c)), constant(I32, 4))) for c in range(8)], []
+        return vector_of(builder, [odd(builder.lshr(u8_at(builder, block, aux_top(c)), constant(I32, 4)))
+                                   for c in range(8)]), None
     return scales
 
 
@@ -191,33 +199,37 @@ def iq4_xs_scales(builder, block):  # 4 low bits from scales_l, 2 high from the 
         low = shr_and(builder, u8_at(builder, block, 4 + j // 2), 4 * (j % 2), 15)
         top = builder.shl(shr_and(builder, high, 2 * j, 3), constant(I32, 4))
         out.append(builder.sub(builder.or_(low, top), constant(I32, 32)))
-    return out, []
+    return vector_of(builder, out), None
 
 
-def k4_scales(builder, block):  # get_scale_min_k4 of the 12 bytes at byte 4 (Q4_K, Q5_K) -> (scales, mins)
-    scales, mins = [None] * 8, [None] * 8
-    for j in range(4):
-        s, m, hi = (u8_at(builder, block, at + j) for at in (4, 8, 12))
-        scales[j], mins[j] = shr_and(builder, s, 0, 63), shr_and(builder, m, 0, 63)
-        scales[j + 4] = builder.or_(shr_and(builder, hi, 0, 15), builder.shl(shr_and(builder, s, 6, 3), constant(I32, 4)))
-        mins[j + 4] = builder.or_(shr_and(builder, hi, 4, 15), builder.shl(shr_and(builder, m, 6, 3), constant(I32, 4)))
-    return scales, mins
+def k4_scales(builder, block):  # get_scale_min_k4 of the 12 bytes at byte 4 (Q4_K, Q5_K) -> (<8 x i32>, <8 x i32>)
+    """Four bytes at a time, as ggml's vec_dot does it with kmask1-3 on the three words: scales 0-3
+    and mins 0-3 are the low 6 bits of words 0 and 1; scales and mins 4-7 take the nibbles of word 2
+    and the top 2 bits of words 0 and 1."""
+    w0, w1, w2 = (load_at(builder, block, at, I32) for at in (4, 8, 12))
+    low6, nibble, top2 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
+    high = lambda nibbles, word: builder.or_(nibbles, builder.shl(shr_and(builder, word, 6, top2), constant(I32, 4)))
+    words = [builder.and_(w0, constant(I32, low6)), high(builder.and_(w2, constant(I32, nibble)), w0),
+             builder.and_(w1, constant(I32, low6)), high(shr_and(builder, w2, 4, nibble), w1)]
+    both = builder.zext(builder.bitcast(vector_of(builder, words), ir.VectorType(I8, 16)), I32X16)
+    return shuffle(builder, both, both, range(8)), shuffle(builder, both, both, range(8, 16))
 
 
 def q6_k_scales(builder, block):  # the 16 int8 scales at byte 192
-    return [builder.sext(byte_at(builder, block, 192 + s), I32) for s in range(16)], []
+    return builder.sext(load_at(builder, block, 192, ir.VectorType(I8, 16)), I32X16), None
 
 
 SCALES = {"IQ2_XXS": aux_scales(lambda c: 2 + 8 * c + 7), "IQ3_XXS": aux_scales(lambda c: 66 + 4 * c + 3),
           "IQ4_XS": iq4_xs_scales, "Q4_K": k4_scales, "Q5_K": k4_scales, "Q6_K": q6_k_scales}
 
 
-def scale_vector(builder, scales, p):  # the block's i32 scales -> <16 x i32>: part p's lanes' scales
-    per = len(scales) // 4  # a part's 16 lanes cover 64 elements: 2 scales of 32 or 4 of 16
-    out = ir.Constant(I32X16, None)
-    for lane in range(16):
-        out = builder.insert_element(out, scales[p * per + lane * per // 16], constant(I32, lane))
-    return out
+def scale_vector(builder, scales, p):  # the block's <n x i32> scales -> <16 x i32>: part p's lanes' scales
+    per = scales.type.count // 4  # a part's 16 lanes cover 64 elements: 2 scales of 32 or 4 of 16
+    return shuffle(builder, scales, scales, [p * per + lane * per // 16 for lane in range(16)])
+
+
+def elements(builder, v):  # <n x i32> -> its n i32 scalars
+    return [builder.extract_element(v, constant(I32, i)) for i in range(v.type.count)]
 
 
 def block_pointer(context, builder, signature, args, block_bytes):  # (raw, o, b, ...) -> i8* to block b of row o
@@ -233,88 +245,80 @@ def of_kind(fn, kind):  # an intrinsic's typing function -> the intrinsic, named
     return intrinsic(fn)
 
 
-def block_scales_intrinsic(kind):
-    """The intrinsic scales int32 [16], mins int32 [8] <- block b of row o's scales and mins (SCALES),
-    for k_vec_dot's scalar use of the mins (its scales stay in code_lanes' registers)."""
-    block_bytes, read = BLOCK_BYTES[kind], SCALES[kind]
+def row_dot_intrinsic(kind):
+    """The intrinsic sums f32 [12] <- row o of the weights against activation row t, block after
+    block, as ggml_vec_dot_*_q8_K runs it (reference k_vec_dot): per block the 8 int32 lanes, lane
+    l = sum over the 32-chunks c of scale(c, l) * sum_i code[32c + 4l + i] * q[t, b, 32c + 4l + i]
+    with the codes as the type stores them, a type with an unsigned offset (Q6_K's 32) taking it off
+    lane l through its pair of 16-sums, offset * (scale[2l] * bsums[t, b, 2l] + scale[2l + 1] *
+    bsums[t, b, 2l + 1]); then acc = fma(d * d_a, f32(lanes), acc) and, for the types with mins,
+    summs = fma(-d_a * dmin, f32(sum of mins times 32-sums), summs) on min_lanes lanes (Q4_K's pairs
+    of sub-blocks, Q5_K's one sum). The accumulators stay in registers over the row; sums[:8] gets
+    acc, sums[8:] summs. int32 exact: |scale * code * q| <= 127 * 127 * 127 and 32 of those a lane."""
+    block_bytes, part, read_scales = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind]
+    d_at, dmin_at, offset, min_lanes, _ = TYPES[kind]
+    f32x8, f32xm = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.FloatType(), min_lanes)
 
-    def block_scales(typingctx, raw, o, b, scales, mins):
-        def codegen(context, builder, signature, args):
-            block = block_pointer(context, builder, signature, args, block_bytes)
-            for array, values in zip((3, 4), read(builder, block)):
-                at = item_pointer(context, builder, signature.args[array], args[array], [])
-                for i, v in enumerate(values):
-                    store_at(builder, at, 4 * i, v)
-            return context.get_dummy_value()
-        if raw.ndim == 2 and all(a.layout == "C" for a in (raw, scales, mins)):
-            return types.none(raw, o, b, scales, mins), codegen
-    return of_kind(block_scales, kind)
+    def fma(builder, a, b, c):
+        fn = builder.module.declare_intrinsic(f"llvm.fma.v{a.type.count}f32", fnty=ir.FunctionType(a.type, [a.type] * 3))
+        return builder.call(fn, [a, b, c])
 
+    def spread(builder, x, ty):  # a float -> the vector of type ty of it
+        return shuffle(builder, builder.insert_element(ir.Constant(ty, None), x, constant(I32, 0)), ir.Constant(ty, None),
+                       [0] * ty.count)
 
-def code_lanes_intrinsic(kind):
-    """The intrinsic lanes int32 [T, 8] <- block b of row o's k_vec_dot lanes times their scales
-    (SCALES, read here from the block), against every activation row t: lane l = sum over the
-    32-chunks c of scale(c, l) * sum_i code[32c + 4l + i] * q[t, b, 32c + 4l + i], the codes as the
-    type stores them; a type with an unsigned offset (Q6_K's 32) then takes it off lane l through
-    its pair of 16-sums, offset * (scale[2l] * bsums[t, b, 2l] + scale[2l + 1] * bsums[t, b, 2l + 1]),
-    as reference k_vec_dot does. The block is unpacked once, into registers, for all T rows. int32
-    exact: |scale * code * q| <= 127 * 127 * 127 and 32 of those a lane."""
-    block_bytes, part, read_scales, offset = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind], TYPES[kind][2]
-
-    def code_lanes(typingctx, raw, o, b, aq, bsums, grid, signs, lanes):
+    def row_dot(typingctx, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums):
         def codegen(context, builder, signature, args):
             tys = signature.args
-            block = block_pointer(context, builder, signature, args, block_bytes)
-            b_ = context.cast(builder, args[2], tys[2], types.intp)
-            grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (5, 6))
-            scales = read_scales(builder, block)[0]
-            parts = [part(builder, block, grid_, signs_, p) for p in range(4)]
-            part_scales = [scale_vector(builder, scales, p) for p in range(4)]
-            if offset:
-                sub_scales = ir.Constant(I32X16, None)
-                for i, v in enumerate(scales):
-                    sub_scales = builder.insert_element(sub_scales, v, constant(I32, i))
-            n_rows = context.make_array(tys[3])(context, builder, args[3]).shape
-            with cgutils.for_range(builder, builder.extract_value(n_rows, 0)) as loop:
-                acts = item_pointer(context, builder, tys[3], args[3], [loop.index, b_])
+            o_, t_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
+            row = item_pointer(context, builder, tys[0], args[0], [o_])
+            grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (7, 8))
+            n_blocks = builder.extract_value(context.make_array(tys[4])(context, builder, args[4]).shape, 1)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(f32x8, None))
+            summs = cgutils.alloca_once_value(builder, ir.Constant(f32xm, None))
+            with cgutils.for_range(builder, n_blocks) as loop:
+                b = loop.index
+                block = builder.gep(row, [builder.mul(b, constant(b.type, block_bytes))])
+                acts = item_pointer(context, builder, tys[3], args[3], [t_, b])
+                scales, mins = read_scales(builder, block)
                 total = ir.Constant(I32X16, None)
-                for p, ((u, mask), scale) in enumerate(zip(parts, part_scales)):
+                for p in range(4):
+                    u, mask = part(builder, block, grid_, signs_, p)
                     four = dpbusd(builder, ir.Constant(I32X16, None), u, signed(builder, load_at(builder, acts, 64 * p, I8X64), mask))
-                    total = builder.add(total, builder.mul(four, scale))
-                folded = builder.add(shuffle(builder, total, total, range(8)), shuffle(builder, total, total, range(8, 16)))
+                    total = builder.add(total, builder.mul(four, scale_vector(builder, scales, p)))
+                lanes = builder.add(shuffle(builder, total, total, range(8)), shuffle(builder, total, total, range(8, 16)))
                 if offset:
-                    sums = load_at(builder, item_pointer(context, builder, tys[4], args[4], [loop.index, b_]), 0, I32X16)
-                    weighted = builder.mul(sums, sub_scales)
+                    sums16 = load_at(builder, item_pointer(context, builder, tys[5], args[5], [t_, b]), 0, I32X16)
+                    weighted = builder.mul(sums16, scales)
                     pairs = builder.add(shuffle(builder, weighted, weighted, range(0, 16, 2)),
                                         shuffle(builder, weighted, weighted, range(1, 16, 2)))
-                    folded = builder.sub(folded, builder.mul(pairs, ir.Constant(I32X8, [offset] * 8)))
-                out = item_pointer(context, builder, tys[7], args[7], [loop.index])
-                builder.store(folded, builder.bitcast(out, I32X8.as_pointer()), align=1)
+                    lanes = builder.sub(lanes, builder.mul(pairs, ir.Constant(I32X8, [offset] * 8)))
+                d_act = load_at(builder, item_pointer(context, builder, tys[4], args[4], [t_, b]), 0, ir.FloatType())
+                d = builder.fmul(f16_of(builder, block, d_at), d_act)
+                builder.store(fma(builder, spread(builder, d, f32x8), builder.sitofp(lanes, f32x8), builder.load(acc)), acc)
+                if mins is not None:
+                    dm = builder.fmul(builder.fneg(d_act), f16_of(builder, block, dmin_at))
+                    sums = load_at(builder, item_pointer(context, builder, tys[6], args[6], [t_, b]), 0, I32X8)
+                    products = builder.mul(mins, sums)
+                    per_lane = 8 // min_lanes
+                    mn = shuffle(builder, products, products, range(0, 8, per_lane))
+                    for i in range(1, per_lane):
+                        mn = builder.add(mn, shuffle(builder, products, products, range(i, 8, per_lane)))
+                    builder.store(fma(builder, spread(builder, dm, f32xm), builder.sitofp(mn, f32xm), builder.load(summs)), summs)
+            out = item_pointer(context, builder, tys[9], args[9], [])
+            store_at(builder, out, 0, builder.load(acc))
+            store_at(builder, out, 32, builder.load(summs))
             return context.get_dummy_value()
-        if (raw.ndim == 2 and aq.ndim == 3 and aq.dtype == types.int8 and bsums.ndim == 3 and bsums.dtype == types.int32
-                and lanes.ndim == 2 and lanes.dtype == types.int32
-                and all(a.layout == "C" for a in (raw, aq, bsums, grid, signs, lanes))):
-            return types.none(raw, o, b, aq, bsums, grid, signs, lanes), codegen
-    return of_kind(code_lanes, kind)
+        if (raw.ndim == 2 and aq.ndim == 3 and aq.dtype == types.int8 and ad.ndim == 2 and ad.dtype == types.float32
+                and bsums.ndim == sums32.ndim == 3 and bsums.dtype == sums32.dtype == types.int32
+                and sums.ndim == 1 and sums.dtype == types.float32
+                and all(a.layout == "C" for a in (raw, aq, ad, bsums, sums32, grid, signs, sums))):
+            return types.none(raw, o, t, aq, ad, bsums, sums32, grid, signs, sums), codegen
+    return of_kind(row_dot, kind)
 
 
-@intrinsic
-def fma_lanes(typingctx, acc, t, scale, lanes):  # acc[t, l] <- fma(scale, f32(lanes[t, l]), acc[t, l]) for the 8 lanes
-    """One vfmadd231ps of the 8 lanes, as ggml's _mm256_fmadd_ps: each lane rounded once, as fma32 would."""
-    def codegen(context, builder, signature, args):
-        tys = signature.args
-        f32x8 = ir.VectorType(ir.FloatType(), 8)
-        t_ = context.cast(builder, args[1], tys[1], types.intp)
-        row = builder.bitcast(item_pointer(context, builder, tys[0], args[0], [t_]), f32x8.as_pointer())
-        ints = builder.load(builder.bitcast(item_pointer(context, builder, tys[3], args[3], [t_]), I32X8.as_pointer()), align=1)
-        one = builder.insert_element(ir.Constant(f32x8, None), context.cast(builder, args[2], tys[2], types.float32),
-                                     constant(I32, 0))
-        fma = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(f32x8, [f32x8] * 3))
-        summed = builder.call(fma, [shuffle(builder, one, one, [0] * 8), builder.sitofp(ints, f32x8), builder.load(row, align=1)])
-        builder.store(summed, row, align=1)
-        return context.get_dummy_value()
-    if acc.ndim == lanes.ndim == 2 and acc.dtype == types.float32 and lanes.dtype == types.int32 and acc.layout == lanes.layout == "C":
-        return types.none(acc, t, scale, lanes), codegen
+def f16_of(builder, block, offset):  # the little-endian half at byte offset after block (i8*) -> f32, exact (vcvtph2ps)
+    return builder.fpext(builder.bitcast(load_at(builder, block, offset, ir.IntType(16)), ir.HalfType()), ir.FloatType())
 
 
 TILE = 16  # activation rows a tile takes: one int32 lane each, as the columns of llama.cpp's tiled kernel
@@ -345,6 +349,8 @@ def tile_dots_intrinsic(kind):
             f32x16 = ir.VectorType(ir.FloatType(), 16)
             d0_, dmin_ = (context.cast(builder, args[i], tys[i], types.float32) for i in (9, 10))
             scales, mins = read_scales(builder, block)
+            scales = elements(builder, scales)
+            mins = mins if mins is None else elements(builder, mins)
             codes = builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(I8, 256)), I8.as_pointer())
             for p in range(4):
                 u, mask = part(builder, block, grid_, signs_, p)
@@ -390,8 +396,7 @@ def f16_at(typingctx, raw, o, offset):  # raw uint8 [O, n], row, byte offset -> 
     def codegen(context, builder, signature, args):
         tys = signature.args
         o_, at = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
-        bits = load_at(builder, item_pointer(context, builder, tys[0], args[0], [o_, at]), 0, ir.IntType(16))
-        return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())  # exact (vcvtph2ps)
+        return f16_of(builder, item_pointer(context, builder, tys[0], args[0], [o_, at]), 0)
     if raw.ndim == 2:
         return types.float32(raw, o, offset), codegen
 
@@ -460,38 +465,27 @@ def task_rows(task, O):  # -> (first row, row past the last) of one task
     return task * ROWS_PER_TASK, min(O, (task + 1) * ROWS_PER_TASK)
 
 
-def block_scales(kind, raw, o, b, scales, mins):  # kind a literal type name: its block_scales intrinsic
-    raise TypeError("block_scales is compiled by numba, for a literal type name")
-
-
-def code_lanes(kind, raw, o, b, aq, bsums, grid, signs, lanes):  # kind a literal type name: its code_lanes
-    raise TypeError("code_lanes is compiled by numba, for a literal type name")
+def row_dot(kind, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums):  # kind a literal type name: its row_dot
+    raise TypeError("row_dot is compiled by numba, for a literal type name")
 
 
 def tile_dots(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out):  # kind a literal type name
     raise TypeError("tile_dots is compiled by numba, for a literal type name")
 
 
-CODE_LANES = {kind: code_lanes_intrinsic(kind) for kind in TYPES}
+ROW_DOTS = {kind: row_dot_intrinsic(kind) for kind in TYPES}
 TILE_DOTS = {kind: tile_dots_intrinsic(kind) for kind in TYPES}
-BLOCK_SCALES = {kind: block_scales_intrinsic(kind) for kind in TYPES}
 
 
 # The kernels below capture only the type's name and numbers, and reach the type's functions through
 # these overloads: a closure holding a dispatcher or an intrinsic gets a new cache key in every process
 # (their pickles carry a fresh uuid), so numba would compile each kernel again at every start.
-@overload(block_scales, inline="always")
-def block_scales_of(kind, raw, o, b, scales, mins):
+@overload(row_dot, inline="always")
+def row_dot_of(kind, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums):
     if isinstance(kind, types.StringLiteral):
-        scales_of = BLOCK_SCALES[kind.literal_value]
-        return lambda kind, raw, o, b, scales, mins: scales_of(raw, o, b, scales, mins)
-
-
-@overload(code_lanes, inline="always")
-def code_lanes_of(kind, raw, o, b, aq, bsums, grid, signs, lanes):
-    if isinstance(kind, types.StringLiteral):
-        lanes_of = CODE_LANES[kind.literal_value]
-        return lambda kind, raw, o, b, aq, bsums, grid, signs, lanes: lanes_of(raw, o, b, aq, bsums, grid, signs, lanes)
+        dot_of = ROW_DOTS[kind.literal_value]
+        return lambda kind, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums: dot_of(
+            raw, o, t, aq, ad, bsums, sums32, grid, signs, sums)
 
 
 @overload(tile_dots, inline="always")
@@ -503,47 +497,28 @@ def tile_dots_of(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0
 
 
 def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
-    """reference k_vec_dot on the raw blocks: per block the mins, code_lanes for every activation
-    row (Q6_K's offset taken off each lane there, through its pair of 16-sums), then fma(d_w * d_a,
-    f32(lane), acc) lane by lane and the mins into min_lanes float lanes; post * hsum_float_8 at the
-    end plus the mins folded as the reference folds them. The layout numbers are constants of each
-    type's kernel."""
-    d_at, dmin_at, _, min_lanes, post = TYPES[kind]
-    block_bytes, post, per_min_lane = BLOCK_BYTES[kind], F32(post), 8 // min_lanes
+    """reference k_vec_dot on the raw blocks: row_dot for each weight row and activation row (the
+    weight row, a few KB, stays in L1 for the activation rows), then post * hsum_float_8 of its 8
+    lanes plus the mins folded as the reference folds them. The layout numbers are constants of
+    each type's kernel."""
+    _, dmin_at, _, min_lanes, post = TYPES[kind]
+    post = F32(post)
 
     @numba.njit(cache=True, parallel=True)
     def kernel(raw, grid, signs, aq, ad, bsums, sums32):
-        O = raw.shape[0]
-        T, nb = ad.shape
+        O, T = raw.shape[0], ad.shape[0]
         out = np.zeros((T, O), F32)
         for task in numba.prange(n_tasks(O)):
-            scales, mins, lanes = np.zeros(16, np.int32), np.zeros(8, np.int32), np.zeros((T, 8), np.int32)
-            acc, summs = np.zeros((T, 8), F32), np.zeros((T, 4), F32)
+            sums = np.zeros(12, F32)
             first, stop = task_rows(task, O)
             for o in range(first, stop):
-                acc[:] = 0
-                summs[:] = 0
-                for b in range(nb):
-                    at = block_bytes * b
-                    if dmin_at >= 0:  # the scales themselves only code_lanes needs, in registers
-                        block_scales(kind, raw, o, b, scales, mins)
-                    d = f16_at(raw, o, at + d_at)
-                    code_lanes(kind, raw, o, b, aq, bsums, grid, signs, lanes)
-                    for t in range(T):
-                        if dmin_at >= 0:
-                            dm = -ad[t, b] * f16_at(raw, o, at + dmin_at)
-                            for j in range(min_lanes):
-                                mn = np.int32(0)
-                                for i in range(j * per_min_lane, (j + 1) * per_min_lane):
-                                    mn += mins[i] * sums32[t, b, i]
-                                summs[t, j] = fma32(dm, F32(mn), summs[t, j])
-                        fma_lanes(acc, t, d * ad[t, b], lanes)
                 for t in range(T):
-                    x = post * hsum8(acc[t])
+                    row_dot(kind, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums)
+                    x = post * hsum8(sums[:8])
                     if dmin_at >= 0 and min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
-                        x = x + ((summs[t, 0] + summs[t, 2]) + (summs[t, 1] + summs[t, 3]))
+                        x = x + ((sums[8] + sums[10]) + (sums[9] + sums[11]))
                     elif dmin_at >= 0:
-                        x = x + summs[t, 0]
+                        x = x + sums[8]
                     out[t, o] = x
         return out
     return kernel
