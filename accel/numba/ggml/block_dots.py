@@ -324,70 +324,91 @@ def f16_of(builder, block, offset):  # the little-endian half at byte offset aft
 TILE = 16  # activation rows a tile takes: one int32 lane each, as the columns of llama.cpp's tiled kernel
 
 
+BAND = 8  # weight rows tile_dots takes at once: each activation load serves all of them (tiled-kernel.cpp's NUM_ROWS)
+
+
 def tile_dots_intrinsic(kind):
-    """The intrinsic buf f32 [G * TILE] (row o's sums, for every activation row) += block b of row o
-    against every tile g of TILE activation rows, the way llama.cpp's tiled kernel lays the product
-    out (tiled-kernel.cpp:127-195): the block unpacked once into 256 unsigned codes (value + 128
-    for the signed types; Q6_K's stored +32 kept), 4 codes broadcast against 4 elements of each of
-    the TILE rows per vpdpbusd, so each lane is one row's sum; per sub-block the codes' bias times
-    the rows' sub-block sums taken off and the scale multiplied in. Its s1 is the exact integer the
-    vec_dot lanes sum to. Then per lane, as the tiled epilogue: r = f32(s1) * d0, r = fma(-dmin,
-    f32(s2), r) with s2 = sum of mins times 32-sums, buf = fma(r, d_act, buf).
+    """The intrinsic out f32 [O', G * TILE] (rows o..o + BAND - 1: their sums, for every activation
+    row) += block b of those rows against every tile g of TILE activation rows, the way llama.cpp's
+    tiled kernel lays the product out (tiled-kernel.cpp:100-195): each block unpacked once into 256
+    unsigned codes (value + 128 for the signed types; Q6_K's stored +32 kept), 4 codes broadcast
+    against 4 elements of each of the TILE rows per vpdpbusd, so each lane is one row's sum, one
+    load of 4 elements of the TILE rows serving the BAND weight rows; per sub-block the codes' bias
+    times the rows' sub-block sums taken off and the scale multiplied in. Its s1 is the exact
+    integer the vec_dot lanes sum to. Then per lane, as the tiled epilogue: r = f32(s1) * d0 with
+    d0 = d * post, r = fma(-dmin, f32(s2), r) with s2 = sum of mins times 32-sums, out = fma(r,
+    d_act, out). Rows from O on read row O - 1 and land in out's padding rows (O' >= o + BAND).
 
     acts int8 [G, nb, 64, TILE * 4]: element 4k + i of block b of row TILE g + j at [g, b, k, 4j + i];
     bias_sums int32 [G, nb, n_sub, TILE]: tile_bias times each row's sub-block sums; min_sums
     int32 [G, nb, 8, TILE]: the 32-sums; ad f32 [G, nb, TILE]: the rows' Q8_K scales."""
     block_bytes, part, read_scales, n_sub = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind], N_SUB[kind]
-    biased, has_min, per_sub = tile_bias(kind) != 0, TYPES[kind][1] >= 0, 64 // N_SUB[kind]
+    d_at, dmin_at, _, _, post = TYPES[kind]
+    biased, has_min, per_sub = tile_bias(kind) != 0, dmin_at >= 0, 64 // N_SUB[kind]
 
-    def tile_dots(typingctx, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out):
+    def tile_dots(typingctx, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out):
         def codegen(context, builder, signature, args):
             tys = signature.args
-            block = block_pointer(context, builder, signature, args, block_bytes)
             o_, b_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
+            last = builder.sub(builder.extract_value(context.make_array(tys[0])(context, builder, args[0]).shape, 0),
+                               constant(o_.type, 1))
             grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (7, 8))
             f32x16 = ir.VectorType(ir.FloatType(), 16)
-            d0_, dmin_ = (context.cast(builder, args[i], tys[i], types.float32) for i in (9, 10))
-            scales, mins = read_scales(builder, block)
-            scales = elements(builder, scales)
-            mins = mins if mins is None else elements(builder, mins)
-            codes = builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(I8, 256)), I8.as_pointer())
-            for p in range(4):
-                u, mask = part(builder, block, grid_, signs_, p)
-                store_at(builder, codes, 64 * p, u if mask is None else builder.add(signed(builder, u, mask), splat8(builder, 128, 64)))
+            codes = builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(I8, 256 * BAND)), I8.as_pointer())
+            scales, mins, d0, dmin = [], [], [], []
+            for r in range(BAND):
+                row = builder.add(o_, constant(o_.type, r))
+                row = builder.select(builder.icmp_signed(">", row, last), last, row)
+                block = builder.gep(item_pointer(context, builder, tys[0], args[0], [row]),
+                                    [builder.mul(b_, constant(b_.type, block_bytes))])
+                row_scales, row_mins = read_scales(builder, block)
+                scales.append(elements(builder, row_scales))
+                mins.append(row_mins if row_mins is None else elements(builder, row_mins))
+                d0.append(builder.fmul(f16_of(builder, block, d_at), ir.Constant(ir.FloatType(), post)))
+                dmin.append(f16_of(builder, block, dmin_at) if has_min else None)
+                for p in range(4):
+                    u, mask = part(builder, block, grid_, signs_, p)
+                    store_at(builder, codes, 256 * r + 64 * p,
+                             u if mask is None else builder.add(signed(builder, u, mask), splat8(builder, 128, 64)))
             fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(f32x16, [f32x16] * 3))
             n_tiles = builder.extract_value(context.make_array(tys[3])(context, builder, args[3]).shape, 0)
             with cgutils.for_range(builder, n_tiles) as loop:
                 g = loop.index
                 acts_ = item_pointer(context, builder, tys[3], args[3], [g, b_])
-                # the codes' address through an empty asm: LLVM would otherwise hoist the 64 broadcasts
-                # out of the loop and spill them, 64 stores a block that cost more than the loop
+                # the codes' address through an empty asm: LLVM would otherwise hoist the broadcasts
+                # out of the loop and spill them, stores that cost more than the loop
                 tile_codes = builder.asm(ir.FunctionType(codes.type, [codes.type]), "", "=r,0", [codes], True)
-                s1 = ir.Constant(I32X16, None)
+                s1 = [ir.Constant(I32X16, None)] * BAND
                 for sub in range(n_sub):
-                    acc = ir.Constant(I32X16, None)
+                    acc = [ir.Constant(I32X16, None)] * BAND
                     for k in range(sub * per_sub, (sub + 1) * per_sub):
-                        four = splat(builder, load_at(builder, tile_codes, 4 * k, I32))
-                        acc = dpbusd(builder, acc, builder.bitcast(four, I8X64), load_at(builder, acts_, 64 * k, I8X64))
+                        four_elements = load_at(builder, acts_, 64 * k, I8X64)
+                        for r in range(BAND):
+                            four = splat(builder, load_at(builder, tile_codes, 256 * r + 4 * k, I32))
+                            acc[r] = dpbusd(builder, acc[r], builder.bitcast(four, I8X64), four_elements)
                     if biased:
                         at = item_pointer(context, builder, tys[4], args[4], [g, b_, constant(b_.type, sub)])
-                        acc = builder.sub(acc, load_at(builder, at, 0, I32X16))
-                    s1 = builder.add(s1, builder.mul(acc, splat(builder, scales[sub])))
-                r = builder.fmul(builder.sitofp(s1, f32x16), splat(builder, d0_))
-                if has_min:
-                    s2 = ir.Constant(I32X16, None)
-                    for j in range(8):
-                        at = item_pointer(context, builder, tys[5], args[5], [g, b_, constant(b_.type, j)])
-                        s2 = builder.add(s2, builder.mul(load_at(builder, at, 0, I32X16), splat(builder, mins[j])))
-                    r = builder.call(fma, [splat(builder, builder.fneg(dmin_)), builder.sitofp(s2, f32x16), r])
+                        bias = load_at(builder, at, 0, I32X16)
+                        acc = [builder.sub(a, bias) for a in acc]
+                    s1 = [builder.add(s1[r], builder.mul(acc[r], splat(builder, scales[r][sub]))) for r in range(BAND)]
                 d_act = load_at(builder, item_pointer(context, builder, tys[6], args[6], [g, b_]), 0, f32x16)
-                row = builder.gep(item_pointer(context, builder, tys[11], args[11], [o_]),
-                                  [builder.mul(g, constant(g.type, 4 * TILE))])
-                store_at(builder, row, 0, builder.call(fma, [r, d_act, load_at(builder, row, 0, f32x16)]))
+                if has_min:
+                    sums32 = [load_at(builder, item_pointer(context, builder, tys[5], args[5], [g, b_, constant(b_.type, j)]),
+                                      0, I32X16) for j in range(8)]
+                for r in range(BAND):
+                    result = builder.fmul(builder.sitofp(s1[r], f32x16), splat(builder, d0[r]))
+                    if has_min:
+                        s2 = ir.Constant(I32X16, None)
+                        for j in range(8):
+                            s2 = builder.add(s2, builder.mul(sums32[j], splat(builder, mins[r][j])))
+                        result = builder.call(fma, [splat(builder, builder.fneg(dmin[r])), builder.sitofp(s2, f32x16), result])
+                    row = builder.gep(item_pointer(context, builder, tys[9], args[9], [builder.add(o_, constant(o_.type, r))]),
+                                      [builder.mul(g, constant(g.type, 4 * TILE))])
+                    store_at(builder, row, 0, builder.call(fma, [result, d_act, load_at(builder, row, 0, f32x16)]))
             return context.get_dummy_value()
         arrays = (raw, acts, bias_sums, min_sums, ad, grid, signs, out)
         if raw.ndim == 2 and acts.ndim == 4 and out.ndim == 2 and all(a.layout == "C" for a in arrays):
-            return types.none(raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out), codegen
+            return types.none(raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out), codegen
     return of_kind(tile_dots, kind)
 
 
@@ -469,7 +490,7 @@ def row_dot(kind, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums):  # kind 
     raise TypeError("row_dot is compiled by numba, for a literal type name")
 
 
-def tile_dots(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out):  # kind a literal type name
+def tile_dots(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out):  # kind a literal type name
     raise TypeError("tile_dots is compiled by numba, for a literal type name")
 
 
@@ -489,11 +510,11 @@ def row_dot_of(kind, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums):
 
 
 @overload(tile_dots, inline="always")
-def tile_dots_of(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out):
+def tile_dots_of(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out):
     if isinstance(kind, types.StringLiteral):
         dots_of = TILE_DOTS[kind.literal_value]
-        return lambda kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out: dots_of(
-            raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out)
+        return lambda kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out: dots_of(
+            raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out)
 
 
 def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
@@ -524,26 +545,21 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
     return kernel
 
 
-def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, acts, bias_sums, min_sums, ad) -> [O, G * TILE]
+def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, acts, bias_sums, min_sums, ad) -> [O', G * TILE]
     """reference tiled (the tiled AVX512-VNNI kernel, from 8 rows) on the raw blocks, as llama.cpp
-    computes it: tile_dots per block and tile of activation rows, d0 = d * post. Any order of the
-    integer sums gives the same s1; only the float epilogue is ggml's order, lane by lane."""
-    d_at, dmin_at, _, _, post = TYPES[kind]
-    block_bytes, post = BLOCK_BYTES[kind], F32(post)
-
+    computes it: tile_dots per block and band of BAND weight rows. Any order of the integer sums
+    gives the same s1; only the float epilogue is ggml's order, lane by lane. O' rounds O up to
+    whole bands."""
     @numba.njit(cache=True, parallel=True)
     def kernel(raw, grid, signs, acts, bias_sums, min_sums, ad):
         O = raw.shape[0]
         G, nb = ad.shape[:2]
-        out = np.zeros((O, G * TILE), F32)
+        out = np.zeros((n_tasks(O) * ROWS_PER_TASK, G * TILE), F32)
         for task in numba.prange(n_tasks(O)):
             first, stop = task_rows(task, O)
-            for b in range(nb):  # the task's rows one after another on block b: its activations stay in L1
-                at = block_bytes * b
-                for o in range(first, stop):
-                    d0 = f16_at(raw, o, at + d_at) * post
-                    dmin = f16_at(raw, o, at + dmin_at) if dmin_at >= 0 else F32(0)
-                    tile_dots(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, d0, dmin, out)
+            for b in range(nb):  # the task's bands one after another on block b: its activations stay in L1
+                for o in range(first, stop, BAND):
+                    tile_dots(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out)
         return out
     return kernel
 
@@ -574,7 +590,7 @@ def k_quant_mul_mat(raw, kind, path, a):  # raw uint8 [O, row bytes] of `kind`, 
     if (kind, path) not in KERNELS:
         KERNELS[kind, path] = FACTORIES[path](kind)
     if path == "tiled":
-        return KERNELS[kind, path](raw, *tables(kind), *tiled_acts(kind, a))[:, :len(a.d)].T.copy()
+        return KERNELS[kind, path](raw, *tables(kind), *tiled_acts(kind, a))[:len(raw), :len(a.d)].T.copy()
     sums32 = np.ascontiguousarray(a.bsums.reshape(a.bsums.shape[:2] + (8, 2)).sum(-1), np.int32)
     return KERNELS[kind, path](raw, *tables(kind), np.ascontiguousarray(a.q), np.ascontiguousarray(a.d, F32),
                                np.ascontiguousarray(a.bsums, np.int32), sums32)
