@@ -328,8 +328,8 @@ BAND = 8  # weight rows tile_dots takes at once: each activation load serves all
 
 
 def tile_dots_intrinsic(kind):
-    """The intrinsic out f32 [O', G * TILE] (rows o..o + BAND - 1: their sums, for every activation
-    row) += block b of those rows against every tile g of TILE activation rows, the way llama.cpp's
+    """The intrinsic out f32 [ROWS_PER_TASK, G * TILE] (rows at..at + BAND - 1: the sums of weight
+    rows o..o + BAND - 1, for every activation row) += block b of those rows against every tile g of TILE activation rows, the way llama.cpp's
     tiled kernel lays the product out (tiled-kernel.cpp:100-195): each block unpacked once into 256
     unsigned codes (value + 128 for the signed types; Q6_K's stored +32 kept), 4 codes broadcast
     against 4 elements of each of the TILE rows per vpdpbusd, so each lane is one row's sum, one
@@ -337,7 +337,7 @@ def tile_dots_intrinsic(kind):
     times the rows' sub-block sums taken off and the scale multiplied in. Its s1 is the exact
     integer the vec_dot lanes sum to. Then per lane, as the tiled epilogue: r = f32(s1) * d0 with
     d0 = d * post, r = fma(-dmin, f32(s2), r) with s2 = sum of mins times 32-sums, out = fma(r,
-    d_act, out). Rows from O on read row O - 1 and land in out's padding rows (O' >= o + BAND).
+    d_act, out). Weight rows from O on read row O - 1; their sums are not used.
 
     acts int8 [G, nb, 64, TILE * 4]: element 4k + i of block b of row TILE g + j at [g, b, k, 4j + i];
     bias_sums int32 [G, nb, n_sub, TILE]: tile_bias times each row's sub-block sums; min_sums
@@ -346,10 +346,10 @@ def tile_dots_intrinsic(kind):
     d_at, dmin_at, _, _, post = TYPES[kind]
     biased, has_min, per_sub = tile_bias(kind) != 0, dmin_at >= 0, 64 // N_SUB[kind]
 
-    def tile_dots(typingctx, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out):
+    def tile_dots(typingctx, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out, at):
         def codegen(context, builder, signature, args):
             tys = signature.args
-            o_, b_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
+            o_, b_, at_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 10))
             last = builder.sub(builder.extract_value(context.make_array(tys[0])(context, builder, args[0]).shape, 0),
                                constant(o_.type, 1))
             grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (7, 8))
@@ -402,13 +402,13 @@ def tile_dots_intrinsic(kind):
                         for j in range(8):
                             s2 = builder.add(s2, builder.mul(sums32[j], splat(builder, mins[r][j])))
                         result = builder.call(fma, [splat(builder, builder.fneg(dmin[r])), builder.sitofp(s2, f32x16), result])
-                    row = builder.gep(item_pointer(context, builder, tys[9], args[9], [builder.add(o_, constant(o_.type, r))]),
+                    row = builder.gep(item_pointer(context, builder, tys[9], args[9], [builder.add(at_, constant(at_.type, r))]),
                                       [builder.mul(g, constant(g.type, 4 * TILE))])
                     store_at(builder, row, 0, builder.call(fma, [result, d_act, load_at(builder, row, 0, f32x16)]))
             return context.get_dummy_value()
         arrays = (raw, acts, bias_sums, min_sums, ad, grid, signs, out)
         if raw.ndim == 2 and acts.ndim == 4 and out.ndim == 2 and all(a.layout == "C" for a in arrays):
-            return types.none(raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out), codegen
+            return types.none(raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out, at), codegen
     return of_kind(tile_dots, kind)
 
 
@@ -490,7 +490,7 @@ def row_dot(kind, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums):  # kind 
     raise TypeError("row_dot is compiled by numba, for a literal type name")
 
 
-def tile_dots(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out):  # kind a literal type name
+def tile_dots(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out, at):  # kind a literal type name
     raise TypeError("tile_dots is compiled by numba, for a literal type name")
 
 
@@ -510,11 +510,11 @@ def row_dot_of(kind, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums):
 
 
 @overload(tile_dots, inline="always")
-def tile_dots_of(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out):
+def tile_dots_of(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out, at):
     if isinstance(kind, types.StringLiteral):
         dots_of = TILE_DOTS[kind.literal_value]
-        return lambda kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out: dots_of(
-            raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out)
+        return lambda kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out, at: dots_of(
+            raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out, at)
 
 
 def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsums, sums32) -> [T, O] of one type
@@ -545,21 +545,25 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
     return kernel
 
 
-def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, acts, bias_sums, min_sums, ad) -> [O', G * TILE]
+def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, acts, bias_sums, min_sums, ad, T) -> [T, O]
     """reference tiled (the tiled AVX512-VNNI kernel, from 8 rows) on the raw blocks, as llama.cpp
     computes it: tile_dots per block and band of BAND weight rows. Any order of the integer sums
-    gives the same s1; only the float epilogue is ggml's order, lane by lane. O' rounds O up to
-    whole bands."""
+    gives the same s1; only the float epilogue is ggml's order, lane by lane. A task's sums stay in
+    a scratch of its rows (16 KB at 64 activation rows, in L1) and go to out once, transposed."""
     @numba.njit(cache=True, parallel=True)
-    def kernel(raw, grid, signs, acts, bias_sums, min_sums, ad):
+    def kernel(raw, grid, signs, acts, bias_sums, min_sums, ad, T):
         O = raw.shape[0]
         G, nb = ad.shape[:2]
-        out = np.zeros((n_tasks(O) * ROWS_PER_TASK, G * TILE), F32)
+        out = np.empty((T, O), F32)
         for task in numba.prange(n_tasks(O)):
+            sums = np.zeros((ROWS_PER_TASK, G * TILE), F32)
             first, stop = task_rows(task, O)
             for b in range(nb):  # the task's bands one after another on block b: its activations stay in L1
                 for o in range(first, stop, BAND):
-                    tile_dots(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out)
+                    tile_dots(kind, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, sums, o - first)
+            for t in range(T):
+                for o in range(first, stop):
+                    out[t, o] = sums[o - first, t]
         return out
     return kernel
 
@@ -590,7 +594,7 @@ def k_quant_mul_mat(raw, kind, path, a):  # raw uint8 [O, row bytes] of `kind`, 
     if (kind, path) not in KERNELS:
         KERNELS[kind, path] = FACTORIES[path](kind)
     if path == "tiled":
-        return KERNELS[kind, path](raw, *tables(kind), *tiled_acts(kind, a))[:len(raw), :len(a.d)].T.copy()
+        return KERNELS[kind, path](raw, *tables(kind), *tiled_acts(kind, a), len(a.d))
     sums32 = np.ascontiguousarray(a.bsums.reshape(a.bsums.shape[:2] + (8, 2)).sum(-1), np.int32)
     return KERNELS[kind, path](raw, *tables(kind), np.ascontiguousarray(a.q), np.ascontiguousarray(a.d, F32),
                                np.ascontiguousarray(a.bsums, np.int32), sums32)
