@@ -3,9 +3,14 @@ of 2+ rows) and ggml_vec_dot_f32/f16/bf16 (one row), each lane's FMA chain and e
 as the NumPy statement has it; plus float_mul_mat, reference mul_mat.py's choice between the two."""
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from reference.ggml_cpu.target import AVX512
 
+from .int_dots import array_data
 from .rounding import fma32, hsum8, hsum16, register_sum, vec_reduce
 from .threads import threaded
 
@@ -13,13 +18,47 @@ F32, F64 = np.float32, np.float64
 F32_DOT, F16_DOT, BF16_DOT = 0, 1, 2  # which ggml_vec_dot_* a kernel runs
 
 
+def lane_fmas_intrinsic(lanes):  # -> the intrinsic (x, y, whole, acc) of one register width
+    """acc[j, :lanes] <- the FMA chains of vec_body's four registers: acc[j, l] = fma(x[s + lanes j + l],
+    y[s + lanes j + l], acc[j, l]) for s = 0, 4 lanes, .. < whole, each chain in registers (llvm.fma:
+    one rounding, as vfmadd231ps). numba's own loop kept the 64 sums in memory, a store and a load
+    per FMA, 5x slower on the attention's decode products."""
+    vec = ir.VectorType(ir.FloatType(), lanes)
+
+    def lane_fmas(typingctx, x, y, whole, acc):
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            xp, yp, accp = (array_data(context, builder, tys[i], args[i]) for i in (0, 1, 3))
+            whole_ = context.cast(builder, args[2], tys[2], types.intp)
+            fma = builder.module.declare_intrinsic(f"llvm.fma.v{lanes}f32", fnty=ir.FunctionType(vec, [vec] * 3))
+            sums = [cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(4)]
+            steps = builder.udiv(whole_, ir.Constant(whole_.type, 4 * lanes))
+            with cgutils.for_range(builder, steps) as loop:
+                at = builder.mul(loop.index, ir.Constant(whole_.type, 4 * 4 * lanes))  # bytes
+                for j, total in enumerate(sums):
+                    offset = builder.add(at, ir.Constant(whole_.type, 4 * lanes * j))
+                    xv, yv = (builder.load(builder.bitcast(builder.gep(p, [offset]), vec.as_pointer()), align=4)
+                              for p in (xp, yp))
+                    builder.store(builder.call(fma, [xv, yv, builder.load(total)]), total)
+            for j, total in enumerate(sums):  # acc is [4, 16]: row j at 64 bytes
+                builder.store(builder.load(total), builder.bitcast(builder.gep(accp, [ir.Constant(ir.IntType(64), 64 * j)]),
+                                                                   vec.as_pointer()), align=4)
+            return context.get_dummy_value()
+        if all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (x, y, acc)):
+            return types.none(x, y, whole, acc), codegen
+    lane_fmas.__name__ = lane_fmas.__qualname__ = f"lane_fmas_{lanes}"  # numba tells intrinsics apart by name
+    return intrinsic(lane_fmas)
+
+
+lane_fmas_8, lane_fmas_16 = lane_fmas_intrinsic(8), lane_fmas_intrinsic(16)
+
+
 @numba.njit(cache=True, inline="always")
 def vec_body(x, y, whole, acc, lanes):  # x, y f32 [>= whole], scratch acc f32 [4, 16] -> f32: reference vec_body
-    acc[:] = 0
-    for s in range(0, whole, 4 * lanes):
-        for j in range(4):
-            for lane in range(lanes):
-                acc[j, lane] = fma32(x[s + lanes * j + lane], y[s + lanes * j + lane], acc[j, lane])
+    if lanes == 16:  # the x86 targets' GGML_F32_EPR: AVX512, or AVX/AVX2
+        lane_fmas_16(x, y, whole, acc)
+    else:
+        lane_fmas_8(x, y, whole, acc)
     return vec_reduce(acc, lanes)
 
 
