@@ -36,6 +36,7 @@ from gguf import GGMLQuantizationType as GT
 from gguf import quants
 from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from reference.gguf import GgmlType, UnsupportedTensorType
@@ -46,8 +47,8 @@ CHUNK = 256  # values decoded per step: one K-quant super-block, or eight 32-val
 # move roundings of products and sums; the weights' own factors are exact.
 FAST = {"reassoc", "contract"}
 
-Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xxs_signed "
-                               "iq1s_grid iq2xs_signed iq2s_signed iq3s_signed")
+Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xxs_signed iq2xxs_grid iq3xxs_grid "
+                               "sign_bits iq1s_grid iq2xs_signed iq2s_signed iq3s_signed")
 
 
 def lookup_tables():  # -> Tables, every entry a float32/int8/uint8 array
@@ -67,6 +68,10 @@ def lookup_tables():  # -> Tables, every entry a float32/int8/uint8 array
                   # row 16 * grid byte + 4 sign bits), and the tables (256 KB, 16 KB) stay in L2
                   iq2xxs_signed=(iq2xxs_grid[:, None] * sign_rows[None]).reshape(-1, 8).astype(np.int8),
                   iq3xxs_signed=(iq3xxs_grid[:, None] * nibble_signs[None]).reshape(-1, 4).astype(np.int8),
+                  # the row kernels' (xxs_row): float32 grid rows (8 KB, 4 KB) and each 7-bit ksigns
+                  # index as 8 float sign bits (4 KB), all in L1
+                  iq2xxs_grid=iq2xxs_grid, iq3xxs_grid=iq3xxs_grid,
+                  sign_bits=np.where(sign_rows < 0, np.uint32(1 << 31), np.uint32(0)),
                   **iq_grids())
 
 
@@ -685,28 +690,85 @@ def decode_iq2_xxs(qtype, row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 g
                 out[32 * ib + 8 * l + j] = db * np.float32(values[j])
 
 
-@njit(cache=True, fastmath=FAST)
+def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries, unit):
+    """The intrinsic (row, x, grid, sign_bits) -> float64: row [row_bytes] of IQ2_XXS (entries 1: a
+    grid row of 8 values an 8-group, grid byte 2 + 8c + g, aux words after each chunk's 4) or IQ3_XXS
+    (entries 2: two rows of 4, grid bytes 2 + 8c + 2g and + 1, aux words at 66) . x [n_in].
+
+    Each 8-group's weights in one <8 x float> register: scale * grid row (the float32 product
+    gguf-py's dequantization makes: scale = d (1/2 + aux >> 28) unit, xxs_scale's order), the
+    sign bits of its ksigns index xored in; then one FMA with x's 8 values. The weights are gguf-py's
+    exactly. Four accumulators (the 8-groups g of every chunk) sum a super-block in x's dtype,
+    added together and widened into a float64 accumulator per super-block; its 8 lanes are summed
+    at the end. The grid and sign tables stay in L1 (the signed int8 table of row_iq2_xxs' first
+    form, 256 KB, did not)."""
+    def xxs_row(typingctx, row, x, grid, sign_bits):
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            row_, x_, grid_, signs_ = (builder.bitcast(context.make_array(ty)(context, builder, arg).data, I8.as_pointer())
+                                       for ty, arg in zip(tys, args))
+            x_ty = context.get_value_type(tys[1].dtype)
+            f32, f64, i32, i64 = ir.FloatType(), ir.DoubleType(), ir.IntType(32), ir.IntType(64)
+            v8f, v8x, v8d, v8i = (ir.VectorType(t, 8) for t in (f32, x_ty, f64, i32))
+            fma = builder.module.declare_intrinsic(f"llvm.fma.v8{'f32' if x_ty == f32 else 'f64'}",
+                                                   fnty=ir.FunctionType(v8x, [v8x] * 3))
+
+            def at(base, offset, ty):  # the value of type ty at byte offset (an i64 value or a constant) after base
+                offset = offset if isinstance(offset, ir.Value) else ir.Constant(i64, offset)
+                return builder.load(builder.bitcast(builder.gep(base, [offset]), ty.as_pointer()), align=1)
+
+            def spread(v, ty):  # a scalar -> the vector of it
+                one = builder.insert_element(ir.Constant(ty, None), v, ir.Constant(i32, 0))
+                return builder.shuffle_vector(one, ir.Constant(ty, None), ir.Constant(v8i, [0] * 8))
+
+            n_blocks = builder.udiv(builder.extract_value(context.make_array(tys[1])(context, builder, args[1]).shape, 0),
+                                    ir.Constant(i64, 256))
+            total = cgutils.alloca_once_value(builder, ir.Constant(v8d, None))
+            with cgutils.for_range(builder, n_blocks) as loop:
+                block = builder.gep(row_, [builder.mul(loop.index, ir.Constant(i64, block_bytes))])
+                x_block = builder.mul(loop.index, ir.Constant(i64, 256 * x_ty.get_abi_size(context.target_data)))
+                d = builder.fpext(builder.bitcast(at(block, 0, ir.IntType(16)), ir.HalfType()), f32)
+                sums = [ir.Constant(v8x, None)] * 4
+                for c in range(8):
+                    aux = at(block, aux_byte + aux_step * c, i32)
+                    high = builder.uitofp(builder.lshr(aux, ir.Constant(i32, 28)), f32)
+                    scale = builder.fmul(builder.fmul(d, builder.fadd(ir.Constant(f32, 0.5), high)), ir.Constant(f32, unit))
+                    for g in range(4):
+                        index = lambda k: builder.zext(at(block, grid_byte + 8 * c + entries * g + k, I8), i64)
+                        if entries == 1:
+                            values = at(grid_, builder.mul(index(0), ir.Constant(i64, 32)), v8f)
+                        else:
+                            low, up = (at(grid_, builder.mul(index(k), ir.Constant(i64, 16)), ir.VectorType(f32, 4)) for k in (0, 1))
+                            values = builder.shuffle_vector(low, up, ir.Constant(v8i, list(range(8))))
+                        sign_index = builder.zext(builder.and_(builder.lshr(aux, ir.Constant(i32, 7 * g)), ir.Constant(i32, 127)), i64)
+                        signs = at(signs_, builder.mul(sign_index, ir.Constant(i64, 32)), v8i)
+                        weights = builder.bitcast(builder.xor(builder.bitcast(builder.fmul(values, spread(scale, v8f)), v8i), signs), v8f)
+                        if x_ty != f32:
+                            weights = builder.fpext(weights, v8x)
+                        xs = at(x_, builder.add(x_block, ir.Constant(i64, (32 * c + 8 * g) * x_ty.get_abi_size(context.target_data))), v8x)
+                        sums[g] = builder.call(fma, [weights, xs, sums[g]])
+                block_sum = builder.fadd(builder.fadd(sums[0], sums[1]), builder.fadd(sums[2], sums[3]))
+                widened = block_sum if x_ty == f64 else builder.fpext(block_sum, v8d)
+                builder.store(builder.fadd(builder.load(total), widened), total)
+            lanes = builder.load(total)
+            out = builder.extract_element(lanes, ir.Constant(i32, 0))
+            for k in range(1, 8):
+                out = builder.fadd(out, builder.extract_element(lanes, ir.Constant(i32, k)))
+            return out
+        if (row.ndim == x.ndim == 1 and x.dtype in (types.float32, types.float64) and grid.dtype == types.float32
+                and sign_bits.dtype == types.uint32 and all(a.layout == "C" for a in (row, x, grid, sign_bits))):
+            return types.float64(row, x, grid, sign_bits), codegen
+    xxs_row.__name__ = xxs_row.__qualname__ = name  # numba tells intrinsics apart by name
+    return intrinsic(xxs_row)
+
+
+iq2_xxs_row = xxs_row_intrinsic("iq2_xxs_row", 66, 2, 6, 8, 1, 0.25)
+iq3_xxs_row = xxs_row_intrinsic("iq3_xxs_row", 98, 2, 66, 4, 2, 0.5)
+
+
+@njit(cache=True)
 def row_iq2_xxs(qtype, row, x, xsum16, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
-    # the four 8-value groups of a 32-value block side by side in one loop: one sum per 32 values.
-    # The loop runs to g0.shape[0] (8) rather than a literal 8: LLVM unrolls a constant 8-step loop
-    # into scalar code before it can vectorize it (numba leaves the SLP vectorizer off).
-    nsb = x.shape[0] // 256
-    blk, xs, signed = row.reshape(nsb, 66), x.reshape(nsb, 8, 4, 8), tab.iq2xxs_signed
-    acc = 0.0
-    for sb in range(nsb):
-        d = half_at(blk, sb, 0, tab.halves)
-        for ib in range(8):
-            aux = u32(blk[sb], 6 + 8 * ib)
-            g0 = signed[np.int64(blk[sb, 2 + 8 * ib]) * 128 + (aux & 127)]
-            g1 = signed[np.int64(blk[sb, 3 + 8 * ib]) * 128 + ((aux >> 7) & 127)]
-            g2 = signed[np.int64(blk[sb, 4 + 8 * ib]) * 128 + ((aux >> 14) & 127)]
-            g3 = signed[np.int64(blk[sb, 5 + 8 * ib]) * 128 + ((aux >> 21) & 127)]
-            s = x.dtype.type(0)
-            for j in range(g0.shape[0]):
-                s += (np.float32(g0[j]) * xs[sb, ib, 0, j] + np.float32(g1[j]) * xs[sb, ib, 1, j]
-                      + np.float32(g2[j]) * xs[sb, ib, 2, j] + np.float32(g3[j]) * xs[sb, ib, 3, j])
-            acc += np.float64(xxs_scale(d, aux, 0.25)) * s
-    return acc
+    return iq2_xxs_row(row, x, tab.iq2xxs_grid, tab.sign_bits)
 
 
 @njit(cache=True)
@@ -725,24 +787,9 @@ def decode_iq3_xxs(qtype, row, start, n, out, tab):  # 98 bytes: f16 d, grid byt
                 out[32 * ib + 8 * l + 4 + j] = db * np.float32(hi[j])
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True)
 def row_iq3_xxs(qtype, row, x, xsum16, tab):  # 98 bytes: f16 d, 64 grid bytes (4 values each), 8 x u32 signs + scale
-    nsb = x.shape[0] // 256
-    blk, xs, signed = row.reshape(nsb, 98), x.reshape(nsb, 8, 8, 4), tab.iq3xxs_signed
-    acc = 0.0
-    for sb in range(nsb):
-        d = half_at(blk, sb, 0, tab.halves)
-        for ib in range(8):
-            aux = u32(blk[sb], 66 + 4 * ib)
-            s = x.dtype.type(0)
-            for l in range(4):  # 8 values: two grid rows, the low and high four of 8 sign bits
-                ks = np.int64(tab.ksigns[(aux >> (7 * l)) & 127])
-                lo = signed[np.int64(blk[sb, 2 + 8 * ib + 2 * l]) * 16 + (ks & 15)]
-                hi = signed[np.int64(blk[sb, 3 + 8 * ib + 2 * l]) * 16 + (ks >> 4)]
-                for j in range(lo.shape[0]):  # a runtime length (4), as in row_iq2_xxs
-                    s += np.float32(lo[j]) * xs[sb, ib, 2 * l, j] + np.float32(hi[j]) * xs[sb, ib, 2 * l + 1, j]
-            acc += np.float64(xxs_scale(d, aux, 0.5)) * s
-    return acc
+    return iq3_xxs_row(row, x, tab.iq3xxs_grid, tab.sign_bits)
 
 
 @njit(cache=True)
@@ -842,7 +889,8 @@ def decode_iq2_s(qtype, row, start, n, out, tab):  # 82 bytes: w = db grid sign
 
 @njit(cache=True, fastmath=FAST, inline="always")
 def iq2_block_dot(g0, g1, g2, g3, xs, db_lo, db_hi):  # 4 grid rows times signs [8], xs [4, 8] -> float64
-    # the four groups of a 32-value block side by side in one loop, as in row_iq2_xxs; a scale per two
+    # the four groups of a 32-value block side by side in one loop (to g0.shape[0], 8, not a literal
+    # 8: LLVM unrolls a constant 8-step loop into scalar code before it can vectorize it); a scale per two
     lo = hi = xs.dtype.type(0)
     for j in range(g0.shape[0]):
         lo += np.float32(g0[j]) * xs[0, j] + np.float32(g1[j]) * xs[1, j]
@@ -915,7 +963,7 @@ def row_iq3_s(qtype, row, x, xsum16, tab):  # 110 bytes: f16 d, qs[64], qh[8], s
             s = x.dtype.type(0)
             for l in range(4):
                 lo, hi = iq3_s_rows(blk[sb], 4 * ib + l, tab)
-                for j in range(lo.shape[0]):  # a runtime length (4), as in row_iq2_xxs
+                for j in range(lo.shape[0]):  # a runtime length (4), as in iq2_block_dot
                     s += np.float32(lo[j]) * xs[sb, ib, l, 0, j] + np.float32(hi[j]) * xs[sb, ib, l, 1, j]
             acc += np.float64(iq3_s_scale(blk[sb], ib, tab)) * s
     return acc
