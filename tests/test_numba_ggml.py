@@ -498,6 +498,21 @@ def test_block_dots_are_the_numpy_vec_dots(kind, rows, path):  # every tensor of
         assert_identical(ref, block_dots.mul_mat(x, weights, name, path), f"block_dots {kind} {name}, {rows} rows")
 
 
+@pytest.mark.parametrize("kind", sorted(block_dots.TYPES))
+@pytest.mark.parametrize("n_out", [5, 13, 29])  # bands of 8 weight rows past the last row, in a task of 16 and in two
+def test_block_dots_on_random_blocks_with_rows_past_the_last_band(kind, n_out):
+    """row_dot and the tiled kernel's bands on random blocks of every type, against the reference's
+    vec_dot and tiled kernel: the last band reads row O - 1 again and its sums are dropped."""
+    from accel import ggml_harness
+    from reference.ggml_cpu import int_dots as reference_dots, quantize as reference_quantize
+    from reference.ggml_cpu.blocks import decode
+    weights = ggml_harness.BlockWeights(kind, n_out, 512, np.random.default_rng(n_out))
+    for rows, path in ((1, "k_vec_dot"), (5, "k_vec_dot"), (8, "tiled"), (21, "tiled")):
+        x = activations(rows, 512, rows + n_out)
+        ref = getattr(reference_dots, path)(decode(weights, "w"), reference_quantize.quantize_q8_k(x))
+        assert_identical(ref, block_dots.mul_mat(x, weights, "w", path), f"block_dots {kind}, {n_out} x 512, {rows} rows")
+
+
 CACHED_KERNEL_RUN = """
 import numpy as np
 from accel import ggml_harness
