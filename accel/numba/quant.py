@@ -667,7 +667,8 @@ def row_iq4_xs(qtype, row, x, xsum16, tab):  # 136 bytes: f16 d, u16 scales_h, s
 # IQ grids: each group of 8 values (IQ3: two groups of 4) is a row of one of gguf-py's grids with
 # signs, times an f16 d and a small integer scale: IQ2_XXS and IQ3_XXS (256-row grids), IQ1_S and
 # IQ1_M (2048 rows, grid + delta = k/8), IQ2_XS (512), IQ2_S (1024) and IQ3_S (512). Rows sum in the
-# activations' dtype within 32 values (IQ2_XXS, IQ3_XXS, IQ3_S) or 16 (IQ1_S, IQ1_M, IQ2_XS, IQ2_S).
+# activations' dtype within 256 values (IQ2_XXS, IQ3_XXS: the weights themselves in registers, xxs_row),
+# 32 (IQ3_S) or 16 (IQ1_S, IQ1_M, IQ2_XS, IQ2_S).
 
 IQ1_S, IQ2_XS = int(GT.IQ1_S), int(GT.IQ2_XS)
 
