@@ -287,6 +287,16 @@ def test_harness_compare_sees_one_ulp():  # the gate can fail: one ulp in one el
     assert ggml_harness.compare([np.int64([1, 2])], [np.int8([1, 3])])[0] == 1
 
 
+@pytest.mark.parametrize("fn", ["vec_dot_f32", "vec_dot_f16", "vec_dot_bf16", "float_mul_mat"])
+def test_float_dots_refuse_a_target_without_x86_lanes(fn):  # vec_body's registers are 16 or 8 floats: NEON's 4 refused
+    from reference.ggml_cpu.build import GgmlCpuError
+    from reference.ggml_cpu.target import TARGETS
+    x = np.ones((1, 64), np.float32)
+    args = (x, x, "F32") if fn == "float_mul_mat" else (x, x)
+    with pytest.raises(GgmlCpuError, match="numba twins model"):
+        getattr(numba_float_dots, fn)(*args, TARGETS["neon"])
+
+
 @numba.njit
 def rounded_f16(x):  # f32 [n] -> [n] through the numba scalar round_f16
     out = np.empty_like(x)

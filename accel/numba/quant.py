@@ -51,7 +51,7 @@ Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xx
                                "sign_bits iq1s_grid iq2xs_signed iq2s_signed iq3s_signed")
 
 
-def lookup_tables():  # -> Tables, every entry a float32/int8/uint8 array
+def lookup_tables():  # -> Tables, every entry a float32/int8/uint8/uint32 array
     every_u16 = np.arange(1 << 16, dtype=np.uint16)
     quants.IQ2_XXS.init_grid()
     quants.IQ3_XXS.init_grid()
@@ -756,8 +756,9 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
             for k in range(1, 8):
                 out = builder.fadd(out, builder.extract_element(lanes, ir.Constant(i32, k)))
             return out
-        if (row.ndim == x.ndim == 1 and x.dtype in (types.float32, types.float64) and grid.dtype == types.float32
-                and sign_bits.dtype == types.uint32 and all(a.layout == "C" for a in (row, x, grid, sign_bits))):
+        if (row.ndim == x.ndim == 1 and row.dtype == types.uint8 and x.dtype in (types.float32, types.float64)
+                and grid.ndim == sign_bits.ndim == 2 and grid.dtype == types.float32 and sign_bits.dtype == types.uint32
+                and all(a.layout == "C" for a in (row, x, grid, sign_bits))):
             return types.float64(row, x, grid, sign_bits), codegen
     xxs_row.__name__ = xxs_row.__qualname__ = name  # numba tells intrinsics apart by name
     return intrinsic(xxs_row)

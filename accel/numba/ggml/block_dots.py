@@ -232,12 +232,6 @@ def elements(builder, v):  # <n x i32> -> its n i32 scalars
     return [builder.extract_element(v, constant(I32, i)) for i in range(v.type.count)]
 
 
-def block_pointer(context, builder, signature, args, block_bytes):  # (raw, o, b, ...) -> i8* to block b of row o
-    tys = signature.args
-    o_, b_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
-    return item_pointer(context, builder, tys[0], args[0], [o_, builder.mul(b_, constant(b_.type, block_bytes))])
-
-
 def of_kind(fn, kind):  # an intrinsic's typing function -> the intrinsic, named for its type
     """numba tells intrinsics apart by name: the kinds' intrinsics under one name could load one
     another's code from the cache in a new process, as glibc_call's once did (libm.py)."""
@@ -473,7 +467,7 @@ def tile_bias(kind):  # -> what a tile's unsigned codes hold above the values: 1
     return 128 * (kind in SIGNED_CODES) + TYPES[kind][2]
 
 
-ROWS_PER_TASK = 16  # rows one parallel task takes: its scratch arrays are allocated once for them, not per row
+ROWS_PER_TASK = 2 * BAND  # rows one parallel task takes, whole bands: its scratch is allocated once for them
 
 
 @numba.njit(cache=True, inline="always")
@@ -549,7 +543,7 @@ def tiled_kernel(kind):  # -> the njit kernel (raw, grid, signs, acts, bias_sums
     """reference tiled (the tiled AVX512-VNNI kernel, from 8 rows) on the raw blocks, as llama.cpp
     computes it: tile_dots per block and band of BAND weight rows. Any order of the integer sums
     gives the same s1; only the float epilogue is ggml's order, lane by lane. A task's sums stay in
-    a scratch of its rows (16 KB at 64 activation rows, in L1) and go to out once, transposed."""
+    a scratch of its rows (4 KB at 64 activation rows, in L1) and go to out once, transposed."""
     @numba.njit(cache=True, parallel=True)
     def kernel(raw, grid, signs, acts, bias_sums, min_sums, ad, T):
         O = raw.shape[0]

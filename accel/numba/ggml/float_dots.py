@@ -11,6 +11,7 @@ from numba.extending import intrinsic
 from reference.ggml_cpu.target import AVX512
 
 from .int_dots import array_data
+from .quantize import x86_only
 from .rounding import fma32, hsum8, hsum16, register_sum, vec_reduce
 from .threads import threaded
 
@@ -22,29 +23,48 @@ def lane_fmas_intrinsic(lanes):  # -> the intrinsic (x, y, whole, acc) of one re
     """acc[j, :lanes] <- the FMA chains of vec_body's four registers: acc[j, l] = fma(x[s + lanes j + l],
     y[s + lanes j + l], acc[j, l]) for s = 0, 4 lanes, .. < whole, each chain in registers (llvm.fma:
     one rounding, as vfmadd231ps). numba's own loop kept the 64 sums in memory, a store and a load
-    per FMA, 5x slower on the attention's decode products."""
+    per FMA, 5x slower on the attention's decode products. A C-contiguous x or y is read a register
+    at a time; any other (a cache row numba cannot prove contiguous) element by element at its stride."""
     vec = ir.VectorType(ir.FloatType(), lanes)
 
     def lane_fmas(typingctx, x, y, whole, acc):
         def codegen(context, builder, signature, args):
             tys = signature.args
-            xp, yp, accp = (array_data(context, builder, tys[i], args[i]) for i in (0, 1, 3))
+            accp = array_data(context, builder, tys[3], args[3])
             whole_ = context.cast(builder, args[2], tys[2], types.intp)
+            intp = whole_.type
+
+            def register_of(i):  # -> (index of element) -> <lanes x float> of x or y from that element on
+                data = array_data(context, builder, tys[i], args[i])
+                if tys[i].layout == "C":
+                    return lambda e: builder.load(builder.bitcast(builder.gep(data, [builder.mul(e, ir.Constant(intp, 4))]),
+                                                                  vec.as_pointer()), align=4)
+                stride = builder.extract_value(context.make_array(tys[i])(context, builder, args[i]).strides, 0)
+
+                def strided(e):
+                    out = ir.Constant(vec, None)
+                    for lane in range(lanes):
+                        at = builder.gep(data, [builder.mul(builder.add(e, ir.Constant(intp, lane)), stride)])
+                        out = builder.insert_element(out, builder.load(builder.bitcast(at, ir.FloatType().as_pointer())),
+                                                     ir.Constant(ir.IntType(32), lane))
+                    return out
+                return strided
+
+            x_at, y_at = register_of(0), register_of(1)
             fma = builder.module.declare_intrinsic(f"llvm.fma.v{lanes}f32", fnty=ir.FunctionType(vec, [vec] * 3))
             sums = [cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(4)]
-            steps = builder.udiv(whole_, ir.Constant(whole_.type, 4 * lanes))
+            steps = builder.udiv(whole_, ir.Constant(intp, 4 * lanes))
             with cgutils.for_range(builder, steps) as loop:
-                at = builder.mul(loop.index, ir.Constant(whole_.type, 4 * 4 * lanes))  # bytes
+                first = builder.mul(loop.index, ir.Constant(intp, 4 * lanes))
                 for j, total in enumerate(sums):
-                    offset = builder.add(at, ir.Constant(whole_.type, 4 * lanes * j))
-                    xv, yv = (builder.load(builder.bitcast(builder.gep(p, [offset]), vec.as_pointer()), align=4)
-                              for p in (xp, yp))
-                    builder.store(builder.call(fma, [xv, yv, builder.load(total)]), total)
+                    e = builder.add(first, ir.Constant(intp, lanes * j))
+                    builder.store(builder.call(fma, [x_at(e), y_at(e), builder.load(total)]), total)
             for j, total in enumerate(sums):  # acc is [4, 16]: row j at 64 bytes
                 builder.store(builder.load(total), builder.bitcast(builder.gep(accp, [ir.Constant(ir.IntType(64), 64 * j)]),
                                                                    vec.as_pointer()), align=4)
             return context.get_dummy_value()
-        if all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (x, y, acc)):
+        if (all(isinstance(a, types.Array) and a.dtype == types.float32 for a in (x, y, acc)) and acc.layout == "C"
+                and x.ndim == y.ndim == 1 and acc.ndim == 2 and isinstance(whole, types.Integer)):
             return types.none(x, y, whole, acc), codegen
     lane_fmas.__name__ = lane_fmas.__qualname__ = f"lane_fmas_{lanes}"  # numba tells intrinsics apart by name
     return intrinsic(lane_fmas)
@@ -55,7 +75,7 @@ lane_fmas_8, lane_fmas_16 = lane_fmas_intrinsic(8), lane_fmas_intrinsic(16)
 
 @numba.njit(cache=True, inline="always")
 def vec_body(x, y, whole, acc, lanes):  # x, y f32 [>= whole], scratch acc f32 [4, 16] -> f32: reference vec_body
-    if lanes == 16:  # the x86 targets' GGML_F32_EPR: AVX512, or AVX/AVX2
+    if lanes == 16:  # the x86 targets' GGML_F32_EPR: AVX512, or AVX/AVX2 (vec_lanes refuses the others)
         lane_fmas_16(x, y, whole, acc)
     else:
         lane_fmas_8(x, y, whole, acc)
@@ -141,15 +161,20 @@ def dot_pairs(kind, a, b, lanes, dpbf16):  # f32 [M, n], [N, n] -> [M, N]: the v
     return out
 
 
+def vec_lanes(target):  # -> the target's float32 lanes, which vec_body takes as 16 or 8 (x86's); GgmlCpuError elsewhere
+    x86_only(target)
+    return target.lanes
+
+
 def broadcast_dot(kind, x, y, target):  # x, y [..., n] (broadcast) -> [...]
     x, y = np.asarray(x, F32), np.asarray(y, F32)
     if x.ndim == y.ndim == 3 and x.shape[1] == 1 and y.shape[0] == 1:  # every row of x with every row of y
         return dot_pairs(x.size * len(y[0]), kind, np.ascontiguousarray(x[:, 0]), np.ascontiguousarray(y[0]),
-                         target.lanes, target.dpbf16)
+                         vec_lanes(target), target.dpbf16)
     x, y = np.broadcast_arrays(x, y)
     shape = x.shape[:-1]
     rows = (np.ascontiguousarray(a).reshape(-1, a.shape[-1]) for a in (x, y))
-    return dot_rows(x.size, kind, *rows, target.lanes, target.dpbf16).reshape(shape)
+    return dot_rows(x.size, kind, *rows, vec_lanes(target), target.dpbf16).reshape(shape)
 
 
 def vec_dot_f32(x, y, target=AVX512):  # x [..., n], y [..., n] f32 -> [...]: reference vec_dot_f32
@@ -213,4 +238,4 @@ def float_mul_mat(x, w, kind, target=AVX512, batch_rows=None):  # x [T, K] (in t
     if (batch_rows or len(x)) >= 2 and len(w) % 4 == 0 and w.shape[1] % (target.lanes * (2 if dpbf16 else 1)) == 0:
         return tinyblas_bf16(x, w) if dpbf16 else tinyblas(x, w, target)
     return dot_pairs(len(x) * np.size(w), DOT_KINDS[kind], np.ascontiguousarray(x, F32), np.ascontiguousarray(w, F32),
-                     target.lanes, target.dpbf16)
+                     vec_lanes(target), target.dpbf16)
