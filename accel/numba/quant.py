@@ -709,6 +709,7 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
             row_, x_, grid_, signs_ = (builder.bitcast(context.make_array(ty)(context, builder, arg).data, I8.as_pointer())
                                        for ty, arg in zip(tys, args))
             x_ty = context.get_value_type(tys[1].dtype)
+            x_bytes = x_ty.get_abi_size(context.target_data)  # 4 or 8
             f32, f64, i32, i64 = ir.FloatType(), ir.DoubleType(), ir.IntType(32), ir.IntType(64)
             v8f, v8x, v8d, v8i = (ir.VectorType(t, 8) for t in (f32, x_ty, f64, i32))
             fma = builder.module.declare_intrinsic(f"llvm.fma.v8{'f32' if x_ty == f32 else 'f64'}",
@@ -727,7 +728,7 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
             total = cgutils.alloca_once_value(builder, ir.Constant(v8d, None))
             with cgutils.for_range(builder, n_blocks) as loop:
                 block = builder.gep(row_, [builder.mul(loop.index, ir.Constant(i64, block_bytes))])
-                x_block = builder.mul(loop.index, ir.Constant(i64, 256 * x_ty.get_abi_size(context.target_data)))
+                x_block = builder.mul(loop.index, ir.Constant(i64, 256 * x_bytes))
                 d = builder.fpext(builder.bitcast(at(block, 0, ir.IntType(16)), ir.HalfType()), f32)
                 sums = [ir.Constant(v8x, None)] * 4
                 for c in range(8):
@@ -746,7 +747,7 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
                         weights = builder.bitcast(builder.xor(builder.bitcast(builder.fmul(values, spread(scale, v8f)), v8i), signs), v8f)
                         if x_ty != f32:
                             weights = builder.fpext(weights, v8x)
-                        xs = at(x_, builder.add(x_block, ir.Constant(i64, (32 * c + 8 * g) * x_ty.get_abi_size(context.target_data))), v8x)
+                        xs = at(x_, builder.add(x_block, ir.Constant(i64, (32 * c + 8 * g) * x_bytes)), v8x)
                         sums[g] = builder.call(fma, [weights, xs, sums[g]])
                 block_sum = builder.fadd(builder.fadd(sums[0], sums[1]), builder.fadd(sums[2], sums[3]))
                 widened = block_sum if x_ty == f64 else builder.fpext(block_sum, v8d)

@@ -18,7 +18,7 @@ from numba.extending import intrinsic, overload
 
 from reference.ggml_cpu.blocks import KVALUES_IQ4NL, iq_grid
 
-from .int_dots import I8X64, I32X16, VPDPBUSD, dpbusd, item_pointer, load_at, splat, store_at
+from .int_dots import I8X64, I32X16, VPDPBUSD, dpbusd, item_pointer, load_at, splat, store_at, vector_fma
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import fma32, hsum8
 
@@ -253,14 +253,6 @@ def row_dot_intrinsic(kind):
     d_at, dmin_at, offset, min_lanes, _ = TYPES[kind]
     f32x8, f32xm = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.FloatType(), min_lanes)
 
-    def fma(builder, a, b, c):
-        fn = builder.module.declare_intrinsic(f"llvm.fma.v{a.type.count}f32", fnty=ir.FunctionType(a.type, [a.type] * 3))
-        return builder.call(fn, [a, b, c])
-
-    def spread(builder, x, ty):  # a float -> the vector of type ty of it
-        return shuffle(builder, builder.insert_element(ir.Constant(ty, None), x, constant(I32, 0)), ir.Constant(ty, None),
-                       [0] * ty.count)
-
     def row_dot(typingctx, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums):
         def codegen(context, builder, signature, args):
             tys = signature.args
@@ -289,7 +281,7 @@ def row_dot_intrinsic(kind):
                     lanes = builder.sub(lanes, builder.mul(pairs, ir.Constant(I32X8, [offset] * 8)))
                 d_act = load_at(builder, item_pointer(context, builder, tys[4], args[4], [t_, b]), 0, ir.FloatType())
                 d = builder.fmul(f16_of(builder, block, d_at), d_act)
-                builder.store(fma(builder, spread(builder, d, f32x8), builder.sitofp(lanes, f32x8), builder.load(acc)), acc)
+                builder.store(vector_fma(builder, splat(builder, d, 8), builder.sitofp(lanes, f32x8), builder.load(acc)), acc)
                 if mins is not None:
                     dm = builder.fmul(builder.fneg(d_act), f16_of(builder, block, dmin_at))
                     sums = load_at(builder, item_pointer(context, builder, tys[6], args[6], [t_, b]), 0, I32X8)
@@ -298,7 +290,8 @@ def row_dot_intrinsic(kind):
                     mn = shuffle(builder, products, products, range(0, 8, per_lane))
                     for i in range(1, per_lane):
                         mn = builder.add(mn, shuffle(builder, products, products, range(i, 8, per_lane)))
-                    builder.store(fma(builder, spread(builder, dm, f32xm), builder.sitofp(mn, f32xm), builder.load(summs)), summs)
+                    builder.store(vector_fma(builder, splat(builder, dm, min_lanes), builder.sitofp(mn, f32xm), builder.load(summs)),
+                                  summs)
             out = item_pointer(context, builder, tys[9], args[9], [])
             store_at(builder, out, 0, builder.load(acc))
             store_at(builder, out, 32, builder.load(summs))
@@ -364,7 +357,6 @@ def tile_dots_intrinsic(kind):
                     u, mask = part(builder, block, grid_, signs_, p)
                     store_at(builder, codes, 256 * r + 64 * p,
                              u if mask is None else builder.add(signed(builder, u, mask), splat8(builder, 128, 64)))
-            fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(f32x16, [f32x16] * 3))
             n_tiles = builder.extract_value(context.make_array(tys[3])(context, builder, args[3]).shape, 0)
             with cgutils.for_range(builder, n_tiles) as loop:
                 g = loop.index
@@ -395,10 +387,10 @@ def tile_dots_intrinsic(kind):
                         s2 = ir.Constant(I32X16, None)
                         for j in range(8):
                             s2 = builder.add(s2, builder.mul(sums32[j], splat(builder, mins[r][j])))
-                        result = builder.call(fma, [splat(builder, builder.fneg(dmin[r])), builder.sitofp(s2, f32x16), result])
+                        result = vector_fma(builder, splat(builder, builder.fneg(dmin[r])), builder.sitofp(s2, f32x16), result)
                     row = builder.gep(item_pointer(context, builder, tys[9], args[9], [builder.add(at_, constant(at_.type, r))]),
                                       [builder.mul(g, constant(g.type, 4 * TILE))])
-                    store_at(builder, row, 0, builder.call(fma, [result, d_act, load_at(builder, row, 0, f32x16)]))
+                    store_at(builder, row, 0, vector_fma(builder, result, d_act, load_at(builder, row, 0, f32x16)))
             return context.get_dummy_value()
         arrays = (raw, acts, bias_sums, min_sums, ad, grid, signs, out)
         if raw.ndim == 2 and acts.ndim == 4 and out.ndim == 2 and all(a.layout == "C" for a in arrays):

@@ -10,7 +10,7 @@ from numba.extending import intrinsic
 
 from reference.ggml_cpu.target import AVX512
 
-from .int_dots import array_data
+from .int_dots import array_data, vector_fma
 from .quantize import x86_only
 from .rounding import fma32, hsum8, hsum16, register_sum, vec_reduce
 from .threads import threaded
@@ -51,14 +51,13 @@ def lane_fmas_intrinsic(lanes):  # -> the intrinsic (x, y, whole, acc) of one re
                 return strided
 
             x_at, y_at = register_of(0), register_of(1)
-            fma = builder.module.declare_intrinsic(f"llvm.fma.v{lanes}f32", fnty=ir.FunctionType(vec, [vec] * 3))
             sums = [cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(4)]
             steps = builder.udiv(whole_, ir.Constant(intp, 4 * lanes))
             with cgutils.for_range(builder, steps) as loop:
                 first = builder.mul(loop.index, ir.Constant(intp, 4 * lanes))
                 for j, total in enumerate(sums):
                     e = builder.add(first, ir.Constant(intp, lanes * j))
-                    builder.store(builder.call(fma, [x_at(e), y_at(e), builder.load(total)]), total)
+                    builder.store(vector_fma(builder, x_at(e), y_at(e), builder.load(total)), total)
             for j, total in enumerate(sums):  # acc is [4, 16]: row j at 64 bytes
                 builder.store(builder.load(total), builder.bitcast(builder.gep(accp, [ir.Constant(ir.IntType(64), 64 * j)]),
                                                                    vec.as_pointer()), align=4)

@@ -402,10 +402,15 @@ def int8_row(builder, base, offset):  # 16 int8 at byte offset after base -> <16
     return builder.sext(load_at(builder, base, offset, ir.VectorType(ir.IntType(8), 16)), I32X16)
 
 
-def splat(builder, x):  # an i32 or float scalar -> the 16-lane vector of it
-    vec = ir.VectorType(x.type, 16)
+def splat(builder, x, lanes=16):  # an i32 or float scalar -> the vector of `lanes` of it
+    vec = ir.VectorType(x.type, lanes)
     one = builder.insert_element(ir.Constant(vec, None), x, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(one, ir.Constant(vec, None), ir.Constant(I32X16, [0] * 16))
+    return builder.shuffle_vector(one, ir.Constant(vec, None), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+
+
+def vector_fma(builder, a, b, c):  # float vectors -> a * b + c lane by lane, each lane rounded once (llvm.fma)
+    fn = builder.module.declare_intrinsic(f"llvm.fma.v{a.type.count}f32", fnty=ir.FunctionType(a.type, [a.type] * 3))
+    return builder.call(fn, [a, b, c])
 
 
 def int_at(builder, base, i):  # the i-th int32 after base (i8*), as a 16-lane vector
