@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from reference import gguf, ops
-from reference.cli import OneLineParser, exit_status, int_in, output_file
+from reference.cli import OneLineParser, add_json_out, exit_status, flag, int_in, write_json
 from reference.text import TextModel
 from reference.metrics import max_abs_diff, nmse
 
@@ -210,8 +210,8 @@ def main(argv=None):
     p.add_argument("--models", type=model_names, default=",".join(PARITY_MODELS),
                    help="parity/graph: tiny model names in golden/models")
     p.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), help="default: 512 (bench), 20 (parity)")
-    p.add_argument("--n-decode", type=int_in(1, MAX_DECODE), help="default: 32 (bench), 4 (parity)")
-    p.add_argument("--json", type=output_file, help="write the records (or the benchmark report) here")
+    flag(p, "n_predict", type=int_in(1, MAX_DECODE), help="decode steps (default: 32 for bench, 4 for parity)")
+    add_json_out(p, "the records (or the benchmark report)")
     args = p.parse_args(argv)
     if args.what in ("bench", "products") and not args.model:
         p.error(f"{args.what} needs a model")
@@ -223,7 +223,7 @@ def main(argv=None):
 def run(args, backend):  # -> exit status
     paths = [args.model] if args.model else args.models
     if args.what == "bench":
-        result = bench(backend, args.model, args.prompt_len or 512, args.n_decode or 32)
+        result = bench(backend, args.model, args.prompt_len or 512, args.n_predict or 32)
         print(json.dumps({k: v for k, v in result.items() if k != "products"}, indent=1))
         for name, r in result["products"].items():
             print(f"{name:28s} {r['type']:8s} {str(r['shape']):16s} {r['us']:9.1f} us  {100 * r['bandwidth']:5.1f}% of 4.8 TB/s")
@@ -231,15 +231,14 @@ def run(args, backend):  # -> exit status
     else:
         if args.what == "parity":
             prompt = PROMPT[:args.prompt_len] if args.prompt_len else PROMPT
-            result = [r for path in paths for r in check_model(backend, path, prompt, args.n_decode or 4)]
+            result = [r for path in paths for r in check_model(backend, path, prompt, args.n_predict or 4)]
         elif args.what == "products":
             result = check_products(backend, args.model)
         else:
             result = [check_graph(backend, path) for path in paths]
         status = report(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    if args.json_out:
+        write_json(args.json_out, result)
     return status
 
 

@@ -31,7 +31,7 @@ from gguf import GGMLQuantizationType as GT, GGML_QUANT_SIZES, GGUFWriter
 from gguf import quants
 
 from reference import ops
-from reference.cli import OneLineParser, fail, int_in, names_in
+from reference.cli import OneLineParser, fail, flag, int_in, names_in
 from reference.gguf import EXTRA_SIZES, Weights, open_reader, write_out
 from reference.random_blocks import F16_SCALE_OFFSETS
 from reference.metrics import max_abs_diff, nmse
@@ -219,13 +219,13 @@ def check(case, backend):  # -> (nmse, max |diff|, gate, problem or "")
 
 def main(argv=None):
     p = OneLineParser(prog="python -m accel.harness", description=__doc__.splitlines()[0])
-    p.add_argument("--backend", default="numba")
-    p.add_argument("--numerics", choices=("exact", "ggml-cpu"), default="exact",
+    flag(p, "backend", default="numba", help="the accelerated backend checked against the reference")
+    flag(p, "numerics", choices=("exact", "ggml-cpu"), default="exact",
                    help="ggml-cpu: the numba ggml kernels against their NumPy twins (--backend numba only)")
     p.add_argument("--ops", type=names_in(tuple(GATES) + GGML_OPS, "op"), default=None,
                    help="comma-separated ops to run (default: all): " + ",".join(GATES)
                    + "; with --numerics ggml-cpu the kernel files " + ",".join(GGML_OPS))
-    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="numpy seeds are non-negative")
+    flag(p, "seed", type=int_in(0, 2**63 - 1), default=0, help="the random inputs' numpy seed")
     args = p.parse_args(argv)
     if args.numerics == "ggml-cpu":
         return ggml_table(args)

@@ -12,10 +12,41 @@ class UsageError(Exception):
     """Bad command-line input found after parsing; main() prints it as one line and exits 2."""
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help as written (paragraphs kept), each option's default after its sentence."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 class OneLineParser(argparse.ArgumentParser):
+    """Options are matched whole (no abbreviations: --n would be a guess); --help shows defaults."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):  # kept: error() names an option as it was typed
+        self.typed = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):  # argparse prints usage + message; the contract is one line, exit 2
+        message = as_typed(message, getattr(self, "typed", []))
         print(f"{self.prog.removeprefix('python -m ')}: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def as_typed(message, argv):  # "argument -ub/--ubatch-size/...: m" -> "argument --ubatch-size: m", as typed
+    head, colon, rest = message.partition(": ")
+    names = head.removeprefix("argument ").split("/")
+    typed = [n for n in names if any(a == n or a.startswith(n + "=") for a in argv)]
+    if not head.startswith("argument ") or not colon or len(names) < 2 or not typed:
+        return message
+    return f"argument {typed[0]}: {rest}"
 
 
 def int_in(low, high):  # -> an argparse type: an int with low <= n <= high
@@ -142,3 +173,138 @@ def exit_status(prog, work, errors=()):  # -> work()'s exit status; UsageError, 
 
 def write_json(path, report):  # report dict -> the file at `path`, indented, whole or not at all
     artifacts.write_json(path, report, UsageError)
+
+
+# -------------------------------------------------------------------------------------------------
+# The flags the tools share, under llama.cpp's names (common/arg.cpp of llama.cpp 0c1e570) first and
+# the project's older spellings after them, which keep working. A concept is one argparse dest with
+# the same option strings in every tool (tests/test_flags.py reads every parser).
+
+FLAG_NAMES = {  # concept (the dest) -> its option strings
+    "model": ("-m", "--model"),
+    "prompt": ("-p", "--prompt"),
+    "file": ("-f", "--file", "--prompt-file"),
+    "system_prompt": ("-sys", "--system-prompt", "--system"),
+    "verbose_prompt": ("--verbose-prompt",),
+    "n_predict": ("-n", "--n-predict", "--predict", "--n-decode"),
+    "ctx_size": ("-c", "--ctx-size", "--ctx", "--n-ctx"),
+    "threads": ("-t", "--threads"),
+    "batch_size": ("-b", "--batch-size"),
+    "ubatch_size": ("-ub", "--ubatch-size", "--prefill-chunk", "--n-ubatch"),
+    "cache_type_k": ("-ctk", "--cache-type-k"),
+    "cache_type_v": ("-ctv", "--cache-type-v"),
+    "kv_type": ("--kv-type",),
+    "flash_attn": ("-fa", "--flash-attn"),
+    "repack": ("--repack",),
+    "no_repack": ("-nr", "--no-repack"),
+    "model_draft": ("-md", "--model-draft", "--spec-draft-model", "--draft-model"),
+    "spec_draft_n_max": ("--spec-draft-n-max",),
+    "spec_draft_p_min": ("--spec-draft-p-min", "--draft-p-min", "--spec-p-min"),
+    "temp": ("--temp", "--temperature"),
+    "top_k": ("--top-k",),
+    "seed": ("-s", "--seed"),
+    "numerics": ("--numerics",),
+    "backend": ("--backend",),
+    "dtype": ("--dtype",),
+    "cpu": ("--cpu",),
+    "json": ("--json",),
+    "json_out": ("--json-out",),
+}
+FLASH_ATTN = ("on", "off", "auto")
+MAX_THREADS = 1 << 10
+DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: a random seed; greedy decoding reads none
+
+
+def flag(p, concept, **options):  # parser, FLAG_NAMES key, add_argument's options -> the action
+    return p.add_argument(*FLAG_NAMES[concept], dest=concept, **options)
+
+
+def add_json_out(p, what, checked=True):  # --json-out PATH (and --json PATH, its older spelling, out of --help)
+    """--json prints JSON on stdout where it is a switch (reference.run); a tool that writes a JSON
+    file takes its path as --json-out. The tools that took that path as --json keep taking it.
+    checked=False: the tool checks the path itself (check_output) before its work."""
+    kind = output_file if checked else None
+    flag(p, "json_out", type=kind, metavar="F.json", help=f"write {what} as JSON to this file")
+    p.add_argument("--json", dest="json_out", type=kind, help=argparse.SUPPRESS)
+
+
+def add_sampling_flags(p):  # --temp, --top-k, --seed: llama.cpp's sampler flags a greedy tool accepts
+    flag(p, "temp", type=float_in(0.0, 1e6), default=0.0,
+         help="sampling temperature: only 0 (greedy, what every golden is) is accepted, or any value with --top-k 1")
+    flag(p, "top_k", type=int_in(0, 1 << 31), default=None,
+         help="top-k sampling: only 1 (greedy) is accepted; 0 or more than 1 samples unless --temp is 0")
+    flag(p, "seed", type=int_in(0, (1 << 32) - 1), default=DEFAULT_SEED,
+         help="recorded in the output; greedy decoding draws no random number")
+
+
+def check_greedy(args):  # -> None; UsageError where --temp and --top-k ask for sampling
+    if args.temp != 0 and args.top_k != 1:
+        raise UsageError(f"--temp {args.temp:g} samples; the reference decodes greedily only "
+                         "(--temp 0, or --top-k 1)")
+
+
+def add_numerics_flags(p, backends, flash_default):  # the flags of factory.Build
+    """flash_default: the tool's -fa when it is not given, in words for --help."""
+    from .ggml_cpu.target import TARGETS
+    flag(p, "dtype", choices=("float32", "float64"), default="float32",
+         help="the exact numerics' float type (float64: a noise floor for tools.diff and tools.bisect)")
+    flag(p, "backend", choices=backends, default="numpy",
+         help="numba: the accel/ kernels, multiplying straight from the quantized blocks (the same logits)"
+              + ("; cupy: CUDA kernels, the text forward resident on the GPU" if "cupy" in backends else ""))
+    flag(p, "numerics", choices=("exact", "ggml-cpu"), default="exact",
+         help="exact: float64 sums of the dequantized weights; ggml-cpu: round as llama.cpp's CPU backend does, "
+              "bit for bit (a uniform KV cache, ubatches of at most 512 rows)")
+    add_cache_flags(p, flash_default)
+    flag(p, "repack", choices=("on", "off"),
+         help="with --numerics ggml-cpu: llama.cpp's CPU repack of the target's weight types (default on)")
+    flag(p, "no_repack", action="store_true", help="--repack off, as llama.cpp's -nr")
+    flag(p, "cpu", choices=tuple(TARGETS),
+         help="with --numerics ggml-cpu: the CPU build of llama.cpp to round as (default avx512; neon and "
+              "neon-i8mm: ARM builds by GCC, the -clang ones the same by clang, as macOS builds are; the ARM ones "
+              "on numpy only)")
+
+
+def add_cache_flags(p, flash_default):  # -ctk, -ctv, --kv-type (both), -fa: llama.cpp's KV cache and attention
+    from .ggml_cpu.build import KV_TYPES
+    flag(p, "cache_type_k", choices=KV_TYPES, metavar="TYPE",
+         help=f"llama.cpp's K cache type, one of {', '.join(KV_TYPES)} (default f16)")
+    flag(p, "cache_type_v", choices=KV_TYPES, metavar="TYPE",
+         help="llama.cpp's V cache type (default f16; the ggml-cpu emulation takes one type for K and V)")
+    flag(p, "kv_type", choices=KV_TYPES, metavar="TYPE", help="both -ctk and -ctv")
+    flag(p, "flash_attn", choices=FLASH_ATTN,
+         help=f"llama.cpp's flash attention; auto is on, as llama.cpp decides on the CPU "
+              f"(default: {flash_default}; a q8_0 cache needs it)")
+
+
+def cache_types(args, default="f16"):  # -> (K type, V type): -ctk, -ctv, else --kv-type, else `default`
+    return (args.cache_type_k or args.kv_type or default, args.cache_type_v or args.kv_type or default)
+
+
+def given_cache_type(args):  # -> the one KV type the emulation takes, or None where none was given
+    if not (args.cache_type_k or args.cache_type_v or args.kv_type):
+        return None
+    k, v = cache_types(args)
+    if k != v:
+        raise UsageError(f"-ctk {k} with -ctv {v}: the ggml-cpu emulation models one cache type for K and V")
+    return k
+
+
+def flash_choice(args, default=None):  # -> True | False | None (the factory's own default) from -fa
+    value = args.flash_attn or default
+    # auto: llama_context::resolve_fused_ops keeps flash attention where its op runs on the layer's device,
+    # which on a CPU-only build is always: auto is on
+    return None if value is None else value != "off"
+
+
+def repack_choice(args):  # -> True | False | None (not given) from --repack and -nr
+    if args.no_repack and args.repack == "on":
+        raise UsageError("--repack on with --no-repack")
+    return False if args.no_repack else {None: None, "on": True, "off": False}[args.repack]
+
+
+def build_of(args, flash_default=None):  # parsed add_numerics_flags (and -t) -> factory.Build
+    from .factory import Build
+    threads = getattr(args, "threads", None)
+    return Build(args.backend, args.numerics, args.dtype, getattr(args, "tp", 1), given_cache_type(args),
+                 flash_choice(args, flash_default), repack_choice(args), n_threads=threads or Build.n_threads,
+                 cpu=args.cpu)

@@ -64,6 +64,16 @@ def resolve(spec, n):  # [int | slice], prompt length -> int64 [m] ascending uni
     return np.unique(np.asarray(chosen, np.int64))
 
 
+def clamped(spec, n):  # [int | slice], prompt length -> ["a:b runs as c:d"] for ranges reaching past the prompt
+    """A range is cut to the prompt as Python cuts a slice; the caller says so in one warning line."""
+    def bound(b):
+        return "" if b is None else str(b)
+    return [f"{bound(item.start)}:{bound(item.stop)} runs as {start}:{stop}"
+            for item in spec if isinstance(item, slice)
+            and any(b is not None and not -n <= b <= n for b in (item.start, item.stop))
+            for start, stop, _ in [item.indices(n)]]
+
+
 def top_k(rows, k):  # [n, V] -> (ids int32 [n, k] largest first, logits float32 [n, k], logsumexp float32 [n])
     k = min(k, rows.shape[1])
     ids = np.argpartition(rows, -k, axis=1)[:, -k:]

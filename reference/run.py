@@ -2,7 +2,7 @@
 
 With no arguments it runs the embedded default model from golden/ on a default prompt and prints a
 greedy continuation with timings; `--model` naming that file runs the same prompt. Prompt text,
-from --prompt or --prompt-file, is read as bytes, as llama.cpp reads it (a CRLF file keeps its \\r).
+from -p/--prompt or -f/--file, is read as bytes, as llama.cpp reads it (a CRLF file keeps its \\r).
 --logits-out F.npy holds the logits of every prompt position; with --logits-positions or
 --logits-topk it is F.positions.npz (reference/positions.py's POSITIONS_FORMAT), and only the kept
 positions pass through the output head, so a long prompt's golden costs megabytes.
@@ -21,27 +21,30 @@ from tqdm import tqdm
 
 from . import artifacts, factory, gguf, kv
 from .chat import ChatError, chat_prompt, image_prompt_rows, parse_date, prompt_ids
-from .cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, UsageError, check_output, check_output_dir,
-                  check_token_ids, check_train_context, exit_status, float_in, int_in, parse_token_ids)
+from .cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, MAX_THREADS, OneLineParser, UsageError, add_numerics_flags,
+                  add_sampling_flags, build_of, check_greedy, check_output, check_output_dir, check_token_ids,
+                  check_train_context, exit_status, flag, float_in, int_in, parse_token_ids)
 from .dflash import Speculator, acceptance
 from .factory import DEFAULT_MODEL, Build, FactoryError
-from .ggml_cpu import KV_TYPES, TARGETS, GgmlCpuError
+from .ggml_cpu import GgmlCpuError
 from .governor import CostGovernor, FloorBandit
 from .image import ImageError, load_rgb
 from .kv import CacheError
-from .positions import SUFFIX, output_rows, parse_positions, write_logits
+from .provenance import numerics_record, numerics_summary, provenance, sidecar
+from .positions import SUFFIX, clamped, output_rows, parse_positions, write_logits
 from .tokenizer import Tokenizer, TokenizerError, detokenize, llama_text
 from .tp import TPError
 from .trace import Tracer, TraceError
 from .vision import DEFAULT_MAX_TOKENS, check_compatible
 
 DEFAULT_PROMPT = "initial value. If it"  # a held-out docstring line (golden/prompts/glimmer-default.jsonl)
-HINT = ("[more: --prompt TEXT | --chat --prompt TEXT | --draft-model golden/models/glimmer-default-dflash-f16.gguf"
+HINT = ("[more: -p TEXT | --chat -p TEXT | -md golden/models/glimmer-default-dflash-f16.gguf"
         " | --mmproj golden/models/glimmer-default-mmproj-f16.gguf --image IMG | --logits-out F.npy | --trace DIR"
-        " | --model GGUF | --json | --help]")
+        " | -m GGUF | --json | --help]")
 DEFAULT_N_PREDICT = 16
+SHOWN_PROMPT_TOKENS = 64  # a longer prompt is printed as its first and last 32 tokens, unless --verbose-prompt
 PROGRESS_BYTES = 1 << 30
-# Token counts (--n-predict, --ctx, --prefill-chunk) beyond any machine's memory; check_context then
+# Token counts (-n, -c, -ub) beyond any machine's memory; check_context then
 # refuses a context whose KV cache would not fit here, before it is allocated.
 MAX_TOKENS = 1 << 40
 MAX_DRAFT = 1 << 10  # drafted tokens a step: the drafter clamps it to its block_size - 1 anyway
@@ -49,7 +52,7 @@ MAX_TP = 1 << 10  # simulated tensor-parallel ranks; check_tp then asks that the
 MAX_TOP_K = 1 << 31  # top-k is clamped to the vocabulary
 
 
-def p_min_type(text):  # argparse type: --spec-p-min -> a float in [0, 1] or "auto"
+def p_min_type(text):  # argparse type: --spec-draft-p-min -> a float in [0, 1] or "auto"
     if text == "auto":
         return text
     try:
@@ -59,9 +62,8 @@ def p_min_type(text):  # argparse type: --spec-p-min -> a float in [0, 1] or "au
 
 
 def build_parser():  # -> the parser; every number is range-checked as it is parsed, before any load
-    p = OneLineParser(prog="python -m reference.run", description=__doc__,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="text GGUF (default: the embedded tiny model in golden/models)")
+    p = OneLineParser(prog="python -m reference.run", description=__doc__)
+    flag(p, "model", help="text GGUF (default: the embedded tiny model in golden/models)")
     add_prompt_flags(p)
     add_output_flags(p)
     add_compute_flags(p)
@@ -73,19 +75,21 @@ def build_parser():  # -> the parser; every number is range-checked as it is par
 def add_prompt_flags(p):
     src = p.add_mutually_exclusive_group()
     src.add_argument("--token-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
-    src.add_argument("--prompt", help="prompt text, tokenized with the GGUF's tokenizer")
-    src.add_argument("--prompt-file", help="file holding the prompt text (its bytes as they are, as llama.cpp)")
+    flag(src, "prompt", help="prompt text, tokenized with the GGUF's tokenizer")
+    flag(src, "file", help="file holding the prompt text (its bytes as they are, as llama.cpp reads them)")
     p.add_argument("--chat", action="store_true",
                    help="render the prompt as a user message with the GGUF's chat template")
-    p.add_argument("--system", help="system message for --chat (default: the template's own system block)")
+    flag(p, "system_prompt", help="system message for --chat (default: the template's own system block)")
     p.add_argument("--date", help="YYYY-MM-DD the chat template sees as today (default: today): reproducible prompts")
     p.add_argument("--no-special", action="store_true", help="tokenize special-token text in the prompt as plain text")
     p.add_argument("--tokenize-only", action="store_true", help="print the JSON list of prompt token ids and exit")
+    flag(p, "verbose_prompt", action="store_true",
+         help=f"print the whole prompt (a prompt of more than {SHOWN_PROMPT_TOKENS} tokens is shown cut otherwise)")
 
 
 def add_output_flags(p):
-    p.add_argument("--n-predict", type=int_in(0, MAX_TOKENS), default=DEFAULT_N_PREDICT,
-                   help=f"greedy tokens to generate (default {DEFAULT_N_PREDICT})")
+    flag(p, "n_predict", type=int_in(0, MAX_TOKENS), default=DEFAULT_N_PREDICT, help="greedy tokens to generate")
+    add_sampling_flags(p)
     p.add_argument("--logits-out", help="write the float32 logits of one prefill: [n_prompt_tokens, n_vocab] "
                                         f"to a .npy path, or the kept positions to a {SUFFIX} path")
     p.add_argument("--logits-positions", type=parse_positions, metavar="SPEC",
@@ -95,44 +99,33 @@ def add_output_flags(p):
     p.add_argument("--logits-topk", type=int_in(1, MAX_TOP_K), metavar="K",
                    help="keep the K largest logits of each kept position and its logsumexp, not the whole row")
     p.add_argument("--trace", help="write one .npy per named trace point and index.json into this directory")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    flag(p, "json", action="store_true", help="print one JSON object on stdout instead of text")
 
 
 def add_compute_flags(p):
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    add_numerics_flags(p, factory.BACKENDS, "off, as llama-cpp-python's default context")
     p.add_argument("--kv", choices=("ring", "uniform"), default="ring",
                    help="ring: sliding-window layers keep their window only; uniform: every layer every position")
-    p.add_argument("--prefill-chunk", type=int_in(1, MAX_TOKENS), default=2048, help="prompt rows per forward")
-    p.add_argument("--ctx", type=int_in(0, MAX_TOKENS), default=0, help="context size (default: prompt + n-predict)")
+    flag(p, "ubatch_size", type=int_in(1, MAX_TOKENS), default=2048,
+         help="prompt rows per forward (ggml-cpu: at most 512, llama-cpp-python's ubatch)")
+    flag(p, "batch_size", type=int_in(1, MAX_TOKENS),
+         help="llama.cpp's logical batch: a forward takes at most this many rows too (default: -ub)")
+    flag(p, "ctx_size", type=int_in(0, MAX_TOKENS), default=0, help="context size (0: prompt + --n-predict)")
+    flag(p, "threads", type=int_in(1, MAX_THREADS),
+         help="with --numerics ggml-cpu: llama.cpp's thread count, which splits a flash-attention decode over the "
+              "KV cells (default 2, the modelled build's)")
     p.add_argument(BEYOND_TRAIN, action="store_true", help=BEYOND_TRAIN_HELP + " (--json: beyond_n_ctx_train)")
     p.add_argument("--tp", type=int_in(1, MAX_TP), default=1,
                    help="simulate N-way tensor parallelism (N divides n_head_kv)")
-    p.add_argument("--backend", choices=("numpy", "numba", "cupy"), default="numpy",
-                   help="numba: the accel/ kernels, multiplying straight from the quantized blocks (same logits); "
-                        "cupy: CUDA kernels, the text forward resident on the GPU with a captured decode graph")
-    p.add_argument("--numerics", choices=("exact", "ggml-cpu"), default="exact",
-                   help="ggml-cpu: round as llama.cpp's CPU backend does (by default F16 KV cache, flash attention "
-                        "off; a uniform cache, prompts in ubatches of at most 512 rows), for bit-identical logits")
-    p.add_argument("--kv-type", choices=KV_TYPES,
-                   help="with --numerics ggml-cpu: llama.cpp's KV cache type (default f16; q8_0 turns flash "
-                        "attention on)")
-    p.add_argument("--flash-attn", choices=("on", "off"),
-                   help="with --numerics ggml-cpu: llama.cpp's flash attention (default off, on for --kv-type q8_0)")
-    p.add_argument("--cpu", choices=tuple(TARGETS),
-                   help="with --numerics ggml-cpu: the CPU build of llama.cpp to round as (default avx512; "
-                        "neon and neon-i8mm: ARM builds by GCC, neon-clang and neon-i8mm-clang: the same by clang, as "
-                        "macOS builds; the ARM builds NumPy only)")
-    p.add_argument("--repack", choices=("on", "off"),
-                   help="with --numerics ggml-cpu: llama.cpp's CPU repack of the target's weight types "
-                        "(default on; off as llama-cpp-python's use_extra_bufts=False or the tools' --no-repack)")
 
 
 def add_draft_flags(p):
-    p.add_argument("--draft-model", help="DFlash drafter GGUF: speculative greedy decoding (same tokens)")
-    p.add_argument("--spec-draft-n-max", type=int_in(0, MAX_DRAFT), default=3,
-                   help="draft tokens per step: a block of n + 1 rows, clamped to the drafter's block_size - 1")
-    p.add_argument("--spec-p-min", type=p_min_type, default=0.0,
-                   help="confidence floor in [0, 1], or 'auto': adaptive floor and a cost governor")
+    flag(p, "model_draft", help="DFlash drafter GGUF: speculative greedy decoding (the same tokens)")
+    flag(p, "spec_draft_n_max", type=int_in(0, MAX_DRAFT), default=3,
+         help="draft tokens per step: a block of n + 1 rows, at most the drafter's block_size - 1 (a warning says "
+              "when it is lowered)")
+    flag(p, "spec_draft_p_min", type=p_min_type, default=0.0,
+         help="confidence floor in [0, 1], or 'auto': an adaptive floor and a cost governor")
 
 
 def add_image_flags(p):
@@ -161,11 +154,12 @@ class Request:
 
 
 def check_flags(args, compute):  # args, their factory.Build -> None; UsageError (FactoryError) for contradictions
+    check_greedy(args)
     check_prompt_flags(args)
     factory.check(compute)
     check_output_flags(args)
-    if args.image and args.draft_model:
-        raise UsageError("--draft-model with --image is not supported")
+    if args.image and args.model_draft:
+        raise UsageError("--model-draft with --image is not supported")
     if not args.image and (args.mmproj or args.embeddings_out):
         raise UsageError("--mmproj and --embeddings-out need --image")
     if args.image and not args.mmproj:
@@ -175,15 +169,15 @@ def check_flags(args, compute):  # args, their factory.Build -> None; UsageError
 
 
 def check_prompt_flags(args):
-    text = args.prompt is not None or args.prompt_file is not None
-    if (args.system is not None or args.date is not None) and not args.chat:
-        raise UsageError("--system and --date only apply with --chat")
+    text = args.prompt is not None or args.file is not None
+    if (args.system_prompt is not None or args.date is not None) and not args.chat:
+        raise UsageError("-sys/--system-prompt and --date only apply with --chat")
     if args.chat and not text:
-        raise UsageError("--chat needs --prompt or --prompt-file")
+        raise UsageError("--chat needs -p/--prompt or -f/--file")
     if args.chat and args.no_special:
         raise UsageError("--chat parses the template's special tokens: it takes no --no-special")
     if args.no_special and not text:
-        raise UsageError("--no-special only applies to --prompt or --prompt-file")
+        raise UsageError("--no-special only applies to -p/--prompt or -f/--file")
 
 
 def check_output_flags(args):
@@ -197,26 +191,26 @@ def check_output_flags(args):
         check_output(args.embeddings_out, "--embeddings-out", ".npy")
     if args.trace is not None:
         check_output_dir(args.trace, "--trace")
-    inputs = [("--model", model_path(args)), ("--draft-model", args.draft_model), ("--mmproj", args.mmproj),
-              ("--prompt-file", args.prompt_file)] + [("--image", image) for image in args.image]
+    inputs = [("--model", model_path(args)), ("--model-draft", args.model_draft), ("--mmproj", args.mmproj),
+              ("--file", args.file)] + [("--image", image) for image in args.image]
     artifacts.refuse_overwrite([("--logits-out", args.logits_out), ("--embeddings-out", args.embeddings_out),
                                 ("--trace", args.trace)], inputs, UsageError)
 
 
 def read_request(args, compute):  # -> Request: every input file read (a GGUF: its header), every value parsed
-    for path in (model_path(args), args.draft_model, args.mmproj):
+    for path in (model_path(args), args.model_draft, args.mmproj):
         if path is not None:
             gguf.check_file(path)
-    return Request(compute, factory.cache_layout(compute, args.kv, args.prefill_chunk), prompt_text(args),
+    return Request(compute, factory.cache_layout(compute, args.kv, prefill_chunk(args)), prompt_text(args),
                    parse_token_ids(args.token_ids) if args.token_ids is not None else None,
                    parse_date(args.date) if args.date is not None else None,
                    [load_rgb(path) for path in args.image])
 
 
 def prompt_text(args):  # -> the text of --prompt or --prompt-file, from their bytes, or None
-    if args.prompt_file is not None:
+    if args.file is not None:
         # bytes: text mode would turn CRLF into LF
-        return llama_text(artifacts.read_bytes(args.prompt_file, UsageError, what="prompt file"), args.prompt_file)
+        return llama_text(artifacts.read_bytes(args.file, UsageError, what="prompt file"), args.file)
     if args.prompt is not None:  # argv's bytes, as the shell passed them (undecodable ones survive as escapes)
         return llama_text(os.fsencode(args.prompt), "--prompt")
     return None
@@ -227,8 +221,11 @@ def model_path(args):  # -> the text GGUF that runs
 
 
 def build(args):  # -> factory.Build: what --backend, --numerics, --dtype, --tp and llama.cpp's build flags ask for
-    return Build(args.backend, args.numerics, args.dtype, args.tp, args.kv_type, factory.ON_OFF[args.flash_attn],
-                 factory.ON_OFF[args.repack], cpu=args.cpu)
+    return build_of(args)
+
+
+def prefill_chunk(args):  # -> prompt rows per forward: llama.cpp's n_ubatch = min(n_batch, n_ubatch)
+    return min(args.ubatch_size, args.batch_size or args.ubatch_size)
 
 
 def sparse_logits(args):  # -> whether --logits-out is a POSITIONS_FORMAT file rather than every row's logits
@@ -259,7 +256,7 @@ def prompt_tokens(args, request, tok):  # -> ids from --token-ids, --prompt/--pr
     tokenizer = Tokenizer(tok)
     if not args.chat:
         return tokenizer.tokenize(request.text, add_special=True, parse_special=not args.no_special)
-    system = [{"role": "system", "content": args.system}] if args.system is not None else []
+    system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
     images = [{"type": "image"}] * len(args.image)  # before the text, where llama-mtmd-cli puts its markers
     user = {"role": "user", "content": images + [{"type": "text", "text": request.text}] if images else request.text}
     return prompt_ids(tokenizer, chat_prompt(tok, system + [user], date=request.date))
@@ -290,7 +287,7 @@ def check_context(args, request, cfg, n_ctx, what):  # -> whether n_ctx runs pas
     """A context whose KV cache could never be allocated here is refused before it is; one past the
     training context unless --beyond-n-ctx-train asks for it."""
     kv.check_fits(cfg, n_ctx, *request.layout, args.dtype,
-                  f"a context of {n_ctx} tokens (--ctx, or the prompt + --n-predict)")
+                  f"a context of {n_ctx} tokens (--ctx-size, or the prompt + --n-predict)")
     return check_train_context(n_ctx, cfg.n_ctx_train, what, model_path(args), args.beyond_n_ctx_train)
 
 
@@ -317,32 +314,36 @@ def decode(args, lm, speculator, cache, chunk, next_logits, progress):  # -> (ge
     if not args.n_predict:
         return [], []
     if speculator:
-        p_min, governor = (None, CostGovernor(floors=FloorBandit())) if args.spec_p_min == "auto" else \
-                          (args.spec_p_min, None)
+        p_min, governor = (None, CostGovernor(floors=FloorBandit())) if args.spec_draft_p_min == "auto" else \
+                          (args.spec_draft_p_min, None)
         return speculator.decode(next_logits, args.n_predict, args.spec_draft_n_max, p_min or 0.0, governor)
     return lm.decode_greedy(next_logits, args.n_predict, cache, chunk, progress), []
 
 
 def logit_rows(args, n):  # -> positions.output_rows of a prompt of n rows under the flags
+    cut = clamped(args.logits_positions or [], n)
+    if cut:
+        warn(f"--logits-positions on a prompt of {n} tokens: {', '.join(cut)}")
     try:
-        return output_rows(args.logits_positions, n, bool(args.logits_out), bool(args.trace or args.draft_model))
+        return output_rows(args.logits_positions, n, bool(args.logits_out), bool(args.trace or args.model_draft))
     except ValueError as e:
         raise UsageError(f"--logits-positions: {e}") from None
 
 
 def new_caches(args, request, lm, drafter, n_rows):  # -> (target cache, Speculator or None, past the training context)
-    n_ctx = args.ctx or n_rows + args.n_predict
-    # a given --ctx was checked before the images
-    beyond = not args.ctx and check_context(args, request, lm.cfg, n_ctx, "a context (prompt + --n-predict) of")
+    n_ctx = args.ctx_size or n_rows + args.n_predict
+    # a given -c was checked before the images
+    beyond = not args.ctx_size and check_context(args, request, lm.cfg, n_ctx, "a context (prompt + --n-predict) of")
     cache = lm.new_cache(n_ctx, *request.layout)
     speculator = Speculator(lm, drafter, cache, drafter.new_cache(n_ctx), request.layout[1]) if drafter else None
     return cache, speculator, beyond
 
 
 def generate(args, request, lm, drafter, prompt):  # -> result: tokens, image token counts, steps, timings, beyond_train
-    # a given --ctx is known before the images are encoded: refused before that work
-    beyond = bool(args.ctx) and check_context(args, request, lm.cfg, args.ctx, "--ctx")
+    # a given -c is known before the images are encoded: refused before that work
+    beyond = bool(args.ctx_size) and check_context(args, request, lm.cfg, args.ctx_size, "--ctx-size")
     timings, tracer = {}, Tracer(args.trace)
+    tracer.provenance = run_provenance(args, request, lm) if args.trace else None
     try:
         result = traced_generate(args, request, lm, drafter, prompt, timings, tracer)
         return {**result, "beyond_train": beyond or result["beyond_train"]}
@@ -363,6 +364,7 @@ def traced_generate(args, request, lm, drafter, prompt, timings, tracer):  # -> 
     if args.logits_out:
         write_logits(args.logits_out, logits, rows, kept, lm.cfg.n_vocab, sparse_logits(args), args.logits_topk,
                      UsageError)
+        artifacts.write_json(sidecar(args.logits_out), run_provenance(args, request, lm), UsageError)
     t0 = time.perf_counter()
     tokens, steps = decode(args, lm, speculator, cache, request.layout[1], logits[-1], progress)
     timings["decode"] = time.perf_counter() - t0
@@ -373,9 +375,14 @@ def traced_generate(args, request, lm, drafter, prompt, timings, tracer):  # -> 
 # -------------------------------------------------------------------------------------------------
 # The report
 
-def json_report(args, prompt, result, text):  # -> the --json object
+def run_provenance(args, request, lm):  # -> reference.provenance's record of this run
+    return provenance(model_path(args), request.build, lm.backend, request.layout[1], kv=request.layout[0],
+                      seed=args.seed)
+
+
+def json_report(args, request, lm, prompt, result, text):  # -> the --json object
     out = {"model": {"file": os.path.basename(model_path(args)), "path": model_path(args)},
-           "prompt_tokens": prompt, "tokens": result["tokens"], "text": text, "timings": result["timings"]}
+           "provenance": run_provenance(args, request, lm), "prompt_tokens": prompt, "tokens": result["tokens"], "text": text, "timings": result["timings"]}
     if result["image_tokens"]:
         out["image_tokens"] = result["image_tokens"]
     if result["steps"] is not None:
@@ -396,13 +403,22 @@ def marked_output(prompt_text, text, terminal):  # -> stdout's text: the prompt,
         else f"{prompt_text}{GENERATED_MARK}{text}"
 
 
-def print_report(args, tok, prompt, result, text):  # the prompt and its continuation on stdout, figures on stderr
-    print(marked_output(detokenize(tok, prompt), text, sys.stdout.isatty()))
+def shown_prompt(args, tok, prompt):  # -> the prompt's text as printed: whole, or its ends and a count
+    if args.verbose_prompt or len(prompt) <= SHOWN_PROMPT_TOKENS:
+        return detokenize(tok, prompt)
+    half = SHOWN_PROMPT_TOKENS // 2
+    return (f"{detokenize(tok, prompt[:half])} [... {len(prompt) - 2 * half} of {len(prompt)} prompt tokens not "
+            f"shown: --verbose-prompt ...] {detokenize(tok, prompt[-half:])}")
+
+
+def print_report(args, request, lm, tok, prompt, result, text):  # the prompt and its continuation on stdout, figures on stderr
+    print(marked_output(shown_prompt(args, tok, prompt), text, sys.stdout.isatty()))
     timings, generated = result["timings"], result["tokens"]
     rate = len(generated) / timings["decode"] if generated and timings["decode"] > 0 else 0.0
+    numerics = numerics_summary(numerics_record(request.build, lm.backend))
     print(f"\n[{os.path.basename(model_path(args))} ({model_path(args)}): {len(prompt)} prompt tokens in "
-          f"{timings['prefill']:.3f} s, {len(generated)} generated at {rate:.1f} tok/s, load {timings['load']:.3f} s]",
-          file=sys.stderr)
+          f"{timings['prefill']:.3f} s, {len(generated)} generated at {rate:.1f} tok/s, load {timings['load']:.3f} s; "
+          f"{numerics}, prefill chunk {request.layout[1]}]", file=sys.stderr)
     if result["steps"] is not None:
         spec = acceptance(result["steps"])
         print(f"[speculative: {spec['accepted']} of {spec['drafted']} drafts accepted in {len(result['steps'])} "
@@ -411,19 +427,27 @@ def print_report(args, tok, prompt, result, text):  # the prompt and its continu
         print(HINT, file=sys.stderr)
 
 
-def report(args, tok, prompt, result):  # -> None: --json's object on stdout, or print_report's text and figures
+def report(args, request, lm, tok, prompt, result):  # -> None: --json's object on stdout, or print_report's text and figures
     text = detokenize(tok, result["tokens"])
     if args.json:
-        print(json.dumps(json_report(args, prompt, result, text)))
+        print(json.dumps(json_report(args, request, lm, prompt, result, text)))
     else:
-        print_report(args, tok, prompt, result, text)
+        print_report(args, request, lm, tok, prompt, result, text)
 
 
 def load_models(args, compute):  # -> (the text GGUFModel, its TextModel, the Drafter or None)
     backend = factory.backend(compute)  # numba or CuPy missing: refused before any GGUF loads
     model = gguf.load(model_path(args), "text")
     lm = factory.text_model(model, compute, backend)
-    return model, lm, factory.drafter(gguf.load(args.draft_model, "dflash"), lm) if args.draft_model else None
+    drafter = factory.drafter(gguf.load(args.model_draft, "dflash"), lm) if args.model_draft else None
+    if drafter and drafter.clamp_n_max(args.spec_draft_n_max) != args.spec_draft_n_max:
+        warn(f"--spec-draft-n-max {args.spec_draft_n_max} runs as {drafter.clamp_n_max(args.spec_draft_n_max)}, "
+             f"the drafter's block_size {drafter.cfg.block_size} - 1")
+    return model, lm, drafter
+
+
+def warn(message):  # one line on stderr
+    print(f"reference.run: warning: {message}", file=sys.stderr)
 
 
 def run(args):  # parsed args -> exit status
@@ -431,7 +455,7 @@ def run(args):  # parsed args -> exit status
     check_flags(args, compute)
     request = read_request(args, compute)
     for warning in factory.host_warnings(compute):
-        print(f"reference.run: warning: {warning}", file=sys.stderr)
+        warn(warning)
     t0 = time.perf_counter()
     model, lm, drafter = load_models(args, compute)
     load_s = time.perf_counter() - t0
@@ -443,7 +467,7 @@ def run(args):  # parsed args -> exit status
         raise UsageError("the prompt has no tokens")
     result = generate(args, request, lm, drafter, prompt)
     result["timings"] = {"load": load_s, **result["timings"]}
-    report(args, model.tokenizer, prompt, result)
+    report(args, request, lm, model.tokenizer, prompt, result)
     return 0
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from . import artifacts
 
 INDEX = "index.json"
+PROVENANCE = "provenance.json"  # beside the index: what made the trace (reference.provenance)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -88,6 +89,7 @@ class Tracer:
         self.keep_in_memory = keep_in_memory
         self.points = {}  # name -> f32 array (only when keep_in_memory)
         self.index = []
+        self.provenance = None  # a reference.provenance record, written beside the index at close()
         self.stage = None
         if directory is not None and parent is not None:
             directory = os.path.join(parent.directory, directory)
@@ -137,6 +139,8 @@ class Tracer:
     def close(self):  # -> None: the index written and the directory in place under its name
         if self.directory is not None:
             artifacts.write_json(os.path.join(self.directory, INDEX), self.index, TraceError)
+            if self.provenance is not None:
+                artifacts.write_json(os.path.join(self.directory, PROVENANCE), self.provenance, TraceError)
         if self.stage is not None:
             stage, self.stage = self.stage, None
             stage.__exit__(None, None, None)

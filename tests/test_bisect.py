@@ -216,9 +216,9 @@ def test_dump_with_a_sum_that_is_not_a_number_exits_2(tmp_path):
 
 @pytest.mark.parametrize("option, target, message", [
     ("--table", "missing/t.txt", "no such directory"),
-    ("--json", "missing/r.json", "no such directory"),
+    ("--json-out", "missing/r.json", "no such directory"),
     ("--plot", "missing/p.png", "no such directory"),
-    ("--json", ".", "is a directory"),
+    ("--json-out", ".", "is a directory"),
 ], ids=["table-no-dir", "json-no-dir", "plot-no-dir", "json-is-dir"])
 def test_unwritable_output_exits_2_before_the_work(tmp_path, option, target, message):
     a = save_trace(toy_trace(), tmp_path / "a")
@@ -449,12 +449,12 @@ def test_default_dump_configuration_is_read():
     config = dump_parse.load_dump(DEFAULT_DUMP).config
     assert (config.cache_k, config.cache_v, config.flash_attn, config.ubatches) == ("f16", "f16", True, [5])
     assert config.prompt == [497, 319, 261, 84, 77] and not config.exact
-    assert config.reference_options() == ["--numerics", "ggml-cpu", "--kv-type", "f16", "--flash-attn", "on",
+    assert config.reference_options() == ["--numerics", "ggml-cpu", "-ctk", "f16", "-ctv", "f16", "-fa", "on",
                                           "--cpu", "avx512"]
     exact = dump_parse.load_dump(REAL_DUMP).config
     assert (exact.cache_k, exact.cache_v, exact.flash_attn, exact.exact) == ("f32", "f32", False, True)
     several = dump_parse.LlamaConfig("q8_0", "q8_0", True, [512, 512, 76], None)
-    assert several.reference_options()[-2:] == ["--prefill-chunk", "512"]
+    assert several.reference_options()[-2:] == ["-ub", "512"]
     for bad, message in ((dump_parse.LlamaConfig("f16", "f32", False, [5], None), "the dump's are K f16, V f32"),
                          (dump_parse.LlamaConfig("bf16", "bf16", True, [5], None), "K bf16, V bf16"),
                          (dump_parse.LlamaConfig("f16", "f16", True, [600], None), "at most 512 tokens")):
@@ -465,8 +465,8 @@ def test_default_dump_configuration_is_read():
 def test_default_dump_of_the_unmodified_model_is_explained_not_a_bug(tmp_path):
     model = os.path.join(MODELS, "tiny-a-f32.gguf")
     t32, t64 = exact_traces(model, [497, 319, 261, 84, 77], tmp_path)
-    command = ("python -m reference.run --model MODEL.gguf --token-ids 497,319,261,84,77 --n-predict 1 "
-               "--numerics ggml-cpu --kv-type f16 --flash-attn on --cpu avx512 --trace TRACE_DIR")
+    command = ("python -m reference.run -m MODEL.gguf --token-ids 497,319,261,84,77 -n 1 "
+               "--numerics ggml-cpu -ctk f16 -ctv f16 -fa on --cpu avx512 --trace TRACE_DIR")
     r = run_cli("tools.bisect", t32, DEFAULT_DUMP, "--noise-floor", t64)
     assert r.returncode == 1, r.stderr
     # measured: attn_out-0 NMSE 2.3e-7 (F16 K/V and flash attention), 3.5e5 x its noise-floor threshold
@@ -513,7 +513,7 @@ def test_reproduce_bad_input_exits_2_with_one_line(tmp_path):
     mixed = tmp_path / "mixed.txt"
     mixed.write_text(open(DEFAULT_DUMP).read().replace("cache_v_l0 (view) = (f16)", "cache_v_l0 (view) = (f32)"))
     cli_error(run_cli("tools.bisect", t32, mixed, "--reproduce", "--model", MODELS),
-              "tools.bisect: --reproduce: reference.run --numerics ggml-cpu has one --kv-type")
+              "tools.bisect: --reproduce: reference.run --numerics ggml-cpu models one cache type")
     cli_error(run_cli("tools.bisect", DEFAULT_DUMP, mixed, "--reproduce", "--model", MODELS, "--threshold", "0"),
               "tools.bisect: --reproduce needs one llama.cpp dump and one trace")
 
@@ -602,15 +602,15 @@ UB3_DUMP = os.path.join(ROOT, "tests", "fixtures", "tiny-a-f32.ub3.eval-callback
 
 def test_ubatches_of_a_default_dump_are_reproduced(tmp_path, exact_trace):
     """The prompt in ubatches of 3 + 2 tokens: the second attends over the first's F16 cache. bisect
-    passes --prefill-chunk 3, and the reference with that configuration agrees at every point."""
+    passes -ub 3, and the reference with that configuration agrees at every point."""
     config = dump_parse.load_dump(UB3_DUMP).config
     assert (config.cache_k, config.flash_attn, config.ubatches) == ("f16", True, [3, 2])
-    assert config.reference_options()[-2:] == ["--prefill-chunk", "3"]
+    assert config.reference_options()[-2:] == ["-ub", "3"]
     t32, t64 = exact_trace
     r = run_cli("tools.bisect", t32, UB3_DUMP, "--noise-floor", t64, "--reproduce", "--model",
                 os.path.join(MODELS, "tiny-a-f32.gguf"), "--json", tmp_path / "r.json")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "2 ubatches of 3+2 tokens" in r.stdout and "--prefill-chunk 3 --trace TRACE_DIR" in r.stdout
+    assert "2 ubatches of 3+2 tokens" in r.stdout and "-ub 3 --trace TRACE_DIR" in r.stdout
     assert "explained by the configuration, not a bug" in r.stdout
     reproduced = json.loads((tmp_path / "r.json").read_text())["reproduced"]["points"]
     assert len(reproduced) == 94 and max(p["nmse"] for p in reproduced) == 0.0
@@ -716,7 +716,7 @@ def test_reproduction_runs_with_the_dumps_cpu(tmp_path, exact_trace, monkeypatch
                                os.path.join(MODELS, "tiny-a-f32.gguf")])
     out = capsys.readouterr().out
     assert "llama.cpp configuration: CPU avx2, K cache f16" in out
-    assert "--flash-attn on --cpu avx2 --trace TRACE_DIR" in out
+    assert "-fa on --cpu avx2 --trace TRACE_DIR" in out
     assert len(started) == 1 and started[0][started[0].index("--cpu") + 1] == "avx2"
     # measured: attn_o_proj-4 at NMSE 1.7e-9, about 190 x its noise-floor threshold
     assert status == 1 and out.strip().endswith("(against the reference with the dump's configuration)")
@@ -729,7 +729,7 @@ def test_dump_without_system_info_is_reproduced_as_the_default(tmp_path, exact_t
     assert "llama.cpp configuration: CPU ?, K cache f16" in r.stdout
     assert ("the dump logs no system_info line (its CPU build): the reference rounds as avx512, the default"
             in r.stdout.splitlines())
-    assert "--flash-attn on --cpu avx512 --trace TRACE_DIR" in r.stdout
+    assert "-fa on --cpu avx512 --trace TRACE_DIR" in r.stdout
 
 
 def test_cpu_flag_overrides_the_dump(exact_trace):
@@ -737,7 +737,7 @@ def test_cpu_flag_overrides_the_dump(exact_trace):
     r = run_cli("tools.bisect", t32, DEFAULT_DUMP, "--noise-floor", t64, "--cpu", "avx2")
     assert r.returncode == 1, r.stderr
     assert "--cpu avx2: the dump's system_info shows the avx512 build" in r.stdout.splitlines()
-    assert "--flash-attn on --cpu avx2 --trace TRACE_DIR" in r.stdout
+    assert "-fa on --cpu avx2 --trace TRACE_DIR" in r.stdout
 
 
 def test_bad_cpu_exits_2_with_one_line(exact_trace):

@@ -290,8 +290,8 @@ def test_topk_golden_agreement_by_hand():
 
 
 @pytest.mark.parametrize("option, target, message", [
-    ("--json", "missing/r.json", "no such directory"),
-    ("--json", ".", "is a directory"),
+    ("--json-out", "missing/r.json", "no such directory"),
+    ("--json-out", ".", "is a directory"),
     ("--plot", "missing/r.png", "no such directory"),
     ("--plot", "r.xyz", "matplotlib cannot write .xyz"),
 ], ids=["json-no-dir", "json-is-dir", "plot-no-dir", "plot-extension"])

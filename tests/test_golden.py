@@ -246,7 +246,7 @@ BAD_OPTIONS = [  # (arguments, what the error says); {io} is --prompts P --out D
     # llama-cpp: all refused before llama.cpp loads anything
     ("{llama_cpp} {io} --n-ctx 2000000000", "argument --n-ctx: 2000000000 is out of range [1, 1048576]"),
     ("{llama_cpp} {io} --n-ctx -1", "argument --n-ctx: -1 is out of range"),
-    ("{llama_cpp} {io} --n-ctx 8192", "--n-ctx 8192 exceeds the training context of tiny-a-f32.gguf (4096"),
+    ("{llama_cpp} {io} --n-ctx 8192", "--ctx-size 8192 exceeds the training context of tiny-a-f32.gguf (4096"),
     ("{llama_cpp} {io} --n-ubatch 0", "argument --n-ubatch: 0 is out of range"),
     ("{llama_cpp} {io} --threads -4", "argument --threads: -4 is out of range [0, 512]"),
     ("--engine llama-cpp --model {truncated} {io}", "truncated.gguf: corrupt GGUF"),

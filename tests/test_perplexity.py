@@ -172,7 +172,7 @@ def cpu_target_golden(target, repack, kv_type, flash_attn):  # -> the Q4_K_M run
 
 @pytest.mark.parametrize("flags,repack,kv_type,flash_attn", [
     ([], "on", "f16", "on"),  # llama-perplexity's defaults
-    (["--no-repack", "-ctk", "f32", "-fa", "off"], "off", "f32", "off"),  # the run whose logits are committed
+    (["--no-repack", "-ctk", "f32", "-ctv", "f32", "-fa", "off"], "off", "f32", "off"),  # the run whose logits are committed
 ])
 def test_cpu_target_chunk_is_that_builds(flags, repack, kv_type, flash_attn):
     """tools.perplexity --cpu T computes a chunk as llama.cpp's T build does: tiny-b-q4_k_m on the
@@ -211,7 +211,7 @@ def test_cpu_target_is_recorded(tmp_path, capsys):
     format, has no room for it)."""
     base = str(tmp_path / "base.npz")
     status, _, stderr = run_tool(capsys, "-m", F32_MODEL, "-f", TEXT, "-c", "16", "--chunks", "1", "--numerics",
-                                 "ggml-cpu", "--cpu", "avx2", "-ctk", "f32", "--kl-divergence-base-f32", base)
+                                 "ggml-cpu", "--cpu", "avx2", "-ctk", "f32", "-ctv", "f32", "--kl-divergence-base-f32", base)
     line = "numerics ggml-cpu: llama.cpp's avx2 CPU build, KV cache f32, flash attention on, repack on"
     assert status == 0 and f"tools.perplexity: {line}" in stderr
     assert str(np.load(base)["numerics"]) == line

@@ -188,10 +188,10 @@ def test_numbers_are_refused_before_anything_loads(flag, value, message):
     (["--repack", "off"], "--kv-type, --flash-attn, --repack/--no-repack and --cpu choose llama.cpp's build for --numerics ggml-cpu only"),
     (["--numerics", "ggml-cpu", "--tp", "2"], "--numerics ggml-cpu computes in float32"),
     (["--backend", "numba", "--tp", "2"], "--tp simulates tensor parallelism on the numpy backend only"),
-    (["--system", "x", "--prompt", "y"], "--system and --date only apply with --chat"),
-    (["--chat"], "--chat needs --prompt or --prompt-file"),
+    (["--system", "x", "--prompt", "y"], "-sys/--system-prompt and --date only apply with --chat"),
+    (["--chat"], "--chat needs -p/--prompt or -f/--file"),
     (["--chat", "--prompt", "x", "--no-special"], "it takes no --no-special"),
-    (["--no-special"], "--no-special only applies to --prompt or --prompt-file"),
+    (["--no-special"], "--no-special only applies to -p/--prompt or -f/--file"),
 ])
 def test_contradicting_flags_are_refused_before_anything_loads(args, message):
     line = cli_error(run_cli("reference.run", "--model", "missing.gguf", *args))

@@ -9,7 +9,7 @@ and llama.cpp (llama-cpp-python) with the same number of threads, as ratios from
     python -m tools.bench_accel make --layout 30b [--out build/bench]
         writes 30b-ud-iq2_xxs.gguf (the 52-layer release layout, 9.2 GB) and 30b-mmproj-f16.gguf
     python -m tools.bench_accel run build/bench/mid-q4_k_m.gguf [--threads 2 --prompt-len 64
-        --n-decode 8 --engines numba,numpy,llama-cpp --turns --json out.json --plot out.png]
+        --n-decode 8 --engines numba,numpy,llama-cpp --turns --json-out out.json --plot out.png]
         numba-ggml (--numerics ggml-cpu on numba) beside llama-cpp also compares their logits (goal: 0);
         --one-shot runs each engine once in a process of its own: load included, and its peak RSS
     python -m tools.bench_accel kernels build/bench/mid-q4_k_m.gguf [--rows 8192 --tokens 1,64]
@@ -44,7 +44,7 @@ from gguf import GGUFWriter
 from tqdm import tqdm
 
 from reference import factory, gguf, ops
-from reference.cli import OneLineParser, UsageError, exit_status, int_in, names_in, output_file, write_json
+from reference.cli import OneLineParser, UsageError, add_json_out, exit_status, flag, int_in, names_in, write_json
 from tools.bench.forward import LAYER_BAR, MAX_IMAGE_SIDE, MAX_REPEAT, peak_rss_gb
 from tools.synthetic import (ARCH, Q, RELEASE_30B, RELEASE_MMPROJ, TensorSpec, random_spec, stream_gguf, text_keys,
                              text_shapes, write_layout_gguf, write_mmproj_gguf)
@@ -345,7 +345,7 @@ def run(args):  # -> report dict
               "command": command_line(),
               "engines": {}, "logits_vs_numba": {}}
     logits = {}
-    plans = {name: (args.n_decode_numpy, 1) if name == "numpy" else (args.n_decode, 1 if args.one_shot else args.repeat)
+    plans = {name: (args.n_decode_numpy, 1) if name == "numpy" else (args.n_predict, 1 if args.one_shot else args.repeat)
              for name in args.engines}
     results = bench_in_turns(makers, ids, plans) if args.turns else {}
     for name, (n_decode, repeat) in plans.items():
@@ -525,7 +525,7 @@ def timed_ceiling(args, rows_path):  # -> report dict; rows_path: where the kern
                 rounds[key].append(timed(run)[1])
     time_floors()
     ids = prompt_ids(n_vocab, args.prompt_len, rng)
-    decode = {name: bench_engine(make_engine, ids, args.n_decode, args.repeat)[1]["decode_tok_s"]
+    decode = {name: bench_engine(make_engine, ids, args.n_predict, args.repeat)[1]["decode_tok_s"]
               for name, make_engine in (("llama-cpp", lambda: llama_cpp_engine(args.model, args.threads, args.prompt_len)),
                                         ("numba", lambda: reference_engine(args.model, "numba")))}
     time_floors()  # before and after the engines: the best of both for the bound, which only gets looser
@@ -704,16 +704,16 @@ def build_parser():  # subparsers are made with the parent's class: their errors
                    help="30b: the 52-layer UD-IQ2_XXS text model and the 50-layer F16 projector")
     m.add_argument("--llama-bin", help="mid: the directory with llama-quantize and its libraries")
     m.add_argument("--out", default=os.path.join("build", "bench"))
-    m.add_argument("--threads", type=threads, default=2)
+    flag(m, "threads", type=threads, default=2)
     r = sub.add_parser("run", help="prefill and decode tokens/s of numba, numpy and llama.cpp on one GGUF")
     r.add_argument("model")
-    r.add_argument("--threads", type=threads, default=2,
+    flag(r, "threads", type=threads, default=2,
                    help="numba and llama.cpp threads (BLAS: OPENBLAS_NUM_THREADS)")
     r.add_argument("--prompt-len", type=int_in(1, MAX_LAST_PROMPT), default=64,
                    help=f"at most {MAX_PROMPT} with --logits all, {MAX_LAST_PROMPT} with --logits last")
     r.add_argument("--logits", choices=("all", "last"), default="all",
                    help="the prompt positions whose logits are computed and compared")
-    r.add_argument("--n-decode", type=int_in(1, MAX_PROMPT), default=8, help="at most --prompt-len")
+    flag(r, "n_predict", type=int_in(1, MAX_PROMPT), default=8, help="at most --prompt-len")
     r.add_argument("--n-decode-numpy", type=int_in(1, MAX_PROMPT), default=2,
                    help="the numpy reference takes ~30 s a token here")
     r.add_argument("--repeat", type=repeat, default=3, help="rounds per engine, the best counts (numpy: one)")
@@ -722,7 +722,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
                    help="each engine once in a process of its own, load included: wall seconds and peak RSS")
     r.add_argument("--turns", action="store_true",
                    help="hold every engine at once and take their rounds in turns (ratios fairer on a shared machine)")
-    r.add_argument("--json", type=output_file)
+    add_json_out(r, "the report")
     r.add_argument("--plot", help="an image of the engines' tokens/s (PNG unless the extension says otherwise)")
     k = sub.add_parser("kernels", help="numba's product against the reference's, per weight type of one GGUF")
     k.add_argument("model")
@@ -730,35 +730,35 @@ def build_parser():  # subparsers are made with the parent's class: their errors
                    help="first rows of each type's largest matrix")
     k.add_argument("--tokens", type=token_counts, default=[1, 64],
                    help="rows of x: 1 takes the decode route, 64 the prefill route")
-    k.add_argument("--threads", type=threads, default=2)
+    flag(k, "threads", type=threads, default=2)
     k.add_argument("--repeat", type=repeat, default=3)
-    k.add_argument("--json", type=output_file)
+    add_json_out(k, "the report")
     b = sub.add_parser("blocks", help="one forward's products on the memory-mapped blocks (ggml-cpu numerics), "
                                       "per weight type, against the read floor of the same bytes")
     b.add_argument("model")
     b.add_argument("--tokens", type=int_in(1, MAX_TOKENS), default=1, help="rows of x: 1 is a decode step")
-    b.add_argument("--threads", type=threads, default=2)
-    b.add_argument("--json", type=output_file)
+    flag(b, "threads", type=threads, default=2)
+    add_json_out(b, "the report")
     v = sub.add_parser("vision", help="one image through the tower on numba (exact), and through llama-mtmd-cli")
     v.add_argument("mmproj")
     v.add_argument("--image-size", type=int_in(14, MAX_IMAGE_SIDE), default=1024, help="a square synthetic image")
     v.add_argument("--llama-bin", help="the directory with llama-mtmd-cli; with --model, its time beside numba's")
-    v.add_argument("--model", help="the text GGUF llama-mtmd-cli loads beside the projector")
-    v.add_argument("--threads", type=threads, default=2)
-    v.add_argument("--json", type=output_file)
+    flag(v, "model", help="the text GGUF llama-mtmd-cli loads beside the projector")
+    flag(v, "threads", type=threads, default=2)
+    add_json_out(v, "the report")
     v.add_argument("--plot", help="an image of the engines' seconds (PNG unless the extension says otherwise)")
     c = sub.add_parser("ceiling", help="decode tokens/s no numba kernel exceeds here (floor loops), beside llama.cpp")
     c.add_argument("model")
-    c.add_argument("--threads", type=threads, default=2)
+    flag(c, "threads", type=threads, default=2)
     c.add_argument("--rows", type=int_in(1, MAX_CEILING_ROWS), default=8192,
                    help="rows of the floor loops' packed bytes")
     c.add_argument("--n-in", type=int_in(4, MAX_N_IN), default=MID.n_embd, help="a multiple of 4")
     c.add_argument("--repeat-floor", type=int_in(1, 1000), default=50,
                    help="rounds of the loops, twice: the best counts for speeds, the median round for shares")
     c.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=64)
-    c.add_argument("--n-decode", type=int_in(1, MAX_PROMPT), default=8, help="at most --prompt-len")
+    flag(c, "n_predict", type=int_in(1, MAX_PROMPT), default=8, help="at most --prompt-len")
     c.add_argument("--repeat", type=repeat, default=3)
-    c.add_argument("--json", type=output_file)
+    add_json_out(c, "the report")
     return p
 
 
@@ -773,7 +773,7 @@ def check_args(args):  # what the argument types cannot see alone -> UsageError
                          f"{MAX_PROMPT}; --logits last computes the last position only")
     if args.what in ("run", "ceiling"):  # the decode steps feed the prompt's tokens, one each
         engines = args.engines if args.what == "run" else ("llama-cpp", "numba")
-        n_decode = max(args.n_decode_numpy if name == "numpy" else args.n_decode for name in engines)
+        n_decode = max(args.n_decode_numpy if name == "numpy" else args.n_predict for name in engines)
         if n_decode > args.prompt_len:
             raise UsageError(f"{n_decode} decode steps need a prompt of at least as many tokens "
                              f"(--prompt-len {args.prompt_len})")
@@ -806,8 +806,8 @@ def main(argv=None):
             print_ratios(report)
             if args.plot:
                 plot_run(report, args.plot)
-        if args.json:
-            write_json(args.json, report)
+        if args.json_out:
+            write_json(args.json_out, report)
         return 0
     return exit_status("tools.bench_accel", work, (gguf.GGUFError, factory.FactoryError))
 

@@ -1,8 +1,8 @@
 """Benchmarks as ratios against a peer run in the same process.
 
     python -m tools.bench text --model golden/models/tiny-b-f32.gguf --checkpoint build/tiny/tiny-b \
-        [--prompt-len 100 --n-decode 32 --repeat 3 --json out.json]
-    python -m tools.bench vision [--layers 4 --json out.json]
+        [--prompt-len 100 --n-decode 32 --repeat 3 --json-out out.json]
+    python -m tools.bench vision [--layers 4 --json-out out.json]
     python -m tools.bench scale --model 30B.gguf [--backend numba --prompt-len 64 --n-predict 8 --logits last]
     python -m tools.bench scale --mmproj MMPROJ.gguf [--image-size 1024]
 
@@ -26,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from reference import factory, gguf
-from reference.cli import OneLineParser, UsageError, exit_status, int_in, output_file, write_json
+from reference.cli import OneLineParser, UsageError, add_json_out, exit_status, flag, int_in, write_json
 
 # Bounds of the size arguments, checked as they are parsed, before anything is allocated from them.
 # Prefill returns logits [prompt_len, n_vocab] float32: 4096 positions are 3.3 GB at the release's
@@ -101,15 +101,15 @@ def bench_text(args):  # -> report dict
     model = gguf.load(args.model, "text")  # a bad GGUF is refused before either engine is built
     ids = list(np.random.default_rng(0).integers(0, min(400, model.config.n_vocab), args.prompt_len))
     # both engines are built before any timing: a checkpoint that will not load is refused at once
-    engines = {"reference": reference_runs(model, ids, args.n_decode),
-               "transformers-eager": transformers_runs(args.checkpoint, ids, args.n_decode)}
-    report = {"prompt_len": args.prompt_len, "n_decode": args.n_decode, "repeat": args.repeat, "engines": {}}
+    engines = {"reference": reference_runs(model, ids, args.n_predict),
+               "transformers-eager": transformers_runs(args.checkpoint, ids, args.n_predict)}
+    report = {"prompt_len": args.prompt_len, "n_decode": args.n_predict, "repeat": args.repeat, "engines": {}}
     for name, (prefill, decode) in tqdm(engines.items(), desc="engines"):
         prefill()  # warm-up: caches, lazy imports, allocator
         t_prefill = best_of(args.repeat, prefill)
         t_decode = best_of(args.repeat, decode) - t_prefill
         report["engines"][name] = {"prefill_tok_s": args.prompt_len / t_prefill,
-                                   "decode_tok_s": args.n_decode / t_decode}
+                                   "decode_tok_s": args.n_predict / t_decode}
     ref, peer = report["engines"]["reference"], report["engines"]["transformers-eager"]
     report["ratio_reference_over_transformers"] = {k: ref[k] / peer[k] for k in ref}
     return report
@@ -193,27 +193,27 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     p = OneLineParser(prog="python -m tools.bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     t = sub.add_parser("text", help="text model prefill and decode, reference vs transformers eager")
-    t.add_argument("--model", required=True)
+    flag(t, "model", required=True)
     t.add_argument("--checkpoint", required=True)
     t.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), default=100)
-    t.add_argument("--n-decode", type=int_in(1, MAX_DECODE), default=32)
+    flag(t, "n_predict", type=int_in(1, MAX_DECODE), default=32)
     t.add_argument("--repeat", type=int_in(1, MAX_REPEAT), default=3)
-    t.add_argument("--json", type=output_file)
+    add_json_out(t, "the report")
     v = sub.add_parser("vision", help="vision tower cost per window, window-local vs all-global layers")
     v.add_argument("--layers", type=int_in(1, MAX_VISION_LAYERS), default=4)
     v.add_argument("--repeat", type=int_in(1, MAX_REPEAT), default=2)
-    v.add_argument("--json", type=output_file)
+    add_json_out(v, "the report")
     sc = sub.add_parser("scale", help="one full-size run: text prefill + decode, or one image through the tower")
-    sc.add_argument("--model")
+    flag(sc, "model")
     sc.add_argument("--mmproj")
     sc.add_argument("--backend", default="numpy", choices=("numpy", "numba"))
     sc.add_argument("--prompt-len", type=int_in(1, MAX_LAST_PROMPT), default=64,
                     help=f"at most {MAX_PROMPT} with --logits all, {MAX_LAST_PROMPT} with --logits last")
     sc.add_argument("--logits", choices=("all", "last"), default="all",
                     help="the prompt positions whose logits the prefill computes")
-    sc.add_argument("--n-predict", type=int_in(1, MAX_DECODE), default=8)
+    flag(sc, "n_predict", type=int_in(1, MAX_DECODE), default=8)
     sc.add_argument("--image-size", type=int_in(1, MAX_IMAGE_SIDE), default=1024)
-    sc.add_argument("--json", type=output_file)
+    add_json_out(sc, "the report")
     return p
 
 
@@ -233,8 +233,8 @@ def main(argv=None):
     def work():
         report = bench(args)
         show(report)
-        if args.json:
-            write_json(args.json, report)
+        if args.json_out:
+            write_json(args.json_out, report)
         return 0
     return exit_status("tools.bench", work, (gguf.GGUFError, factory.FactoryError))
 

@@ -13,8 +13,8 @@ import numpy as np
 from tqdm import tqdm
 
 from reference import artifacts, factory, gguf
-from reference.cli import OneLineParser, UsageError, exit_status, int_in, output_file
-from reference.ggml_cpu import KV_TYPES, UBATCH
+from reference.cli import OneLineParser, UsageError, add_cache_flags, exit_status, flag, flash_choice, given_cache_type, int_in, output_file
+from reference.ggml_cpu import UBATCH
 from reference.metrics import max_abs_diff, nmse
 from tools.common import REPO
 
@@ -38,10 +38,10 @@ def bench_model(name, args):  # -> {engine: (best prefill s, best decode s/token
     model = gguf.load(model_file(name), "text")
     rng = np.random.default_rng(0)
     ids = [int(i) for i in rng.integers(0, model.config.n_vocab, args.prompt_len)]
-    fed = [int(i) for i in rng.integers(0, model.config.n_vocab, args.n_decode)]
+    fed = [int(i) for i in rng.integers(0, model.config.n_vocab, args.n_predict)]
     engines = ("numpy", "numba")
-    lms = {e: factory.text_model(model, factory.Build(e, "ggml-cpu", kv_type=args.kv_type,
-                                                      flash_attn=args.flash_attn == "on")) for e in engines}
+    lms = {e: factory.text_model(model, factory.Build(e, "ggml-cpu", kv_type=kv_type(args),
+                                                      flash_attn=flash_choice(args, "off"))) for e in engines}
     timed_run(lms["numba"], ids[:UBATCH], fed[:2])  # compilation
     best, logits = {e: (np.inf, np.inf) for e in engines}, {}
     for _ in tqdm(range(args.repeat), desc=name, leave=False):
@@ -68,27 +68,35 @@ def plot(rows, path):  # [(model, prefill speed-up, decode speed-up)] -> PNG bar
     artifacts.save_figure(fig, path, UsageError, dpi=120)
 
 
-def main(argv=None):
+def kv_type(args):  # -> the one cache type of -ctk/-ctv/--kv-type (f16 when none is given)
+    return given_cache_type(args) or "f16"
+
+
+def build_parser():  # -> the parser
     p = OneLineParser(prog="python -m tools.bench_ggml_numba", description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--models", default="tiny-b-q4_k_m,tiny-a-f32",
                    help="comma-separated GGUF paths, or names of golden/models (tiny-a-f32)")
     p.add_argument("--prompt-len", type=int_in(1, 4096), default=64)
-    p.add_argument("--n-decode", type=int_in(0, 256), default=8)
+    flag(p, "n_predict", type=int_in(0, 256), default=8)
     p.add_argument("--repeat", type=int_in(1, 100), default=3)
-    p.add_argument("--kv-type", choices=KV_TYPES, default="f16")
-    p.add_argument("--flash-attn", choices=("on", "off"), default="off")
+    add_cache_flags(p, "off")
     p.add_argument("--plot", type=output_file, help="write a PNG bar chart of the speed-ups here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
 
     def work():
         names = args.models.split(",")
         for name in names:
             if not os.path.isfile(model_file(name)):
                 raise UsageError(f"no model {name!r}: neither a GGUF file nor a name in golden/models")
-        if args.kv_type == "q8_0" and args.flash_attn == "off":
-            raise UsageError("--kv-type q8_0 needs --flash-attn on (llama.cpp refuses a quantized V cache without it)")
-        print(f"{args.prompt_len}-token prefill, {args.n_decode} decodes, KV {args.kv_type}, flash attention "
-              f"{args.flash_attn}, best of {args.repeat}")
+        flash = flash_choice(args, "off")
+        if kv_type(args) == "q8_0" and not flash:
+            raise UsageError("a q8_0 cache needs -fa on (llama.cpp refuses a quantized V cache without it)")
+        print(f"{args.prompt_len}-token prefill, {args.n_predict} decodes, KV {kv_type(args)}, flash attention "
+              f"{'on' if flash else 'off'}, best of {args.repeat}")
         print(f"{'model':16s} {'prefill numpy -> numba':>30s} {'decode/token numpy -> numba':>34s}  "
               "logits numba vs numpy")
         rows, identical = [], True

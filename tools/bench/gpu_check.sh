@@ -68,19 +68,19 @@ step() {  # step NAME LIMIT_S COMMAND...: run it under its limit, log to OUT/NAM
 }
 
 step ops 90 "$PY" -m accel.harness --backend cupy
-step parity 90 "$PY" -m accel.cuda_harness parity --json "$OUT/parity.json"
-step graph 45 "$PY" -m accel.cuda_harness graph --json "$OUT/graph.json"
+step parity 90 "$PY" -m accel.cuda_harness parity --json-out "$OUT/parity.json"
+step graph 45 "$PY" -m accel.cuda_harness graph --json-out "$OUT/graph.json"
 [ -f "$MID" ] || step make_mid 90 "$PY" -m tools.make_synthetic "$MID" --layout 30b --mix ud-iq2_xxs --layers 2
 if [ -f "$MID" ]; then
-    step mid_products 60 "$PY" -m accel.cuda_harness products "$MID" --json "$OUT/mid_products.json"
-    step bench 75 "$PY" -m accel.cuda_harness bench "$MID" --prompt-len 512 --n-decode 32 --json "$OUT/bench.json"
+    step mid_products 60 "$PY" -m accel.cuda_harness products "$MID" --json-out "$OUT/mid_products.json"
+    step bench 75 "$PY" -m accel.cuda_harness bench "$MID" --prompt-len 512 --n-decode 32 --json-out "$OUT/bench.json"
 fi
 step pytest 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py -k gpu
 # The release depth is optional: writing 9.2 GB and uploading it is worth it only with time to spare.
 if [ -f "$BIG" ] || fits 240; then
     [ -f "$BIG" ] || step make_30b 120 "$PY" -m tools.make_synthetic "$BIG" --layout 30b --mix ud-iq2_xxs
     [ -f "$BIG" ] && step bench_30b 120 "$PY" -m accel.cuda_harness bench "$BIG" --prompt-len 512 --n-decode 32 \
-        --json "$OUT/bench_30b.json"
+        --json-out "$OUT/bench_30b.json"
 else
     echo "== 30b: not run, $((SECONDS - start)) s spent of a $BUDGET s budget (optional)"
 fi

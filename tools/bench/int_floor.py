@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 from accel.numba.ggml import int_dots
 from accel.numba.ggml import mul_mat as ggml_mul_mat
 from accel.numba.ggml.quantize import quantize_q8_k
-from reference.cli import OneLineParser, exit_status, int_in
+from reference.cli import OneLineParser, exit_status, flag, int_in
 from reference.ggml_cpu.blocks import QuantRows
 from tools.bench.forward import best_of
 
@@ -94,7 +94,7 @@ def main(argv=None):
     p.add_argument("--rows", type=int_in(1, 1 << 16), default=8192)
     p.add_argument("--n-in", type=int_in(256, 1 << 15), default=6656, help="a multiple of 256")
     p.add_argument("--tokens", type=int_in(1, 512), nargs="+", default=[1, 64])
-    p.add_argument("--threads", type=int_in(1, numba.config.NUMBA_NUM_THREADS), default=2)
+    flag(p, "threads", type=int_in(1, numba.config.NUMBA_NUM_THREADS), default=2)
     p.add_argument("--repeat", type=int_in(1, 100), default=3)
     args = p.parse_args(argv)
 

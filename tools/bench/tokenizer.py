@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from reference.cli import OneLineParser, UsageError, fail, int_in
+from reference.cli import OneLineParser, UsageError, fail, flag, int_in
 from reference.gguf import GGUFError
 from reference.tokenizer import Tokenizer, TokenizerError, pre_tokenizer, read_vocab
 from tools.common import REPO, import_extra
@@ -40,7 +40,7 @@ def best_seconds(encode, repeat):  # fn() -> the fastest of `repeat` timed calls
 
 def main(argv=None):
     p = OneLineParser(prog="python -m tools.bench_tokenizer", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=str(DEFAULT_VOCAB),
+    flag(p, "model", default=str(DEFAULT_VOCAB),
                    help="any GGUF with a vocabulary (default: the stress vocabulary)")
     p.add_argument("--repeat", type=int_in(1, 100), default=3,
                    help="timed passes, the best counts (more measures the machine's noise)")

@@ -70,7 +70,6 @@ Exit status: 0 no point above threshold (or every difference explained by the du
 1 a divergence was found (printed as "first divergence: <name> (layer L, op OP) nmse=...", layer "-"
 for points outside the layers), 2 bad input.
 """
-import argparse
 import json
 import math
 import os
@@ -82,7 +81,7 @@ import tempfile
 import numpy as np
 
 from reference import artifacts, metrics
-from reference.cli import OneLineParser, UsageError, check_output, fail, float_in
+from reference.cli import OneLineParser, UsageError, add_json_out, check_output, fail, flag, float_in
 from reference.ggml_cpu import TARGETS
 from reference.trace import INDEX, TraceError, load_trace
 
@@ -422,8 +421,8 @@ def threshold_rule(args, trace_a):  # parsed args, A -> (threshold or {name: thr
 
 def reproduce_command(config, model, trace_dir, cpu):  # LlamaConfig, --cpu -> reference.run argv rounding as that dump
     ids = ",".join(map(str, config.prompt)) if config.prompt else "IDS"
-    return ["python", "-m", "reference.run", "--model", model or "MODEL.gguf", "--token-ids", ids,
-            "--n-predict", "1", *config.reference_options(cpu), "--trace", trace_dir]
+    return ["python", "-m", "reference.run", "-m", model or "MODEL.gguf", "--token-ids", ids,
+            "-n", "1", *config.reference_options(cpu), "--trace", trace_dir]
 
 
 def check_reproducible(args, trace_a, trace_b, config):  # -> None, or UsageError before any work
@@ -490,7 +489,7 @@ def against_reproduction(args, trace_a, trace_b, config, threshold):  # -> bisec
 
 
 def run_bisect(args):  # parsed CLI args -> exit status
-    for option, path in (("--table", args.table), ("--json", args.json)):
+    for option, path in (("--table", args.table), ("--json-out", args.json_out)):
         if path:
             check_output(path, option)
     if args.plot:
@@ -498,7 +497,7 @@ def run_bisect(args):  # parsed CLI args -> exit status
     sources = [(option, path) for option, given in (("A", args.a), ("B", args.b), ("--noise-floor", args.noise_floor),
                                                     ("--model", args.model)) if given
                for path in [given, *(os.path.join(given, n) for n in (os.listdir(given) if os.path.isdir(given) else ()))]]
-    artifacts.refuse_overwrite([("--table", args.table), ("--json", args.json), ("--plot", args.plot)], sources,
+    artifacts.refuse_overwrite([("--table", args.table), ("--json-out", args.json_out), ("--plot", args.plot)], sources,
                                UsageError)
     if args.cpu:
         try:
@@ -526,16 +525,15 @@ def run_bisect(args):  # parsed CLI args -> exit status
 def write_outputs(args, result, rule, reproduced):  # -> None: --table, --json, --plot as asked
     if args.table:
         write_text(args.table, "--table", format_table(result, rule) + "\n")
-    if args.json:
-        write_text(args.json, "--json", json.dumps({"threshold_rule": rule, **result, "reproduced": reproduced},
+    if args.json_out:
+        write_text(args.json_out, "--json-out", json.dumps({"threshold_rule": rule, **result, "reproduced": reproduced},
                                                    indent=1))
     if args.plot:
         plot_result(result, args.plot)
 
 
-def main(argv=None):  # -> exit status
-    p = OneLineParser(prog="python -m tools.bisect", description=__doc__,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser():  # -> the parser
+    p = OneLineParser(prog="python -m tools.bisect", description=__doc__)
     p.add_argument("a", help="reference side: trace directory or llama.cpp dump")
     p.add_argument("b", help="side under test: trace directory or llama.cpp dump")
     limit = p.add_mutually_exclusive_group()
@@ -545,15 +543,19 @@ def main(argv=None):  # -> exit status
     limit.add_argument("--noise-floor", help="float64 trace of the run that made A: per-point thresholds")
     p.add_argument("--table", help="write the layers x ops NMSE table and the per-point list")
     p.add_argument("--plot", help="write a PNG heatmap (layers x ops) and the NMSE curve")
-    p.add_argument("--json", help="write the per-point results as JSON")
+    add_json_out(p, "the per-point results", checked=False)
     p.add_argument("--reproduce", action="store_true",
                    help="when a llama.cpp dump's cache type or flash attention could explain a divergence, run "
                         "reference.run with that configuration and bisect the dump against it too")
-    p.add_argument("--model", help="the GGUF the dump was made from (for --reproduce and the printed command)")
+    flag(p, "model", help="the GGUF the dump was made from (for --reproduce and the printed command)")
     p.add_argument("--cpu", choices=tuple(TARGETS),
                    help="the CPU build of llama.cpp the dump's reproduction rounds as (default: the one its "
                         "system_info line shows, else avx512)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):  # -> exit status
+    args = build_parser().parse_args(argv)
     with artifacts.interruptible("tools.bisect"):
         try:
             return run_bisect(args)

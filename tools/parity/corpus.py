@@ -46,8 +46,10 @@ from tools.parity.golden import MANIFEST, golden_entry, make_dir, refuse_overwri
 
 TASKS = "tasks"
 # the options that decide an engine's goldens: a corpus directory holds one run of them
-RUN_KEYS = {"reference": ("model", "dtype", "kv", "prefill_chunk"),
-            "llama-cpp": ("model", "kv_type", "flash_attn", "n_ubatch", "n_ctx", "no_repack"),
+RUN_KEYS = {"reference": ("model", "dtype", "kv", "ubatch_size", "numerics", "backend", "cache_type_k", "cache_type_v",
+                          "kv_type", "flash_attn", "repack", "no_repack", "cpu", "threads"),
+            "llama-cpp": ("model", "cache_type_k", "cache_type_v", "kv_type", "flash_attn", "ubatch_size", "ctx_size",
+                          "repack", "no_repack", "threads"),
             "llama-server": ("server_url", "n_probs"), "openai": ("server_url", "n_probs"),
             "transformers": ("checkpoint",)}
 RAY_CONNECT_TIMEOUT = 10  # seconds for a cluster's port to accept a connection (a LAN answers in ms)

@@ -66,7 +66,6 @@ adds the mean KL of every prompt, worst first.
 Exit status: 0 pass, 1 gate failed (every real divergence fails; near-ties alone do not),
 2 bad input (one line on stderr naming the file and the problem).
 """
-import argparse
 import json
 import math
 import os
@@ -77,8 +76,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from reference import artifacts, metrics
-from reference.cli import OneLineParser, UsageError, check_output, fail, float_in, int_in
+from reference.cli import OneLineParser, UsageError, add_json_out, check_output, fail, float_in, int_in
 from reference.positions import SUFFIX as POSITIONS_SUFFIX
+from reference.provenance import describe, differences, read_sidecar
 from reference.trace import check_npy_header, load_npy
 from tools.common import check_plot, pyplot, save_figure, write_text
 
@@ -670,15 +670,32 @@ def prompt_margin(args, noise, key, ref):  # -> near-tie margin M for one prompt
         raise UsageError(f"{noise_file}: {e}") from None
 
 
+def side_record(path):  # REF or TEST -> its provenance: a file's sidecar, a directory's manifest header, or None
+    if os.path.isdir(path):
+        return logit_files(path)[1] or None
+    return read_sidecar(path)
+
+
+def provenance_lines(ref, test):  # -> both sides' provenance, and the settings that explain a difference, if any
+    records = {"REF": side_record(ref), "TEST": side_record(test)}
+    lines = [f"{side}: {describe(r) if r else 'no provenance recorded'}" for side, r in records.items()]
+    if all(records.values()):
+        differ = differences(records["REF"], records["TEST"])
+        if differ:
+            lines.append(f"the configurations differ in {', '.join(differ)}: that alone moves logits beyond float "
+                         "noise, so compare like with like before calling a difference a bug")
+    return lines
+
+
 def run_diff(args):  # parsed CLI args -> exit status
     gate, rule = parse_gate(args.gate or ""), margin_rule(args)
-    if args.json:
-        check_output(args.json, "--json")
+    if args.json_out:
+        check_output(args.json_out, "--json-out")
     if args.plot:
         check_plot(args.plot)
     inputs = [(name, path) for name, given in (("REF", args.ref), ("TEST", args.test), ("--noise-floor", args.noise_floor))
               if given for path in [given, *golden_files(given)]]
-    artifacts.refuse_overwrite([("--json", args.json), ("--plot", args.plot)], inputs, UsageError)
+    artifacts.refuse_overwrite([("--json-out", args.json_out), ("--plot", args.plot)], inputs, UsageError)
     noise = logit_files(args.noise_floor)[0] if args.noise_floor else None
     pairs, notes = pair_files(args.ref, args.test)
     runs = []
@@ -691,11 +708,13 @@ def run_diff(args):  # parsed CLI args -> exit status
             raise UsageError(f"{test_file}: {e} ({ref_file})") from None
         runs.append((key, report, check_gate(report, gate)))
         notes += [note for note in [coverage_note(key, report)] if note]
+    print("\n".join(provenance_lines(args.ref, args.test)))
     print(format_report(runs, gate, rule, notes=notes, n_prompts_shown=args.worst))
     failed = any(fails for _, _, fails in runs)
-    if args.json:
-        write_text(args.json, "--json", json.dumps({
-            "nmse_definition": NMSE_DEFINITION, "near_tie_rule": rule, "gate": gate, "notes": notes,
+    if args.json_out:
+        write_text(args.json_out, "--json-out", json.dumps({
+            "nmse_definition": NMSE_DEFINITION, "provenance": {"ref": side_record(args.ref), "test": side_record(args.test)},
+            "near_tie_rule": rule, "gate": gate, "notes": notes,
             "status": "fail" if failed else "pass", "overall": corpus_summary(runs),
             "prompts": [{"prompt_id": key, "failures": fails, **r} for key, r, fails in runs]}))
     if args.plot:
@@ -704,8 +723,7 @@ def run_diff(args):  # parsed CLI args -> exit status
 
 
 def main(argv=None):  # -> exit status
-    p = OneLineParser(prog="python -m tools.diff", description=__doc__,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m tools.diff", description=__doc__)
     p.add_argument("ref", help="reference logits .npy, top-k golden .topk.npz, or a golden/corpus directory")
     p.add_argument("test", help="test logits or directory, paired with REF by prompt id")
     p.add_argument("--gate", help=f"limits, e.g. nmse=1e-4,top1=0.999 (keys: {', '.join(GATE_KEYS)})")
@@ -722,7 +740,7 @@ def main(argv=None):  # -> exit status
     # --worst only cuts the list of prompts printed: any positive count is cheap
     p.add_argument("--worst", type=int_in(1, sys.maxsize), default=20,
                    help="prompts listed in the report, worst first (default 20)")
-    p.add_argument("--json", help="write the full report as JSON")
+    add_json_out(p, "the full report", checked=False)
     p.add_argument("--plot", help="write a PNG of NMSE and KL per position (and mean KL per prompt)")
     args = p.parse_args(argv)
     with artifacts.interruptible("tools.diff"):

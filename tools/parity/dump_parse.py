@@ -282,16 +282,16 @@ class LlamaConfig:
             raise DumpError("the dump does not show its cache types and whether flash attention ran (printed with "
                             "a --tensor-filter that leaves out cache_k_l*, cache_v_l* and the attention nodes?)")
         if self.cache_k != self.cache_v or self.cache_k not in CACHE_TYPES:
-            raise DumpError(f"reference.run --numerics ggml-cpu has one --kv-type of {', '.join(CACHE_TYPES)} for "
-                            f"both caches; the dump's are K {self.cache_k}, V {self.cache_v}")
+            raise DumpError(f"reference.run --numerics ggml-cpu models one cache type of {', '.join(CACHE_TYPES)} "
+                            f"for K and V; the dump's are K {self.cache_k}, V {self.cache_v}")
         if max(self.ubatches) > MAX_UBATCH:
             raise DumpError(f"reference.run --numerics ggml-cpu takes ubatches of at most {MAX_UBATCH} tokens; "
                             f"the dump's hold {max(self.ubatches)}")
         target = emulated_target(cpu or self.cpu or DEFAULT_TARGET)
         # one pass: the whole prompt was one ubatch, as reference.run's default chunk makes it
-        chunk = ["--prefill-chunk", str(self.ubatches[0])] if len(self.ubatches) > 1 else []
-        return ["--numerics", "ggml-cpu", "--kv-type", self.cache_k,
-                "--flash-attn", ON_OFF[self.flash_attn], "--cpu", target, *chunk]
+        chunk = ["-ub", str(self.ubatches[0])] if len(self.ubatches) > 1 else []
+        return ["--numerics", "ggml-cpu", "-ctk", self.cache_k, "-ctv", self.cache_v,
+                "-fa", ON_OFF[self.flash_attn], "--cpu", target, *chunk]
 
 
 def emulated_target(name):  # CPU target name -> name, or DumpError where reference.run --cpu refuses it

@@ -2,10 +2,10 @@
 or transformers.
 
     python -m tools.golden --engine llama-cpp --model M.gguf --prompts P.jsonl --out DIR \\
-        [--kv-type f32|f16|q8_0] [--flash-attn on|off] [--n-predict N]
+        [-ctk f32|f16|q8_0] [-ctv f32|f16|q8_0] [-fa on|off|auto] [-nr] [-n N] [-c N] [-ub N]
     python -m tools.golden --engine transformers --checkpoint HF_DIR --prompts P.jsonl --out DIR
     python -m tools.golden --engine reference --model M.gguf --prompts P.jsonl --out DIR \\
-        [--dtype float32|float64] [--kv uniform|ring]
+        [--dtype float32|float64] [--kv uniform|ring] [--numerics ggml-cpu [-ctk T -ctv T -fa on|off] [--cpu T]]
     python -m tools.golden --engine llama-server --server-url http://127.0.0.1:8080 \\
         --n-predict N [--n-probs K] --prompts P.jsonl --out DIR
     python -m tools.golden --engine openai --server-url http://127.0.0.1:8000 \\
@@ -61,9 +61,12 @@ from pathlib import Path
 import numpy as np
 
 from reference import artifacts, metrics
-from reference.cli import BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, check_train_context, exit_status, float_in, int_in
+from reference.cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, add_numerics_flags, check_train_context,
+                           exit_status, flag, float_in, int_in)
+from reference.factory import GGML_CPU_BACKENDS
+from reference.provenance import software_record
 from reference.positions import POSITIONS_FORMAT, SUFFIX, parse_positions, resolve, sparse_golden
-from tools.common import KV_TYPES, GoldenError, save_atomic, save_json, today
+from tools.common import GoldenError, save_atomic, save_json, today
 from .engines import ENGINE_NEEDS, ENGINES, Engine, make_engine
 from .engines.base import TOPK_FORMAT, is_token_list
 from .engines.http import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, REQUEST_DEADLINE_S
@@ -77,6 +80,8 @@ PROMPT_LOGPROBS_FORMAT = ("<id>.positions.npz (reference.positions top-k form) o
 # tiny models' vocabulary). Once the GGUF is read, its training context bounds them further.
 MAX_TOKENS = 1 << 20
 MAX_THREADS = 512    # llama.cpp's GGML_MAX_N_THREADS
+LLAMA_UBATCH = 512  # llama-cpp's default n_ubatch (= n_batch)
+REFERENCE_UBATCH = 2048  # the reference's default prefill chunk
 MAX_WORKERS = 1024   # Ray actors, each a process holding a model: a cluster of 1024 model slots
 
 
@@ -291,7 +296,7 @@ DIGESTS = ("each entry's sha256 lists every file of it with its sha256: tools.di
 def run_header(engine: Engine, prompts_file: Path) -> dict:  # -> the manifest fields every entry shares
     return {"digests": DIGESTS,
         "engine": engine.name, "version": engine.version, "model": engine.model, "options": engine.options,
-        "prompts_file": prompts_file.name, "date": today(),
+        "prompts_file": prompts_file.name, "date": today(), "provenance": software_record(),
         "logits": ("top-k log-probabilities of generated tokens: " + TOPK_FORMAT) if engine.prefill is None
         else ("<id>.positions.npz, the --logits-positions of one prefill of token_ids: " + POSITIONS_FORMAT)
         if engine.keep else "float32 [n_tokens, n_vocab], all positions of one prefill of token_ids",
@@ -321,28 +326,27 @@ def make_dir(path: Path) -> None:  # creates an output directory, or says in one
 
 def build_parser() -> argparse.ArgumentParser:
     tokens = int_in(1, MAX_TOKENS)
-    ap = OneLineParser(prog="python -m tools.golden", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m tools.golden", description=__doc__)
     ap.add_argument("--engine", required=True, choices=sorted(ENGINES))
-    ap.add_argument("--model", help="GGUF file (reference, llama-cpp; llama-server, openai: the served file, for its sha256)")
+    flag(ap, "model", help="GGUF file (reference, llama-cpp; llama-server, openai: the served file, for its sha256)")
     ap.add_argument("--checkpoint", help="HF checkpoint directory (transformers)")
     ap.add_argument("--prompts", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="llama-cpp KV cache type")
-    ap.add_argument("--flash-attn", choices=["on", "off"], default="off", help="llama-cpp")
-    ap.add_argument("--no-repack", action="store_true",
-                    help="llama-cpp: weights in plain CPU buffers (use_extra_bufts=False, llama-cli's --no-repack); "
-                         "reference.run --numerics ggml-cpu --repack off rounds as such a run")
-    ap.add_argument("--n-predict", type=int_in(0, MAX_TOKENS), default=0,
-                    help="greedy continuation length (0: none; at most the model's training context)")
-    ap.add_argument("--n-ubatch", type=tokens, default=512, help="llama.cpp n_batch = n_ubatch")
-    ap.add_argument("--n-ctx", type=tokens, default=1024, help="llama-cpp (at most the model's training context)")
-    ap.add_argument("--threads", type=int_in(0, MAX_THREADS), default=0,
-                    help="0: all cores for llama-cpp (results do not depend on it), 1 for transformers")
-    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
-                    help="reference (float64: the noise floor for tools.diff --noise-floor)")
+    flag(ap, "n_predict", type=int_in(0, MAX_TOKENS), default=0,
+         help="greedy continuation length (0: none; at most the model's training context)")
+    flag(ap, "ubatch_size", type=tokens,
+         help=f"prompt rows per forward (default: {LLAMA_UBATCH} for llama-cpp, as n_batch = n_ubatch; "
+              f"{REFERENCE_UBATCH} for reference, at most {LLAMA_UBATCH} under --numerics ggml-cpu)")
+    flag(ap, "ctx_size", type=tokens, default=1024, help="llama-cpp's n_ctx (at most the model's training context)")
+    flag(ap, "threads", type=int_in(0, MAX_THREADS), default=0,
+         help="0: all cores for llama-cpp (results do not depend on it), 1 for transformers, 2 (the modelled "
+              "build's) for reference --numerics ggml-cpu")
+    engine_flags = ap.add_argument_group(
+        "how reference and llama-cpp compute: the cache and flash-attention flags set llama-cpp's context "
+        "(default F16 K and V, flash attention off, as llama-cpp-python's) and, with --numerics ggml-cpu, "
+        "the build the reference rounds as")
+    add_numerics_flags(engine_flags, GGML_CPU_BACKENDS, "off, as llama-cpp-python's")
     ap.add_argument("--kv", choices=["uniform", "ring"], default="uniform", help="reference KV cache")
-    ap.add_argument("--prefill-chunk", type=tokens, default=2048, help="reference")
     ap.add_argument("--server-url", type=server_url, default="http://127.0.0.1:8080", help="llama-server, openai")
     ap.add_argument("--n-probs", type=tokens, default=10,
                     help="llama-server, openai: top-k per generated token (vLLM allows at most 20)")
@@ -387,6 +391,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                  "transformers")
     if args.logits_topk and not args.logits_positions:
         ap.error("--logits-topk needs --logits-positions (all positions: --logits-positions 0:)")
+    reference_only = [name for name, given in (("--numerics", args.numerics != "exact"), ("--backend", args.backend != "numpy"),
+                                               ("--dtype", args.dtype != "float32"), ("--cpu", args.cpu)) if given]
+    if reference_only and args.engine != "reference":
+        ap.error(f"{', '.join(reference_only)} choose how --engine reference computes, not --engine {args.engine}")
+    if args.ubatch_size is None:
+        args.ubatch_size = REFERENCE_UBATCH if args.engine == "reference" else LLAMA_UBATCH
     args.corpus = args.corpus or args.ray or bool(args.ray_address)
     return args
 

@@ -6,7 +6,7 @@
     python -m tools.perplexity -m M.gguf --kl-divergence-base BASE.kld --kl-divergence   KL statistics
     python -m tools.perplexity --compare-kld ENGINE.kld REF.kld        two bases, without a model
     (the reference's own: --numerics exact|ggml-cpu, --backend numpy|numba, --dtype float32|float64,
-     with ggml-cpu -fa, -ctk, --no-repack and --cpu avx2|avx512|neon|neon-i8mm|neon-clang|neon-i8mm-clang,
+     with ggml-cpu -fa, -ctk/-ctv, -nr/--no-repack and --cpu avx2|avx512|neon|neon-i8mm|neon-clang|neon-i8mm-clang,
      llama.cpp's CPU build)
 
 The text (its bytes, as llama.cpp reads them: a CRLF file keeps its \\r; one trailing \\n is dropped)
@@ -30,6 +30,7 @@ Several chunks in one llama.cpp batch (-b a multiple of -c) are computed here on
 import ctypes
 import ctypes.util
 import functools
+import json
 import math
 import os
 import sys
@@ -38,14 +39,17 @@ import time
 import numpy as np
 
 from reference import artifacts, factory, gguf
-from reference.cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, UsageError, check_output, check_train_context,
-                           exit_status, int_in)
-from reference.ggml_cpu import KV_TYPES, TARGETS, GgmlCpuError, libm
+from reference.cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, MAX_THREADS, OneLineParser, UsageError, add_numerics_flags,
+                           build_of, check_output, check_train_context, exit_status, flag, int_in)
+from reference.factory import GGML_CPU_BACKENDS
+from reference.ggml_cpu import TARGETS, GgmlCpuError, libm
 from reference.kv import CacheError
+from reference.provenance import provenance, sidecar
 from reference.tokenizer import Tokenizer, TokenizerError
 from tools.common import check_plot, pyplot, save_figure
 
 PROG = "tools.perplexity"
+FLASH_DEFAULT = "auto"  # llama-perplexity's -fa
 MAGIC = b"_logits_"
 HEADER_BYTES = len(MAGIC) + 12  # n_ctx, n_vocab, n_chunk
 F32, F64 = np.float32, np.float64
@@ -56,7 +60,8 @@ KLD_F32_FORMAT = ("npz: n_ctx, n_vocab int64 [], tokens int32 [n_chunk * n_ctx],
                   "[n_chunk, n_scored, n_vocab] (log-softmax in float64, rounded) or, with --kl-top-k K, "
                   "top_ids int32 and top_log_probs float32 [n_chunk, n_scored, K] (most likely first) and "
                   "next_log_probs float32 [n_chunk, n_scored] (the scored token's); n_scored = n_ctx - 1 - n_ctx//2; "
-                  "numerics str [] (how the reference computed it, the line the run printed; absent from older bases)")
+                  "numerics str [] (how the reference computed it, the line the run printed; absent from older bases), "
+                  "provenance str [] (JSON: reference.provenance's record of the run; absent from older bases)")
 
 
 class KldError(Exception):
@@ -469,11 +474,12 @@ def top_k_rows(log_probs, next_ids, k):  # [N, V] f64, [N], k -> {top_ids [N, k]
             "next_log_probs": log_probs[np.arange(len(log_probs)), next_ids].astype(F32)}
 
 
-def write_f32_base(path, n_ctx, n_vocab, tokens, chunks, numerics):  # chunks: [{name: [n_scored, ...]}] -> KLD_F32_FORMAT
+def write_f32_base(path, n_ctx, n_vocab, tokens, chunks, numerics, record=None):  # chunks: [{name: [n_scored, ...]}] -> KLD_F32_FORMAT
     arrays = {name: np.stack([c[name] for c in chunks]) for name in chunks[0]}
+    made_by = {"provenance": np.array(json.dumps(record))} if record else {}
     artifacts.save_npz(path, {"n_ctx": np.int64(n_ctx), "n_vocab": np.int64(n_vocab),
-                              "tokens": np.asarray(tokens, np.int32), **arrays, "numerics": np.array(numerics)},
-                       KldError)
+                              "tokens": np.asarray(tokens, np.int32), **arrays, "numerics": np.array(numerics),
+                              **made_by}, KldError)
 
 
 def read_f32_base(path):  # -> dict of KLD_F32_FORMAT's arrays, tokens as [n_chunk, n_ctx], checked
@@ -533,11 +539,7 @@ class F32Base:
 # The reference forward over llama-perplexity's chunks and batches
 
 def load_model(args):  # -> (TextModel on the backend the options ask for, its numerics_line)
-    flash_attn = factory.ON_OFF[args.flash_attn]
-    if flash_attn is None and args.numerics == "ggml-cpu":
-        flash_attn = True  # llama-perplexity's -fa auto is on for the CPU
-    build = factory.Build(args.backend, args.numerics, args.dtype, kv_type=args.kv_type, flash_attn=flash_attn,
-                          repack=factory.ON_OFF[args.repack], cpu=args.cpu)
+    build = build_of(args, FLASH_DEFAULT if args.numerics == "ggml-cpu" else None)
     for warning in factory.host_warnings(build):
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     backend = factory.backend(build)
@@ -615,8 +617,9 @@ def text_chunks(args, tokenizer):  # -> (tokens of -f, n_chunk): the whole text 
 class BaseWriters:
     """The bases a perplexity run writes: --kl-divergence-base (u16) and --kl-divergence-base-f32."""
 
-    def __init__(self, args, n_vocab, tokens, numerics):  # tokens [n_chunk * n_ctx], the chunks scored
+    def __init__(self, args, n_vocab, tokens, numerics, record):  # tokens [n_chunk * n_ctx], the chunks scored
         self.n_ctx, self.n_vocab, self.tokens, self.f32_rows, self.numerics = args.ctx_size, n_vocab, tokens, [], numerics
+        self.record, self.u16_path = record, args.kl_divergence_base
         self.fused_codes = args.cpu is not None and TARGETS[args.cpu].contracts_across_statements  # GCC on ARM
         self.f32_path, self.top_k = args.kl_divergence_base_f32, args.kl_top_k
         self.u16 = KldWriter(args.kl_divergence_base, self.n_ctx, n_vocab, tokens) if args.kl_divergence_base else None
@@ -631,9 +634,11 @@ class BaseWriters:
 
     def close(self):  # -> None, both files complete
         if self.u16:
-            self.u16.close()
+            self.u16.close()  # llama-perplexity's format has no field for the provenance: F.kld.json beside it
+            artifacts.write_json(sidecar(self.u16_path), self.record, KldError)
         if self.f32_path:
-            write_f32_base(self.f32_path, self.n_ctx, self.n_vocab, self.tokens, self.f32_rows, self.numerics)
+            write_f32_base(self.f32_path, self.n_ctx, self.n_vocab, self.tokens, self.f32_rows, self.numerics,
+                           self.record)
 
     def discard(self):  # -> None: whatever is unfinished goes (nothing once close() ran)
         if self.u16:
@@ -645,7 +650,9 @@ def perplexity(args, lm, numerics):  # numerics_line of lm -> exit status; print
     tokens, n_chunk = text_chunks(args, tokenizer)
     n_ctx, bos = args.ctx_size, tokenizer.required_id("bos") if tokenizer.add_bos else -1
     info(f"{PROG}: {numerics}")
-    bases = BaseWriters(args, lm.cfg.n_vocab, tokens[:n_chunk * n_ctx], numerics)
+    record = provenance(args.model, build_of(args, FLASH_DEFAULT if args.numerics == "ggml-cpu" else None), lm.backend,
+                        args.ubatch_size, ctx_size=n_ctx, batch_size=args.batch_size)
+    bases = BaseWriters(args, lm.cfg.n_vocab, tokens[:n_chunk * n_ctx], numerics, record)
     try:
         return scored_chunks(args, lm, tokens, n_chunk, bos, bases)
     finally:
@@ -799,14 +806,16 @@ def ppl_mode(args):  # -> exit status: perplexity of -f, writing the bases asked
 
 
 def build_parser():  # -> llama-perplexity's options and the reference's
-    p = OneLineParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
-    p.add_argument("-m", "--model", help="text GGUF")
-    p.add_argument("-f", "--file", help="text file (its bytes, as llama.cpp reads them)")
-    p.add_argument("-c", "--ctx-size", type=int_in(8, 1 << 20), default=512, help="tokens per chunk (default 512)")
-    p.add_argument("-b", "--batch-size", type=int_in(1, 1 << 20), default=2048,
-                   help="llama.cpp's logical batch (default 2048): below -c a chunk is decoded in batches; "
-                        "a multiple of -c puts several chunks in one llama.cpp batch (here: one after another)")
-    p.add_argument("-ub", "--ubatch-size", type=int_in(1, 1 << 20), default=512, help="physical batch (default 512)")
+    p = OneLineParser(prog=f"python -m {PROG}", description=__doc__)
+    flag(p, "model", help="text GGUF")
+    flag(p, "file", help="text file (its bytes, as llama.cpp reads them)")
+    flag(p, "ctx_size", type=int_in(8, 1 << 20), default=512, help="tokens per chunk")
+    flag(p, "batch_size", type=int_in(1, 1 << 20), default=2048,
+         help="llama.cpp's logical batch: below -c a chunk is decoded in batches; a multiple of -c puts several "
+              "chunks in one llama.cpp batch (here: one after another)")
+    flag(p, "ubatch_size", type=int_in(1, 1 << 20), default=512, help="llama.cpp's physical batch")
+    flag(p, "threads", type=int_in(1, MAX_THREADS),
+         help="with --numerics ggml-cpu: llama.cpp's thread count (default 2, the modelled build's)")
     p.add_argument("--chunks", type=int_in(-1, 1 << 30), default=-1,
                    help="at most this many chunks (-1: all); here it also caps a --kl-divergence run")
     p.add_argument("--kl-divergence-base", metavar="F.kld",
@@ -820,18 +829,7 @@ def build_parser():  # -> llama-perplexity's options and the reference's
                    help="compare two bases of the same text (an engine's and the reference's), no model")
     p.add_argument(BEYOND_TRAIN, action="store_true", help=BEYOND_TRAIN_HELP + " (a line on stderr)")
     p.add_argument("--plot", metavar="F.png", help="with --kl-divergence or --compare-kld: the per-token KLD and Δp")
-    p.add_argument("--numerics", choices=("exact", "ggml-cpu"), default="exact",
-                   help="ggml-cpu: round as llama.cpp's CPU backend does (F16 KV cache, flash attention on, "
-                        "as llama-perplexity's defaults); with -b equal to -c, llama-perplexity's own logits")
-    p.add_argument("--backend", choices=("numpy", "numba"), default="numpy")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("-fa", "--flash-attn", choices=("on", "off"), help="with --numerics ggml-cpu (default on)")
-    p.add_argument("-ctk", "--kv-type", choices=KV_TYPES, help="with --numerics ggml-cpu: KV cache type (default f16)")
-    p.add_argument("-nr", "--no-repack", dest="repack", action="store_const", const="off",
-                   help="with --numerics ggml-cpu: weights outside llama.cpp's CPU_REPACK buffer, as "
-                        "llama-perplexity --no-repack loads them")
-    p.add_argument("--cpu", choices=tuple(TARGETS),
-                   help="with --numerics ggml-cpu: the CPU build of llama.cpp to round as (default avx512)")
+    add_numerics_flags(p, GGML_CPU_BACKENDS, "auto, as llama-perplexity's")
     return p
 
 

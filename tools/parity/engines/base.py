@@ -57,7 +57,7 @@ def load_text_gguf(args):  # -> --model as a validated reference.gguf text model
     n_train = model.config.n_ctx_train
     check_train_context(args.n_predict, n_train, "--n-predict", args.model, args.beyond_n_ctx_train, GoldenError)
     if args.engine == "llama-cpp":
-        check_train_context(args.n_ctx, n_train, "--n-ctx", args.model, args.beyond_n_ctx_train, GoldenError)
+        check_train_context(args.ctx_size, n_train, "--ctx-size", args.model, args.beyond_n_ctx_train, GoldenError)
     return model
 
 

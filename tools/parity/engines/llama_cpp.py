@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from tools.common import KV_TYPES, LLAMA_CPP_COMMIT, GoldenError, import_extra, plain_cpu_buffers, sha256, silence_llama_cpp
+from reference.cli import cache_types, flash_choice, repack_choice
 from .base import Engine, greedy_steps, load_text_gguf
 
 
@@ -28,16 +29,19 @@ def llama_cpp_engine(args) -> Engine:
     n_train = load_text_gguf(args).config.n_ctx_train  # llama.cpp answers a truncated file or a projector with a ValueError and log lines
     llama_cpp = import_extra("llama_cpp", "--engine llama-cpp")
     silence_llama_cpp(llama_cpp)
-    if args.no_repack:
+    repack = repack_choice(args) is not False
+    if not repack:
         plain_cpu_buffers(llama_cpp.llama_cpp)
     threads = args.threads or os.cpu_count() or 1
-    n_ubatch = args.n_ubatch
+    n_ubatch = args.ubatch_size
+    type_k, type_v = cache_types(args)
+    flash = flash_choice(args, "off")  # llama-cpp-python's default; auto is on for a CPU build
 
     def make():
         return llama_cpp.Llama(
-            model_path=str(path), n_ctx=args.n_ctx, n_batch=n_ubatch, n_ubatch=n_ubatch,
-            logits_all=True, type_k=KV_TYPES[args.kv_type], type_v=KV_TYPES[args.kv_type],
-            flash_attn=args.flash_attn == "on", n_threads=threads, n_threads_batch=threads,
+            model_path=str(path), n_ctx=args.ctx_size, n_batch=n_ubatch, n_ubatch=n_ubatch,
+            logits_all=True, type_k=KV_TYPES[type_k], type_v=KV_TYPES[type_v],
+            flash_attn=flash, n_threads=threads, n_threads_batch=threads,
             n_gpu_layers=0, seed=0, verbose=False,
         )
 
@@ -64,11 +68,12 @@ def llama_cpp_engine(args) -> Engine:
         name="llama-cpp",
         version=f"llama-cpp-python {llama_cpp.__version__} (llama.cpp {LLAMA_CPP_COMMIT})",
         model={"file": path.name, "sha256": sha256(path)},
-        options={"kv_type": args.kv_type, "flash_attn": args.flash_attn, "repack": not args.no_repack, "n_ubatch": n_ubatch,
-                 "n_batch": n_ubatch, "n_ctx": args.n_ctx, "n_threads": threads, "backend": "cpu",
+        options={"kv_type": type_k if type_k == type_v else None, "cache_type_k": type_k, "cache_type_v": type_v,
+                 "flash_attn": "on" if flash else "off", "repack": repack, "n_ubatch": n_ubatch,
+                 "n_batch": n_ubatch, "n_ctx": args.ctx_size, "n_threads": threads, "backend": "cpu",
                  "system_info": llama_cpp.llama_print_system_info().decode().strip(),
                  "tokenize": "add_bos=True, special=True (text prompts only)"},
         tokenize=lambda text, first: vocab_llm.tokenize(text.encode("utf-8"), add_bos=first, special=True),
         prefill=prefill, greedy=greedy, n_vocab=vocab_llm.n_vocab(),
-        n_ctx=args.n_ctx, n_ctx_train=n_train, max_batch=n_ubatch, extra={"eog_ids": eog_ids},
+        n_ctx=args.ctx_size, n_ctx_train=n_train, max_batch=n_ubatch, extra={"eog_ids": eog_ids},
     )

@@ -14,11 +14,19 @@ TEXT_SOURCES = ("gguf", "ops", "kv", "text", "backend", "trace", "tokenizer")  #
 
 def reference_engine(args) -> Engine:
     from reference import factory
+    from reference.cli import UsageError, build_of
+    from reference.ggml_cpu import GgmlCpuError
+    from reference.provenance import numerics_record
     from reference.tokenizer import Tokenizer, TokenizerError
 
     path = Path(args.model)
     model = load_text_gguf(args)
-    lm = factory.text_model(model, factory.Build(dtype=args.dtype))
+    try:
+        build = build_of(args)
+        lm = factory.text_model(model, build)
+    except (factory.FactoryError, UsageError, GgmlCpuError) as e:
+        raise GoldenError(str(e)) from None
+    kind, chunk = factory.cache_layout(build, args.kv, args.ubatch_size)
     try:
         tokenizer = Tokenizer(model.tokenizer)
     except TokenizerError as e:
@@ -31,23 +39,23 @@ def reference_engine(args) -> Engine:
             raise GoldenError(f"{path}: {e}") from None
 
     def new_cache(n: int):
-        return lm.new_cache(n, args.kv, args.prefill_chunk)
+        return lm.new_cache(n, kind, chunk)
 
     def prefill(ids: list[int]) -> np.ndarray:
-        return lm.prefill(ids, new_cache(len(ids)), args.prefill_chunk)
+        return lm.prefill(ids, new_cache(len(ids)), chunk)
 
     def rows(ids: list[int], positions: np.ndarray) -> np.ndarray:
         # one prefill chunk of logits at a time: a 16K prompt at a 202048 vocabulary never holds 13 GB
         cache, kept = new_cache(len(ids)), []
-        for start in range(0, len(ids), args.prefill_chunk):
-            logits = lm.prefill(ids[start:start + args.prefill_chunk], cache, args.prefill_chunk)
+        for start in range(0, len(ids), chunk):
+            logits = lm.prefill(ids[start:start + chunk], cache, chunk)
             at = positions[(positions >= start) & (positions < start + len(logits))]
             kept.append(logits[at - start].astype(np.float32))
         return np.concatenate(kept)
 
     def greedy(ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
         cache = new_cache(len(ids) + n)
-        return greedy_steps(lm.prefill(ids, cache, args.prefill_chunk)[-1], n,
+        return greedy_steps(lm.prefill(ids, cache, chunk)[-1], n,
                             lambda token: lm.prefill([token], cache)[-1], lm.dtype)
 
     sources = [REPO / "reference" / f"{name}.py" for name in TEXT_SOURCES]
@@ -56,8 +64,8 @@ def reference_engine(args) -> Engine:
         name="reference",
         version=f"muse-glimmer reference (sha256 of reference/{{{','.join(TEXT_SOURCES)}}}.py {source_hash[:16]})",
         model={"file": path.name, "sha256": sha256(path)},
-        options={"dtype": args.dtype, "kv": args.kv, "prefill_chunk": args.prefill_chunk, "backend": "numpy",
-                 "numerics": "exact", "tokenize": "reference.tokenizer, BOS and special tokens parsed"},
+        options={"dtype": build.dtype, "kv": kind, "prefill_chunk": chunk, "backend": build.backend,
+                 **numerics_record(build, lm.backend), "tokenize": "reference.tokenizer, BOS and special tokens parsed"},
         tokenize=tokenize, prefill=prefill, greedy=greedy, rows=rows, n_vocab=model.config.n_vocab,
         n_ctx_train=model.config.n_ctx_train,
         extra={"self_made": True,
