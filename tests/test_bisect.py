@@ -14,6 +14,7 @@ tests/fixtures/README.md).
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -767,3 +768,118 @@ def test_neon_dump_of_llama_cpp_is_the_reference_at_every_point(tmp_path):
     points = [p for p in json.loads((tmp_path / "b.json").read_text())["points"] if p["only_in"] is None]
     assert len(points) == 58  # measured: every named point the dump and the trace share
     assert all(p["nmse"] == 0.0 and p["sum_ok"] is not False for p in points), [p["name"] for p in points if p["nmse"]]
+
+
+@pytest.fixture(scope="module")
+def real_traces(tmp_path_factory):  # -> (float32 trace, float64 trace) of the real dump's prompt, through the CLI
+    out, ids = tmp_path_factory.mktemp("real"), ",".join(map(str, dump_prompt(REAL_DUMP)))
+    for dtype in ("float32", "float64"):
+        r = run_cli("reference.run", "-m", os.path.join(MODELS, "tiny-a-f32.gguf"), "--token-ids", ids, "-n", "1",
+                    "--kv", "uniform", "--dtype", dtype, "--trace", out / dtype)
+        assert r.returncode == 0, r.stderr
+    return out / "float32", out / "float64"
+
+
+@pytest.mark.parametrize("cut", [0.97, 0.8, 0.5, 0.2, "boundary"])
+def test_a_dump_whose_tail_was_lost_is_compared_up_to_its_last_whole_point(real_traces, tmp_path, cut):
+    """llama-eval-callback's logger can lose a dump's tail at exit (210 and 198 of 217 points kept through
+    a pipe): the real dump cut inside a tensor near its end, at 80%, half way and 20% of its lines, and
+    at a tensor boundary. The whole points agree (as the whole dump does, 94 points), the lost ones are
+    counted in one line and never a divergence, and compared + lost = the 94 of the whole dump."""
+    t32, t64 = real_traces
+    lines = open(REAL_DUMP).read().splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("common_debug_cb_eval:")]
+    end = heads[len(heads) // 2] if cut == "boundary" else int(len(lines) * cut)
+    if cut != "boundary":
+        end += 2 if end in heads or end - 1 in heads else 0  # inside a tensor, past its header
+    dump = tmp_path / "cut.txt"
+    dump.write_text("\n".join(lines[:end]) + "\n")
+    r = run_cli("tools.bisect", t32, dump, "--noise-floor", t64, "--json-out", tmp_path / "r.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    note = next(line for line in r.stdout.splitlines() if "the dump's tail is missing" in line)
+    lost = int(re.search(r": (\d+) points of the other side", note)[1])
+    assert "more often through a pipe" in note and lost > 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    compared = sum(p["nmse"] is not None for p in result["points"])
+    assert result["first"] is None and compared + lost == 94, (compared, lost)
+    assert f"no divergence above threshold ({compared} points compared)" in r.stdout
+
+
+def test_a_dump_cut_in_the_middle_is_still_refused(tmp_path, real_traces):
+    lines = open(REAL_DUMP).read().splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("common_debug_cb_eval:")]
+    middle = tmp_path / "middle.txt"  # a tensor's last rows and sum gone, the dump going on after it
+    middle.write_text("\n".join(lines[:heads[40] + 3] + lines[heads[41]:]) + "\n")
+    cli_error(run_cli("tools.bisect", real_traces[0], middle), "truncated", "its values stop before the next tensor")
+
+
+@pytest.mark.parametrize("kind, value", [("NaN", np.nan), ("Inf", np.inf)])
+def test_a_nonfinite_value_is_the_first_divergence_with_its_kind(real_traces, tmp_path, kind, value):
+    """A NaN or Inf in a trace is named as what it is, at the first point that holds one."""
+    t32 = real_traces[0]
+    broken = tmp_path / "broken"
+    shutil.copytree(t32, broken)
+    index = json.loads((broken / "index.json").read_text())
+    name = index[10]["name"]
+    a = np.load(broken / f"{name}.npy")
+    a.reshape(-1)[7] = value
+    np.save(broken / f"{name}.npy", a)
+    r = run_cli("tools.bisect", t32, broken, "--threshold", "1e-6")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"first divergence: {name} (" in r.stdout and f"{kind} in B (1 values)" in r.stdout, r.stdout
+
+
+def debug_print(name, a, n, sum_sq):  # [.., ] f32 -> common_debug_print_tensor's lines for it, n values a side
+    """The printing loop of llama.cpp 0c1e570's common/debug.cpp with another n (the value count a
+    verbosity level asks for) and, with sum_sq, the sum of squares newer debug tools print beside sum."""
+    ne = list(reversed(a.shape)) + [1] * (4 - a.ndim)
+    x = a.reshape(ne[3], ne[2], ne[1], ne[0]).astype(np.float32)
+    lines = [f"common_debug_cb_eval: {name:>24} = (f32) {'ADD':>10}(x{{{ne[0]}, 1, 1, 1}}, }}) = "
+             f"{{{', '.join(map(str, ne))}}}"]
+
+    def shown(count):  # -> the indices printed of a dimension, None where "..." stands
+        return list(range(count)) if count <= 2 * n else [*range(n), None, *range(count - n, count)]
+    for i3 in range(ne[3]):
+        lines.append("    [")
+        for i2 in shown(ne[2]):
+            if i2 is None:
+                lines.append("        ..., ")
+                continue
+            lines.append("        [")
+            for i1 in shown(ne[1]):
+                if i1 is None:
+                    lines.append("            ..., ")
+                    continue
+                row = "".join("   ..., " if i0 is None else f"{x[i3, i2, i1, i0]:12.4f}" + (", " if i0 < ne[0] - 1 else "")
+                              for i0 in shown(ne[0]))
+                lines.append(f"            [{row}  ],")
+            lines.append("        ],")
+        lines.append("    ]")
+        lines.append(f"    sum = {float(x.sum(dtype=np.float32)):f}")
+        if sum_sq:
+            lines.append(f"    sum_sq = {float(np.square(x).sum(dtype=np.float32)):f}")
+    return lines
+
+
+@pytest.mark.parametrize("n, sum_sq", [(1, False), (3, True), (8, True)])
+def test_dumps_of_any_print_count_and_with_sum_sq(real_traces, tmp_path, n, sum_sq):
+    """A dump printing n values a side (1, the 3 of 0c1e570, 8) is read at the right indices, and a
+    printed sum_sq is a second check: the reference's own trace printed so agrees at every point; a
+    sum_sq changed by 1% fails its point."""
+    from reference.trace import load_trace
+    trace = load_trace(real_traces[0])
+    names = [name for name in trace if name != "result_output"] + ["result_output"]
+    lines = [line for name in names for line in debug_print(name, trace[name], n, sum_sq)]
+    dump = tmp_path / "dump.txt"
+    dump.write_text("\n".join(lines) + "\n")
+    r = run_cli("tools.bisect", real_traces[0], dump, "--threshold", "1e-9", "--json-out", tmp_path / "r.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    points = json.loads((tmp_path / "r.json").read_text())["points"]
+    assert len(points) == len(trace) and all(p["sum_ok"] for p in points)
+    if sum_sq:
+        at = next(i for i, line in enumerate(lines) if line.strip().startswith("sum_sq") and i > len(lines) // 2)
+        value = float(lines[at].split("=")[1])
+        lines[at] = f"    sum_sq = {value * 1.01:f}"
+        dump.write_text("\n".join(lines) + "\n")
+        r = run_cli("tools.bisect", real_traces[0], dump, "--threshold", "1e-9")
+        assert r.returncode == 1 and "(sum check failed)" in r.stdout, r.stdout

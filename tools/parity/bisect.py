@@ -95,6 +95,7 @@ F32_ROUNDING_NMSE = 2.0 ** -48  # (2^-24)^2: one float32 rounding of every eleme
 NOISE_FLOOR_LIMIT = 1e-2  # median NMSE(A64, A) above it: A64 is not the float64 run of A (module doc)
 PRINT_SLACK = 0.5e-4  # a dumped value is printed with %12.4f
 SUM_PRINT_SLACK = 0.5e-6  # the sum with %f
+NONFINITE = re.compile(r"\b(NaN|Inf) in [AB] \(")  # the note nonfinite() writes
 LAYER_NAME = re.compile(r"^(?P<op>.+?)-(?P<layer>\d+)(?P<view>( \(\w+\))*)$")  # "Qcur-0 (view) (permuted)"
 
 
@@ -181,7 +182,20 @@ def sums_agree(a, b, start_a, start_b, threshold):  # -> True/False, or None whe
     l1, l2 = n * np.mean(np.abs(shown)), np.sqrt(n * np.mean(shown ** 2))
     totals = [float(x.sum()) for x in full] + [t.sum for t in dumps]
     tolerance = len(dumps) * ((n - 1) * 2.0 ** -24 * l1 + SUM_PRINT_SLACK) + np.sqrt(n * threshold) * l2
-    return bool(abs(totals[0] - totals[1]) <= tolerance)
+    return bool(abs(totals[0] - totals[1]) <= tolerance) and squares_agree(full, dumps, l2 ** 2, threshold) is not False
+
+
+def squares_agree(full, dumps, l2_squared, threshold):  # -> True/False, or None where no dump prints sum_sq
+    """The second check, where a dump prints sum_sq (newer llama.cpp debug tools): a float32 running sum
+    of n squares is off by at most (n-1) 2^-24 of it, plus the %f print; and tensors within NMSE t
+    differ in sum of squares by at most ||a||^2 (2 sqrt(t) + t) (|  |a|^2 - |b|^2 | <= |a-b| (|a| + |b|))."""
+    squares = [float(np.dot(x, x)) for x in full] + [t.sum_sq for t in dumps]
+    if None in squares:
+        return None
+    n = dumps[0].size
+    tolerance = len(dumps) * ((n - 1) * 2.0 ** -24 * l2_squared + SUM_PRINT_SLACK) \
+        + l2_squared * (2 * np.sqrt(threshold) + threshold)
+    return bool(abs(squares[0] - squares[1]) <= tolerance)
 
 
 def compare_point(a, b, threshold=0.0):  # a (reference), b: array | PartialTensor -> dict
@@ -202,7 +216,7 @@ def compare_point(a, b, threshold=0.0):  # a (reference), b: array | PartialTens
     if full_a and full_b:
         va, vb = a.reshape(-1)[start_a:], b.reshape(-1)[start_b:]
         return {"nmse": float(metrics.nmse(va, vb)), "n": count, "size": count, "sum_ok": None, "shape_ok": True,
-                "note": note}
+                "note": nonfinite(va, vb) or note}
     if full_a:
         index, vb = printed(b, start_b, count)
         va = a.reshape(-1)[start_a + index]
@@ -218,7 +232,13 @@ def compare_point(a, b, threshold=0.0):  # a (reference), b: array | PartialTens
     va, vb = va.astype(np.float64), vb.astype(np.float64)
     vb = shrink_toward(va, vb, PRINT_SLACK * ((not full_a) + (not full_b)))
     return {"nmse": float(metrics.nmse(va, vb)) if index.size else None, "n": int(index.size), "size": count,
-            "sum_ok": sums_agree(a, b, start_a, start_b, threshold), "shape_ok": True, "note": note}
+            "sum_ok": sums_agree(a, b, start_a, start_b, threshold), "shape_ok": True, "note": nonfinite(va, vb) or note}
+
+
+def nonfinite(va, vb):  # compared values of A and B -> "NaN in B (3 values)"-like kinds, or ""
+    kinds = [f"{kind} in {side} ({int(count)} values)" for side, v in (("A", va), ("B", vb))
+             for kind, count in (("NaN", np.isnan(v).sum()), ("Inf", np.isinf(v).sum())) if count]
+    return ", ".join(kinds)
 
 
 def noise_thresholds(trace_a, trace_a64, source="noise floor"):  # {name: f32}, {name: f64} -> {name: threshold}
@@ -269,12 +289,25 @@ def one_sided_point(name, side, other_ops):  # point only one side has -> struct
             "note": f"only in {side}: {other} records {op} on other layers, not on layer {layer}"}
 
 
-def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD):  # {name: tensor} x2, float | {name: float} -> result
+def lost_points(whole, cut):  # {name: tensor} of a whole side, of a side whose tail was lost -> names it lost
+    """The whole side's points that the cut side lacks on the layer it stopped in and after it (the
+    two graphs order a layer's ops differently), and the output points after the last layer."""
+    layers = [layer_and_op(name)[0] for name in whole]
+    reached = max((layer for layer, _ in map(layer_and_op, cut) if layer is not None), default=-1)
+    last_layered = max((i for i, layer in enumerate(layers) if layer is not None), default=len(layers))
+    return [name for i, (name, layer) in enumerate(zip(whole, layers)) if name not in cut
+            and (layer >= reached if layer is not None else i > last_layered)]
+
+
+def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD, lost=()):  # {name: tensor} x2, float | {name: float} -> result
     """Compares the common points in A's order; `first` is the first point above its threshold, or
-    the first structural difference (one_sided_point), whichever comes first in forward order."""
+    the first structural difference (one_sided_point), whichever comes first in forward order.
+    `lost`: points one side lost with a dump's tail, missing and never a divergence."""
     points, first = [], None
     ops_a, ops_b = layered_ops(trace_a), layered_ops(trace_b)
     for name in merged_order(list(trace_a), list(trace_b)):
+        if name in lost:
+            continue
         if name not in trace_b or name not in trace_a:
             point = one_sided_point(name, "A", ops_b) if name in trace_a else one_sided_point(name, "B", ops_a)
             if point is None:
@@ -286,7 +319,8 @@ def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD):  # {name: tensor} x2, f
             layer, op = layer_and_op(name)
             c = compare_point(trace_a[name], trace_b[name], limit)
             # written as "not <=" so that a NaN counts as diverged; a shape that cannot be A's is structure
-            diverged = not c["shape_ok"] or (c["nmse"] is not None and not c["nmse"] <= limit) or c["sum_ok"] is False
+            diverged = not c["shape_ok"] or (c["nmse"] is not None and not c["nmse"] <= limit) or c["sum_ok"] is False \
+                or NONFINITE.search(c["note"]) is not None
             point = {"name": name, "layer": layer, "op": op, "threshold": limit, "diverged": diverged,
                      "only_in": None, **c}
         points.append(point)
@@ -304,6 +338,8 @@ def first_line(result):  # -> the one-line verdict
     if f["only_in"] or not f["shape_ok"]:
         return f"first divergence: {f['name']} ({where}) {f['note']}"
     nmse = "n/a" if f["nmse"] is None else f"{f['nmse']:.3e}"
+    if NONFINITE.search(f["note"]):
+        return f"first divergence: {f['name']} ({where}) {f['note']}"
     why = " (sum check failed)" if f["sum_ok"] is False else ""
     return f"first divergence: {f['name']} ({where}) nmse={nmse} threshold={f['threshold']:.3e}{why}"
 
@@ -483,9 +519,23 @@ def is_dump(trace):  # {name: tensor} -> True for a llama.cpp text dump (printed
     return isinstance(next(iter(trace.values()), None), PartialTensor)
 
 
-def against_reproduction(args, trace_a, trace_b, config, threshold):  # -> bisect result with the trace side reproduced
+def against_reproduction(args, trace_a, trace_b, config, threshold, lost=()):  # -> bisect result, the trace side reproduced
     reproduced = run_reproduction(config, args.model, args.cpu)
-    return bisect(trace_a, reproduced, threshold) if is_dump(trace_a) else bisect(reproduced, trace_b, threshold)
+    if is_dump(trace_a):
+        return bisect(trace_a, reproduced, threshold, lost)
+    return bisect(reproduced, trace_b, threshold, lost)
+
+
+def lost_tails(args, side_a, side_b):  # (trace, config) x2 -> (points lost with a dump's tail, one note per cut dump)
+    lost, notes = set(), []
+    for path, (trace, config), (other, _) in ((args.a, side_a, side_b), (args.b, side_b, side_a)):
+        if config is not None and config.last_whole:
+            missing = lost_points(other, trace)
+            lost.update(missing)
+            notes.append(f"{path}: the dump's tail is missing after {config.last_whole}: {len(missing)} points of the "
+                         "other side are not in it and are not compared (llama.cpp's logger can lose a dump's tail "
+                         "at exit, more often through a pipe); compared up to its last whole point")
+    return lost, notes
 
 
 def run_bisect(args):  # parsed CLI args -> exit status
@@ -511,11 +561,13 @@ def run_bisect(args):  # parsed CLI args -> exit status
     if args.reproduce:
         check_reproducible(args, trace_a, trace_b, config)
     threshold, rule = threshold_rule(args, trace_a)
-    result = bisect(trace_a, trace_b, threshold)
+    lost, cut_notes = lost_tails(args, (trace_a, config_a), (trace_b, config_b))
+    notes += cut_notes
+    result = bisect(trace_a, trace_b, threshold, lost)
     if not result["points"]:
         raise UsageError(f"{args.b}: no trace point in common with {args.a}")
     needed = args.reproduce and result["first"] is not None and not config.exact
-    reproduced = against_reproduction(args, trace_a, trace_b, config, threshold) if needed else None
+    reproduced = against_reproduction(args, trace_a, trace_b, config, threshold, lost) if needed else None
     verdict, status = config_verdict(result, config, args, reproduced) if config else ([], None)
     print("\n".join([format_summary(result, rule, notes + notes_b)] + verdict))
     write_outputs(args, result, rule, reproduced)

@@ -39,10 +39,12 @@ from reference.ggml_cpu import CLANG_BUILDS, DEFAULT_TARGET, TARGETS, target_of_
 
 from tools.parity.hf_names import HF_DEBUGGER_MISSING, HF_DEBUGGER_POINTS, HF_TEXT_MODULES, debugger_module, trace_layout
 
-N_SHOWN = 3  # common_debug_print_tensor(..., n = 3): first and last 3 per dimension
+# common_debug_print_tensor prints the first and last n of each dimension (n = 3 in 0c1e570; the value
+# count a verbosity level asks for elsewhere): n is read from each dump as the count before its "..."
 HEADER = re.compile(r"^[A-Za-z_]\w*: +(?P<name>\S.*?) = \((?P<type>\w+)\) +(?P<op>[^\s(]+)\(.*\) = \{(?P<ne>[\d, ]+)\}\s*$")
 MAX_ELEMENTS = 2 ** 48  # far beyond any real tensor; keeps a corrupt ne from overflowing index math
 SUM = re.compile(r"^sum = (?P<sum>\S+)$")
+SUM_SQ = re.compile(r"^sum_sq = (?P<sum>\S+)$")  # printed beside sum by newer llama.cpp debug tools
 # the types common_debug_print_tensor prints values of (common/debug.cpp:57-67, 184); quantized ones get a header only
 PRINTED_TYPES = ("f32", "f16", "i64", "i32", "i16", "i8")
 # the last node a text graph names (src/models/muse-glimmer.cpp): the logits, or the normed output of an embedding run
@@ -62,6 +64,7 @@ class PartialTensor:
     sum: float | None  # float32 running sum over all elements, as printed; None if not printed
     op: str
     type: str = "f32"  # the ggml type printed in the header: the cache views show the cache's
+    sum_sq: float | None = None  # the sum of squares, where the dump prints it
 
     @property
     def size(self):  # -> number of elements of the whole tensor
@@ -71,8 +74,8 @@ class PartialTensor:
 def read_row(text, ne, i1, i2, i3, where):  # "[ v, v, ..., v ]," -> (flat indices, values)
     index, values, i0 = [], [], 0
     for token in (t.strip() for t in text.strip().lstrip("[").rstrip(",").rstrip("]").split(",")):
-        if token.startswith("..."):
-            i0 = max(ne[0] - N_SHOWN, i0)
+        if token.startswith("..."):  # as many values follow as came before it
+            i0 = max(ne[0] - i0, i0)
         elif token:
             if i0 >= ne[0] or i1 >= ne[1] or i2 >= ne[2] or i3 >= ne[3]:
                 raise DumpError(f"{where}: more values than ne {list(ne)} allows")
@@ -85,11 +88,11 @@ def read_row(text, ne, i1, i2, i3, where):  # "[ v, v, ..., v ]," -> (flat indic
     return index, values
 
 
-def read_values(ne, body, where):  # ggml ne, [(line number, text)] -> (index [k], values [k], sum, whole)
+def read_values(ne, body, where):  # ggml ne, [(line number, text)] -> (index [k], values [k], (sum, sum_sq), whole)
     """Walks the nesting of common_debug_print_tensor: `[` per i3, `[` per i2, one line per i1 row;
     a `...,` line skips to the last 3 rows (inside an i2 block) or the last 3 i2 blocks. whole: all
     ne[3] outer blocks were opened and closed (a dump cut inside the tensor is not)."""
-    index, values, total = [], [], None
+    index, values, total, squares = [], [], None, None
     depth = i1 = i2 = i3 = 0
     for lineno, line in body:
         s = line.strip()
@@ -110,21 +113,36 @@ def read_values(ne, body, where):  # ggml ne, [(line number, text)] -> (index [k
             elif depth == 2:
                 i2 += 1
             depth -= 1
-        elif s.startswith("..."):
+        elif s.startswith("..."):  # as many blocks or rows follow as came before it
             if depth == 1:
-                i2 = ne[2] - N_SHOWN
+                i2 = ne[2] - i2
             elif depth == 2:
-                i1 = ne[1] - N_SHOWN
+                i1 = ne[1] - i1
         elif SUM.match(s) and total is None:
-            text = SUM.match(s)["sum"]
-            try:
-                total = float(text)
-            except ValueError:
-                raise DumpError(f"{where}:{lineno}: sum {text!r} is not a number") from None
-    return np.array(index, np.int64), np.array(values, np.float64), total, depth == 0 and i3 == ne[3]
+            total = printed_number(SUM.match(s)["sum"], "sum", f"{where}:{lineno}")
+        elif SUM_SQ.match(s) and squares is None:
+            squares = printed_number(SUM_SQ.match(s)["sum"], "sum_sq", f"{where}:{lineno}")
+    return np.array(index, np.int64), np.array(values, np.float64), (total, squares), depth == 0 and i3 == ne[3]
 
 
-def parse_dump(text, source="dump"):  # text -> [pass: {name: PartialTensor}] in graph order
+def printed_number(text, what, where):  # -> float; DumpError for text that is none
+    try:
+        return float(text)
+    except ValueError:
+        raise DumpError(f"{where}: {what} {text!r} is not a number") from None
+
+
+def parse_dump(text, source="dump"):  # text -> [pass: {name: PartialTensor}] in graph order; a cut dump refused
+    passes, cut = read_passes(text, source)
+    if cut:
+        raise DumpError(f"{source}: truncated: tensor {cut} is cut (the dump ends inside it)")
+    return passes
+
+
+def read_passes(text, source="dump"):  # text -> ([pass: {name: PartialTensor}], the tensor the dump ends inside or None)
+    """A tensor whose values stop before the next tensor's header is a dump cut in the middle: refused.
+    One the dump ends inside is its lost tail (llama.cpp's logger thread can be stopped at exit before it
+    has written everything): it is left out, and the caller compares up to the last whole point."""
     blocks = []  # (name, op, type, ne, [(line number, body line)])
     for lineno, line in enumerate(text.splitlines(), 1):
         m = HEADER.match(line.strip())
@@ -140,30 +158,39 @@ def parse_dump(text, source="dump"):  # text -> [pass: {name: PartialTensor}] in
                         "llama-debug --verbose output)")
     passes, first, last_whole = [], blocks[0][:2], None
     for n, (name, op, dtype, ne, body) in enumerate(blocks):
+        index, values, (total, squares), whole = read_values(ne, body, source)
+        if dtype in PRINTED_TYPES and not whole:
+            if n < len(blocks) - 1 or last_whole is None:
+                where = "the dump ends inside it" if n == len(blocks) - 1 else "its values stop before the next tensor"
+                raise DumpError(f"{source}: truncated: tensor {name} is cut ({where}); the last whole point is "
+                                f"{last_whole or 'none'}")
+            return passes, name
         if (name, op) == first:
             passes.append({})
-        index, values, total, whole = read_values(ne, body, source)
-        if dtype in PRINTED_TYPES and not whole:
-            where = "the dump ends inside it" if n == len(blocks) - 1 else "its values stop before the next tensor"
-            raise DumpError(f"{source}: truncated: tensor {name} is cut ({where}); the last whole point is "
-                            f"{last_whole or 'none'}")
-        passes[-1][name] = PartialTensor(ne, index, values, total, op, dtype)
+        passes[-1][name] = PartialTensor(ne, index, values, total, op, dtype, squares)
         last_whole = name
-    return passes
+    return passes, None
 
 
-def check_graph_end(passes, source):  # -> None; DumpError unless every pass reaches the end of the graph
+def check_graph_end(passes, source, tail_lost=False):  # -> the last whole point where the last pass stops early, or None
     """A dump cut between two tensors parses as a shorter graph, whose missing points would be
-    reported as points only in the other side, a divergence that is not there. Every pass must end
-    where a text graph ends (or, for a graph of other nodes, where the first pass ended)."""
+    reported as points only in the other side, a divergence that is not there. Every pass but the last
+    must end where a text graph ends (or, for a graph of other nodes, where the first pass ended); the
+    last may stop early (its tail lost, `tail_lost`: it ended inside a tensor), and then the points
+    after its last whole one are missing, never compared."""
     ends = [list(points)[-1] for points in passes]
     expected = ends[0] if ends[0] not in GRAPH_ENDS and len(passes) > 1 else None
+    last = None
     for i, end in enumerate(ends):
-        if (end not in GRAPH_ENDS) if expected is None else end != expected:
+        early = (end not in GRAPH_ENDS) if expected is None else end != expected
+        if early and i < len(ends) - 1:
             raise DumpError(f"{source}: truncated: pass {i + 1} of {len(passes)} stops at {end}, before the graph's "
                             f"end ({expected or ' or '.join(GRAPH_ENDS)}); the last whole point is {end}")
+        if early or (tail_lost and i == len(ends) - 1):
+            last = end
     if not any(p.values.size for points in passes for p in points.values()):
         raise DumpError(f"{source}: holds no tensor values (only quantized tensors): nothing to compare")
+    return last
 
 
 def token_axis(nes):  # [ne of each pass] -> the ggml axis that counts tokens
@@ -188,10 +215,11 @@ def concat(parts, axis):  # [PartialTensor], ggml axis -> PartialTensor
         multi[3 - axis] = multi[3 - axis] + offset
         index.append(np.ravel_multi_index(tuple(multi), shape))
         offset += p.ne[axis]
-    sums = [p.sum for p in parts]
+    sums, squares = [p.sum for p in parts], [p.sum_sq for p in parts]
     total = None if None in sums else float(sum(sums))
     values = np.concatenate([p.values for p in parts])
-    return PartialTensor(tuple(ne), np.concatenate(index), values, total, parts[-1].op, parts[-1].type)
+    return PartialTensor(tuple(ne), np.concatenate(index), values, total, parts[-1].op, parts[-1].type,
+                         None if None in squares else float(sum(squares)))
 
 
 def join_passes(passes):  # [pass] -> ({name: PartialTensor}, [names left out])
@@ -215,18 +243,22 @@ def load_dump(path, n_tokens=None):  # dump file -> Dump(points, notes, config)
     """Reads and joins a dump. With n_tokens (the other trace's prompt length), a first pass is
     dropped as llama-debug's warm-up when the passes after it add up to exactly n_tokens."""
     text = artifacts.read_bytes(path, DumpError, artifacts.DUMP_CAP, "dump").decode("utf-8", "replace")
-    passes = parse_dump(text, path)
-    check_graph_end(passes, path)
+    passes, cut = read_passes(text, path)
+    last_whole = check_graph_end(passes, path, tail_lost=cut is not None)
     notes = []
     tokens = [pass_tokens(p) for p in passes]
     if n_tokens is not None and len(passes) > 1 and sum(tokens) != n_tokens and sum(tokens[1:]) == n_tokens:
         notes.append(f"{path}: dropped the first pass ({tokens[0]} tokens) as a warm-up run")
         passes = passes[1:]
     points, skipped = join_passes(passes)
+    if last_whole:  # names the cut last pass lacks are lost with its tail, not left out
+        skipped = [name for name in skipped if name in passes[-1] or not all(name in p for p in passes[:-1])]
     if skipped:
         notes.append(f"{path}: {len(skipped)} tensors left out (missing from a pass, or shaped differently "
                      f"between passes): {', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''}")
-    return Dump(points, notes, read_config(passes, text))
+    config = read_config(passes, text)
+    config.last_whole = last_whole
+    return Dump(points, notes, config)
 
 
 class Dump(NamedTuple):
@@ -246,6 +278,7 @@ class LlamaConfig:
     ubatches: list  # tokens of each pass, in order
     prompt: list | None  # the token ids llama-eval-callback logs before its dump
     system_info: str | None = None  # llama.cpp's system_info line (the CPU features built in); None: not logged
+    last_whole: str | None = None  # the dump's tail was lost after this point (None: the dump is whole)
 
     @property
     def cpu(self):  # -> the CPU target the system_info line shows, or None
