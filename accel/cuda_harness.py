@@ -204,7 +204,7 @@ def model_names(text):  # argparse type: "tiny-a-f32,tiny-b-q8_0" -> paths of th
 
 
 def main(argv=None):
-    p = OneLineParser(prog="python -m accel.cuda_harness", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m accel.cuda_harness", description=__doc__)
     p.add_argument("what", choices=("parity", "products", "graph", "bench"))
     p.add_argument("model", nargs="?", help="the text GGUF (bench, products; parity instead of the tiny models)")
     p.add_argument("--models", type=model_names, default=",".join(PARITY_MODELS),

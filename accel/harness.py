@@ -218,7 +218,7 @@ def check(case, backend):  # -> (nmse, max |diff|, gate, problem or "")
 
 
 def main(argv=None):
-    p = OneLineParser(prog="python -m accel.harness", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m accel.harness", description=__doc__)
     flag(p, "backend", default="numba", help="the accelerated backend checked against the reference")
     flag(p, "numerics", choices=("exact", "ggml-cpu"), default="exact",
                    help="ggml-cpu: the numba ggml kernels against their NumPy twins (--backend numba only)")

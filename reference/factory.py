@@ -99,6 +99,17 @@ def host_warnings(build):  # -> lines: where this machine's llama.cpp would roun
     return [f"ggml-cpu models llama.cpp's x86-64 AVX512 build; here {d}" for d in host_differences()]
 
 
+def compile_notes(build):  # -> lines: numba's first compilation, which is silent for about a minute otherwise
+    if build.backend != "numba":
+        return []
+    package = os.path.join(os.path.dirname(GOLDEN), ACCEL)
+    cache = os.environ.get("NUMBA_CACHE_DIR") or package
+    if any(name.endswith(".nbi") for _, _, names in os.walk(cache) for name in names):
+        return []  # compiled before: numba loads its cache (a kernel whose file changed compiles again)
+    return ["numba compiles the accel kernels for this machine on first use: about a minute on 2 cores, once "
+            "(cached for the next runs)"]
+
+
 def backend(build):  # -> the backend object `build` asks for (FactoryError: unknown, or not here)
     check(build)
     if build.ggml_cpu:

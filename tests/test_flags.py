@@ -3,8 +3,11 @@ concept has one set of spellings everywhere (reference/cli.py's FLAG_NAMES), one
 one concept everywhere, and the llama.cpp flags each tool must take (LLAMA_FLAGS) are there."""
 import argparse
 import importlib
+import json
+import os
 
 import pytest
+from conftest import MODELS, ROOT, run_cli
 
 from reference import cli
 from reference.cli import FLAG_NAMES
@@ -122,3 +125,58 @@ def test_no_abbreviations():
     assert (args.cache_type_k, args.cache_type_v, args.flash_attn, args.ctx_size) == ("f32", "f32", "off", 512)
     with pytest.raises(SystemExit):
         perplexity.build_parser().parse_args(["-m", "M", "--kl-div"])
+
+
+# -------------------------------------------------------------------------------------------------
+# The terminal: what a run prints about itself
+
+DEFAULT = os.path.join(MODELS, "glimmer-default-f16.gguf")
+DRAFTER = os.path.join(MODELS, "glimmer-default-dflash-f16.gguf")
+PPL_TEXT = os.path.join(ROOT, "tests", "fixtures", "perplexity", "text-crlf.txt")
+
+
+def test_llama_cpp_command_line_runs_and_is_recorded():
+    """reference.run -m M -p Hello -n 4 -c 64 -t 2 --temp 0 --seed 7, as a llama.cpp user types it."""
+    r = run_cli("reference.run", "-m", DEFAULT, "-p", "Hello", "-n", "4", "-c", "64", "-t", "2", "--temp", "0",
+                "--seed", "7", "--numerics", "ggml-cpu", "-ctk", "f32", "-ctv", "f32", "-fa", "auto", "--json")
+    assert r.returncode == 0, r.stderr
+    made = json.loads(r.stdout)["provenance"]
+    assert (made["numerics"], made["cache_type_k"], made["cache_type_v"], made["flash_attn"], made["threads"],
+            made["seed"], made["prefill_chunk"]) == ("ggml-cpu", "f32", "f32", "on", 2, 7, 512)
+    assert len(made["model"]["sha256"]) == 64 and made["software"]["numpy"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temp", "0.8"], "--temp 0.8 samples; the reference decodes greedily only"),
+    (["--top-k", "40", "--temp", "0.7"], "--temp 0.7 samples"),
+    (["--numerics", "ggml-cpu", "-ctk", "f32", "-ctv", "f16"], "-ctk f32 with -ctv f16: the ggml-cpu emulation"),
+])
+def test_what_the_reference_cannot_do_is_one_line(args, message):
+    r = run_cli("reference.run", "-m", DEFAULT, "-n", "1", *args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+def test_a_long_prompt_is_shown_cut_unless_verbose_prompt():
+    text = " ".join(["word"] * 200)
+    r = run_cli("reference.run", "-m", DEFAULT, "-p", text, "-n", "1")
+    assert r.returncode == 0, r.stderr
+    assert "prompt tokens not shown: --verbose-prompt" in r.stdout and text not in r.stdout
+    r = run_cli("reference.run", "-m", DEFAULT, "-p", text, "-n", "1", "--verbose-prompt")
+    assert r.returncode == 0 and text in r.stdout and "not shown" not in r.stdout
+
+
+def test_clamps_say_so_in_one_warning_line(tmp_path):
+    r = run_cli("reference.run", "-m", DEFAULT, "-md", DRAFTER, "--spec-draft-n-max", "7", "-n", "2")
+    assert r.returncode == 0, r.stderr
+    warning = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert len(warning) == 1 and "--spec-draft-n-max 7 runs as" in warning[0], r.stderr
+    r = run_cli("reference.run", "-m", DEFAULT, "--token-ids", "1,2,3,4", "-n", "0", "--logits-positions",
+                "last,0:8", "--logits-out", tmp_path / "clamp.positions.npz")
+    assert r.returncode == 0, r.stderr
+    assert "warning: --logits-positions on a prompt of 4 tokens: 0:8 runs as 0:4" in r.stderr, r.stderr
+    r = run_cli("tools.perplexity", "-m", os.path.join(MODELS, "tiny-a-f32.gguf"), "-f", PPL_TEXT, "-c", "128",
+                "-b", "128", "--chunks", "1000")
+    assert r.returncode == 0, r.stderr
+    chunks = [line for line in r.stderr.splitlines() if "--chunks 1000" in line]
+    assert len(chunks) == 1 and "warning" in chunks[0] and "running" in chunks[0], r.stderr
+    assert "seconds per chunk - ETA" in r.stderr

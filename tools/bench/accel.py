@@ -696,7 +696,7 @@ def token_counts(text):  # argparse type: "1,64" -> [1, 64]
 def build_parser():  # subparsers are made with the parent's class: their errors are one line too
     threads = int_in(1, MAX_THREADS)
     repeat = int_in(1, MAX_REPEAT)
-    p = OneLineParser(prog="python -m tools.bench_accel", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m tools.bench_accel", description=__doc__)
     sub = p.add_subparsers(dest="what", required=True)
     m = sub.add_parser("make", help="write the mid-size F16 GGUF and its Q4_K_M and IQ2_XXS quantizations, "
                                     "or the 30B layout's files")

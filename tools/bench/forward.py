@@ -190,7 +190,7 @@ def print_vision(report):
 
 
 def build_parser():  # subparsers are made with the parent's class: their errors are one line too
-    p = OneLineParser(prog="python -m tools.bench", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m tools.bench", description=__doc__)
     sub = p.add_subparsers(dest="what", required=True)
     t = sub.add_parser("text", help="text model prefill and decode, reference vs transformers eager")
     flag(t, "model", required=True)

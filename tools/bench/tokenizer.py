@@ -39,7 +39,7 @@ def best_seconds(encode, repeat):  # fn() -> the fastest of `repeat` timed calls
 
 
 def main(argv=None):
-    p = OneLineParser(prog="python -m tools.bench_tokenizer", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m tools.bench_tokenizer", description=__doc__)
     flag(p, "model", default=str(DEFAULT_VOCAB),
                    help="any GGUF with a vocabulary (default: the stress vocabulary)")
     p.add_argument("--repeat", type=int_in(1, 100), default=3,

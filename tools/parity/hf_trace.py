@@ -34,7 +34,6 @@ row order to the GGUF's interleaved order (hf_rope_rows_to_gguf); heads-first te
 [1, H, T, D] become [T, H, D]; the batch axis is dropped. The whole checkpoint is loaded in float32
 (about 4 bytes per parameter of memory).
 """
-import argparse
 import contextlib
 import os
 import sys
@@ -261,8 +260,7 @@ def debugger_dump(checkpoint, token_ids, out, only_read=False):  # -> files writ
 
 
 def main(argv=None):  # -> exit status
-    p = OneLineParser(prog="python -m tools.hf_trace", description=__doc__,
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m tools.hf_trace", description=__doc__)
     p.add_argument("--checkpoint", required=True, help="transformers Muse-Glimmer checkpoint directory")
     p.add_argument("--token-ids", required=True, help="comma-separated prompt token ids")
     p.add_argument("--out", required=True, help="trace directory to write")

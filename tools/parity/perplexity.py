@@ -542,6 +542,8 @@ def load_model(args):  # -> (TextModel on the backend the options ask for, its n
     build = build_of(args, FLASH_DEFAULT if args.numerics == "ggml-cpu" else None)
     for warning in factory.host_warnings(build):
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    for note in factory.compile_notes(build):
+        info(f"{PROG}: {note}")
     backend = factory.backend(build)
     numerics = numerics_line(build, backend)
     model = gguf.load(args.model, "text")
@@ -581,10 +583,19 @@ def info(text):  # a LOG_INF line of llama-perplexity: stderr
     print(text, file=sys.stderr, flush=True)
 
 
-def eta_line(prog, seconds, n_chunk, n_seq):  # -> "X seconds per pass - ETA ..." (one line on stderr here)
-    total = int(seconds * n_chunk / n_seq)
+def eta_line(prog, seconds, n_left):  # -> "X seconds per chunk - ETA ..." (one line on stderr here)
+    """llama-perplexity's line, counting what runs here: each chunk on its own (its n_seq chunks of a
+    batch one after another), the first chunk's whole work (forward, bases, scores) times those left."""
+    total = int(seconds * n_left)
     hours = f"{total // 3600} hours " if total >= 3600 else ""
-    return f"{prog}: {seconds:.2f} seconds per pass - ETA {hours}{(total % 3600 if hours else total) / 60.0:.2f} minutes"
+    return (f"{prog}: {seconds:.2f} seconds per chunk - ETA {hours}{(total % 3600 if hours else total) / 60.0:.2f} "
+            f"minutes for the {n_left} chunks left")
+
+
+def chunk_count(args, available, what):  # -> the chunks to run: --chunks, or all; more than there are is one warning
+    if args.chunks > available:
+        info(f"{PROG}: warning: --chunks {args.chunks}: {what} holds {available}; running {available}")
+    return available if args.chunks < 0 else min(args.chunks, available)
 
 
 def chunks(n_chunk, what):  # -> range of chunk indices with a progress bar on a terminal
@@ -610,8 +621,7 @@ def text_chunks(args, tokenizer):  # -> (tokens of -f, n_chunk): the whole text 
     if len(tokens) < 2 * n_ctx:
         raise UsageError(f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a context of "
                          f"{n_ctx}; {args.file} tokenizes to only {len(tokens)}")
-    n_chunk = len(tokens) // n_ctx if args.chunks < 0 else min(args.chunks, len(tokens) // n_ctx)
-    return tokens, n_chunk
+    return tokens, chunk_count(args, len(tokens) // n_ctx, f"{args.file} at -c {n_ctx}")
 
 
 class BaseWriters:
@@ -669,12 +679,12 @@ def scored_chunks(args, lm, tokens, n_chunk, bos, bases):  # -> exit status: per
     for i in chunks(n_chunk, "perplexity"):
         t0 = time.perf_counter()
         logits = chunk_logits(lm, chunk_ids(tokens, i, n_ctx, bos), args)
-        if i == 0:
-            info(eta_line("perplexity", time.perf_counter() - t0, n_chunk, n_seq(args, n_ctx)))
         next_ids = np.asarray(tokens[i * n_ctx + n_ctx // 2 + 1:(i + 1) * n_ctx])
         bases.add(logits, next_ids)
         for v in nll_of(logits, next_ids).tolist():
             nll, nll2, count = nll + v, nll2 + v * v, count + 1
+        if i == 0:
+            info(eta_line("perplexity", time.perf_counter() - t0, n_chunk - 1))
         print(f"[{i + 1}]{math.exp(nll / count):.4f},", end="", flush=True)
     print()
     bases.close()
@@ -700,17 +710,17 @@ CHUNK_HEADER = ("chunk             PPL               ln(PPL(Q)/PPL(base))       
 
 
 def kl_divergence(args, base, q_logits):  # q_logits(chunk) -> [n_scored, V]; prints as kl_divergence()
-    n_chunk = base.n_chunk if args.chunks < 0 else min(args.chunks, base.n_chunk)
+    n_chunk = chunk_count(args, base.n_chunk, "the base")
     info(f"kl_divergence: computing over {n_chunk} chunks, n_ctx={base.n_ctx}, batch_size={args.batch_size}, "
          f"n_seq={n_seq(args, base.n_ctx)}")
     sums = KlSums()
     for i in chunks(n_chunk, "kl-divergence"):
         t0 = time.perf_counter()
         logits = q_logits(i)
-        if i == 0:
-            info(eta_line("kl_divergence", time.perf_counter() - t0, n_chunk, n_seq(args, base.n_ctx)))
-            print(f"\n{CHUNK_HEADER}")
         sums.add(base.terms(i, logits))
+        if i == 0:
+            info(eta_line("kl_divergence", time.perf_counter() - t0, n_chunk - 1))
+            print(f"\n{CHUNK_HEADER}")
         print(chunk_line(i + 1, sums), flush=True)
     print()
     if args.plot:

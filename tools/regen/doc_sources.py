@@ -62,7 +62,7 @@ def report(docs, roots, out=None):  # -> number of citations that do not resolve
 
 
 def main(argv=None):  # -> exit status
-    p = OneLineParser(prog="python -m tools.doc_sources", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m tools.doc_sources", description=__doc__)
     p.add_argument("docs", nargs="*", help="markdown files (default: docs/*.md)")
     p.add_argument("--llama-cpp", required=True, help="llama.cpp source tree (llama-cpp-python 0.3.36 vendor/llama.cpp)")
     p.add_argument("--transformers", required=True, help="the transformers 5.23.0 package directory")

@@ -30,7 +30,7 @@ CASES = {
 
 
 def main(argv=None):
-    OneLineParser(prog="python -m tools.make_prompt_bytes_fixture", description=__doc__.splitlines()[0]).parse_args(argv)
+    OneLineParser(prog="python -m tools.make_prompt_bytes_fixture", description=__doc__).parse_args(argv)
     import llama_cpp
     model = llama_cpp.Llama(DEFAULT_MODEL, vocab_only=True, verbose=False)
     with open(DEFAULT_MODEL, "rb") as f:

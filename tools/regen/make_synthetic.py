@@ -67,7 +67,7 @@ def write(a):  # parsed arguments -> None; UsageError for a combination no loade
 
 
 def main(argv=None):
-    p = OneLineParser(prog="python -m tools.make_synthetic", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m tools.make_synthetic", description=__doc__)
     p.add_argument("out")
     p.add_argument("--role", choices=("text", "mmproj", "dflash"), default="text")
     p.add_argument("--layout", choices=("small", "30b"), default="small")
