@@ -55,11 +55,11 @@ def test_diff_json_over_ref_and_logits_over_the_prompt_are_refused(tmp_path):
     ref = tmp_path / "ref.npy"
     np.save(ref, np.eye(4, dtype=np.float32))
     before = digest(ref)
-    cli_error(run_cli("tools.diff", ref, ref, "--json", ref), "--json", "would overwrite the input REF")
+    cli_error(run_cli("tools.diff", ref, ref, "--json-out", ref), "--json-out", "would overwrite the input REF")
     prompt = tmp_path / "p.npy"
     prompt.write_bytes(b"hello")
     cli_error(run_cli("reference.run", "--prompt-file", prompt, "--n-predict", "0", "--logits-out", prompt),
-              "--logits-out", "would overwrite the input --prompt-file")
+              "--logits-out", "would overwrite the input --file")
     assert digest(ref) == before and prompt.read_bytes() == b"hello"
 
 
@@ -254,7 +254,7 @@ def test_lengths_past_the_training_context_are_refused_the_same_way(tmp_path):
     cli_error(run_cli("reference.run", "--model", TINY_A, "--token-ids", ids, "--n-predict", "0"),
               "exceeds the training context of tiny-a-f32.gguf (4096 tokens; --beyond-n-ctx-train")
     cli_error(run_cli("reference.run", "--model", TINY_A, "--token-ids", "1", "--ctx", "8192"),
-              "--ctx 8192 exceeds the training context")
+              "--ctx-size 8192 exceeds the training context")
     cli_error(run_cli("tools.perplexity", "-m", TINY_A, "-f", TEXT, "-c", "8192"), "-c 8192 exceeds the training context")
     prompts = prompts_file(tmp_path / "p.jsonl", [("long", [1] * 4097)])
     cli_error(run_cli("tools.golden", "--engine", "reference", "--model", TINY_A, "--prompts", prompts,

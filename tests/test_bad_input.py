@@ -47,7 +47,7 @@ def test_draft_model_with_image():
     # refused before the image is read: the file need not exist
     line = cli_error(run_cli("reference.run", "--draft-model", DEFAULT_DRAFTER, "--image", "unread.png",
                              "--n-predict", "1"))
-    assert "--draft-model with --image is not supported" in line
+    assert "--model-draft with --image is not supported" in line
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from tqdm import tqdm
 
 from reference import factory, gguf, ops
 from reference.cli import OneLineParser, UsageError, add_json_out, exit_status, flag, int_in, names_in, write_json
+from reference.provenance import args_record
 from tools.bench.forward import LAYER_BAR, MAX_IMAGE_SIDE, MAX_REPEAT, peak_rss_gb
 from tools.synthetic import (ARCH, Q, RELEASE_30B, RELEASE_MMPROJ, TensorSpec, random_spec, stream_gguf, text_keys,
                              text_shapes, write_layout_gguf, write_mmproj_gguf)
@@ -807,9 +808,10 @@ def main(argv=None):
             if args.plot:
                 plot_run(report, args.plot)
         if args.json_out:
-            write_json(args.json_out, report)
+            write_json(args.json_out, {**report, "provenance": args_record(args)})
         return 0
     return exit_status("tools.bench_accel", work, (gguf.GGUFError, factory.FactoryError))
+
 
 
 if __name__ == "__main__":

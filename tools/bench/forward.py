@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from reference import factory, gguf
 from reference.cli import OneLineParser, UsageError, add_json_out, exit_status, flag, int_in, write_json
+from reference.provenance import args_record
 
 # Bounds of the size arguments, checked as they are parsed, before anything is allocated from them.
 # Prefill returns logits [prompt_len, n_vocab] float32: 4096 positions are 3.3 GB at the release's
@@ -234,9 +235,10 @@ def main(argv=None):
         report = bench(args)
         show(report)
         if args.json_out:
-            write_json(args.json_out, report)
+            write_json(args.json_out, {**report, "provenance": args_record(args)})
         return 0
     return exit_status("tools.bench", work, (gguf.GGUFError, factory.FactoryError))
+
 
 
 if __name__ == "__main__":
