@@ -180,3 +180,30 @@ def test_clamps_say_so_in_one_warning_line(tmp_path):
     chunks = [line for line in r.stderr.splitlines() if "--chunks 1000" in line]
     assert len(chunks) == 1 and "warning" in chunks[0] and "running" in chunks[0], r.stderr
     assert "seconds per chunk - ETA" in r.stderr
+
+
+def test_golden_engine_reference_writes_ggml_cpu_goldens_and_diff_names_the_configuration(tmp_path):
+    """tools.golden --engine reference takes reference.run's numerics flags: with llama.cpp's F16 cache
+    and flash attention it writes llama.cpp's own logits (the committed llama-cpp golden, made by
+    llama-cpp-python 0.3.36, bit for bit: NMSE 0 is the gate), and tools.diff shows both sides'
+    provenance; against the F32-cache golden it says the cache types differ before its verdict."""
+    out = tmp_path / "ref"
+    r = run_cli("tools.golden", "--engine", "reference", "-m", os.path.join(MODELS, "tiny-a-f32.gguf"), "--prompts",
+                os.path.join(ROOT, "golden", "prompts", "text.jsonl"), "--out", out, "--numerics", "ggml-cpu",
+                "-ctk", "f16", "-ctv", "f16", "-fa", "on")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["options"]["numerics"], manifest["options"]["cache_type_k"], manifest["options"]["flash_attn"]) \
+        == ("ggml-cpu", "f16", "on") and manifest["provenance"]["numpy"]
+    goldens = os.path.join(ROOT, "golden", "logits", "llama-cpp", "tiny-a-f32")
+    r = run_cli("tools.diff", os.path.join(goldens, "kv-f16_fa-on"), out, "--gate", "nmse=0", "--json-out",
+                tmp_path / "d.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("REF: tiny-a-f32.gguf") and "\nTEST: tiny-a-f32.gguf" in r.stdout
+    assert "configurations differ" not in r.stdout
+    overall = json.loads((tmp_path / "d.json").read_text())["overall"]
+    assert (overall["nmse_max"], overall["kl_max"], overall["top1"], overall["n_pos"]) == (0.0, 0.0, 1.0, 105)
+    r = run_cli("tools.diff", os.path.join(goldens, "kv-f32_fa-off"), out)
+    lines = r.stdout.splitlines()
+    assert lines[2].startswith("the configurations differ in K cache type f32 vs f16, V cache type f32 vs f16, "
+                               "flash attention off vs on"), r.stdout
