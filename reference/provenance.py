@@ -90,7 +90,7 @@ def provenance(model_path, build, backend=None, prefill_chunk=None, **extra):  #
 def args_record(args, model_keys=("model", "mmproj")):  # parsed args of a bench -> its report's provenance
     """The models it read (file and sha256), every plain setting it ran with, the software."""
     models = [getattr(args, key, None) for key in model_keys]
-    settings = {key: value for key, value in vars(args).items() if key not in model_keys
+    settings = {key: value for key, value in vars(args).items() if key not in (*model_keys, "model_path")
                 and isinstance(value, (bool, int, float, str, list, type(None)))}
     return {"models": [model_record(m) for m in models if m and os.path.isfile(m)], **settings,
             "software": software_record()}

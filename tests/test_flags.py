@@ -40,7 +40,7 @@ LLAMA_FLAGS = {
     "tools.golden": ["-m", "--model", "-n", "--n-predict", "-c", "--ctx-size", "-ub", "--ubatch-size", "-t",
                      "--threads", *NUMERICS],
     "tools.bisect": ["-m", "--model"],
-    "tools.bench_accel": ["-t", "--threads", "-n", "--n-predict"],
+    "tools.bench_accel": ["-m", "--model", "-t", "--threads", "-n", "--n-predict"],
     "tools.bench": ["-m", "--model", "-n", "--n-predict"],
     "tools.bench_ggml_numba": ["-n", "--n-predict", "-ctk", "-ctv", "-fa"],
 }

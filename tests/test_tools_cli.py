@@ -129,7 +129,7 @@ def test_bench_scale_last_position_lifts_the_prompt_cap(tmp_path):
 
 @pytest.mark.parametrize("args, words", cases(
     ((), "required: what"),
-    (("run",), "required: model"),
+    (("run",), "run needs a GGUF: MODEL or -m MODEL"),
     (("run", "{missing}", "--engines", "numpy"), "no such file"),
     (("run", "{trunc}", "--engines", "numpy"), "corrupt header"),
     (("run", "{mmproj}", "--engines", "numpy"), "expected a muse-glimmer text model"),

@@ -707,9 +707,8 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     m.add_argument("--out", default=os.path.join("build", "bench"))
     flag(m, "threads", type=threads, default=2)
     r = sub.add_parser("run", help="prefill and decode tokens/s of numba, numpy and llama.cpp on one GGUF")
-    r.add_argument("model")
-    flag(r, "threads", type=threads, default=2,
-                   help="numba and llama.cpp threads (BLAS: OPENBLAS_NUM_THREADS)")
+    add_model(r)
+    flag(r, "threads", type=threads, default=2, help="numba and llama.cpp threads (BLAS: OPENBLAS_NUM_THREADS)")
     r.add_argument("--prompt-len", type=int_in(1, MAX_LAST_PROMPT), default=64,
                    help=f"at most {MAX_PROMPT} with --logits all, {MAX_LAST_PROMPT} with --logits last")
     r.add_argument("--logits", choices=("all", "last"), default="all",
@@ -726,7 +725,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     add_json_out(r, "the report")
     r.add_argument("--plot", help="an image of the engines' tokens/s (PNG unless the extension says otherwise)")
     k = sub.add_parser("kernels", help="numba's product against the reference's, per weight type of one GGUF")
-    k.add_argument("model")
+    add_model(k)
     k.add_argument("--rows", type=int_in(1, MAX_KERNEL_ROWS), default=8192,
                    help="first rows of each type's largest matrix")
     k.add_argument("--tokens", type=token_counts, default=[1, 64],
@@ -736,7 +735,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     add_json_out(k, "the report")
     b = sub.add_parser("blocks", help="one forward's products on the memory-mapped blocks (ggml-cpu numerics), "
                                       "per weight type, against the read floor of the same bytes")
-    b.add_argument("model")
+    add_model(b)
     b.add_argument("--tokens", type=int_in(1, MAX_TOKENS), default=1, help="rows of x: 1 is a decode step")
     flag(b, "threads", type=threads, default=2)
     add_json_out(b, "the report")
@@ -749,7 +748,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     add_json_out(v, "the report")
     v.add_argument("--plot", help="an image of the engines' seconds (PNG unless the extension says otherwise)")
     c = sub.add_parser("ceiling", help="decode tokens/s no numba kernel exceeds here (floor loops), beside llama.cpp")
-    c.add_argument("model")
+    add_model(c)
     flag(c, "threads", type=threads, default=2)
     c.add_argument("--rows", type=int_in(1, MAX_CEILING_ROWS), default=8192,
                    help="rows of the floor loops' packed bytes")
@@ -763,7 +762,18 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     return p
 
 
+def add_model(p):  # the GGUF: a positional argument as before, or llama.cpp's -m/--model
+    p.add_argument("model_path", nargs="?", metavar="MODEL", help="the GGUF (or -m MODEL)")
+    flag(p, "model", help="the GGUF, as llama.cpp's -m")
+
+
 def check_args(args):  # what the argument types cannot see alone -> UsageError
+    if args.what in ("run", "kernels", "blocks", "ceiling"):
+        if args.model and args.model_path and args.model != args.model_path:
+            raise UsageError(f"two models: {args.model_path} and -m {args.model}")
+        args.model = args.model or args.model_path
+        if not args.model:
+            raise UsageError(f"{args.what} needs a GGUF: MODEL or -m MODEL")
     if args.what in ("run", "vision") and args.plot:  # before the engines run: a path or format matplotlib refuses
         from tools.common import check_plot
         check_plot(args.plot)
