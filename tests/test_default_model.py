@@ -53,7 +53,7 @@ def test_default_run_continues_like_llama_cpp():
 def test_default_run_prints_text_speed_and_a_hint():
     r = run_cli("reference.run")
     assert r.returncode == 0, r.stderr
-    assert "tok/s" in r.stderr and "--draft-model" in r.stderr and "--help" in r.stderr
+    assert "tok/s" in r.stderr and "-md golden/models/glimmer-default-dflash-f16.gguf" in r.stderr and "--help" in r.stderr
     assert len(r.stdout.split()) >= 5
     prompt, generated = r.stdout.split(GENERATED_MARK)  # piped, not a terminal: the mark is there all the same
     assert prompt.startswith("<|begin_of_text|>") and generated.strip()
