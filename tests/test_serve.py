@@ -1,0 +1,411 @@
+"""reference.serve against tools.golden --engine reference on the committed golden prompts: every
+endpoint gives the golden's greedy tokens, and log-probabilities equal to the last bit to the
+log-softmax of the golden's float32 logit rows (reference.metrics.log_softmax, as tools.golden scores
+a continuation). The server runs once per module on a free 127.0.0.1 port, and real clients (the
+openai SDK, tools.golden's llama-server and openai engines) talk to it; bad input goes through
+FastAPI's TestClient. The golden is self-made (this project's forward): these tests check that the
+server adds nothing and loses nothing, not the forward itself (test_text_parity does that)."""
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import GOLDEN, MODELS, ROOT, require
+
+from reference import metrics
+
+httpx = require("httpx")
+require("fastapi")
+require("uvicorn")
+
+GLIMMER = os.path.join(MODELS, "glimmer-default-f16.gguf")
+PROMPTS = os.path.join(GOLDEN, "prompts", "glimmer-default.jsonl")
+N_PREDICT, K = 4, 5
+CHAT = [{"role": "user", "content": "Return the lower-cased version"}]
+SERVER_FLAGS = ["--kv", "uniform"]  # tools.golden --engine reference's default cache
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*flags, model=GLIMMER):  # -> (Popen, base URL) once /health answers
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "reference.serve", "-m", model, "--port", str(port), *flags],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"reference.serve did not start: {proc.communicate()[0][-2000:]}")
+
+
+def stop_server(proc):  # -> (exit status, its log)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, out
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start_server(*SERVER_FLAGS)
+    yield url
+    status, log = stop_server(proc)
+    assert status == 0, log[-2000:]
+    assert "Traceback" not in log
+
+
+def chat_ids():  # -> the chat prompt's ids, rendered and tokenized in-process
+    from reference import gguf
+    from reference.chat import chat_prompt, prompt_ids
+    from reference.tokenizer import Tokenizer
+
+    tok = gguf.load(GLIMMER, "text").tokenizer
+    return prompt_ids(Tokenizer(tok), chat_prompt(tok, CHAT))
+
+
+@pytest.fixture(scope="module")
+def golden_dir(tmp_path_factory):  # -> tools.golden --engine reference's goldens of the prompts and the chat prompt
+    from tools.parity import golden
+
+    out = tmp_path_factory.mktemp("golden")
+    prompts = out.parent / "prompts.jsonl"
+    with open(PROMPTS) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    lines.append({"id": "chat", "token_ids": chat_ids()})
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in lines))
+    assert golden.main(["--engine", "reference", "--model", GLIMMER, "--prompts", str(prompts), "--out", str(out),
+                        "--n-predict", str(N_PREDICT)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def goldens(golden_dir):  # -> {id: (prompt ids, greedy tokens, prompt rows [n, V], generated-token rows [N_PREDICT, V])}
+    manifest = json.loads((golden_dir / "manifest.json").read_text())
+    out = {}
+    for e in manifest["entries"]:
+        full = np.load(golden_dir / e["file"])
+        steps = np.load(golden_dir / e["greedy"]["decode_logits"])
+        out[e["id"]] = (e["token_ids"], e["greedy"]["tokens"], full.astype(np.float32),
+                        np.concatenate([full[-1:], steps]).astype(np.float32))
+    return out
+
+
+def top(row, k):  # float32 [V] -> (ids, log-probabilities): the k best, ties by the lower id
+    ids = np.argsort(-row, kind="stable")[:k]
+    return ids.tolist(), metrics.log_softmax(row)[ids].tolist()
+
+
+def logprob(row, token):  # the golden's log-probability of `token` under `row`, a Python float (float64)
+    return float(metrics.log_softmax(row)[token])
+
+
+def post(url, path, body, **kw):
+    reply = httpx.post(f"{url}{path}", json=body, timeout=120, **kw)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+# -------------------------------------------------------------------------------------------------
+# Each endpoint against the golden, to the last bit
+
+def test_completion_matches_golden(server, goldens):
+    for pid, (ids, tokens, _, rows) in goldens.items():
+        reply = post(server, "/completion", {"prompt": ids, "n_predict": N_PREDICT, "n_probs": K, "temperature": 0,
+                                             "return_tokens": True, "cache_prompt": False, "ignore_eos": True})
+        assert reply["tokens"] == tokens, pid
+        for step, row, token in zip(reply["completion_probabilities"], rows, tokens):
+            assert step["id"] == token and step["logprob"] == logprob(row, token), pid
+            ids_k, lps_k = top(row, K)
+            assert [t["id"] for t in step["top_logprobs"]] == ids_k
+            assert [t["logprob"] for t in step["top_logprobs"]] == lps_k  # exact: the same float64
+
+
+def test_completion_text_prompt_and_tokenize(server, goldens):
+    with open(PROMPTS) as f:
+        first = json.loads(f.readline())
+    ids = post(server, "/tokenize", {"content": first["prompt_text"], "add_special": True})["tokens"]
+    assert ids == first["token_ids"]  # the committed prompt's ids are its text's, with BOS
+    vllm = post(server, "/tokenize", {"prompt": first["prompt_text"], "add_special_tokens": True})
+    assert vllm["tokens"] == ids and vllm["count"] == len(ids)
+    assert post(server, "/detokenize", {"tokens": ids[1:]})["content"] == first["prompt_text"]
+    mixed = post(server, "/completion", {"prompt": [first["prompt_text"][:4], *ids[-2:]], "n_predict": 0,
+                                         "temperature": 0})
+    assert mixed["tokens_evaluated"] == len(post(server, "/tokenize", {"content": first["prompt_text"][:4],
+                                                                       "add_special": True})["tokens"]) + 2
+    reply = post(server, "/completion", {"prompt": first["prompt_text"], "n_predict": N_PREDICT, "temperature": 0,
+                                         "return_tokens": True, "ignore_eos": True})
+    assert reply["tokens"] == goldens[first["id"]][1]
+
+
+def test_v1_completions_echo_scores_every_prompt_position(server, goldens):
+    """lm-evaluation-harness's request: echo, logprobs, max_tokens 0, a list of id prompts (one choice each)."""
+    pids = list(goldens)
+    reply = post(server, "/v1/completions", {"prompt": [goldens[p][0] for p in pids], "echo": True, "logprobs": 2,
+                                             "max_tokens": 0, "temperature": 0, "prompt_logprobs": 2,
+                                             "return_tokens_as_token_ids": True})
+    assert [c["index"] for c in reply["choices"]] == list(range(len(pids)))
+    for pid, c in zip(pids, reply["choices"]):
+        ids, _, full, _ = goldens[pid]
+        lp = c["logprobs"]
+        assert lp["tokens"] == [f"token_id:{t}" for t in ids]
+        assert lp["token_logprobs"] == [None] + [logprob(full[p - 1], ids[p]) for p in range(1, len(ids))]
+        for p in range(1, len(ids)):
+            ids_k, lps_k = top(full[p - 1], 2)
+            expect = {f"token_id:{t}": v for t, v in zip(ids_k, lps_k)}
+            expect.setdefault(f"token_id:{ids[p]}", logprob(full[p - 1], ids[p]))
+            assert lp["top_logprobs"][p] == expect
+            row = c["prompt_logprobs"][p]
+            assert row[str(ids[p])]["logprob"] == logprob(full[p - 1], ids[p])
+            assert row[str(ids[p])]["rank"] == int(np.sum(full[p - 1] > full[p - 1][ids[p]])) + 1
+        assert c["prompt_logprobs"][0] is None
+
+
+def test_v1_completions_generates_the_golden(server, goldens):
+    pid = next(iter(goldens))
+    ids, tokens, _, rows = goldens[pid]
+    reply = post(server, "/v1/completions", {"prompt": ids, "max_tokens": N_PREDICT, "logprobs": K, "temperature": 0,
+                                             "ignore_eos": True, "return_tokens_as_token_ids": True})
+    c = reply["choices"][0]
+    assert c["logprobs"]["tokens"] == [f"token_id:{t}" for t in tokens]
+    assert c["logprobs"]["token_logprobs"] == [logprob(r, t) for r, t in zip(rows, tokens)]
+    assert reply["usage"] == {"prompt_tokens": len(ids), "completion_tokens": N_PREDICT,
+                              "total_tokens": len(ids) + N_PREDICT}
+
+
+def test_chat_completions_match_golden(server, goldens):
+    ids, tokens, _, rows = goldens["chat"]
+    reply = post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": N_PREDICT, "logprobs": True,
+                                                  "top_logprobs": K, "temperature": 0, "ignore_eos": True})
+    content = reply["choices"][0]["logprobs"]["content"]
+    assert reply["usage"]["prompt_tokens"] == len(ids)
+    for entry, row, token in zip(content, rows, tokens, strict=True):
+        assert entry["logprob"] == logprob(row, token)
+        assert [t["logprob"] for t in entry["top_logprobs"]] == top(row, K)[1]
+    assert post(server, "/apply-template", {"messages": CHAT})["prompt"]
+
+
+def test_sglang_generate_matches_golden(server, goldens):
+    for pid in list(goldens)[:3]:
+        ids, tokens, full, rows = goldens[pid]
+        reply = post(server, "/generate", {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
+                                           "top_logprobs_num": 2, "return_text_in_logprobs": True,
+                                           "sampling_params": {"max_new_tokens": N_PREDICT, "temperature": 0,
+                                                               "ignore_eos": True}})
+        meta = reply["meta_info"]
+        assert reply["output_ids"] == tokens
+        assert [e[:2] for e in meta["input_token_logprobs"]] == \
+            [[None, ids[0]]] + [[logprob(full[p - 1], ids[p]), ids[p]] for p in range(1, len(ids))]
+        assert [e[:2] for e in meta["output_token_logprobs"]] == [[logprob(r, t), t] for r, t in zip(rows, tokens)]
+        assert [[e[1] for e in top_] for top_ in meta["output_top_logprobs"]] == [top(r, 2)[0] for r in rows]
+    start = post(server, "/generate", {"input_ids": ids, "return_logprob": True, "logprob_start_len": 3,
+                                       "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+    assert [e[1] for e in start["meta_info"]["input_token_logprobs"]] == ids[3:]
+    assert "eos_token" in httpx.get(f"{server}/tokenizer_info").json()
+
+
+def test_answers_do_not_depend_on_the_requests_before(server, goldens):
+    """No prefix reuse: the same request after others (with cache_prompt, the default) gives the same bytes."""
+    ids = goldens[next(iter(goldens))][0]
+    body = {"prompt": ids, "n_predict": N_PREDICT, "n_probs": K, "temperature": 0}
+    first = httpx.post(f"{server}/completion", json=body).content
+    for other in list(goldens)[1:4]:
+        post(server, "/completion", {"prompt": goldens[other][0] + ids, "n_predict": 2, "temperature": 0})
+    assert httpx.post(f"{server}/completion", json=body).content == first
+
+
+# -------------------------------------------------------------------------------------------------
+# Real clients
+
+def test_tools_golden_engines_through_the_server(server, goldens, tmp_path, golden_dir):
+    """tools.golden --engine llama-server and --engine openai pointed at the server: the same tokens,
+    and top-k arrays whose bits equal the golden's rows' float32 log-softmax."""
+    from tools.parity import golden
+
+    prompts = golden_dir.parent / "prompts.jsonl"
+    for engine in ("llama-server", "openai"):
+        out = tmp_path / engine
+        assert golden.main(["--engine", engine, "--server-url", server, "--model", GLIMMER, "--prompts", str(prompts),
+                            "--out", str(out), "--n-predict", str(N_PREDICT), "--n-probs", str(K)]) == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        for e in manifest["entries"]:
+            ids, tokens, full, rows = goldens[e["id"]]
+            got = np.load(out / e["file"])
+            n = len(got["tokens"])  # the server stops after an end-of-generation token, the golden does not
+            assert got["tokens"].tolist() == tokens[:n] and (n == N_PREDICT or tokens[n - 1] in eog_ids())
+            expect = np.array([top(r, K)[0] for r in rows[:n]], np.int32)
+            assert np.array_equal(got["top_ids"], expect)
+            lps = np.array([top(r, K)[1] for r in rows[:n]]).astype(np.float32)
+            assert got["top_logprobs"].tobytes() == lps.tobytes()
+            if engine == "openai":
+                prompt = np.load(out / e["prompt_logprobs"]["file"])
+                expect = np.array([top(r, K)[1] for r in full[:-1]]).astype(np.float32)
+                assert prompt["top_logits"].tobytes() == expect.reshape(-1, K).tobytes()
+
+
+def eog_ids():
+    from reference import gguf
+    return gguf.load(GLIMMER, "text").tokenizer.eog_ids
+
+
+def test_openai_sdk(server, goldens):
+    openai = require("openai")
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="none")
+    ids, tokens, full, rows = goldens["chat"]
+    chat = client.chat.completions.create(model="glimmer", messages=CHAT, max_tokens=N_PREDICT, temperature=0,
+                                          logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    assert [c.logprob for c in chat.choices[0].logprobs.content] == [logprob(r, t) for r, t in zip(rows, tokens)]
+    stream = client.chat.completions.create(model="glimmer", messages=CHAT, max_tokens=N_PREDICT, temperature=0,
+                                            stream=True, logprobs=True, extra_body={"ignore_eos": True})
+    pieces = [(c.choices[0].delta.content, c.choices[0].logprobs) for c in stream if c.choices]
+    assert "".join(p for p, _ in pieces if p) == chat.choices[0].message.content
+    assert [lp.content[0].logprob for _, lp in pieces if lp] == [logprob(r, t) for r, t in zip(rows, tokens)]
+    pid = next(iter(goldens))
+    ids, _, full, _ = goldens[pid]
+    echo = client.completions.create(model="glimmer", prompt=ids, echo=True, logprobs=1, max_tokens=0, temperature=0)
+    assert echo.choices[0].logprobs.token_logprobs == [None] + [logprob(full[p - 1], ids[p]) for p in range(1, len(ids))]
+    with pytest.raises(openai.BadRequestError, match="greedy"):
+        client.completions.create(model="glimmer", prompt=ids, temperature=0.8, max_tokens=1)
+
+
+# -------------------------------------------------------------------------------------------------
+# Bad input, limits, shutdown (TestClient where no socket is needed)
+
+@pytest.fixture(scope="module")
+def app_factory():
+    from fastapi.testclient import TestClient
+
+    from reference.serve.__main__ import build_parser, load_oracle
+    from reference.serve.app import Limits, Served, create_app
+
+    oracle, props = load_oracle(build_parser().parse_args(["-m", GLIMMER, "--ctx", "64"]))
+
+    def make(api_key=None, **limits):
+        base = {"queue": 4, "body_bytes": 1 << 16, "max_logprobs": 20, "timeout_s": 60.0}
+        return TestClient(create_app(Served(oracle, Limits(**{**base, **limits}), props), api_key))
+    return make
+
+
+BAD = [  # (path, body, status, a word of the message)
+    ("/completion", b'{"prompt": [1, 2', 400, "malformed JSON"),
+    ("/completion", {"prompt": {"a": 1}}, 400, "prompt"),
+    ("/completion", {"prompt": [1, 99999], "temperature": 0}, 400, "out of range"),
+    ("/completion", {"prompt": [1, True]}, 400, "prompt"),
+    ("/completion", {"prompt": "x", "temperature": 0.8}, 400, "greedy"),
+    ("/completion", {"prompt": "x", "samplers": []}, 400, "greedy"),
+    ("/completion", {"prompt": "x", "n_probs": 21, "temperature": 0}, 400, "max-logprobs"),
+    ("/completion", {"prompt": [1] * 60, "n_predict": 10, "temperature": 0}, 400, "context"),
+    ("/completion", {"prompt": [1] * 65}, 400, "context"),
+    ("/v1/completions", {"prompt": [1, 2], "top_p": 0.9, "temperature": 1}, 400, "greedy"),
+    ("/v1/completions", {"prompt": [1, 2], "max_tokens": "many"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": [1, 2], "n": 2}, 400, "greedy"),
+    ("/v1/completions", {"prompt": []}, 400, "empty"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": "data:image/png;base64,AA=="}}]}]}, 400, "mmproj"),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": {"temperature": 0.5}}, 400, "greedy"),
+    ("/generate", {"text": "a", "input_ids": [1]}, 400, "text or input_ids"),
+    ("/generate", {"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 5}, 400, "logprob_start_len"),
+    ("/detokenize", {"tokens": [1, -3]}, 400, "out of range"),
+    ("/nowhere", {}, 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,word", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_input_is_one_line_in_the_apis_format(app_factory, path, body, status, word, caplog):
+    client = app_factory()
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    reply = client.post(path, content=data)
+    assert reply.status_code == status, reply.text
+    err = reply.json()
+    message = err["message"] if path == "/generate" else err["error"]["message"]
+    assert word in message and "\n" not in message
+    if path.startswith("/v1/"):
+        assert set(err["error"]) == {"message", "type", "param", "code"}
+    elif path == "/generate":
+        assert err["object"] == "error"
+    else:
+        assert set(err["error"]) == {"code", "message", "type"}
+    assert "Traceback" not in caplog.text
+
+
+def test_body_cap_and_api_key(app_factory):
+    client = app_factory(body_bytes=100)
+    reply = client.post("/completion", content=json.dumps({"prompt": "x" * 200}).encode())
+    assert reply.status_code == 413 and "max-body-bytes" in reply.json()["error"]["message"]
+    keyed = app_factory(api_key="sekrit")
+    assert keyed.get("/health").status_code == 200
+    assert keyed.get("/v1/models").status_code == 401
+    assert keyed.post("/v1/completions", json={"prompt": [1], "max_tokens": 1}).json()["error"]["type"] == \
+        "authentication_error"
+    assert keyed.get("/v1/models", headers={"Authorization": "Bearer sekrit"}).status_code == 200
+
+
+def test_deadline(app_factory):
+    reply = app_factory(timeout_s=1e-4).post("/completion", json={"prompt": [1, 2], "n_predict": 50,
+                                                                   "temperature": 0})
+    assert reply.status_code == 504 and "deadline" in reply.json()["error"]["message"]
+
+
+def test_queue_bound_is_503_and_a_waiting_request_is_dropped():
+    from reference.serve.oracle import Busy, Expired, ForwardQueue
+
+    ran = []
+
+    def slow(cancelled):
+        cancelled.wait(5)
+        ran.append("slow")
+
+    async def scenario():
+        queue = ForwardQueue(2)
+        first = asyncio.ensure_future(queue.run(slow, 0.3))
+        second = asyncio.ensure_future(queue.run(lambda c: ran.append("second"), 10))
+        with pytest.raises(Busy):
+            queue.run(lambda c: None, 10)
+        await asyncio.sleep(0.05)
+        second.cancel()  # its client went away while it waited: it never runs
+        with pytest.raises(Expired):
+            await first
+        await asyncio.sleep(0.1)
+        assert queue.pending == 0
+        assert await queue.run(lambda c: 7, 10) == 7
+        queue.close()
+    asyncio.run(scenario())
+    assert ran == ["slow"]
+
+
+def test_sigterm_finishes_the_running_request_and_exits_0():
+    proc, url = start_server(*SERVER_FLAGS)
+    replies = []
+    request = threading.Thread(target=lambda: replies.append(httpx.post(
+        f"{url}/completion", json={"prompt": [497, 85], "n_predict": 200, "temperature": 0, "ignore_eos": True},
+        timeout=120)))
+    request.start()
+    time.sleep(0.5)
+    status, log = stop_server(proc)
+    request.join()
+    assert status == 0 and "Traceback" not in log
+    assert replies[0].status_code == 200 and replies[0].json()["tokens_predicted"] == 200
+
+
+def test_binds_loopback_by_default():
+    from reference.serve.__main__ import build_parser
+
+    args = build_parser().parse_args([])
+    assert (args.host, args.port) == ("127.0.0.1", 8080)
