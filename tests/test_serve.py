@@ -409,3 +409,50 @@ def test_binds_loopback_by_default():
 
     args = build_parser().parse_args([])
     assert (args.host, args.port) == ("127.0.0.1", 8080)
+
+
+LM_EVAL_TASK = os.path.join(ROOT, "tests", "fixtures", "lm_eval")
+
+
+def lm_eval_pair(tokenizer, context, continuation):  # -> (context ids, continuation ids), as lm-eval's _encode_pair
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    whole = tokenizer.tokenize(context + continuation, add_special=False, parse_special=True)
+    context_ids = tokenizer.tokenize(context, add_special=False, parse_special=True)
+    return context_ids, whole[len(context_ids):]
+
+
+@pytest.mark.slow
+def test_lm_eval_loglikelihoods_are_the_goldens_sums(server, tmp_path):
+    """lm_eval --model local-completions (remote tokenizer) on the committed local task: each
+    choice's loglikelihood equals the sum, in lm-eval's order, of tools.golden's log-probabilities of
+    the same continuation ids after the same context ids."""
+    require("lm_eval")
+    from reference import gguf
+    from reference.tokenizer import Tokenizer
+    from tools.parity import golden
+
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
+                          f"base_url={server}/v1/completions,model=glimmer,tokenizer_backend=remote,num_concurrent=1",
+                          "--tasks", "glimmer_mc", "--include_path", LM_EVAL_TASK, "--output_path", str(tmp_path / "out"),
+                          "--log_samples"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    samples = [json.loads(line) for f in (tmp_path / "out").rglob("samples_glimmer_mc_*.jsonl")
+               for line in f.read_text().splitlines()]
+    assert len(samples) == 20
+    tokenizer = Tokenizer(gguf.load(GLIMMER, "text").tokenizer)
+    prompts, harness = [], {}
+    for s in samples:
+        for i, (args, resp) in enumerate(zip(s["arguments"].values(), s["resps"])):
+            context, continuation = lm_eval_pair(tokenizer, args["arg_0"], args["arg_1"])
+            pid = f"{s['doc_id']}-{i}"
+            prompts.append({"id": pid, "token_ids": context, "continuation_ids": continuation})
+            harness[pid] = float(resp[0][0])
+    (tmp_path / "mc.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    assert golden.main(["--engine", "reference", "--model", GLIMMER, "--prompts", str(tmp_path / "mc.jsonl"),
+                        "--out", str(tmp_path / "ref")]) == 0
+    scores = {e["id"]: e["score"]["logprob"] for e in json.loads((tmp_path / "ref" / "manifest.json").read_text())["entries"]}
+    assert len(scores) == 80
+    assert {pid: sum(lps) for pid, lps in scores.items()} == harness  # exact: the same floats summed in the same order
