@@ -291,7 +291,7 @@ def test_openai_sdk(server, goldens):
 def app_factory():
     from fastapi.testclient import TestClient
 
-    from reference.serve.__main__ import build_parser, load_oracle
+    from reference.serve.server import build_parser, load_oracle
     from reference.serve.app import Limits, Served, create_app
 
     oracle, props = load_oracle(build_parser().parse_args(["-m", GLIMMER, "--ctx", "64"]))
@@ -405,7 +405,7 @@ def test_sigterm_finishes_the_running_request_and_exits_0():
 
 
 def test_binds_loopback_by_default():
-    from reference.serve.__main__ import build_parser
+    from reference.serve.server import build_parser
 
     args = build_parser().parse_args([])
     assert (args.host, args.port) == ("127.0.0.1", 8080)
