@@ -456,3 +456,56 @@ def test_lm_eval_loglikelihoods_are_the_goldens_sums(server, tmp_path):
     scores = {e["id"]: e["score"]["logprob"] for e in json.loads((tmp_path / "ref" / "manifest.json").read_text())["entries"]}
     assert len(scores) == 80
     assert {pid: sum(lps) for pid, lps in scores.items()} == harness  # exact: the same floats summed in the same order
+
+
+def test_a_client_that_goes_away_stops_its_forwards(server):
+    """A request for the whole context (4094 tokens, tens of seconds here) whose client leaves after
+    half a second: the next request is answered at once, not after that generation."""
+    long = {"prompt": [497, 85], "n_predict": 4094, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/completion", json=long, timeout=0.5)
+    t0 = time.monotonic()
+    post(server, "/completion", {"prompt": [497], "n_predict": 1, "temperature": 0})
+    assert time.monotonic() - t0 < 5  # the poll is 0.1 s, a decode step milliseconds
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
+                  "--disable-component-update", "--disable-sync", "--virtual-time-budget=20000"]
+
+
+def test_page_in_a_headless_browser(server, goldens, tmp_path):
+    """GET / in Debian's chromium: the page streams the greedy continuation of a golden prompt's text,
+    one table row per token with the golden's token text, and the near-tie mark exactly on the tokens
+    whose golden top-1 margin is below the margin asked for. The screenshot stays in tmp_path."""
+    import html
+    import re
+    import shutil
+    import urllib.parse
+
+    from reference import gguf
+    from reference.serve.oracle import piece_text
+    from reference.tokenizer import token_to_piece
+
+    browser = shutil.which("chromium")
+    if browser is None:
+        pytest.skip("no chromium (apt-get install chromium)")
+    eog = eog_ids()
+    with open(PROMPTS) as f:  # the page stops at an end-of-generation token: a prompt whose golden has none
+        first = next(p for p in map(json.loads, f) if not eog & set(goldens[p["id"]][1]))
+    _, tokens, _, rows = goldens[first["id"]]
+    margins = [np.diff(top(r, 2)[1])[0] * -1 for r in rows]
+    cut = float(np.mean(sorted(margins)[1:3]))  # between the 2nd and 3rd smallest: two tokens marked
+    url = f"{server}/?" + urllib.parse.urlencode({"prompt": first["prompt_text"], "n": N_PREDICT, "k": 3,
+                                                  "margin": cut, "run": ""})
+    flags = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    assert f'data-done="{N_PREDICT}"' in dom, re.findall(r"<body.*?<table", dom, re.S)
+    cells = [[html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+             for row in re.findall(r"<tr><td>.*?</tr>", dom)]
+    tok = gguf.load(GLIMMER, "text").tokenizer
+    assert [c[1] for c in cells] == [json.dumps(piece_text(token_to_piece(tok, t)))[1:-1] for t in tokens]
+    assert [c[3].startswith("\u26a0") for c in cells] == [m < cut for m in margins]
+    shot = tmp_path / "page.png"
+    subprocess.run([*flags, "--window-size=1100,700", f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    assert shot.stat().st_size > 10_000
+    print(f"screenshot: {shot}")
