@@ -509,3 +509,30 @@ def test_page_in_a_headless_browser(server, goldens, tmp_path):
     subprocess.run([*flags, "--window-size=1100,700", f"--screenshot={shot}", url], capture_output=True, timeout=120)
     assert shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
+
+
+def test_ggml_cpu_numerics_match_reference_run(goldens, tmp_path):
+    """--numerics ggml-cpu (llama.cpp's CPU rounding): /v1/completions with echo and one generated token
+    against reference.run --numerics ggml-cpu's --logits-out of the same prompt and context (prompt + 1):
+    every prompt position's log-probability and the generated token, to the last bit."""
+    from conftest import run_cli
+
+    proc, url = start_server("--numerics", "ggml-cpu", "--cpu", "avx512")
+    try:
+        for pid in list(goldens)[:3]:
+            ids = goldens[pid][0]
+            logits_out = tmp_path / f"{pid}.npy"
+            run = run_cli("reference.run", "--model", GLIMMER, "--token-ids", ",".join(map(str, ids)), "--n-predict", "1",
+                          "--numerics", "ggml-cpu", "--cpu", "avx512", "--logits-out", str(logits_out), "--json")
+            assert run.returncode == 0, run.stderr
+            full = np.load(logits_out).astype(np.float32)
+            reply = post(url, "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1,
+                                                  "temperature": 0, "ignore_eos": True,
+                                                  "return_tokens_as_token_ids": True})
+            lp = reply["choices"][0]["logprobs"]
+            assert lp["tokens"][-1] == f"token_id:{json.loads(run.stdout)['tokens'][0]}"
+            assert lp["token_logprobs"] == [None] + [logprob(full[p - 1], ids[p]) for p in range(1, len(ids))] + \
+                [logprob(full[-1], int(np.argmax(full[-1])))]
+    finally:
+        status, log = stop_server(proc)
+    assert status == 0 and "Traceback" not in log
