@@ -536,3 +536,46 @@ def test_ggml_cpu_numerics_match_reference_run(goldens, tmp_path):
     finally:
         status, log = stop_server(proc)
     assert status == 0 and "Traceback" not in log
+
+
+def test_chat_image_parts_match_reference_run(tmp_path):
+    """--mmproj: a chat request with an image part (a data: URL) against reference.run --chat --image of
+    the same text and image: the same greedy tokens, and the first one's log-probability that of the
+    last row of reference.run's --logits-out, to the last bit."""
+    import base64
+
+    from PIL import Image
+
+    from conftest import run_cli
+    from reference import gguf
+    from reference.tokenizer import token_to_piece
+
+    mmproj = os.path.join(MODELS, "glimmer-default-mmproj-f16.gguf")
+    image = tmp_path / "gradient.png"
+    Image.fromarray(np.add.outer(np.arange(48), np.arange(64)).astype(np.uint8)[..., None].repeat(3, 2) * 2).save(image)
+    logits_out = tmp_path / "run.npy"
+    run = run_cli("reference.run", "--model", GLIMMER, "--mmproj", mmproj, "--image", str(image), "--chat", "--prompt",
+                  "What is this?", "--n-predict", "3", "--logits-out", str(logits_out), "--json")
+    assert run.returncode == 0, run.stderr
+    tokens, last = json.loads(run.stdout)["tokens"], np.load(logits_out)[-1].astype(np.float32)
+    proc, url = start_server("--mmproj", mmproj, "--max-images", "1", "--max-image-bytes", "100000")
+    try:
+        data = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+        content = [{"type": "image_url", "image_url": {"url": data}}, {"type": "text", "text": "What is this?"}]
+        reply = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": content}],
+                                                   "max_tokens": 3, "logprobs": True, "temperature": 0})
+        steps = reply["choices"][0]["logprobs"]["content"]
+        tok = gguf.load(GLIMMER, "text").tokenizer
+        assert [bytes(s["bytes"]) for s in steps] == [token_to_piece(tok, t) for t in tokens]
+        assert steps[0]["logprob"] == logprob(last, tokens[0])
+        bad = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]}]})
+        assert bad.status_code == 400 and "not an image" in bad.json()["error"]["message"]
+        for parts, word in (([content[0]] * 2, "--max-images"),
+                            ([{"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 200_000}}],
+                             "--max-image-bytes")):
+            bad = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}]})
+            assert bad.status_code == 400 and word in bad.json()["error"]["message"]
+    finally:
+        status, log = stop_server(proc)
+    assert status == 0 and "Traceback" not in log

@@ -30,6 +30,8 @@ class Limits:
     body_bytes: int       # a request body
     max_logprobs: int     # n_probs, logprobs, top_logprobs, prompt_logprobs, top_logprobs_num
     timeout_s: float      # a request's deadline, queue wait included
+    images: int = 8       # image parts in one request
+    image_bytes: int = 1 << 23  # one image's encoded bytes
 
 
 class ApiError(Exception):
@@ -109,21 +111,22 @@ class Served:
         self.oracle, self.limits, self.props = oracle, limits, props
         self.queue = ForwardQueue(limits.queue)
 
-    async def complete(self, request, ids, n_predict, k, prompt_logprobs, stop_at_eog=True):  # -> Completion
-        n_predict = self.oracle.check_length(len(ids), n_predict)
+    async def complete(self, request, ids, n_predict, k, prompt_logprobs, stop_at_eog=True, images=()):  # -> Completion
+        self.oracle.check_length(len(ids), n_predict)  # refused before it queues (images add rows: checked again)
         return await self.queue.run(
-            lambda cancelled: self.oracle.complete(ids, n_predict, k, prompt_logprobs, cancelled, stop_at_eog),
+            lambda cancelled: self.oracle.complete(ids, n_predict, k, prompt_logprobs, cancelled, stop_at_eog,
+                                                   images=images),
             self.limits.timeout_s, request.is_disconnected)
 
-    def stream(self, request, ids, n_predict, k, events, stop_at_eog=True):  # -> a text/event-stream response
+    def stream(self, request, ids, n_predict, k, events, stop_at_eog=True, images=()):  # -> an event-stream response
         """events(kind, value) -> SSE payloads: ("token", Scored) per token as it is chosen, then ("done",
         Completion), or ("error", message). The request is admitted (or refused: Busy) before any byte."""
-        n_predict = self.oracle.check_length(len(ids), n_predict)
+        self.oracle.check_length(len(ids), n_predict)
         loop, tokens = asyncio.get_running_loop(), asyncio.Queue()
 
         def work(cancelled):
             return self.oracle.complete(ids, n_predict, k, False, cancelled, stop_at_eog,
-                                        on_token=lambda s: loop.call_soon_threadsafe(tokens.put_nowait, s))
+                                        lambda s: loop.call_soon_threadsafe(tokens.put_nowait, s), images)
         job = asyncio.ensure_future(self.queue.run(work, self.limits.timeout_s, request.is_disconnected))
 
         async def body():

@@ -150,7 +150,7 @@ async def props(request: Request):
     oracle = served.oracle
     return {"default_generation_settings": {"n_ctx": oracle.n_ctx, "params": {"temperature": 0.0, "top_k": 1}},
             "total_slots": 1, "model_alias": oracle.name, "model_path": served.props["model_path"],
-            "model_ftype": served.props["ftype"], "modalities": {"vision": False, "audio": False},
+            "model_ftype": served.props["ftype"], "modalities": {"vision": served.props["vision"], "audio": False},
             "chat_template": oracle.tok.chat_template or "", "bos_token": special(oracle, oracle.tok.bos),
             "eos_token": special(oracle, oracle.tok.eos), "build_info": BUILD_INFO,
             "numerics": served.props["numerics"]}

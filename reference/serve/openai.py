@@ -2,13 +2,18 @@
 prompt_logprobs and return_tokens_as_token_ids, and /v1/chat/completions (logprobs, top_logprobs,
 streaming). A generated token's logprob is that of the raw logits' softmax, as vLLM's default
 --logprobs-mode raw_logprobs."""
+import base64
+import binascii
+import io
 import time
+import urllib.parse
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictInt
 
 from .app import check_greedy, check_top, served_of
+from ..image import ImageError, decode_rgb
 from .llama import BUILD_INFO
 from .oracle import RequestError, piece_text
 
@@ -159,12 +164,47 @@ def chat_logprobs(oracle, scores, n):  # -> choices[0].logprobs.content
             for s in scores]
 
 
-def chat_prompt_ids(oracle, messages):  # -> ids; image parts need a vision tower this server has not loaded
+def image_part(part, limits):  # an image_url content part -> uint8 [H, W, 3]
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    if not isinstance(url, str) or not url.startswith("data:") or "," not in url:
+        raise RequestError("an image_url must be a data: URL (data:image/png;base64,...): this server fetches nothing")
+    head, data = url[5:].split(",", 1)
+    if len(data) * 3 // 4 > limits.image_bytes:
+        raise RequestError(f"an image of about {len(data) * 3 // 4} bytes is more than {limits.image_bytes} "
+                           "(--max-image-bytes)")
+    try:
+        raw = base64.b64decode(data, validate=True) if head.endswith(";base64") else urllib.parse.unquote_to_bytes(data)
+        return decode_rgb(io.BytesIO(raw), "image_url")
+    except (binascii.Error, ValueError) as e:
+        raise RequestError(f"image_url: not base64 ({e})") from None
+    except ImageError as e:
+        raise RequestError(str(e)) from None
+
+
+def chat_inputs(oracle, messages, limits):  # -> (prompt ids, the images their <|patch|> tokens stand for)
+    """Image parts become the template's {"type": "image"} (a <|patch|> each, as reference.run --chat
+    --image renders them), the images decoded as reference.image decodes a file."""
+    images, rendered = [], []
     for m in messages:
-        if isinstance(m.get("content"), list) and any(isinstance(p, dict) and p.get("type") != "text"
-                                                      for p in m["content"]):
-            raise RequestError("only text content parts are supported (no --mmproj image input)")
-    return oracle.chat(messages)
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    if oracle.vision is None:
+                        raise RequestError("image input needs a vision tower: start the server with --mmproj")
+                    if len(images) == limits.images:
+                        raise RequestError(f"more than {limits.images} images in one request (--max-images)")
+                    images.append(image_part(part, limits))
+                    parts.append({"type": "image"})
+                elif isinstance(part, dict) and part.get("type") == "text":
+                    parts.append(part)
+                else:
+                    raise RequestError("a content part must be text or image_url")
+            m = {**m, "content": parts}
+        rendered.append(m)
+    return oracle.chat(rendered), images
 
 
 @router.post("/v1/chat/completions")
@@ -173,15 +213,15 @@ async def chat_completions(body: ChatBody, request: Request):
     oracle = served.oracle
     check_greedy(body.model_dump())
     k = check_top(body.top_logprobs, "top_logprobs", served.limits) if body.logprobs else 0
-    ids = chat_prompt_ids(oracle, body.messages)
+    ids, images = chat_inputs(oracle, body.messages, served.limits)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     n_predict = max_tokens(limit, -1)  # none given: until the end of generation or of the context
     head = {"id": f"chatcmpl-{time.time_ns()}", "created": int(time.time()), "model": oracle.name,
             "system_fingerprint": BUILD_INFO}
     if body.stream:
         return served.stream(request, ids, n_predict, k, lambda kind, value: chat_events(oracle, body, head, k, kind, value),
-                             not body.ignore_eos)
-    done = await served.complete(request, ids, n_predict, k, False, not body.ignore_eos)
+                             not body.ignore_eos, images)
+    done = await served.complete(request, ids, n_predict, k, False, not body.ignore_eos, images)
     message = {"role": "assistant", "content": oracle.generated_text(done.tokens)}
     logprobs = {"content": chat_logprobs(oracle, done.token_scores, k)} if body.logprobs else None
     return {**head, "object": "chat.completion",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import metrics
-from ..chat import ChatError, chat_prompt, prompt_ids
+from ..chat import ChatError, chat_prompt, image_prompt_rows, prompt_ids
 from ..cli import check_train_context
 from ..tokenizer import Tokenizer, TokenizerError, detokenize, token_to_piece
 
@@ -60,11 +60,13 @@ def score_row(row, token, k):  # float32 [V], the token it chose, top count -> S
 class Oracle:
     """A text model and its tokenizer behind the endpoints; `complete` runs on the one forward thread."""
 
-    def __init__(self, lm, tok, name, layout, n_ctx, beyond_train=False):
-        # lm: TextModel; tok: TokenizerConfig; layout: (cache kind, prefill chunk); n_ctx: positions a request may take
+    def __init__(self, lm, tok, name, layout, n_ctx, vision=None, image_max_tokens=None):
+        # lm: TextModel; tok: TokenizerConfig; layout: (cache kind, prefill chunk); n_ctx: positions a request
+        # may take; vision: the VisionModel of --mmproj (None: text only)
         self.lm, self.tok, self.name = lm, tok, name
         self.kind, self.chunk = layout
-        self.n_ctx, self.beyond_train = n_ctx, beyond_train
+        self.n_ctx = n_ctx
+        self.vision, self.image_max_tokens = vision, image_max_tokens
         self.tokenizer = Tokenizer(tok)
         self.eog = tok.eog_ids
 
@@ -127,17 +129,22 @@ class Oracle:
         return n_predict
 
     # -- the forwards (on the forward thread) ---------------------------------------------------
-    def complete(self, ids, n_predict, k, prompt_logprobs, cancelled, stop_at_eog=True, on_token=None):
-        """ids, tokens to generate, top count, whether to score the prompt, an Event -> Completion: a
-        prefill of ids, then up to n_predict greedy tokens, each scored with its top k. on_token(Scored)
-        is called as each token is chosen (streaming); `cancelled` (deadline passed, client gone) stops
-        the work before its next forward."""
+    def complete(self, ids, n_predict, k, prompt_logprobs, cancelled, stop_at_eog=True, on_token=None, images=()):
+        """ids, tokens to generate (< 0: to the context's end), top count, whether to score the prompt, an Event -> Completion: a
+        prefill of ids (each <|patch|> of them one of `images`, uint8 [H, W, 3], encoded by the vision
+        tower as reference.run does), then up to n_predict greedy tokens, each scored with its top k.
+        on_token(Scored) is called as each token is chosen (streaming); `cancelled` (deadline passed,
+        client gone) stops the work before its next forward."""
         def check():
             if cancelled.is_set():
                 raise Expired("cancelled")
         check()
-        cache = self.lm.new_cache(len(ids) + max(n_predict, 1), self.kind, self.chunk)
-        logits = self.lm.prefill(ids, cache, self.chunk).astype(np.float32)
+        rows = self.image_rows(ids, images) if images else None
+        n_rows = len(ids) if rows is None else len(rows)
+        n_predict = self.check_length(n_rows, n_predict)
+        cache = self.lm.new_cache(n_rows + max(n_predict, 1), self.kind, self.chunk)
+        logits = (self.lm.prefill(ids, cache, self.chunk) if rows is None else
+                  self.lm.prefill_embeddings(rows, cache, self.chunk)).astype(np.float32)
         prompt_scores = [score_row(logits[p - 1], ids[p], k) for p in range(1, len(ids))] if prompt_logprobs else []
         row, tokens, scores, finish = logits[-1], [], [], "length"
         while len(tokens) < n_predict:
@@ -154,6 +161,15 @@ class Oracle:
             check()
             row = self.lm.prefill([scored.token], cache, self.chunk)[-1].astype(np.float32)
         return Completion(list(ids), prompt_scores, tokens, scores, finish)
+
+    def image_rows(self, ids, images):  # ids with a <|patch|> per image, [uint8 [H, W, 3]] -> embedding rows [T, E]
+        if self.vision is None:
+            raise RequestError("image input needs a vision tower: start the server with --mmproj")
+        try:
+            embeddings = [self.vision.encode(rgb, self.image_max_tokens) for rgb in images]
+            return image_prompt_rows(self.tok, self.lm.embed, ids, embeddings)
+        except ChatError as e:
+            raise RequestError(str(e)) from None
 
 
 class ForwardQueue:
