@@ -579,3 +579,25 @@ def test_chat_image_parts_match_reference_run(tmp_path):
     finally:
         status, log = stop_server(proc)
     assert status == 0 and "Traceback" not in log
+
+
+from test_openai import replay  # noqa: E402,F401 (the fixture replaying a recorded llama-server run)
+
+
+def test_same_script_against_recorded_llama_server_and_the_oracle(server, replay, tmp_path):  # noqa: F811
+    """tools.golden --engine openai against llama-server (llama.cpp 0c1e570, f32 KV cache, flash attention
+    off: the run recorded in tests/fixtures/openai/, replayed) and against reference.serve, on
+    glimmer-default-f16: the same greedy tokens (both stop at end-of-generation), and tools.diff of
+    the two top-20 goldens within test_openai's bound (the server's float32 softmax plus llama.cpp's
+    largest f32 logit error against the reference)."""
+    from test_openai import LOGPROB_BOUND, openai_golden
+    from tools.parity import diff
+
+    ids = ("len1", "len7", "len33")
+    llama = openai_golden(replay("llama-server-glimmer-default-f16.json"), tmp_path, GLIMMER, ids, 20, out="srv")
+    ours = openai_golden(server, tmp_path, GLIMMER, ids, 20, out="oracle")
+    assert [e["greedy"] for e in ours["entries"]] == [e["greedy"] for e in llama["entries"]]
+    for pid in ids:
+        report = diff.diff_pair(*(diff.load_topk(str(tmp_path / d / f"{pid}.topk.npz")) for d in ("oracle", "srv")))
+        s = report["summary"]
+        assert s["top1"] == 1.0 and s["topk"] == 1.0 and s["max_abs"] <= LOGPROB_BOUND, (pid, s)
