@@ -363,6 +363,16 @@ def test_deadline(app_factory):
     assert reply.status_code == 504 and "deadline" in reply.json()["error"]["message"]
 
 
+def test_a_stream_past_its_deadline_ends_in_an_error_event(app_factory):
+    client = app_factory(timeout_s=1e-4)
+    for path, body, last in (("/completion", {"prompt": [1, 2], "n_predict": 50, "stream": True}, -1),
+                             ("/v1/completions", {"prompt": [1, 2], "max_tokens": 50, "stream": True}, -2)):
+        events = [e.removeprefix("data: ") for e in client.post(path, json=body).text.split("\n\n") if e]
+        error = json.loads(events[last])["error"]
+        assert error["code"] == 504 and "deadline" in error["message"]
+        assert last == -1 or events[-1] == "[DONE]"
+
+
 def test_queue_bound_is_503_and_a_waiting_request_is_dropped():
     from reference.serve.oracle import Busy, Expired, ForwardQueue
 
@@ -511,6 +521,7 @@ def test_page_in_a_headless_browser(server, goldens, tmp_path):
     print(f"screenshot: {shot}")
 
 
+@pytest.mark.slow
 def test_ggml_cpu_numerics_match_reference_run(goldens, tmp_path):
     """--numerics ggml-cpu (llama.cpp's CPU rounding): /v1/completions with echo and one generated token
     against reference.run --numerics ggml-cpu's --logits-out of the same prompt and context (prompt + 1):
@@ -538,6 +549,7 @@ def test_ggml_cpu_numerics_match_reference_run(goldens, tmp_path):
     assert status == 0 and "Traceback" not in log
 
 
+@pytest.mark.slow
 def test_chat_image_parts_match_reference_run(tmp_path):
     """--mmproj: a chat request with an image part (a data: URL) against reference.run --chat --image of
     the same text and image: the same greedy tokens, and the first one's log-probability that of the

@@ -34,12 +34,6 @@ class Limits:
     image_bytes: int = 1 << 23  # one image's encoded bytes
 
 
-class ApiError(Exception):
-    def __init__(self, status, message):
-        super().__init__(message)
-        self.status = status
-
-
 def error_body(path, status, message):  # -> the JSON error of the API `path` belongs to, one line
     kind = ERROR_TYPES.get(status, "invalid_request_error")
     if path.startswith("/v1/"):  # OpenAI's
@@ -120,7 +114,7 @@ class Served:
 
     def stream(self, request, ids, n_predict, k, events, stop_at_eog=True, images=()):  # -> an event-stream response
         """events(kind, value) -> SSE payloads: ("token", Scored) per token as it is chosen, then ("done",
-        Completion), or ("error", message). The request is admitted (or refused: Busy) before any byte."""
+        Completion); an error ends the stream in the API's error format instead. The request is admitted (or refused: Busy) before any byte."""
         self.oracle.check_length(len(ids), n_predict)
         loop, tokens = asyncio.get_running_loop(), asyncio.Queue()
 
@@ -143,10 +137,13 @@ class Served:
                     for payload in events("token", tokens.get_nowait()):
                         yield sse(payload)
                 try:
-                    done = ("done", job.result())
-                except (Expired, RequestError) as e:
-                    done = ("error", str(e))
-                for payload in events(*done):
+                    payloads = events("done", job.result())
+                except (Expired, RequestError) as e:  # headers are sent: the error is the stream's last event
+                    status = 504 if isinstance(e, Expired) else 400
+                    path = request.url.path
+                    payloads = [error_body(path, status, " ".join(str(e).split()))] + \
+                        (["[DONE]"] if path.startswith("/v1/") else [])
+                for payload in payloads:
                     yield sse(payload)
             finally:
                 job.cancel()  # the client went away mid-stream: the forwards stop
@@ -230,10 +227,6 @@ def create_app(served, api_key=None):  # Served -> the FastAPI application
     @app.exception_handler(RequestError)
     async def refused(request, e):
         return error_response(request.url.path, 400, e)
-
-    @app.exception_handler(ApiError)
-    async def api_error(request, e):
-        return error_response(request.url.path, e.status, e)
 
     @app.exception_handler(Busy)
     async def busy(request, e):

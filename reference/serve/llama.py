@@ -97,8 +97,6 @@ def stream_events(served, body, kind, value):  # -> the SSE payloads of one even
         if body.n_probs:
             chunk["completion_probabilities"] = [probabilities(oracle, value, body.post_sampling_probs)]
         return [chunk]
-    if kind == "error":
-        return [{"error": {"code": 504, "message": value, "type": "timeout_error"}}]
     final = completion_json(served, body, value)
     final.update(content="", tokens=[])
     final.pop("completion_probabilities", None)

@@ -144,8 +144,6 @@ def completion_events(oracle, body, head, kind, value):  # -> SSE payloads of /v
             legacy_logprobs(oracle, [value.token], [value], body.logprobs, body.return_tokens_as_token_ids, 0)
         return [{**head, "choices": [{"index": 0, "text": oracle.generated_text([value.token]), "logprobs": logprobs,
                                       "finish_reason": None}]}]
-    if kind == "error":
-        return [{"error": {"message": value, "type": "timeout_error", "param": None, "code": 504}}, "[DONE]"]
     return [{**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": value.finish}],
              "usage": usage([value])}, "[DONE]"]
 
@@ -235,7 +233,5 @@ def chat_events(oracle, body, head, k, kind, value):  # -> SSE payloads of /v1/c
         logprobs = {"content": chat_logprobs(oracle, [value], k)} if body.logprobs else None
         delta = {"role": "assistant", "content": oracle.generated_text([value.token])}
         return [{**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}]}]
-    if kind == "error":
-        return [{"error": {"message": value, "type": "timeout_error", "param": None, "code": 504}}, "[DONE]"]
     return [{**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": value.finish}],
              "usage": usage([value])}, "[DONE]"]
