@@ -56,8 +56,8 @@ def start_server(*flags, model=GLIMMER):  # -> (Popen, base URL) once /health an
     pytest.fail(f"reference.serve did not start: {proc.communicate()[0][-2000:]}")
 
 
-def stop_server(proc):  # -> (exit status, its log)
-    proc.send_signal(signal.SIGTERM)
+def stop_server(proc, sig=signal.SIGTERM):  # -> (exit status, its log)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     return proc.returncode, out
 
@@ -400,18 +400,24 @@ def test_queue_bound_is_503_and_a_waiting_request_is_dropped():
     assert ran == ["slow"]
 
 
-def test_sigterm_finishes_the_running_request_and_exits_0():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_finishes_the_running_request_and_exits_0(sig):
     proc, url = start_server(*SERVER_FLAGS)
     replies = []
     request = threading.Thread(target=lambda: replies.append(httpx.post(
-        f"{url}/completion", json={"prompt": [497, 85], "n_predict": 200, "temperature": 0, "ignore_eos": True},
+        f"{url}/completion", json={"prompt": [497, 85], "n_predict": 600, "temperature": 0, "ignore_eos": True},
         timeout=120)))
     request.start()
     time.sleep(0.5)
-    status, log = stop_server(proc)
+    proc.send_signal(sig)
+    time.sleep(0.5)
+    with pytest.raises(httpx.ConnectError):  # new connections are refused while the running request finishes
+        httpx.get(f"{url}/health", timeout=5)
+    out, _ = proc.communicate(timeout=60)
+    status, log = proc.returncode, out
     request.join()
     assert status == 0 and "Traceback" not in log
-    assert replies[0].status_code == 200 and replies[0].json()["tokens_predicted"] == 200
+    assert replies[0].status_code == 200 and replies[0].json()["tokens_predicted"] == 600
 
 
 def test_binds_loopback_by_default():
