@@ -220,6 +220,33 @@ def test_sglang_generate_matches_golden(server, goldens):
     assert "eos_token" in httpx.get(f"{server}/tokenizer_info").json()
 
 
+def test_stop_strings(server, goldens):
+    """A stop string ends generation at the token that completes it; the text leaves it out (llama-server's
+    stopping_word, OpenAI's finish_reason stop, SGLang's matched)."""
+    from reference import gguf
+    from reference.tokenizer import detokenize
+
+    tok = gguf.load(GLIMMER, "text").tokenizer
+    pid = next(p for p in goldens if detokenize(tok, goldens[p][1][1:2], special=False).strip())
+    ids, tokens, _, _ = goldens[pid]
+    text = detokenize(tok, tokens, special=False)
+    word = detokenize(tok, tokens[1:2], special=False)  # the second generated token's text
+    cut = text.find(word)
+    stop_at = next(j for j in range(1, len(tokens) + 1) if word in detokenize(tok, tokens[:j], special=False))
+    reply = post(server, "/completion", {"prompt": ids, "n_predict": N_PREDICT, "temperature": 0, "stop": [word],
+                                         "ignore_eos": True, "return_tokens": True})
+    assert reply["stop_type"] == "word" and reply["stopping_word"] == word and reply["content"] == text[:cut]
+    assert reply["tokens"] == tokens[:stop_at]
+    openai_reply = post(server, "/v1/completions", {"prompt": ids, "max_tokens": N_PREDICT, "temperature": 0,
+                                                    "stop": word, "ignore_eos": True})
+    assert openai_reply["choices"][0]["finish_reason"] == "stop" and openai_reply["choices"][0]["text"] == text[:cut]
+    sglang = post(server, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": N_PREDICT, "stop": word,
+                                                                             "temperature": 0, "ignore_eos": True}})
+    assert sglang["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
+    refused = httpx.post(f"{server}/completion", json={"prompt": ids, "stop": [word], "stream": True})
+    assert refused.status_code == 400 and "stream" in refused.json()["error"]["message"]
+
+
 def test_answers_do_not_depend_on_the_requests_before(server, goldens):
     """No prefix reuse: the same request after others (with cache_prompt, the default) gives the same bytes."""
     ids = goldens[next(iter(goldens))][0]

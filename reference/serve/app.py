@@ -62,7 +62,7 @@ def validation_message(e):  # RequestValidationError -> "body.prompt: Input shou
 NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repeat_penalty": 1, "repetition_penalty": 1,
            "min_p": 0, "top_p": 1, "typical_p": 1, "n": 1, "best_of": 1, "dry_multiplier": 0,
            "xtc_probability": 0, "mirostat": 0}
-UNSUPPORTED = ("logit_bias", "stop", "grammar", "json_schema", "response_format", "tools", "stop_token_ids")
+UNSUPPORTED = ("logit_bias", "grammar", "json_schema", "response_format", "tools", "stop_token_ids")
 
 
 def greedy_problem(fields):  # dict of a request's sampling fields -> why it is not greedy, or None
@@ -89,6 +89,13 @@ def check_greedy(fields):
         raise RequestError(problem)
 
 
+def stop_strings(stop):  # a request's stop: None, a string or a list of them -> a tuple
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if "" in stops:
+        raise RequestError("an empty stop string would stop before the first token")
+    return stops
+
+
 def check_top(n, name, limits):  # a top-N count -> n; refused past --max-logprobs
     if n is not None and not 0 <= n <= limits.max_logprobs:
         raise RequestError(f"{name} {n} is outside [0, {limits.max_logprobs}] (--max-logprobs)")
@@ -105,22 +112,22 @@ class Served:
         self.oracle, self.limits, self.props = oracle, limits, props
         self.queue = ForwardQueue(limits.queue)
 
-    async def complete(self, request, ids, n_predict, k, prompt_logprobs, stop_at_eog=True, images=()):  # -> Completion
-        self.oracle.check_length(len(ids), n_predict)  # refused before it queues (images add rows: checked again)
-        return await self.queue.run(
-            lambda cancelled: self.oracle.complete(ids, n_predict, k, prompt_logprobs, cancelled, stop_at_eog,
-                                                   images=images),
-            self.limits.timeout_s, request.is_disconnected)
+    async def complete(self, request, ids, ask):  # ids, Ask -> Completion
+        self.oracle.check_length(len(ids), ask.n_predict)  # refused before it queues (images add rows: checked again)
+        return await self.queue.run(lambda cancelled: self.oracle.complete(ids, ask, cancelled),
+                                    self.limits.timeout_s, request.is_disconnected)
 
-    def stream(self, request, ids, n_predict, k, events, stop_at_eog=True, images=()):  # -> an event-stream response
+    def stream(self, request, ids, ask, events):  # ids, Ask -> a text/event-stream response
         """events(kind, value) -> SSE payloads: ("token", Scored) per token as it is chosen, then ("done",
-        Completion); an error ends the stream in the API's error format instead. The request is admitted (or refused: Busy) before any byte."""
-        self.oracle.check_length(len(ids), n_predict)
+        Completion); an error ends the stream in the API's error format instead. The request is
+        admitted (or refused: Busy) before any byte."""
+        if ask.stops:  # a stop string's first tokens would be sent before it is known to be one
+            raise RequestError("stop strings are not supported with stream")
+        self.oracle.check_length(len(ids), ask.n_predict)
         loop, tokens = asyncio.get_running_loop(), asyncio.Queue()
 
         def work(cancelled):
-            return self.oracle.complete(ids, n_predict, k, False, cancelled, stop_at_eog,
-                                        lambda s: loop.call_soon_threadsafe(tokens.put_nowait, s), images)
+            return self.oracle.complete(ids, ask, cancelled, lambda s: loop.call_soon_threadsafe(tokens.put_nowait, s))
         job = asyncio.ensure_future(self.queue.run(work, self.limits.timeout_s, request.is_disconnected))
 
         async def body():

@@ -6,8 +6,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from .app import check_greedy, check_top, served_of
-from .oracle import RequestError, piece_text
+from .app import check_greedy, check_top, served_of, stop_strings
+from .oracle import Ask, RequestError, piece_text
 
 router = APIRouter()
 BUILD_INFO = "reference.serve"  # what /props and system_fingerprint report in place of llama.cpp's build
@@ -29,6 +29,7 @@ class CompletionBody(Body):
     temperature: float | None = None
     top_k: int | None = None
     samplers: list[str] | None = None
+    stop: list[str] | None = None
 
 
 class TokenizeBody(Body):
@@ -66,10 +67,10 @@ def probabilities(oracle, scored, post_sampling):  # Scored -> a completion_prob
 
 def completion_json(served, body, done):  # Completion -> /completion's reply
     oracle = served.oracle
-    out = {"index": 0, "content": oracle.generated_text(done.tokens), "tokens": done.tokens if body.return_tokens else [],
+    out = {"index": 0, "content": oracle.completion_text(done), "tokens": done.tokens if body.return_tokens else [],
            "id_slot": 0, "stop": True, "model": oracle.name, "tokens_predicted": len(done.tokens),
-           "tokens_evaluated": len(done.prompt), "stop_type": "eos" if done.finish == "stop" else "limit",
-           "stopping_word": "", "tokens_cached": 0, "truncated": False}
+           "tokens_evaluated": len(done.prompt), "stop_type": "word" if done.stop_word else "eos" if done.finish == "stop" else "limit",
+           "stopping_word": done.stop_word, "tokens_cached": 0, "truncated": False}
     if body.n_probs:
         out["completion_probabilities"] = [probabilities(oracle, s, body.post_sampling_probs) for s in done.token_scores]
     return out
@@ -82,10 +83,10 @@ async def completion(body: CompletionBody, request: Request):
     check_greedy(body.model_dump())
     k = check_top(body.n_probs, "n_probs", served.limits)
     ids = served.oracle.tokenize_mixed(body.prompt)
+    ask = Ask(body.n_predict, k, stop_at_eog=not body.ignore_eos, stops=stop_strings(body.stop))
     if body.stream:
-        return served.stream(request, ids, body.n_predict, k, lambda kind, value: stream_events(served, body, kind, value),
-                             not body.ignore_eos)
-    done = await served.complete(request, ids, body.n_predict, k, False, not body.ignore_eos)
+        return served.stream(request, ids, ask, lambda kind, value: stream_events(served, body, kind, value))
+    done = await served.complete(request, ids, ask)
     return completion_json(served, body, done)
 
 

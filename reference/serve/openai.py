@@ -12,10 +12,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from .app import check_greedy, check_top, served_of
+from .app import check_greedy, check_top, served_of, stop_strings
 from ..image import ImageError, decode_rgb
 from .llama import BUILD_INFO
-from .oracle import RequestError, piece_text
+from .oracle import Ask, RequestError, piece_text
 
 router = APIRouter()
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's for /v1/completions
@@ -29,6 +29,7 @@ class Body(BaseModel):
     temperature: float | None = None
     top_k: int | None = None
     n: int | None = None
+    stop: str | list[str] | None = None
 
 
 class CompletionsBody(Body):
@@ -92,8 +93,7 @@ def vllm_prompt_logprobs(oracle, done, n):  # -> vLLM's prompt_logprobs: per pos
 
 def choice(oracle, body, index, done, prompt_text):  # one prompt's Completion -> its choice
     n, as_ids = body.logprobs, body.return_tokens_as_token_ids
-    generated = oracle.generated_text(done.tokens)
-    out = {"index": index, "text": (prompt_text if body.echo else "") + generated,
+    out = {"index": index, "text": (prompt_text if body.echo else "") + oracle.completion_text(done),
            "finish_reason": done.finish, "logprobs": None}
     if n is not None:
         ids, scores = done.tokens, list(done.token_scores)
@@ -126,14 +126,15 @@ async def completions(body: CompletionsBody, request: Request):
     prompts = prompts_of(oracle, body.prompt)
     n_predict = max_tokens(body.max_tokens, DEFAULT_MAX_TOKENS)
     score_prompt = body.prompt_logprobs is not None or (body.echo and body.logprobs is not None)
+    ask = Ask(n_predict, k, score_prompt, not body.ignore_eos, stop_strings(body.stop))
     head = {"id": f"cmpl-{time.time_ns()}", "object": "text_completion", "created": int(time.time()),
             "model": oracle.name, "system_fingerprint": BUILD_INFO}
     if body.stream:
         if len(prompts) != 1 or score_prompt or body.echo:
             raise RequestError("stream takes one prompt, without echo or prompt_logprobs")
-        return served.stream(request, prompts[0][0], n_predict, k,
-                             lambda kind, value: completion_events(oracle, body, head, kind, value), not body.ignore_eos)
-    dones = [await served.complete(request, ids, n_predict, k, score_prompt, not body.ignore_eos) for ids, _ in prompts]
+        return served.stream(request, prompts[0][0], ask, lambda kind, value: completion_events(oracle, body, head, kind,
+                                                                                                  value))
+    dones = [await served.complete(request, ids, ask) for ids, _ in prompts]
     return {**head, "choices": [choice(oracle, body, i, d, text) for i, (d, (_, text)) in enumerate(zip(dones, prompts))],
             "usage": usage(dones)}
 
@@ -214,13 +215,13 @@ async def chat_completions(body: ChatBody, request: Request):
     ids, images = chat_inputs(oracle, body.messages, served.limits)
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     n_predict = max_tokens(limit, -1)  # none given: until the end of generation or of the context
+    ask = Ask(n_predict, k, False, not body.ignore_eos, stop_strings(body.stop), tuple(images))
     head = {"id": f"chatcmpl-{time.time_ns()}", "created": int(time.time()), "model": oracle.name,
             "system_fingerprint": BUILD_INFO}
     if body.stream:
-        return served.stream(request, ids, n_predict, k, lambda kind, value: chat_events(oracle, body, head, k, kind, value),
-                             not body.ignore_eos, images)
-    done = await served.complete(request, ids, n_predict, k, False, not body.ignore_eos, images)
-    message = {"role": "assistant", "content": oracle.generated_text(done.tokens)}
+        return served.stream(request, ids, ask, lambda kind, value: chat_events(oracle, body, head, k, kind, value))
+    done = await served.complete(request, ids, ask)
+    message = {"role": "assistant", "content": oracle.completion_text(done)}
     logprobs = {"content": chat_logprobs(oracle, done.token_scores, k)} if body.logprobs else None
     return {**head, "object": "chat.completion",
             "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": done.finish}],

@@ -42,12 +42,24 @@ class Scored:
 
 
 @dataclass(frozen=True)
+class Ask:
+    """What a request asks of the forwards besides its prompt ids."""
+    n_predict: int                 # tokens to generate (< 0: to the context's end)
+    k: int = 0                     # top ids and log-probabilities per position
+    prompt_logprobs: bool = False  # score every prompt position
+    stop_at_eog: bool = True       # False: ignore_eos
+    stops: tuple = ()              # stop strings: generation ends once the text holds one
+    images: tuple = ()             # uint8 [H, W, 3] per <|patch|> of the ids
+
+
+@dataclass(frozen=True)
 class Completion:
     prompt: list            # prompt ids
     prompt_scores: list     # Scored per prompt position 1 .. n-1 (the first has no row before it); [] unless asked
     tokens: list            # generated ids
     token_scores: list      # Scored per generated token
-    finish: str             # "stop" (an end-of-generation token) or "length"
+    finish: str             # "stop" (an end-of-generation token or a stop string) or "length"
+    stop_word: str = ""     # the stop string that ended it
 
 
 def score_row(row, token, k):  # float32 [V], the token it chose, top count -> Scored
@@ -104,6 +116,9 @@ class Oracle:
     def generated_text(self, ids):  # -> generated text: control tokens (end of generation) print nothing
         return detokenize(self.tok, ids, special=False)
 
+    def completion_text(self, done):  # Completion -> its generated text, cut before the stop string that ended it
+        return before_stop(self.generated_text(done.tokens), done.stop_word)
+
     def chat(self, messages):  # OpenAI messages -> prompt ids through the GGUF's chat template
         try:
             return prompt_ids(self.tokenizer, self.chat_text(messages))
@@ -129,38 +144,39 @@ class Oracle:
         return n_predict
 
     # -- the forwards (on the forward thread) ---------------------------------------------------
-    def complete(self, ids, n_predict, k, prompt_logprobs, cancelled, stop_at_eog=True, on_token=None, images=()):
-        """ids, tokens to generate (< 0: to the context's end), top count, whether to score the prompt, an Event -> Completion: a
-        prefill of ids (each <|patch|> of them one of `images`, uint8 [H, W, 3], encoded by the vision
-        tower as reference.run does), then up to n_predict greedy tokens, each scored with its top k.
+    def complete(self, ids, ask, cancelled, on_token=None):  # ids, Ask, an Event -> Completion
+        """A prefill of ids (each <|patch|> of them one of ask.images, encoded by the vision tower as
+        reference.run does), then up to ask.n_predict greedy tokens, each scored with its top ask.k.
         on_token(Scored) is called as each token is chosen (streaming); `cancelled` (deadline passed,
         client gone) stops the work before its next forward."""
         def check():
             if cancelled.is_set():
                 raise Expired("cancelled")
         check()
-        rows = self.image_rows(ids, images) if images else None
+        rows = self.image_rows(ids, ask.images) if ask.images else None
         n_rows = len(ids) if rows is None else len(rows)
-        n_predict = self.check_length(n_rows, n_predict)
+        n_predict = self.check_length(n_rows, ask.n_predict)
         cache = self.lm.new_cache(n_rows + max(n_predict, 1), self.kind, self.chunk)
         logits = (self.lm.prefill(ids, cache, self.chunk) if rows is None else
                   self.lm.prefill_embeddings(rows, cache, self.chunk)).astype(np.float32)
-        prompt_scores = [score_row(logits[p - 1], ids[p], k) for p in range(1, len(ids))] if prompt_logprobs else []
-        row, tokens, scores, finish = logits[-1], [], [], "length"
+        prompt_scores = [score_row(logits[p - 1], ids[p], ask.k) for p in range(1, len(ids))] \
+            if ask.prompt_logprobs else []
+        row, tokens, scores, finish, word = logits[-1], [], [], "length", ""
         while len(tokens) < n_predict:
-            scored = score_row(row, int(np.argmax(row)), k)
+            scored = score_row(row, int(np.argmax(row)), ask.k)
             tokens.append(scored.token)
             scores.append(scored)
             if on_token is not None:
                 on_token(scored)
-            if stop_at_eog and scored.token in self.eog:
+            word = stop_word(self.generated_text(tokens), ask.stops) if ask.stops else ""
+            if word or (ask.stop_at_eog and scored.token in self.eog):
                 finish = "stop"
                 break
             if len(tokens) == n_predict:
                 break
             check()
             row = self.lm.prefill([scored.token], cache, self.chunk)[-1].astype(np.float32)
-        return Completion(list(ids), prompt_scores, tokens, scores, finish)
+        return Completion(list(ids), prompt_scores, tokens, scores, finish, word)
 
     def image_rows(self, ids, images):  # ids with a <|patch|> per image, [uint8 [H, W, 3]] -> embedding rows [T, E]
         if self.vision is None:
@@ -170,6 +186,15 @@ class Oracle:
             return image_prompt_rows(self.tok, self.lm.embed, ids, embeddings)
         except ChatError as e:
             raise RequestError(str(e)) from None
+
+
+def stop_word(text, stops):  # -> the stop string that occurs first in text, "" when none does
+    found = [(text.find(w), w) for w in stops if w in text]
+    return min(found)[1] if found else ""
+
+
+def before_stop(text, word):  # -> text up to its stop string (the servers' content leaves it out)
+    return text[:text.find(word)] if word else text
 
 
 class ForwardQueue:

@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from .app import check_greedy, check_top, served_of
+from .app import check_greedy, check_top, served_of, stop_strings
 from .llama import special
-from .oracle import RequestError, piece_text
+from .oracle import Ask, RequestError, piece_text
 
 router = APIRouter()
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
@@ -21,6 +21,7 @@ class SamplingParams(BaseModel):
     temperature: float | None = None
     top_k: int | None = None
     ignore_eos: bool = False
+    stop: str | list[str] | None = None
 
 
 class GenerateBody(BaseModel):
@@ -58,15 +59,15 @@ async def generate(body: GenerateBody, request: Request):
     if body.return_logprob and not -1 <= start < len(ids):
         raise RequestError(f"logprob_start_len {start} is outside [-1, {len(ids) - 1}] for {len(ids)} prompt tokens")
     t0 = time.perf_counter()
-    done = await served.complete(request, ids, params.max_new_tokens, n_top, body.return_logprob and start >= 0,
-                                 not params.ignore_eos)
-    finish = {"type": "stop", "matched": done.tokens[-1]} if done.finish == "stop" else \
-        {"type": "length", "length": len(done.tokens)}
+    done = await served.complete(request, ids, Ask(params.max_new_tokens, n_top, body.return_logprob and start >= 0,
+                                                   not params.ignore_eos, stop_strings(params.stop)))
+    finish = {"type": "length", "length": len(done.tokens)} if done.finish == "length" else \
+        {"type": "stop", "matched": done.stop_word or done.tokens[-1]}
     meta = {"id": f"gen-{time.time_ns()}", "finish_reason": finish, "prompt_tokens": len(ids),
             "completion_tokens": len(done.tokens), "cached_tokens": 0, "e2e_latency": time.perf_counter() - t0}
     if body.return_logprob:
         meta.update(logprobs(oracle, body, done, start, n_top))
-    return {"text": oracle.generated_text(done.tokens), "output_ids": done.tokens, "meta_info": meta}
+    return {"text": oracle.completion_text(done), "output_ids": done.tokens, "meta_info": meta}
 
 
 def logprobs(oracle, body, done, start, n_top):  # -> meta_info's input/output token and top logprobs

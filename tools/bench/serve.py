@@ -98,6 +98,7 @@ def overhead(url, model, n):  # -> per-request server cost in seconds: HTTP wall
 
     import httpx
 
+    from reference.serve.oracle import Ask
     from reference.serve.server import build_parser, load_oracle
 
     oracle, _ = load_oracle(build_parser().parse_args(["-m", model]))
@@ -106,7 +107,7 @@ def overhead(url, model, n):  # -> per-request server cost in seconds: HTTP wall
     with httpx.Client() as client:
         for _ in range(n):
             t0 = time.perf_counter()
-            oracle.complete(ids, 2, 3, False, threading.Event())
+            oracle.complete(ids, Ask(2, 3), threading.Event())
             inproc = time.perf_counter() - t0
             t0 = time.perf_counter()
             client.post(f"{url}/completion", content=payload(body)).raise_for_status()
