@@ -19,15 +19,20 @@ model of each weight family x prompt lengths around the chunk x the logits optio
   stay within GGML_CHUNK_GATE of the one-chunk run (derived below).
 """
 import functools
+import importlib
+import json
 import os
+import tracemalloc
 
 import numpy as np
 import pytest
 
-from conftest import MODELS, require
+from conftest import GOLDEN, MODELS, require, run_cli
 from reference import factory, gguf, run
+from reference.ggml_cpu import UBATCH, GgmlCpuBackend
 from reference.metrics import nmse
 from reference.positions import output_rows, parse_positions
+from tools.parity import golden
 
 CHUNK = 4
 LENGTHS = (1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 2)  # one token, around one chunk, three chunks
@@ -39,6 +44,7 @@ LOGITS = {"none": (lambda n: None, False, None), "all": (lambda n: None, True, N
           "first": (lambda n: "0", True, None), "last": (lambda n: "last", True, None),
           "middle": (lambda n: f"{n // 3}:{max(n // 3 + 1, 2 * n // 3)}", True, None),
           "topk": (lambda n: None, True, 3)}
+MUL_MAT = importlib.import_module("reference.ggml_cpu.mul_mat")  # the module (the package exports its function)
 N_PREDICT = 2  # the greedy tokens after each prefill: --n-predict 0 and 1 are its prefixes
 # test_numba's whole-model gate, numba against numpy (measured there 1.8e-13 .. 8.6e-13).
 WHOLE_MODEL_GATE = 1e-11
@@ -65,19 +71,24 @@ def sweep(name, backend, numerics):  # -> {(n, option or "one chunk"): (kept pos
     out = {}
     for n in LENGTHS:
         ids = prompt(n)
-        out[n, "one chunk"] = prefill(lm, build, ids, None, np.arange(n), n)
+        out[n, "one chunk"] = chunked_prefill(lm, build, ids, None, n)
+        runs = {}  # options that compute the same rows ("none" and "last", "all" and "topk") share a run
         for option in LOGITS:
-            out[n, option] = prefill(lm, build, ids, *rows_of(option, n), CHUNK)
+            rows, kept = rows_of(option, n)
+            key = None if rows is None else tuple(rows)
+            if key not in runs:
+                runs[key] = chunked_prefill(lm, build, ids, rows, CHUNK)
+            logits, tokens = runs[key]
+            out[n, option] = logits[kept if rows is None else np.searchsorted(rows, kept)], tokens
     return out
 
 
-def prefill(lm, build, ids, rows, kept, chunk):  # -> (logits of the positions `kept` [m, V], N_PREDICT greedy ids)
+def chunked_prefill(lm, build, ids, rows, chunk):  # -> (logits of `rows` [r or T, V], N_PREDICT greedy ids)
     kind, chunk = factory.cache_layout(build, "ring", chunk)
     cache = lm.new_cache(len(ids) + N_PREDICT, kind, chunk)
     logits = lm.prefill(ids, cache, chunk, out_rows=rows)
     assert logits.shape == (len(ids) if rows is None else len(rows), lm.cfg.n_vocab)
-    at = kept if rows is None else np.searchsorted(rows, kept)
-    return logits[at], lm.decode_greedy(logits[-1], N_PREDICT, cache, chunk)
+    return logits, lm.decode_greedy(logits[-1], N_PREDICT, cache, chunk)
 
 
 def kept_pairs(name, backend, numerics, reference=("numpy", "exact")):  # -> [(case, one-chunk rows, chunked rows)]
@@ -122,3 +133,121 @@ def test_numba_ggml_cpu_chunks_are_the_numpy_emulations_bits(name):
     for case in ref:
         assert np.array_equal(ours[case][0], ref[case][0]), case
         assert ours[case][1] == ref[case][1], case
+
+
+# -------------------------------------------------------------------------------------------------
+# The command lines: reference.run, tools.golden on the reference engine, tools.bench_accel's engines
+
+def run_json(capsys, *argv):  # -> reference.run's --json object, run in this process
+    assert run.main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("backend,numerics", BUILDS)
+def test_run_every_logits_option_and_n_predict(backend, numerics, capsys, tmp_path):
+    """reference.run in chunks of 4 on a 10-token prompt: each logits option with --n-predict 1, and
+    --n-predict 0 and 2; every file holds the rows asked for, and the greedy tokens are the API's."""
+    if backend == "numba":
+        require("numba")
+    n, model = 2 * CHUNK + 2, os.path.join(MODELS, MODEL_FILES[0])
+    common = ["--model", model, "--token-ids", ",".join(map(str, prompt(n))), "--prefill-chunk", str(CHUNK),
+              "--backend", backend, "--numerics", numerics]
+    tokens = sweep(MODEL_FILES[0], backend, numerics)[n, "none"][1]
+    for n_predict in (0, 2):
+        assert run_json(capsys, *common, "--n-predict", str(n_predict))["tokens"] == tokens[:n_predict]
+    for option, (spec, written, k) in LOGITS.items():
+        out = tmp_path / f"{option}{'.positions.npz' if spec(n) or k else '.npy'}"
+        flags = (["--logits-out", str(out)] if written else []) + (["--logits-positions", spec(n)] if spec(n) else []) \
+            + (["--logits-topk", str(k)] if k else [])
+        assert run_json(capsys, *common, "--n-predict", "1", *flags)["tokens"] == tokens[:1], option
+        if written:
+            kept = rows_of(option, n)[1]
+            saved = np.load(out) if out.suffix == ".npy" else dict(np.load(out))
+            if isinstance(saved, dict):
+                assert np.array_equal(saved["positions"], kept), option
+                rows = saved["top_ids"] if k else saved["logits"]
+            else:
+                rows = saved
+            assert len(rows) == len(kept) and np.isfinite(saved["top_logits"] if k else rows).all(), option
+
+
+@pytest.mark.parametrize("backend,numerics", [("numba", "exact"), ("numpy", "ggml-cpu")])
+def test_the_reported_long_prompt_runs(backend, numerics, tmp_path):
+    """The report's case as a new user typed it: tiny-a F32, 200 tokens in chunks of 64, which ended in
+    `ValueError: cannot reshape array of size 0` on these two builds."""
+    if backend == "numba":
+        require("numba")
+    out = tmp_path / "last.positions.npz"
+    r = run_cli("reference.run", "--model", os.path.join(MODELS, MODEL_FILES[0]),
+                "--token-ids", ",".join(map(str, [1] + list(range(2, 201)))), "--prefill-chunk", "64",
+                "--backend", backend, "--numerics", numerics, "--n-predict", "2", "--json",
+                "--logits-out", str(out), "--logits-positions", "last")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 2
+    assert np.array_equal(np.load(out)["positions"], [199])
+
+
+@pytest.mark.parametrize("corpus", [False, True])
+@pytest.mark.parametrize("n_predict", [0, 1, 2])
+def test_golden_on_the_reference_engine(n_predict, corpus, tmp_path):
+    """tools.golden --engine reference ended in greedy_steps' reshape with --n-predict 1."""
+    out = tmp_path / "golden"
+    assert golden.main(["--engine", "reference", "--model", os.path.join(MODELS, MODEL_FILES[0]),
+                        "--prompts", os.path.join(GOLDEN, "prompts", "text-short.jsonl"), "--out", str(out),
+                        "--n-predict", str(n_predict)] + (["--corpus"] if corpus else [])) == 0
+    with open(out / "manifest.json") as f:
+        entries = json.load(f)["entries"]
+    assert len(entries) == 4
+    for e in entries:
+        if n_predict:
+            assert len(e["greedy"]["tokens"]) == n_predict
+            assert np.load(out / e["greedy"]["decode_logits"]).shape == (n_predict - 1, 512)
+        else:
+            assert "greedy" not in e
+
+
+def test_bench_ggml_engine_keeps_the_last_row_over_several_batches(monkeypatch):
+    """tools.bench_accel run --logits last feeds a prompt longer than LAST_BATCH in batches whose
+    rows all go unread but the last one's."""
+    require("numba")
+    from tools.bench import accel as bench
+    monkeypatch.setattr(bench, "LAST_BATCH", CHUNK)
+    path, ids = os.path.join(MODELS, MODEL_FILES[2]), prompt(2 * CHUNK + 2)
+    prefill, _ = bench.ggml_engine(path, 1, last=True)
+    build = factory.Build("numba", "ggml-cpu", repack=False, n_threads=1)  # the engine's
+    last = np.array([len(ids) - 1])
+    ref = chunked_prefill(factory.text_model(gguf.load(path, "text"), build), build, ids, last, CHUNK)[0]
+    assert np.array_equal(prefill(ids), ref)
+
+
+# -------------------------------------------------------------------------------------------------
+# The NumPy ggml-cpu products by blocks of weight rows (what kept a 2,100-token prompt from 24 GB)
+
+@pytest.mark.parametrize("name", MODEL_FILES[1:3])
+def test_ggml_cpu_products_by_row_blocks_change_no_bit(name, monkeypatch):
+    """The smallest blocks (PRODUCT_ROWS weight rows) give the one-block product's bits: tinyBLAS for
+    F16; the repacked gemm and gemv (Q4_K), the tiled kernel (Q6_K) and the Q0 lanes (Q5_0) for Q4_K_M."""
+    ids = prompt(CHUNK + 1)
+    whole = sweep(name, "numpy", "ggml-cpu")[len(ids), "one chunk"][0]
+    monkeypatch.setattr(MUL_MAT, "PRODUCT_ELEMENTS", 1)
+    build = factory.Build("numpy", "ggml-cpu")
+    lm = factory.text_model(gguf.load(os.path.join(MODELS, name), "text"), build)
+    assert np.array_equal(chunked_prefill(lm, build, ids, None, len(ids))[0], whole)
+
+
+def test_a_ggml_cpu_products_temporaries_are_bounded(monkeypatch):
+    """A 512-row ubatch against tiny-a's Q6_K output head (512 x 256, the tiled kernel): in one block
+    int_dot's sums take 512 x 512 x 16 elements, three 8-byte copies, 100 MB; under PRODUCT_ELEMENTS =
+    2^20 (T x rows x K) a block is 8 rows... 16 (PRODUCT_ROWS), 4 x 2^20 x 24/16 B = 6 MB, beside the
+    0.5 MB input, the 1 MB output and the decoded head. 16 MB leaves room for those and fails well
+    below the unblocked 100 MB."""
+    monkeypatch.setattr(MUL_MAT, "PRODUCT_ELEMENTS", 1 << 20)
+    be = GgmlCpuBackend(check_host=False)
+    weights = gguf.load(os.path.join(MODELS, MODEL_FILES[2]), "text").weights
+    x = np.random.default_rng(0).standard_normal((UBATCH, 256)).astype(np.float32)
+    be.linear(x[:8], weights, "output.weight")  # the head decoded and kept before the measurement
+    tracemalloc.start()
+    be.linear(x, weights, "output.weight")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 16 << 20, peak

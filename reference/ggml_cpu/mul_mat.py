@@ -254,7 +254,8 @@ DECODED_CACHE_BYTES = 5 << 30
 STREAM_ROWS = 256
 # Elements of T x weight rows x K one NumPy product computes at a time: its temporaries take at most
 # 24/width bytes an element (int_dot's float64 sums, their int64 copy and the scaled copy, per `width`
-# products; 4 the narrowest), 384 MB, whatever the batch.
+# products; 4 the narrowest), 384 MB, plus the block's weights as float64, at most 8 bytes an element
+# (T >= 1), whatever the batch. A whole Q6_K head of the release vocabulary as float64 is 10.7 GB.
 PRODUCT_ELEMENTS = 1 << 26
 PRODUCT_ROWS = 16  # blocks of weight rows keep repacked groups of 8 and the i8mm pairs whole
 STREAMED = "streamed"  # the cache's entry for a matrix decoded per call
@@ -262,11 +263,12 @@ STREAMED = "streamed"  # the cache's entry for a matrix decoded per call
 
 def by_row_blocks(product, n_rows, row_elements):  # product(start, stop) -> [T, stop - start]; -> [T, n_rows]
     """The NumPy kernels hold temporaries of T x weight rows x (up to) K elements (int_dot's float64
-    and int64 partial sums, tinyBLAS's float64 FMAs, vec_dot's broadcast operands): a whole 512-row
-    ubatch against a 19968-row matrix of the mid-size model would be 17 GB a copy. So a product takes
-    its weight rows a block at a time, about PRODUCT_ELEMENTS of T x rows x K (row_elements: T x K).
-    Every kernel computes each output column from its own weight row alone, and a block is a
-    multiple of PRODUCT_ROWS rows, so the blocks give the same bits as one product."""
+    and int64 partial sums, tinyBLAS's float64 FMAs, vec_dot's broadcast operands) and the weights as
+    float64: a whole 512-row ubatch against a 19968-row matrix of the mid-size model would be 17 GB a
+    copy, and one row against its 202048-row output head 10.7 GB. So a product takes its weight rows
+    a block at a time, about PRODUCT_ELEMENTS of T x rows x K (row_elements: T x K). Every kernel
+    computes each output column from its own weight row alone, and a block is a multiple of
+    PRODUCT_ROWS rows, so the blocks give the same bits as one product."""
     step = max(PRODUCT_ROWS, PRODUCT_ELEMENTS // max(row_elements, 1) // PRODUCT_ROWS * PRODUCT_ROWS)
     if step >= n_rows:
         return product(0, n_rows)
