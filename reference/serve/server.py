@@ -17,7 +17,7 @@ import os
 import sys
 
 from .. import factory, gguf, kv, run
-from ..cli import OneLineParser, exit_status, float_in, int_in
+from ..cli import OneLineParser, exit_status, flag, float_in, int_in
 from ..factory import FactoryError
 from ..ggml_cpu import GgmlCpuError
 from ..kv import CacheError
@@ -37,7 +37,7 @@ DEFAULT_IMAGE_BYTES = 1 << 23  # 8 MiB: a large PNG
 def build_parser():  # -> the parser: llama-server's flag names, reference.run's numerics flags
     p = OneLineParser(prog="python -m reference.serve", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-m", "--model", help="text GGUF (default: the embedded tiny model in golden/models)")
+    flag(p, "model", help="text GGUF (default: the embedded tiny model in golden/models)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int_in(0, 65535), default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
     p.add_argument("--api-key", help="every endpoint but /health and / then needs 'Authorization: Bearer KEY'")
@@ -68,9 +68,9 @@ def load_oracle(args):  # -> (Oracle, what /props says of the model)
         print(f"reference.serve: warning: {warning}", file=sys.stderr)
     backend = factory.backend(compute)
     model = gguf.load(path, "text")
-    layout = factory.cache_layout(compute, args.kv, args.prefill_chunk)
-    n_ctx = context_size(model.config, args.ctx, path, args.beyond_n_ctx_train)
-    kv.check_fits(model.config, n_ctx, *layout, args.dtype, f"a context of {n_ctx} tokens (--ctx)")
+    layout = factory.cache_layout(compute, args.kv, run.prefill_chunk(args))
+    n_ctx = context_size(model.config, args.ctx_size, path, args.beyond_n_ctx_train)
+    kv.check_fits(model.config, n_ctx, *layout, args.dtype, f"a context of {n_ctx} tokens (-c/--ctx-size)")
     lm = factory.text_model(model, compute, backend)
     vision = None
     if args.mmproj:
@@ -80,7 +80,7 @@ def load_oracle(args):  # -> (Oracle, what /props says of the model)
     props = {"model_path": os.path.basename(path), "size": os.path.getsize(path),
              "ftype": model.meta.int("general.file_type", default=-1),
              "vision": vision is not None, "numerics": {"backend": args.backend, "numerics": args.numerics, "dtype": args.dtype, "kv": layout[0],
-                          "prefill_chunk": layout[1], "kv_type": args.kv_type, "flash_attn": args.flash_attn,
+                          "prefill_chunk": layout[1], "kv_type": compute.kv_type, "flash_attn": args.flash_attn,
                           "cpu": args.cpu}}
     return Oracle(lm, model.tokenizer, os.path.basename(path), layout, n_ctx, vision, args.image_max_tokens), props
 
