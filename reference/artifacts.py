@@ -13,6 +13,7 @@ plots, JSON reports), so that a stored one can be trusted for as long as it is k
   "interrupted; <file> left as it was" and exit 128 + the signal number (130, 143).
 """
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -120,33 +121,91 @@ def signals_held():  # a critical section that a signal cannot cut in two (the r
 # -------------------------------------------------------------------------------------------------
 # Outputs
 
-def same_file(a, b):  # -> whether two paths name one existing file or directory
+def path_key(path, realpath=os.path.realpath):  # -> the path a writer replaces: its folder resolved, its name kept
+    """Every writer here replaces a name (os.replace, a rename of a directory), never follows a link
+    at it, so two spellings are one output when their folders resolve to one (symlinks, "..", ".")
+    and the names agree."""
+    folder, name = os.path.split(os.path.abspath(os.fspath(path)))
+    return os.path.join(realpath(folder), name) if name else realpath(folder)
+
+
+def _identity(path):  # -> (device, inode) of an existing file or directory, None when there is none
     try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return info.st_dev, info.st_ino
 
 
-def inside(path, folder):  # -> whether `path` lies inside the directory `folder` (or is it)
-    real, root = os.path.realpath(path), os.path.realpath(folder)
-    return os.path.commonpath([real, root]) == root
+def _ancestors(key):  # "/a/b/c" -> "/a/b", "/a", "/"
+    while True:
+        parent = os.path.dirname(key)
+        if parent == key:
+            return
+        yield parent
+        key = parent
 
 
 def refuse_overwrite(outputs, inputs, error=ArtifactError):
-    """outputs, inputs: [(option, path or None)]. Refuses an output that is an input (samefile, so a
-    hard link or another spelling counts), two outputs that are one file, and an output directory
-    (a trace, replaced whole) that holds an input. Called before anything is opened for writing;
-    the outputs are then the ones the interrupted line can name."""
+    """outputs, inputs: [(option, path or None)]. Refuses, before anything is opened for writing:
+    an output that is an input (samefile, so a hard link or another spelling counts, or the same
+    resolved path), two outputs that are one file (samefile, or one resolved path before either
+    exists: `x.npz` and `./x.npz`), an output inside another (a file named inside a --trace directory
+    that replaces it whole) and an output directory that holds an input. Linear in the number of
+    paths (a corpus names four per prompt). The outputs are then the ones the interrupted line can name."""
     outputs = [(o, os.fspath(p)) for o, p in outputs if p is not None]
     inputs = [(o, os.fspath(p)) for o, p in inputs if p is not None and os.path.exists(p)]
-    for n, (option, out) in enumerate(outputs):
-        for in_option, given in inputs:
-            if same_file(out, given) or (os.path.isdir(out) and inside(given, out)):
-                raise error(f"{option} {out} would overwrite the input {in_option} {given}")
-        for other_option, other in outputs[:n]:
-            if out == other or same_file(out, other):
-                raise error(f"{option} {out} and {other_option} {other} are one file")
+    realpath = functools.lru_cache(maxsize=None)(os.path.realpath)  # a golden run's outputs share one folder
+    by_key, by_identity = {}, {}
+    for option, out in outputs:
+        key = path_key(out, realpath)
+        seen = by_key.get(key) or by_identity.get(_identity(out))
+        if seen:
+            raise error(f"{option} {out} and {seen[0]} {seen[1]} are one file")
+        by_key[key] = (option, out)
+        if _identity(out):
+            by_identity[_identity(out)] = (option, out)
+    for key, (option, out) in by_key.items():
+        outer = next((by_key[a] for a in _ancestors(key) if a in by_key), None)
+        if outer:
+            raise error(f"{option} {out} lies inside {outer[0]} {outer[1]}, which is written whole")
+    for in_option, given in inputs:
+        keys = (path_key(given, realpath), realpath(given))
+        hit = by_identity.get(_identity(given)) or next((by_key[k] for k in keys if k in by_key), None)
+        hit = hit or next((by_key[a] for k in keys for a in _ancestors(k) if a in by_key), None)
+        if hit:
+            raise error(f"{hit[0]} {hit[1]} would overwrite the input {in_option} {given}")
     _declared.extend(out for _, out in outputs)
+
+
+def check_output_dir(path, option, ours, error=ArtifactError):  # -> None; refused unless new, empty or ours
+    """An output directory is written into (goldens) or replaced whole (a trace): a directory of
+    someone else's files would lose them. So it must be new, empty, or one this project wrote,
+    which `ours` tells: {file name in it: predicate(path of that file) -> bool} (a trace's
+    index.json, a golden's manifest.json, a corpus's tasks/). Refused before anything is written."""
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        return
+    if not os.path.isdir(path):
+        raise error(f"{option} {path} exists and is not a directory")
+    try:
+        names = os.listdir(path)
+    except OSError as e:
+        raise error(f"{option} {path}: {e.strerror or e}") from None
+    if not names or any(name in names and mine(os.path.join(path, name)) for name, mine in ours.items()):
+        return
+    more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+    raise error(f"{option} {path} holds files this project did not write ({sorted(names)[0]!r}{more}; no "
+                f"{' or '.join(ours)} of its own): name a new or empty directory")
+
+
+def json_marker(accepts, what="JSON file"):  # predicate(value) -> predicate(path): the file reads as JSON it accepts
+    def mine(path):
+        try:
+            return bool(accepts(read_json(path, what=what)))
+        except ArtifactError:
+            return False
+    return mine
 
 
 def fsync_dir(folder):  # -> None: the rename itself made durable

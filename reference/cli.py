@@ -68,11 +68,11 @@ def check_output(path, option, suffix=None):  # -> None; UsageError unless `path
         raise UsageError(f"{option} {path}: the directory {folder} is not writable")
 
 
-def check_output_dir(path, option):  # -> None; UsageError where `path` exists and is no directory
-    """An output directory replaces what is at its name whole (reference.artifacts.staged_dir): a file
-    there would be lost."""
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise UsageError(f"{option} {path} exists and is not a directory")
+def check_output_dir(path, option, ours):  # -> None; UsageError unless `path` is new, empty or the project's
+    """An output directory is written into or replaced whole (reference.artifacts.staged_dir): a file
+    at its name, or a directory of files the project did not write (`ours`, see
+    artifacts.check_output_dir), would be lost."""
+    artifacts.check_output_dir(path, option, ours, UsageError)
 
 
 def output_file(text):  # argparse type: a path check_output accepts, refused as it is parsed

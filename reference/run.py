@@ -32,7 +32,7 @@ from .kv import CacheError
 from .positions import SUFFIX, output_rows, parse_positions, write_logits
 from .tokenizer import Tokenizer, TokenizerError, detokenize, llama_text
 from .tp import TPError
-from .trace import Tracer, TraceError
+from .trace import OURS as TRACE_OURS, Tracer, TraceError
 from .vision import DEFAULT_MAX_TOKENS, check_compatible
 
 DEFAULT_PROMPT = "initial value. If it"  # a held-out docstring line (golden/prompts/glimmer-default.jsonl)
@@ -196,7 +196,7 @@ def check_output_flags(args):
     if args.embeddings_out is not None:
         check_output(args.embeddings_out, "--embeddings-out", ".npy")
     if args.trace is not None:
-        check_output_dir(args.trace, "--trace")
+        check_output_dir(args.trace, "--trace", TRACE_OURS)
     inputs = [("--model", model_path(args)), ("--draft-model", args.draft_model), ("--mmproj", args.mmproj),
               ("--prompt-file", args.prompt_file)] + [("--image", image) for image in args.image]
     artifacts.refuse_overwrite([("--logits-out", args.logits_out), ("--embeddings-out", args.embeddings_out),

@@ -15,6 +15,13 @@ import numpy as np
 from . import artifacts
 
 INDEX = "index.json"
+
+
+def is_index(value):  # -> whether a JSON value is a trace index as Tracer.close writes it
+    return isinstance(value, list) and all(isinstance(e, dict) and "name" in e and "shape" in e for e in value)
+
+
+OURS = {INDEX: artifacts.json_marker(is_index, "trace index")}  # a directory with this is a trace (check_output_dir)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -93,6 +100,7 @@ class Tracer:
             directory = os.path.join(parent.directory, directory)
             os.makedirs(directory)
         elif directory is not None:
+            artifacts.check_output_dir(directory, "trace", OURS, TraceError)
             self.stage = artifacts.staged_dir(directory, TraceError)
             directory = self.stage.__enter__()
         self.directory = directory

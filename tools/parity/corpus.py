@@ -42,7 +42,7 @@ from reference.cli import UsageError, fail
 
 from tools.common import REPO, GoldenError, save_json, sha256
 from tools.parity.engines import make_engine, preflight
-from tools.parity.golden import MANIFEST, golden_entry, make_dir, refuse_overwrite, run_header
+from tools.parity.golden import MANIFEST, OURS as GOLDEN_OURS, golden_entry, make_dir, refuse_overwrite, run_header
 
 TASKS = "tasks"
 # the options that decide an engine's goldens: a corpus directory holds one run of them
@@ -50,6 +50,9 @@ RUN_KEYS = {"reference": ("model", "dtype", "kv", "prefill_chunk"),
             "llama-cpp": ("model", "kv_type", "flash_attn", "n_ubatch", "n_ctx", "no_repack"),
             "llama-server": ("server_url", "n_probs"), "openai": ("server_url", "n_probs"),
             "transformers": ("checkpoint",)}
+# a corpus directory: a golden one, or one whose tasks/ holds part files only (a run not yet merged)
+OURS = {**GOLDEN_OURS, TASKS: lambda path: os.path.isdir(path) and all(
+    name.endswith(".json") or name.startswith(".") for name in os.listdir(path))}
 RAY_CONNECT_TIMEOUT = 10  # seconds for a cluster's port to accept a connection (a LAN answers in ms)
 
 
@@ -279,7 +282,7 @@ def run_corpus(args, prompts: list[dict]) -> int:  # -> exit status: 0 all tasks
     from tqdm import tqdm
 
     out = args.out
-    refuse_overwrite(args, prompts, out)
+    refuse_overwrite(args, prompts, out, OURS)
     make_dir(out / TASKS)
     swept = sweep_temporaries(out)
     tasks = split_tasks(prompts, args.task_size)

@@ -76,6 +76,7 @@ PROMPT_LOGPROBS_FORMAT = ("<id>.positions.npz (reference.positions top-k form) o
 # 2^20 tokens (llama.cpp's logits buffer alone is n_ctx x n_vocab floats, 2 GiB at 2^20 x 512, the
 # tiny models' vocabulary). Once the GGUF is read, its training context bounds them further.
 MAX_TOKENS = 1 << 20
+MANIFEST = "manifest.json"
 MAX_THREADS = 512    # llama.cpp's GGML_MAX_N_THREADS
 MAX_WORKERS = 1024   # Ray actors, each a process holding a model: a cluster of 1024 model slots
 
@@ -213,7 +214,17 @@ def output_files(prompts: list[dict]) -> list[str]:  # -> every file name a gold
     return [MANIFEST] + [f"{p['id']}{kind}" for p in prompts for kind in kinds]
 
 
-def refuse_overwrite(args, prompts: list[dict], out: Path) -> None:  # no golden written over an input file
+def is_manifest(value) -> bool:  # -> whether a JSON value is a golden manifest as run_header and the entries make it
+    return isinstance(value, dict) and "engine" in value and isinstance(value.get("entries"), list)
+
+
+# a directory holding this is a golden directory (artifacts.check_output_dir); corpus.OURS adds its tasks/
+OURS = {MANIFEST: artifacts.json_marker(is_manifest, "golden manifest")}
+
+
+def refuse_overwrite(args, prompts: list[dict], out: Path, ours: dict = OURS) -> None:
+    """No golden written over an input file, nor into a directory of files this project did not write."""
+    artifacts.check_output_dir(out, "--out", ours, GoldenError)
     inputs = [("--prompts", args.prompts), ("--model", args.model)]
     if args.checkpoint and Path(args.checkpoint).is_dir():
         inputs += [("--checkpoint", f) for f in Path(args.checkpoint).iterdir()]
@@ -283,7 +294,6 @@ def topk_entry(engine: Engine, entry: dict, ids: list[int], out: Path, n_predict
     return entry
 
 
-MANIFEST = "manifest.json"
 DIGESTS = ("each entry's sha256 lists every file of it with its sha256: tools.diff refuses a file that does "
            "not match (one written after this manifest)")
 
