@@ -3,6 +3,7 @@
 they are parsed, before anything is allocated from them."""
 import argparse
 import os
+import re
 import sys
 
 from . import artifacts
@@ -18,12 +19,34 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+# The one grammar of a number on a command line, in an id list or a position spec: ASCII digits, a
+# '-' only where negatives mean something, nothing else. Python's int() and float() also take
+# Unicode digits ('٣'), '_' separators, '+', surrounding spaces, 'inf' and 'nan'.
+INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+DECIMAL = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)  # 0.5, 1e-4, 3., .25
+MAX_DIGITS = 30  # more than any count or position needs; int() of a million digits takes seconds
+
+
+def strict_int(text, negative=False):  # -> int; ValueError unless `text` is ASCII digits (and a '-' if `negative`)
+    if not isinstance(text, str) or len(text) > MAX_DIGITS or not INTEGER.fullmatch(text) or \
+            (text.startswith("-") and not negative):
+        raise ValueError(f"expected {'an integer' if negative else 'a non-negative integer'} in ASCII digits, "
+                         f"got {text[:40]!r}")
+    return int(text)
+
+
+def strict_float(text):  # -> float; ValueError unless `text` is a decimal number in ASCII (no inf, nan, '_', '+')
+    if not isinstance(text, str) or len(text) > MAX_DIGITS or not DECIMAL.fullmatch(text):
+        raise ValueError(f"expected a decimal number in ASCII, got {text[:40]!r}")
+    return float(text)
+
+
 def int_in(low, high):  # -> an argparse type: an int with low <= n <= high
     def parse(text):
         try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+            n = strict_int(text, negative=low < 0)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
         if not low <= n <= high:
             raise argparse.ArgumentTypeError(f"{n} is out of range [{low}, {high}]")
         return n
@@ -33,9 +56,9 @@ def int_in(low, high):  # -> an argparse type: an int with low <= n <= high
 def float_in(low, high):  # -> an argparse type: a finite float with low <= x <= high
     def parse(text):
         try:
-            x = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+            x = strict_float(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
         if not low <= x <= high:  # also refuses nan
             raise argparse.ArgumentTypeError(f"{text} is out of range [{low}, {high}]")
         return x
@@ -100,15 +123,15 @@ def check_train_context(n, n_train, what, model, beyond, error=UsageError):  # -
 
 
 def parse_token_ids(text, n_vocab=None):  # "1,2,3" -> [1, 2, 3], each in [0, n_vocab) when it is known
-    items = [t.strip() for t in text.split(",")]
+    items = text.split(",")
     if not any(items):
         raise UsageError("--token-ids is empty")
     if not all(items):  # "1,,2" or "1,2,": a token left out?
-        raise UsageError(f"--token-ids has an empty item: {text!r}")
+        raise UsageError(f"--token-ids has an empty item: {text[:80]!r}")
     try:
-        ids = [int(t) for t in items]
-    except ValueError:
-        raise UsageError(f"--token-ids must be comma-separated integers, got {text!r}") from None
+        ids = [strict_int(t, negative=True) for t in items]  # a negative id is refused by its range below
+    except ValueError as e:
+        raise UsageError(f"--token-ids must be comma-separated integers ({e})") from None
     return check_token_ids(ids, n_vocab)
 
 

@@ -38,7 +38,7 @@ import traceback
 from pathlib import Path
 
 from reference import artifacts
-from reference.cli import UsageError, fail
+from reference.cli import INTEGER, UsageError, fail
 
 from tools.common import REPO, GoldenError, save_json, sha256
 from tools.parity.engines import make_engine, preflight
@@ -184,7 +184,7 @@ def check_ray_address(address: str) -> None:
     if address in ("auto", "local"):
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not (INTEGER.fullmatch(port) and len(port) <= 5) or not 0 < int(port) < 65536:
         raise GoldenError(f"--ray-address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT).close()

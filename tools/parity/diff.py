@@ -77,7 +77,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reference import artifacts, metrics
-from reference.cli import OneLineParser, UsageError, check_output, fail, float_in, int_in
+from reference.cli import OneLineParser, UsageError, check_output, fail, float_in, int_in, strict_float
 from reference.positions import SUFFIX as POSITIONS_SUFFIX
 from reference.trace import check_npy_header, load_npy
 from tools.common import check_plot, pyplot, save_figure, write_text
@@ -512,12 +512,10 @@ def parse_gate(text):  # "nmse=1e-4,top1=0.999" -> {"nmse": 1e-4, "top1": 0.999}
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in GATE_KEYS:
             raise UsageError(f"--gate: bad item {item!r} (keys: {', '.join(GATE_KEYS)})")
-        try:
-            gate[key.strip()] = float(value)
+        try:  # strict_float: no nan (every comparison with NaN is false: the limit would never fail)
+            gate[key.strip()] = strict_float(value.strip())
         except ValueError:
             raise UsageError(f"--gate: {key.strip()} needs a number, got {value!r}") from None
-        if math.isnan(gate[key.strip()]):  # every comparison with NaN is false: the limit would never fail
-            raise UsageError(f"--gate: {key.strip()} needs a number, got {value!r}")
     return gate
 
 
