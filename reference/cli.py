@@ -30,21 +30,20 @@ MAX_DIGITS = 30  # more than any count or position needs; int() of a million dig
 def strict_int(text, negative=False):  # -> int; ValueError unless `text` is ASCII digits (and a '-' if `negative`)
     if not isinstance(text, str) or len(text) > MAX_DIGITS or not INTEGER.fullmatch(text) or \
             (text.startswith("-") and not negative):
-        raise ValueError(f"expected {'an integer' if negative else 'a non-negative integer'} in ASCII digits, "
-                         f"got {text[:40]!r}")
+        raise ValueError(f"expected an integer, got {text[:40]!r} (ASCII digits{', a leading -' if negative else ''})")
     return int(text)
 
 
 def strict_float(text):  # -> float; ValueError unless `text` is a decimal number in ASCII (no inf, nan, '_', '+')
     if not isinstance(text, str) or len(text) > MAX_DIGITS or not DECIMAL.fullmatch(text):
-        raise ValueError(f"expected a decimal number in ASCII, got {text[:40]!r}")
+        raise ValueError(f"expected a number, got {text[:40]!r} (ASCII digits, '.', an exponent)")
     return float(text)
 
 
 def int_in(low, high):  # -> an argparse type: an int with low <= n <= high
     def parse(text):
         try:
-            n = strict_int(text, negative=low < 0)
+            n = strict_int(text, negative=True)  # "-1" where low is 0: out of range, said so
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
         if not low <= n <= high:
@@ -124,7 +123,7 @@ def check_train_context(n, n_train, what, model, beyond, error=UsageError):  # -
 
 def parse_token_ids(text, n_vocab=None):  # "1,2,3" -> [1, 2, 3], each in [0, n_vocab) when it is known
     items = text.split(",")
-    if not any(items):
+    if not any(item.strip() for item in items):
         raise UsageError("--token-ids is empty")
     if not all(items):  # "1,,2" or "1,2,": a token left out?
         raise UsageError(f"--token-ids has an empty item: {text[:80]!r}")

@@ -267,6 +267,7 @@ def test_lengths_past_the_training_context_are_refused_the_same_way(tmp_path):
 def test_a_golden_error_is_stderr_s_last_line_after_the_bar(tmp_path):
     prompts = prompts_file(tmp_path / "p.jsonl", [("a", [1, 2]), ("b", [1, 2])])
     (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "manifest.json").write_text('{"engine": "reference", "entries": []}')  # a golden directory
     (tmp_path / "o" / "b.npy").mkdir()  # the second golden cannot be written
     r = run_cli("tools.golden", "--engine", "reference", "--model", TINY_A, "--prompts", prompts, "--out", tmp_path / "o")
     last = r.stderr.strip().splitlines()[-1]

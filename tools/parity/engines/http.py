@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import socket
 import threading
 import urllib.parse
@@ -19,6 +20,29 @@ CONNECT_TIMEOUT_S, READ_TIMEOUT_S, REQUEST_DEADLINE_S = 10.0, 300.0, 900.0
 # logprob, a token text and its bytes: 512 bytes each is several times what llama-server and vLLM
 # write (~90), and a megabyte more covers the fixed fields. Past that a reply is not one of these.
 REPLY_ENTRY_BYTES, REPLY_FLOOR_BYTES = 512, 1 << 20
+# A vocabulary a server may report when no --model says what it is: 2^24 is 80x the largest in use
+# (Gemma's 262144), and every id of it fits the int32 arrays of a golden.
+MAX_VOCAB = 1 << 24
+MAX_COUNT = 1 << 30  # a count of tokens a reply may report (usage, n_ctx_train): past any context
+
+
+def shown(value) -> str:  # a JSON value as a message shows it: short, one line
+    return json.dumps(value)[:40]
+
+
+def reply_int(value, field: str, where: str, low: int = 0, high: int = MAX_COUNT) -> int:  # -> value in [low, high)
+    """An integer of a reply, checked before any conversion: a bool, a float (JSON 1e999 is inf,
+    2.0 is no id), a string or a value outside [low, high) is refused by its field's name, so that
+    no int() or int32 array meets it (int(inf) is an OverflowError, 2^64 overflows int32)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < high:
+        raise GoldenError(f"{where}: {field} {shown(value)} is not an integer in [{low}, {high})")
+    return value
+
+
+def reply_logprob(value, field: str, where: str) -> float:  # -> a finite log-probability, <= 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -math.inf < value <= 0:
+        raise GoldenError(f"{where}: {field} {shown(value)} is not a finite log-probability <= 0")
+    return float(value)
 
 
 @dataclass
@@ -36,12 +60,13 @@ def http_limits(args, n_items: int = 0) -> HttpLimits:  # -> the limits of a req
 
 def read_reply(reply, url: str, limit: int) -> bytes:  # -> the body, refused once it passes `limit` bytes
     length = reply.getheader("Content-Length")
-    if length and length.isdigit() and int(length) > limit:
+    length = length if length and length.isascii() and length.isdigit() and len(length) < 20 else None
+    if length and int(length) > limit:
         raise GoldenError(f"{url}: the reply says {length} bytes, more than the {limit} such a reply can need")
     data = reply.read(limit + 1)
     if len(data) > limit:
         raise GoldenError(f"{url}: the reply passes {limit} bytes, more than such a reply can need")
-    if length and length.isdigit() and len(data) < int(length):  # read(n) returns what came before the close
+    if length and len(data) < int(length):  # read(n) returns what came before the close
         raise GoldenError(f"{url}: broken HTTP reply (IncompleteRead: {len(data)} of its {length} bytes)")
     return data
 
