@@ -9,8 +9,9 @@ plots, JSON reports), so that a stored one can be trusted for as long as it is k
 - only regular files are read (a FIFO would block, /dev/zero never ends), each under a size cap,
   a zip archive under a decompression cap and JSON under a depth limit; every failure is the
   caller's typed error, one line naming the file;
-- SIGINT and SIGTERM remove what is unfinished, keep what was whole, print one line
-  "interrupted; <file> left as it was" and exit 128 + the signal number (130, 143).
+- SIGINT, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (a reader of stdout gone, `| head`)
+  remove what is unfinished, keep what was whole, print one line "interrupted; <file> left as it
+  was" and exit 128 + the signal number (130, 143, 129, 141).
 """
 import contextlib
 import functools
@@ -47,7 +48,11 @@ class ArtifactError(Exception):
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM inside interruptible(): BaseException, so that no `except Exception` keeps it."""
+    """A signal of STOPS inside interruptible(): BaseException, so that no `except Exception` keeps it.
+    args: (signal number, the output it left as it was)."""
+
+
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE)
 
 
 _unfinished = {}  # temporary path -> the final path it becomes once whole
@@ -81,28 +86,34 @@ def remove(path):  # a file or a directory tree -> gone, whichever it is; quiet 
 
 
 @contextlib.contextmanager
-def interruptible(prog):  # the body of a command's main: SIGINT/SIGTERM -> cleanup, one line, exit 130/143
+def interruptible(prog):  # the body of a command's main: a signal of STOPS -> cleanup, one line, exit 128 + signal
     """The handler only raises Interrupted; cleanup runs as the stack unwinds (write_file's and
-    staged_dir's `finally`) and again here, so that nothing half-made survives. Off the main
-    thread (a Ray actor's worker thread) signals cannot be caught and nothing is installed."""
+    staged_dir's `finally`) and again here, so that nothing half-made survives. A write to a
+    closed stdout is a BrokenPipeError before the SIGPIPE handler runs: it is the same stop. Off the
+    main thread (a Ray actor's worker thread) signals cannot be caught and nothing is installed."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):  # the target is taken now: unwinding removes it from _unfinished
         raise Interrupted(signum, unfinished_target())
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, handler) for s in STOPS}
     _declared.clear()
     _written.clear()
     try:
         yield
-    except Interrupted as e:
+    except (Interrupted, BrokenPipeError) as e:
+        signum, target = e.args if isinstance(e, Interrupted) else (signal.SIGPIPE, unfinished_target())
         for s in old:  # a second signal during cleanup must not interrupt the cleanup
             signal.signal(s, signal.SIG_IGN)
         remove_unfinished()
-        sys.stdout.flush()
-        print(interrupted_line(prog, e.args[1]), file=sys.stderr, flush=True)
-        raise SystemExit(128 + e.args[0]) from None
+        if signum == signal.SIGPIPE:  # nobody reads stdout: what is buffered there goes nowhere, quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+        with contextlib.suppress(OSError):
+            print(interrupted_line(prog, target), file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum) from None
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -110,7 +121,7 @@ def interruptible(prog):  # the body of a command's main: SIGINT/SIGTERM -> clea
 
 @contextlib.contextmanager
 def signals_held():  # a critical section that a signal cannot cut in two (the renames of a directory swap)
-    held = {signal.SIGINT, signal.SIGTERM}
+    held = set(STOPS)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         yield

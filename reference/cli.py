@@ -152,12 +152,14 @@ def fail(prog, message):  # one line on stderr -> exit status 2
 
 def exit_status(prog, work, errors=()):  # -> work()'s exit status; UsageError, OSError and `errors` one line, 2
     """What every main() ends in: the typed errors of bad input become the one line of the contract,
-    and SIGINT/SIGTERM the one line of reference.artifacts (exit 130/143)."""
+    and SIGINT, SIGTERM, SIGHUP and SIGPIPE the one line of reference.artifacts (exit 130, 143, 129, 141)."""
     with artifacts.interruptible(prog):
         try:
             return work()
         except (UsageError, artifacts.ArtifactError, *errors) as e:
             return fail(prog, e)
+        except BrokenPipeError:  # stdout's reader is gone (| head): a stop, as SIGPIPE (interruptible)
+            raise
         except OSError as e:
             return fail(prog, os_error(e))
 

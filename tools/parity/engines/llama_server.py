@@ -114,7 +114,7 @@ def check_topk_reply(top: dict, n_predict: int, n_vocab: int | None, where: str)
 def completion_topk(url: str, args, ids: list[int], n: int, n_vocab: int | None = None) -> dict:  # -> TOPK_FORMAT
     """POST /completion of llama-server: the arrays of TOPK_FORMAT, checked against the request."""
     where = f"{url}/completion"
-    reply = http_json(where, completion_request(ids, n, args.n_probs), http_limits(args, (len(ids) + n) * (args.n_probs + 1)))
+    reply = http_json(where, completion_request(ids, n, args.n_probs), http_limits(args, (len(ids) + n) * (args.n_probs + 1), len(ids) + n))
     top = parse_completion(reply, ids, args.n_probs, where, n_vocab)
     check_topk_reply(top, n, n_vocab, where)
     return top

@@ -163,7 +163,7 @@ def openai_engine(args) -> Engine:
     def topk(ids: list[int], n: int) -> dict:
         where = f"{url}/v1/completions"
         reply = http_json(where, openai_request(served, ids, n, args.n_probs),
-                          http_limits(args, (len(ids) + n) * (args.n_probs + 1)))
+                          http_limits(args, (len(ids) + n) * (args.n_probs + 1), len(ids) + n))
         try:
             top, run = openai_topk(json_object(reply, where), ids, args.n_probs, where, n_vocab)
         except NoRows as e:
