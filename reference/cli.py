@@ -2,6 +2,7 @@
 (never a traceback, a usage block, a hang or a giant allocation), and numbers are range-checked as
 they are parsed, before anything is allocated from them."""
 import argparse
+import math
 import os
 import re
 import sys
@@ -52,10 +53,10 @@ def int_in(low, high):  # -> an argparse type: an int with low <= n <= high
     return parse
 
 
-def float_in(low, high):  # -> an argparse type: a finite float with low <= x <= high
+def float_in(low, high):  # -> an argparse type: a float with low <= x <= high ("inf" where high is)
     def parse(text):
         try:
-            x = strict_float(text)
+            x = math.inf if text == "inf" and high == math.inf else strict_float(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
         if not low <= x <= high:  # also refuses nan
