@@ -26,6 +26,7 @@ decode first unless given --no-warmup: each run is a pass, and a pass starts whe
 then its 3-D reshape): the last one is kept, as it is the tensor the graph callback named.
 `join_passes` concatenates the passes along the token axis.
 """
+import json
 import math
 import os
 import re
@@ -391,23 +392,38 @@ def debug_tree_path(path):  # debugger directory or its *_FULL_TENSORS.json -> t
     return path if path.endswith(DEBUG_TREE) else None
 
 
-def module_calls(node, calls=None):  # debugger tree -> {module path: [node per call]} in call order
+def module_calls(node, where, calls=None):  # debugger tree -> {module path: [node per call]} in call order
+    """Every node names its module and lists its children as nodes: a tree that does not is an input
+    error naming the field (a node left out would read as a point not recorded: a divergence)."""
     calls = {} if calls is None else calls
     path = node.get("module_path")
-    calls.setdefault(path if isinstance(path, str) else None, []).append(node)
-    children = node.get("children")
-    for child in children if isinstance(children, list) else []:
-        if isinstance(child, dict):
-            module_calls(child, calls)
+    if not isinstance(path, str):
+        raise DumpError(f"{where}: a node's module_path is {json.dumps(path)[:40]}, not a module name")
+    calls.setdefault(path, []).append(node)
+    children = node.get("children", [])
+    if not isinstance(children, list) or not all(isinstance(child, dict) for child in children):
+        raise DumpError(f"{where}: {path}: children is not a list of module nodes")
+    for child in children:
+        module_calls(child, where, calls)
     return calls
 
 
-def recorded(node, what):  # node, "outputs" | "inputs" -> the debugger's record of that tensor, or None
+def recorded(node, what, where):  # node, "outputs" | "inputs" -> the debugger's record of that tensor, or None
+    """None where the module recorded no such tensor (a tuple output, no positional input); a record
+    whose value is not a file name is an input error naming the module and field."""
     entry = node.get(what)
     if what == "inputs":  # the first positional argument, else the first keyword (self_attn's hidden_states)
         args = entry.get("args") if isinstance(entry, dict) else None
         entry = args[0] if isinstance(args, list) and args else None
-    return entry if isinstance(entry, dict) and isinstance(entry.get("value"), str) else None
+    if not isinstance(entry, dict) or "value" not in entry:
+        return None
+    if isinstance(entry["value"], list):
+        raise DumpError(f"{where}: the tree holds printed tensors (use_repr=True, the default): rerun "
+                        "model_addition_debugger_context with use_repr=False for whole tensors")
+    if not isinstance(entry["value"], str):
+        raise DumpError(f"{where}: {node['module_path']}: {what} value {json.dumps(entry['value'])[:40]} "
+                        "is not a file name")
+    return entry
 
 
 def recorded_array(directory, entry, where):  # debugger record {shape, value: "./FILE"} -> array
@@ -451,28 +467,30 @@ def debugger_entry(calls, root, name, n_layer, directory):  # -> the debugger's 
         return {"value": value} if os.path.exists(os.path.join(directory, value)) else None
     module, what = debugger_module(name, n_layer)
     nodes = calls.get(f"{root}.{module}")
-    return recorded(nodes[-1], what) if nodes else None  # the last call: its files overwrote the others'
+    return recorded(nodes[-1], what, directory) if nodes else None  # the last call: its files overwrote the others'
 
 
 def debugger_records(path):  # debugger dir or tree JSON -> (tree file, head_dim, {name: record}, [names missing])
     tree_file = debug_tree_path(path)
     tree, directory = read_tree(tree_file), os.path.dirname(tree_file)
-    calls, root = module_calls(tree), tree["module_path"]
+    calls, root = module_calls(tree, tree_file), tree["module_path"]
     layers = debugger_layers(calls, root)
     if layers and layers != list(range(len(layers))):
         # a pruned tree would leave l_out of the kept layers without their next layer's input
         raise DumpError(f"{tree_file}: holds layers {', '.join(map(str, layers))} only: pruned "
                         "(do_prune_layers=True, the default); rerun with do_prune_layers=False")
     qk_norm = calls.get(f"{root}.{HF_DEBUGGER_POINTS['Kcur_normed-{il}'][0].format(il=layers[0])}") if layers else None
-    size = TORCH_SIZE.match(str((recorded(qk_norm[-1], "outputs") or {}).get("shape"))) if qk_norm else None
-    if qk_norm and isinstance((qk_norm[-1].get("outputs") or {}).get("value"), list):
-        raise DumpError(f"{tree_file}: the tree holds printed tensors (use_repr=True, the default): rerun "
-                        "model_addition_debugger_context with use_repr=False for whole tensors")
+    size = TORCH_SIZE.match(str((recorded(qk_norm[-1], "outputs", tree_file) or {}).get("shape"))) if qk_norm else None
     if not size:
         raise DumpError(f"{tree_file}: no text-model layer with a recorded self_attn.qk_norm output: not a "
                         "Muse-Glimmer debugger tree")
     records = {name: debugger_entry(calls, root, name, max(layers) + 1, directory) for name in debugger_names(layers)}
     missing = [name for name, entry in records.items() if entry is None]
+    for name in missing:  # an op of every layer (do_prune_layers=False) recorded on some layers only: a cut tree
+        op, _, il = name.rpartition("-")
+        if op and any(records.get(f"{op}-{other}") for other in layers):
+            raise DumpError(f"{tree_file}: no record of {name} ({'.'.join(debugger_module(name, max(layers) + 1))}), "
+                            f"which the tree records on other layers: a cut or edited tree")
     return tree_file, int(size["dims"].split(",")[-1]), {n: e for n, e in records.items() if e}, missing
 
 
