@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import stat
@@ -410,6 +411,31 @@ def check_zip(path, error=ArtifactError, what="zip archive"):  # -> None; the ar
         if info.file_size > max(INFLATE_RATIO * info.compress_size, INFLATE_FLOOR):
             raise error(f"{path}: member {info.filename} inflates {info.compress_size} bytes to {info.file_size}, "
                         f"more than {INFLATE_RATIO}x: not a {what}")
+
+
+def memory_left():  # -> bytes this process can still allocate: free memory, and its address-space limit if set
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            free = next(int(line.split()[1]) << 10 for line in f if line.startswith(b"MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/statm", "rb") as f:
+                held = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            held = 0
+        free = min(free, limit - held)
+    return free
+
+
+def check_allocation(n_bytes, what, error=ArtifactError):  # -> None; refused when n_bytes cannot be had now
+    """A size read from a header (a .npy's shape over a sparse file, which holds whatever it claims),
+    checked before the allocation: one line, not a MemoryError traceback or the OOM killer."""
+    left = memory_left()
+    if n_bytes > left:
+        raise error(f"{what}: {n_bytes} bytes, more than the {left} this process can still allocate")
 
 
 # -------------------------------------------------------------------------------------------------
