@@ -251,12 +251,14 @@ def is_embedded(path):  # -> whether `path` is the embedded default model
     return os.path.exists(path) and os.path.samefile(path, DEFAULT_MODEL)
 
 
-def prompt_tokens(args, request, tok):  # -> ids from --token-ids, --prompt/--prompt-file (plain or --chat), or the default
+def prompt_tokens(args, request, tok, n_ctx_train):  # -> ids from --token-ids, --prompt/--prompt-file (plain or --chat), or the default
     if request.text is None:
         if request.token_ids is not None:
             return check_token_ids(request.token_ids, tok.n_vocab)
         return default_prompt(tok, is_embedded(model_path(args)))
     tokenizer = Tokenizer(tok)
+    # refused by its bytes before the pre-tokenizer: past the training context (or memory) it cannot run
+    tokenizer.check_length(request.text, None if args.beyond_n_ctx_train else n_ctx_train or None)
     if not args.chat:
         return tokenizer.tokenize(request.text, add_special=True, parse_special=not args.no_special)
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
@@ -435,7 +437,7 @@ def run(args):  # parsed args -> exit status
     t0 = time.perf_counter()
     model, lm, drafter = load_models(args, compute)
     load_s = time.perf_counter() - t0
-    prompt = prompt_tokens(args, request, model.tokenizer)
+    prompt = prompt_tokens(args, request, model.tokenizer, model.config.n_ctx_train)
     if args.tokenize_only:
         print(json.dumps(prompt))
         return 0
