@@ -375,7 +375,8 @@ def path_error(error_class, path):  # a (path, problem) exception class -> the o
     return lambda message: error_class(path, message.removeprefix(prefix))
 
 
-JSON_SCAN_BLOCK = 1 << 20  # bytes json_depth looks at a time: its memory, whatever the document's size
+# bytes json_depth looks at a time: its memory (about 20 bytes a byte of a block, 5 MB) whatever the document's size
+JSON_SCAN_BLOCK = 1 << 18
 
 
 def json_blocks(data):  # bytes | str -> its UTF-8 bytes, JSON_SCAN_BLOCK at a time, without a copy of the whole
@@ -397,15 +398,15 @@ def json_depth(data):  # bytes or str of JSON -> its deepest nesting of [ and {,
     inside, run = 0, 0  # inside a string at the block's start; backslashes ending the last block
     for block in json_blocks(data):
         a = np.frombuffer(block, np.uint8)
-        at = np.arange(a.size)
+        at = np.arange(a.size, dtype=np.int32)
         last_plain = np.maximum.accumulate(np.where(a == ord("\\"), -1, at))  # last non-backslash at or before i
-        before = np.concatenate(([-1], last_plain[:-1]))
+        before = np.concatenate((np.int32([-1]), last_plain[:-1]))
         run_before = at - 1 - before + np.where(before < 0, run, 0)  # backslashes right before byte i
-        quotes = np.cumsum((a == ord('"')) & (run_before % 2 == 0))
+        quotes = np.cumsum((a == ord('"')) & (run_before % 2 == 0), dtype=np.int32)
         outside = (quotes + inside) % 2 == 0  # after byte i: outside a string
-        step = (outside & ((a == ord("[")) | (a == ord("{")))).astype(np.int64) - \
-            (outside & ((a == ord("]")) | (a == ord("}"))))
-        levels = np.cumsum(step) + depth
+        step = (outside & ((a == ord("[")) | (a == ord("{")))).astype(np.int8) - \
+            (outside & ((a == ord("]")) | (a == ord("}")))).astype(np.int8)
+        levels = np.cumsum(step, dtype=np.int64) + depth
         peak = max(peak, int(levels.max(initial=depth)))
         depth, inside = int(levels[-1]), int(quotes[-1] + inside) % 2
         run = a.size - 1 - int(last_plain[-1]) if last_plain[-1] >= 0 else run + a.size
