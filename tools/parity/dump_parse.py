@@ -461,18 +461,18 @@ def debugger_names(layers):  # [layer] -> trace names the debugger can hold, in 
             + ["result_norm", "result_output"])
 
 
-def debugger_entry(calls, root, name, n_layer, directory):  # -> the debugger's record of trace point name, or None
+def debugger_entry(calls, root, name, n_layer, tree_file):  # -> the debugger's record of trace point name, or None
     if name == "result_output":  # the top-level logits: written, but pruned from the tree
         value = f"./{root}_{HF_DEBUGGER_POINTS[name][1]}.safetensors"
-        return {"value": value} if os.path.exists(os.path.join(directory, value)) else None
+        return {"value": value} if os.path.exists(os.path.join(os.path.dirname(tree_file), value)) else None
     module, what = debugger_module(name, n_layer)
     nodes = calls.get(f"{root}.{module}")
-    return recorded(nodes[-1], what, directory) if nodes else None  # the last call: its files overwrote the others'
+    return recorded(nodes[-1], what, tree_file) if nodes else None  # the last call: its files overwrote the others'
 
 
 def debugger_records(path):  # debugger dir or tree JSON -> (tree file, head_dim, {name: record}, [names missing])
     tree_file = debug_tree_path(path)
-    tree, directory = read_tree(tree_file), os.path.dirname(tree_file)
+    tree = read_tree(tree_file)
     calls, root = module_calls(tree, tree_file), tree["module_path"]
     layers = debugger_layers(calls, root)
     if layers and layers != list(range(len(layers))):
@@ -484,7 +484,7 @@ def debugger_records(path):  # debugger dir or tree JSON -> (tree file, head_dim
     if not size:
         raise DumpError(f"{tree_file}: no text-model layer with a recorded self_attn.qk_norm output: not a "
                         "Muse-Glimmer debugger tree")
-    records = {name: debugger_entry(calls, root, name, max(layers) + 1, directory) for name in debugger_names(layers)}
+    records = {name: debugger_entry(calls, root, name, max(layers) + 1, tree_file) for name in debugger_names(layers)}
     missing = [name for name, entry in records.items() if entry is None]
     for name in missing:  # an op of every layer (do_prune_layers=False) recorded on some layers only: a cut tree
         op, _, il = name.rpartition("-")
