@@ -108,7 +108,8 @@ def interruptible(prog):  # the body of a command's main: a signal of STOPS -> c
             signal.signal(s, signal.SIG_IGN)
         remove_unfinished()
         if signum == signal.SIGPIPE:  # nobody reads stdout: what is buffered there goes nowhere, quietly
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            with contextlib.suppress(OSError, ValueError):  # a stdout without a descriptor (captured) has no pipe
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         with contextlib.suppress(OSError):
             sys.stdout.flush()
         with contextlib.suppress(OSError):
