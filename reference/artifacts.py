@@ -4,11 +4,15 @@ plots, JSON reports), so that a stored one can be trusted for as long as it is k
 - a file is written to a temporary name in its own directory, fsynced and renamed over its name:
   it appears whole or not at all, and an older file under that name stays as it was until then;
 - a directory (a trace) is built beside its name and renamed into place;
-- an output that is the same file as an input (or a directory that holds one) is refused before
-  anything is opened for writing;
+- an output directory is new, empty or one the project wrote (its own index or manifest): any
+  other is refused before anything is written, so no user's file is replaced or lost;
+- an output that is the same file as an input (or a directory that holds one), two outputs that
+  are one file (however spelled, before either exists) and an output inside another are refused
+  before anything is opened for writing;
 - only regular files are read (a FIFO would block, /dev/zero never ends), each under a size cap,
-  a zip archive under a decompression cap and JSON under a depth limit; every failure is the
-  caller's typed error, one line naming the file;
+  a zip archive under a decompression cap, a size a header promises under the memory left, and
+  JSON under a depth limit found by a streaming scan; every failure is the caller's typed error,
+  one line naming the file;
 - SIGINT, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (a reader of stdout gone, `| head`)
   remove what is unfinished, keep what was whole, print one line "interrupted; <file> left as it
   was" and exit 128 + the signal number (130, 143, 129, 141).
