@@ -365,6 +365,7 @@ def open_regular(path, error=ArtifactError, cap=None, what="file"):  # -> a bina
 def read_bytes(path, error=ArtifactError, cap=TEXT_CAP, what="text file"):  # -> bytes, whole
     try:
         with open_regular(path, error, cap, what) as f:
+            check_allocation(os.fstat(f.fileno()).st_size, f"{path}: a {what}", error)  # under the cap, yet sparse
             return f.read()
     except OSError as e:
         raise error(f"{path}: {e.strerror or e}") from None

@@ -145,12 +145,14 @@ def test_reference_engine_goldens_are_marked_and_match_llama_cpp(tmp_path):
         assert by_id[e["id"]]["greedy"]["tokens"] == e["greedy"]["tokens"][:4]
     # the one-command gate on golden directories: llama.cpp as REF, the reference's goldens as TEST
     r = run_cli("tools.diff", LLAMA_CPP_RUN, out, "--gate", "nmse=1e-10,top1=1")
-    assert r.returncode == 2 and "no logits for prompt(s) len1" in r.stderr  # every REF prompt is needed
+    assert r.returncode == 2 and "no logits for 3 of the 5 prompts" in r.stderr and "len1" in r.stderr  # every REF prompt
     subset = tmp_path / "llama-cpp"
     subset.mkdir()
     for e in entries:
         shutil.copy(os.path.join(LLAMA_CPP_RUN, e["file"]), subset)
-    r = run_cli("tools.diff", subset, out, "--gate", "nmse=1e-10,top1=1", "--json", tmp_path / "d.json")
+    # TEST holds a prompt REF has not ("text"): compared only when a subset is meant
+    cli_error(run_cli("tools.diff", subset, out), "no logits for 1 of the 3 prompts", "--allow-subset")
+    r = run_cli("tools.diff", subset, out, "--gate", "nmse=1e-10,top1=1", "--json", tmp_path / "d.json", "--allow-subset")
     assert r.returncode == 0 and "TEST" in r.stdout and "self_made" in r.stdout, r.stdout
     assert json.loads((tmp_path / "d.json").read_text())["overall"]["n_pos"] == 7 + 33
     r = run_cli("tools.diff", subset, out, "--gate", "nmse=1e-14")

@@ -362,6 +362,7 @@ def read_tensor_entry(f, name, info, data_start, file_size, where):  # one safet
             or data_start + end > file_size or end - begin != n * np.dtype(dtype).itemsize:
         raise DumpError(f"{where}: tensor {name!r} claims shape {shape} of {info['dtype']} at bytes [{begin}, {end}) "
                         f"of {file_size - data_start}: sizes do not agree")
+    artifacts.check_allocation(end - begin, f"{where}: tensor {name!r} of shape {shape}", DumpError)  # a sparse file
     f.seek(data_start + begin)
     a = np.frombuffer(f.read(end - begin), dtype).reshape(shape)
     # bfloat16 is the top half of a float32
@@ -560,6 +561,7 @@ def load_logits_bin(path, other):  # .bin, the other side's {name: tensor} -> Du
     if name == "result_output" and rows != 1 or tokens is not None and name == "result_norm" and rows != len(tokens):
         raise DumpError(f"{path}: {rows} rows of {row}; llama-debug writes the last token's logits "
                         f"(1 row) or with --embedding one row per token ({len(tokens or [])} tokens)")
+    artifacts.check_allocation(size, f"{path}: {rows} rows of {row}", DumpError)  # a sparse file holds any size
     values = np.fromfile(path, np.float32).reshape(rows, row)
     if name == "result_norm":
         check_not_normalized(values, path)

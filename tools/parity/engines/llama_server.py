@@ -120,6 +120,10 @@ def completion_topk(url: str, args, ids: list[int], n: int, n_vocab: int | None 
     return top
 
 
+def counted(reply: dict, key: str, where: str) -> int | None:  # -> a count a reply reports, checked; None if absent
+    return None if reply.get(key) is None else reply_int(reply[key], key, where, 1)
+
+
 def llama_server_engine(args) -> Engine:
     url = args.server_url.rstrip("/")
     props = json_object(http_json(f"{url}/props", limits=http_limits(args)), f"{url}/props")
@@ -153,7 +157,8 @@ def llama_server_engine(args) -> Engine:
         model=model,
         options={"request": {k: v for k, v in completion_request([], 0, args.n_probs).items()
                              if k not in ("prompt", "n_predict")},
-                 "n_ctx": settings.get("n_ctx"), "total_slots": props.get("total_slots"),
+                 "n_ctx": counted(settings, "n_ctx", f"{url}/props default_generation_settings"),
+                 "total_slots": counted(props, "total_slots", f"{url}/props"),
                  "model_ftype": props.get("model_ftype"), "server_launch": args.server_launch or "not given",
                  "golden": TOPK_FORMAT},
         tokenize=tokenize, topk=topk, n_vocab=n_vocab,
