@@ -395,8 +395,8 @@ class Tokenizer:
 
     WORD_CACHE_LIMIT = 1 << 16
     # Peak memory of tokenize per byte of text: measured 24 on glimmer-default (a 2.7 MB line of
-    # words, numbers, CJK and accents); 64 leaves room for the other pre-tokenizers' scanners.
-    PEAK_BYTES_PER_BYTE = 64
+    # words, numbers, CJK and accents); 32 leaves a third more for the other pre-tokenizers' scanners.
+    PEAK_BYTES_PER_BYTE = 32
 
     def __init__(self, tok):  # TokenizerConfig
         self.tok = tok

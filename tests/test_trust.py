@@ -245,7 +245,7 @@ def test_a_huge_one_line_prompt_is_refused_before_the_pre_tokenizer(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT, "OPENBLAS_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "reference.run", "--model", TINY_A, "--prompt-file", str(prompt),
                         "--beyond-n-ctx-train", "--n-predict", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)), timeout=300)
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29)), timeout=300)
     cli_error(r, "tokenizing a text of 67108864 bytes", "this process can still allocate")
 
 
