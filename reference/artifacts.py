@@ -100,6 +100,9 @@ def interruptible(prog):  # the body of a command's main: a signal of STOPS -> c
         return
 
     def handler(signum, frame):  # the target is taken now: unwinding removes it from _unfinished
+        if _holding:  # a signal Python saw just before signals_held() blocked it: raised when that ends
+            _deferred.append(signum)
+            return
         raise Interrupted(signum, unfinished_target())
     old = {s: signal.signal(s, handler) for s in STOPS}
     _declared.clear()
@@ -124,14 +127,26 @@ def interruptible(prog):  # the body of a command's main: a signal of STOPS -> c
             signal.signal(s, h)
 
 
+_holding = False  # inside signals_held(): interruptible's handler defers a signal to its end
+_deferred = []
+
+
 @contextlib.contextmanager
-def signals_held():  # a critical section that a signal cannot cut in two (the renames of a directory swap)
-    held = set(STOPS)
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+def signals_held():  # a critical section that a signal cannot cut in two (a directory swap, a last manifest)
+    """The signals are blocked; one already received (a write's EPIPE brings SIGPIPE with it) is
+    kept by the handler and raised once the section is whole."""
+    global _holding
+    old, outer = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOPS)), _holding
+    _holding = True
     try:
         yield
     finally:
+        _holding = outer
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    if _deferred and not outer:
+        signum = _deferred[0]
+        _deferred.clear()
+        raise Interrupted(signum, unfinished_target())
 
 
 # -------------------------------------------------------------------------------------------------

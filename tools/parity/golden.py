@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import urllib.parse
 from pathlib import Path
@@ -431,7 +432,8 @@ def run_prompts(args: argparse.Namespace, prompts: list[dict]) -> int:  # one pr
 
 
 def incomplete(entries: list[dict], prompts: list[dict], why: BaseException) -> dict:  # -> the manifest's "incomplete"
-    reason = f"signal {why.args[0]}" if isinstance(why, artifacts.Interrupted) else str(why)[:200]
+    reason = signal.Signals(why.args[0]).name if isinstance(why, artifacts.Interrupted) \
+        else "SIGPIPE" if isinstance(why, BrokenPipeError) else str(why)[:200]
     return {"reason": reason, "prompts_done": len(entries), "prompts": len(prompts),
             "not_done": [str(p["id"]) for p in prompts[len(entries):]][:100]}
 
