@@ -9,6 +9,11 @@ reference, and a benchmark. The op-by-op checks are accel/harness.py's (`--backe
                                                   launches run eagerly: identical bits
     python -m accel.cuda_harness bench MODEL.gguf prefill and decode tokens/s; weight bytes per decode token
                                                   against the H200's 4.8 TB/s
+    python -m accel.cuda_harness profile MODEL    one decode step's launches, eager, each between CUDA events:
+                                                  device time by kernel, the largest first
+    python -m accel.cuda_harness tune MODEL.gguf  the decode kernel's shapes (rows per block, warps per row,
+                                                  chunks in flight) on each distinct matrix: the time of a
+                                                  decode step's products under each, the best first
 
 NMSE is sum((ref - x)^2) / sum(ref^2) (test-backend-ops' convention); each check also gives max |diff|
 and, for logits, top-1 agreement. Each prints one line per check and ends with 'N passed, N failed';
@@ -16,6 +21,7 @@ and, for logits, top-1 agreement. Each prints one line per check and ends with '
 """
 import argparse
 import json
+from collections import Counter
 import os
 import sys
 import time
@@ -185,6 +191,87 @@ def bench(backend, path, prompt_len=512, n_decode=32, repeat=50):  # -> report d
                 products=products)
 
 
+TUNE_ROWS, TUNE_WARPS, TUNE_UNROLL = (1, 2, 4), (2, 4, 8), (1, 2)
+
+
+def device_us(rt, fn, repeat):  # -> device microseconds per call of fn's launches: `repeat` calls in one graph
+    graph = rt.capture(lambda: [fn() for _ in range(repeat)])
+    return 1e6 * timed(graph.replay, 3, rt.synchronize) / repeat
+
+
+def tune(path, repeat=20):  # -> [{rows, warps, unroll, step_us, bandwidth}], fastest first
+    """Every decode-kernel shape on each distinct (type, shape) matrix of the model, T = 1, timed on
+    the device (launches replayed from a graph, so the host's launch cost is out). A step's time is
+    the sum over all of the model's matrices, each timed as its distinct twin; MV_UNROLL is a
+    compile-time constant, so each value gets its own runtime."""
+    from .cupy import kernels
+    from .cupy.runtime import CupyRuntime
+    weights = gguf.load(path, "text").weights
+    names = [n for n in weights.tensors if launch.supported(weights, n) and n != "token_embd.weight"]
+    kind = lambda n: (weights.type_name(n), weights.shape(n))  # noqa: E731
+    count, twin = Counter(map(kind, names)), {}
+    for n in names:
+        twin.setdefault(kind(n), n)
+    out = []
+    for unroll in TUNE_UNROLL:
+        rt = CupyRuntime((f"-DMV_UNROLL={unroll}",))
+        tables = rt.to_device(kernels.lookup_tables())
+        tensors = {key: launch.DeviceTensor(rt, weights, name) for key, name in twin.items()}
+        x = rt.zeros((1, max(t.n_in for t in tensors.values())))
+        for rows in TUNE_ROWS:
+            for warps in TUNE_WARPS:
+                step_us, step_bytes = 0.0, 0
+                for key, t in tensors.items():
+                    y = rt.empty((1, t.n_out))
+                    args = (int(t.qtype), t.data, t.row_bytes, t.n_out, t.n_in, x[:, :t.n_in], t.n_in, y, t.n_out)
+                    us = device_us(rt, lambda: launch.matvec(rt, args, tables, t.n_out, 1, rows, warps), repeat)
+                    step_us += count[key] * us
+                    step_bytes += count[key] * t.data.nbytes
+                out.append(dict(rows=rows, warps=warps, unroll=unroll, step_us=step_us,
+                                bandwidth=step_bytes / (step_us * 1e-6) / H200_BYTES_PER_S))
+    return sorted(out, key=lambda r: r["step_us"])
+
+
+class EventRuntime:
+    """A runtime whose every launch sits between two CUDA events: device time by kernel name."""
+
+    def __init__(self, rt):
+        self.rt, self.events = rt, []
+
+    def __getattr__(self, name):
+        return getattr(self.rt, name)
+
+    def launch(self, name, *args):
+        cupy = self.rt.cupy
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(self.rt.stream)
+        self.rt.launch(name, *args)
+        stop.record(self.rt.stream)
+        self.events.append((name, start, stop))
+
+    def times_us(self):  # -> {kernel: (launches, total microseconds)}
+        self.rt.synchronize()
+        out = {}
+        for name, start, stop in self.events:
+            n, us = out.get(name, (0, 0.0))
+            out[name] = (n + 1, us + 1e3 * self.rt.cupy.cuda.get_elapsed_time(start, stop))
+        return out
+
+
+def profile(backend, path, prompt_len=512):  # -> {kernel: (launches, us)} of one eager decode step at that depth
+    lm = DeviceTextModel(gguf.load(path, "text"), np.float32, backend)
+    ids = [int(i) for i in np.random.default_rng(0).integers(0, lm.cfg.n_vocab - 3, prompt_len)]
+    cache = lm.new_cache(prompt_len + 2, "ring", prompt_len)
+    token = int(np.argmax(lm.prefill(ids, cache, prompt_len)[-1]))
+    lm.use_graphs, rt = False, backend.rt
+    backend.rt = lm.rt = EventRuntime(rt)
+    try:
+        lm.prefill([token], cache, prompt_len)
+        return lm.rt.times_us()
+    finally:
+        backend.rt = lm.rt = rt
+
+
 def report(records):  # print one line per record and the closing counts -> exit status
     for r in records:
         extra = f" top1={r['top1']:.3f}" if "top1" in r else ""
@@ -205,15 +292,15 @@ def model_names(text):  # argparse type: "tiny-a-f32,tiny-b-q8_0" -> paths of th
 
 def main(argv=None):
     p = OneLineParser(prog="python -m accel.cuda_harness", description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("parity", "products", "graph", "bench"))
-    p.add_argument("model", nargs="?", help="the text GGUF (bench, products; parity instead of the tiny models)")
+    p.add_argument("what", choices=("parity", "products", "graph", "bench", "tune", "profile"))
+    p.add_argument("model", nargs="?", help="the text GGUF (bench, products, tune, profile; parity instead of the tiny models)")
     p.add_argument("--models", type=model_names, default=",".join(PARITY_MODELS),
                    help="parity/graph: tiny model names in golden/models")
     p.add_argument("--prompt-len", type=int_in(1, MAX_PROMPT), help="default: 512 (bench), 20 (parity)")
     p.add_argument("--n-decode", type=int_in(1, MAX_DECODE), help="default: 32 (bench), 4 (parity)")
     p.add_argument("--json", type=output_file, help="write the records (or the benchmark report) here")
     args = p.parse_args(argv)
-    if args.what in ("bench", "products") and not args.model:
+    if args.what in ("bench", "products", "tune", "profile") and not args.model:
         p.error(f"{args.what} needs a model")
     from reference import factory
     return exit_status("accel.cuda_harness", lambda: run(args, factory.backend(factory.Build(backend="cupy"))),
@@ -227,6 +314,19 @@ def run(args, backend):  # -> exit status
         print(json.dumps({k: v for k, v in result.items() if k != "products"}, indent=1))
         for name, r in result["products"].items():
             print(f"{name:28s} {r['type']:8s} {str(r['shape']):16s} {r['us']:9.1f} us  {100 * r['bandwidth']:5.1f}% of 4.8 TB/s")
+        status = 0
+    elif args.what == "profile":
+        result = profile(backend, args.model, args.prompt_len or 512)
+        total = sum(us for _, us in result.values())
+        for name, (n, us) in sorted(result.items(), key=lambda kv: -kv[1][1]):
+            print(f"{name:24s} {n:5d} launches {us:10.1f} us  {100 * us / total:5.1f}%")
+        print(f"{'all':24s} {sum(n for n, _ in result.values()):5d} launches {total:10.1f} us")
+        status = 0
+    elif args.what == "tune":
+        result = tune(args.model)
+        for r in result:
+            print(f"rows {r['rows']} warps {r['warps']} unroll {r['unroll']}: {r['step_us']:9.1f} us a step's products, "
+                  f"{100 * r['bandwidth']:5.1f}% of 4.8 TB/s")
         status = 0
     else:
         if args.what == "parity":

@@ -123,8 +123,8 @@ def int_dot_cases(rng):  # every quantized type x batch rows x repack, through i
                     continue
                 kernel_rows = layouts[repack]
                 run = (lambda x=x, path=path, kind=kind, rows=rows, kernel_rows=kernel_rows:
-                       ([QUANT_PATHS[path](x, rows, kind, AVX512)],
-                        [numba_mul_mat.QUANT_PATHS[path](x, kernel_rows, kind, AVX512)]))
+                       ([QUANT_PATHS[path](x, kind, AVX512)(rows)],
+                        [numba_mul_mat.QUANT_PATHS[path](x, kind, AVX512)(kernel_rows)]))
                 cases.append(TwinCase("int_dots", f"{path} {kind} x[{n_rows},512] repack {'on' if repack else 'off'}",
                                       run))
     return cases

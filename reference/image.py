@@ -34,32 +34,36 @@ class ImageError(Exception):
 
 
 def load_rgb(path, alpha="drop"):  # path -> uint8 [H, W, 3]
+    path = os.fspath(path)
+    # a FIFO or device is refused by name before Pillow's read could block or never end
+    with artifacts.open_regular(path, artifacts.path_error(ImageError, path), what="image") as f:
+        return decode_rgb(f, path, alpha)
+
+
+def decode_rgb(f, name, alpha="drop"):  # a binary file object, its name for messages -> uint8 [H, W, 3]
     if alpha not in ("drop", "white"):
         raise ValueError("alpha must be 'drop' (llama.cpp) or 'white' (transformers)")
-    path = os.fspath(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            # a FIFO or device is refused by name before Pillow's read could block or never end
-            with artifacts.open_regular(path, artifacts.path_error(ImageError, path), what="image") as f, \
-                    Image.open(f) as img:
+            with Image.open(f) as img:
                 w, h = img.size
                 if w * h > MAX_PIXELS:
-                    raise ImageError(path, f"{w}x{h} pixels is more than the {MAX_PIXELS} allowed "
+                    raise ImageError(name, f"{w}x{h} pixels is more than the {MAX_PIXELS} allowed "
                                            "(decompression bomb?)")
                 img.load()
                 try:
                     return to_rgb(img, alpha)
                 except ValueError as e:  # a file whose pixels have no RGB form here (mode F)
-                    raise ImageError(path, f"cannot convert to RGB ({e})") from None
+                    raise ImageError(name, f"cannot convert to RGB ({e})") from None
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise ImageError(path, f"refused as a decompression bomb ({e})") from None
+        raise ImageError(name, f"refused as a decompression bomb ({e})") from None
     except Image.UnidentifiedImageError:
-        raise ImageError(path, "not an image file Pillow can identify") from None
+        raise ImageError(name, "not an image file Pillow can identify") from None
     except (OSError, SyntaxError, ValueError, EOFError) as e:  # truncated or corrupt data
-        raise ImageError(path, f"cannot decode ({type(e).__name__}: {e})") from None
+        raise ImageError(name, f"cannot decode ({type(e).__name__}: {e})") from None
 
 
 def to_rgb(img, alpha="drop"):  # PIL image -> uint8 [H, W, 3]; ValueError for a mode it cannot take

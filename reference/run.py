@@ -136,14 +136,18 @@ def add_draft_flags(p):
 
 
 def add_image_flags(p):
-    p.add_argument("--mmproj", help="vision projector GGUF (clip, projector muse-glimmer) for --image")
+    add_tower_flags(p)
     p.add_argument("--image", action="append", default=[],
                    help="image file (repeatable); each <|patch|> in the prompt takes the next image, "
                         "with none they go right after BOS")
-    p.add_argument("--image-max-tokens", type=int_in(1, MAX_TOKENS), default=DEFAULT_MAX_TOKENS,
-                   help="merged-token cap per image (llama.cpp's --image-max-tokens)")
     p.add_argument("--embeddings-out",
                    help="write float32 [n_image_tokens, n_embd]: the raw image projections (a .npy path)")
+
+
+def add_tower_flags(p):  # the vision tower's (reference.serve's too)
+    p.add_argument("--mmproj", help="vision projector GGUF (clip, projector muse-glimmer) for the prompt's images")
+    p.add_argument("--image-max-tokens", type=int_in(1, MAX_TOKENS), default=DEFAULT_MAX_TOKENS,
+                   help="merged-token cap per image (llama.cpp's --image-max-tokens)")
 
 
 # -------------------------------------------------------------------------------------------------

@@ -78,11 +78,17 @@ class TextModel(Blocks):
                 # llama.cpp's inp_out_ids: the last FFN runs on the kept rows alone, and ggml's kernels
                 # choose their path by row count, so the rows are kept where llama.cpp keeps them
                 x, a = x[out_rows], a[out_rows]
+            if not len(x):  # a chunk that keeps no output rows: its K/V are stored, no row goes further
+                break
             x = x + a
             trace(point("ffn_inp", il), x)
             x = x + self.ffn_block(il, x, trace)
             trace(point("l_out", il), x)
         cache.n_past = max(cache.n_past, int(np.max(positions)) + 1)
+        return self.output_head(x, trace) if len(x) else np.zeros((0, c.n_vocab), self.dtype)
+
+    def output_head(self, x, trace):  # x [T, E] -> logits [T, V]: softcap(rms(x) * output_norm Wout * logit_scale)
+        c = self.cfg
         y = self.norm(x, "output_norm.weight", c.rms_eps)
         trace("result_norm", y)
         logits = self.backend.softcap(self.linear(y, "output.weight") * self.dtype.type(c.logit_scale), c.softcap)

@@ -124,7 +124,7 @@ def test_every_kernel_named_in_python_exists_and_its_parameters_parse():
     params = {}
     for filename in kernels.FILES:
         params.update(kernels.kernel_params(kernels.source(filename)))
-    named = {"matvec_r1", "matvec_r4"}  # launch.linear's f"matvec_r{rows_per_warp}"
+    named = {"matvec_r1", "matvec_r2", "matvec_r4"}  # launch.matvec's f"matvec_r{rows}"
     for module in ("launch", "backend", "text"):
         with open(os.path.join(os.path.dirname(kernels.__file__), module + ".py")) as f:
             named |= set(re.findall(r'(?:rt\.launch\(|elementwise\([^"]*)"(\w+)"', f.read()))
@@ -152,6 +152,7 @@ EMULATOR = r"""
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __launch_bounds__(threads)
 #define __shared__ static
 
 struct uint3 { unsigned x, y, z; };
@@ -280,7 +281,6 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int mask) { return emu::exch
 extern "C" const char* emu_error() { return emu::error ? emu::error : ""; }
 """
 
-_DECL = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
 _CTYPES = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "i64": ctypes.c_longlong, "float": ctypes.c_float,
            "double": ctypes.c_double}
 
@@ -292,7 +292,7 @@ def build_emulator(out_dir):  # -> (shared library path, {kernel: parameter kind
     for filename in kernels.FILES:
         text = kernels.source(filename)
         units.append(f'#include "{filename}"')
-        for name, plist in _DECL.findall(text):
+        for name, plist in kernels.KERNEL_DECLARATION.findall(text):
             decls = [" ".join(p.split()) for p in plist.split(",")]
             names = [re.findall(r"\w+", d)[-1] for d in decls]
             entries.append(f'extern "C" int emu_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
@@ -481,6 +481,24 @@ def test_product_edges(backend, qtype, n_out, n_in, T):
     ref = ops.linear(x, weights.get("w", np.float64))
     got = backend.linear(x, weights, "w")
     assert nmse(ref.ravel(), got.ravel()) <= harness.GATES["linear"][0]
+
+
+@pytest.mark.parametrize("rows, warps, blocks", [(1, 1, 2048), (2, 3, 2), (4, 4, 1), (2, 8, 3)])
+@pytest.mark.parametrize("qtype, n_out, n_in", [
+    (GT.IQ2_XXS, 7, 1280),   # 5 chunks: fewer than some warp counts, uneven over others; a partial last block
+    (GT.F16, 9, 1288),       # a row that ends 8 values into its last chunk: lanes of one warp end apart
+], ids=lambda v: v.name if isinstance(v, GT) else str(v))
+def test_decode_kernel_shapes(backend, qtype, n_out, n_in, rows, warps, blocks):
+    """launch.matvec under the shapes accel.cuda_harness tune tries, on rows they split unevenly, and
+    with fewer blocks than row groups (a block loops over several)."""
+    weights = harness.TensorFile([("w", qtype, n_out, n_in)], np.random.default_rng(1)).weights
+    x = np.random.default_rng(2).standard_normal((2, n_in)).astype(np.float32)
+    rt, t = backend.rt, backend.tensor(weights, "w")
+    y = rt.empty((2, n_out))
+    launch.matvec(rt, (int(t.qtype), t.data, t.row_bytes, n_out, n_in, rt.to_device(x), n_in, y, n_out),
+                  backend.tables, n_out, 2, rows, warps, blocks)
+    ref = ops.linear(x, weights.get("w", np.float64))
+    assert nmse(ref.ravel(), rt.to_host(y).ravel()) <= harness.GATES["linear"][0]
 
 
 def test_attention_of_a_vision_window(backend):

@@ -28,6 +28,22 @@
 #define TAB_IQ2XXS 0
 #define TAB_IQ3XXS 2048
 #define TAB_KVALUES 3072
+#define TAB_BYTES 3088
+
+// The types whose decoders read `tab`: their products copy it into shared memory first, since a
+// warp's lanes look up 32 unrelated grid rows at once, which global memory serves a line at a time.
+#define READS_TAB(QT) (QT == T_IQ2_XXS || QT == T_IQ3_XXS || QT == T_IQ4_NL || QT == T_IQ4_XS)
+
+// A grid row of the table (aligned to its size): one load on the device
+__host__ __device__ __forceinline__ unsigned long long ld_row8(const u8* p) {
+#ifdef __CUDA_ARCH__
+    return *(const unsigned long long*)p;
+#else
+    unsigned long long v;
+    __builtin_memcpy(&v, p, 8);
+    return v;
+#endif
+}
 
 // Runs CALL(QT) for the type id `qtype` (a runtime value; the branch is uniform across a launch).
 #define DISPATCH_QTYPE(qtype, CALL)                                                           \
@@ -149,10 +165,10 @@ __host__ __device__ __forceinline__ void decode8(const u8* row, int v0, const u8
         const u8* a = b + 2 + 8 * (e / 32);
         u32 aux = ld32(a + 4);
         float db = ld_half(b) * (0.5f + (float)(aux >> 28)) * 0.25f;
-        const u8* grid = tab + TAB_IQ2XXS + 8 * a[l];
+        unsigned long long grid = ld_row8(tab + TAB_IQ2XXS + 8 * a[l]);  // 8 grid values, byte j = value j
         u32 signs = ksign((aux >> (7 * l)) & 127);
         for (int j = 0; j < 8; j++) {
-            float v = db * (float)grid[j];
+            float v = db * (float)((grid >> (8 * j)) & 255);
             w[j] = (signs >> j) & 1 ? -v : v;
         }
     } else if (QT == T_IQ3_XXS) {  // 98 bytes: f16 d, grid indices[64], 8 x u32 signs + scale

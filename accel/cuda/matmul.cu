@@ -5,19 +5,26 @@
 // and the prefill kernel (matmul) form the same group sums, so a token's row depends on the batch
 // only through the float64 order of the group sums.
 //
-// matvec: one warp per R output rows, one token per blockIdx.y (decode and draft verification:
-//   T of 1 to a few). Lane l owns values [256 c + 8 l, +8) of every 256-value chunk c: the chunk is
-//   one K-quant super-block or eight 32-value blocks, so a warp reads contiguous block bytes, and
-//   the 8 activations a lane loads serve its R rows (R = 4 keeps the activation reads from L1
-//   below the weight bytes' rate for 2-bit types). MV_UNROLL chunks are decoded per step so that
-//   their loads are in flight together. Both are first guesses, to be tuned on a GPU with
-//   `python -m accel.cuda_harness bench`.
+// matvec: one block per R output rows and one token per blockIdx.y (decode and draft verification:
+//   T of 1 to a few). The block's warps split the row: warp w takes the 256-value chunks c = w,
+//   w + n_warps, ... (a chunk is one K-quant super-block or eight 32-value blocks), lane l the
+//   values [256 c + 8 l, +8) of each, so a warp reads contiguous block bytes and the 8 activations
+//   a lane loads serve its R rows. MV_UNROLL chunks are decoded per step so that their loads are in
+//   flight together. The warps' float64 sums meet in shared memory and are added in warp order: the
+//   result is the same from launch to launch. A block takes row groups blockIdx.x, + gridDim.x, ...
+//   so that its copy of the IQ tables into shared memory serves many rows. Splitting the row over warps keeps thousands of small
+//   independent loads in flight, which is what the bandwidth of a 2-bit matrix needs (one warp per
+//   4 rows ran at 4.5 % of an H200's 4.8 TB/s); R, the warps and MV_UNROLL were chosen by
+//   `python -m accel.cuda_harness tune` on an H200 (launch.py).
 // matmul: 64 rows x 64 tokens per block of 256 threads (prefill). A K-step of 64 values is decoded
 //   once into shared memory and multiplied with 64 tokens; each thread keeps 4 x 4 sums.
 #include "dequant.cu"
 
-#define MV_WARPS 4
-#define MV_UNROLL 2
+#ifndef MV_UNROLL
+#define MV_UNROLL 1
+#endif
+#define MV_MAX_WARPS 8
+#define MV_MAX_ROWS 4
 #define MM_ROWS 64
 #define MM_TOKENS 64
 #define MM_K 64
@@ -25,32 +32,44 @@
 
 template <int QT, int R>
 __device__ void matvec(const u8* W, i64 row_bytes, int n_out, int n_in, const float* x, int x_stride,
-                       float* y, int y_stride, const u8* tab) {
-    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    int r0 = (blockIdx.x * MV_WARPS + warp) * R;
+                       float* y, int y_stride, const u8* tab, double* partial, unsigned long long* tab_shared) {
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
+    if (READS_TAB(QT)) {
+        for (int i = threadIdx.x; i < TAB_BYTES / 8; i += blockDim.x) tab_shared[i] = ld_row8(tab + 8 * i);
+        __syncthreads();
+        tab = (const u8*)tab_shared;
+    }
     const float* xt = x + (i64)blockIdx.y * x_stride;
-    double acc[R];
-    for (int r = 0; r < R; r++) acc[r] = 0.0;
-    // MV_UNROLL chunks per step: their independent loads are in flight together
-    for (int c0 = lane * 8; c0 < n_in; c0 += 256 * MV_UNROLL) {
+    for (int r0 = blockIdx.x * R; r0 < n_out; r0 += gridDim.x * R) {  // the block's row groups
+        double acc[R];
+        for (int r = 0; r < R; r++) acc[r] = 0.0;
+        for (int c0 = 256 * warp + 8 * lane; c0 < n_in; c0 += 256 * n_warps * MV_UNROLL) {
 #pragma unroll
-        for (int u = 0; u < MV_UNROLL; u++) {
-            int v0 = c0 + 256 * u;
-            if (v0 < n_in) {
-                float xv[8], w[8];
-                for (int j = 0; j < 8; j++) xv[j] = xt[v0 + j];
-                for (int r = 0; r < R; r++) {
-                    if (r0 + r < n_out) {
-                        decode8<QT>(W + (i64)(r0 + r) * row_bytes, v0, tab, w);
-                        acc[r] += (double)dot8(w, xv);
+            for (int u = 0; u < MV_UNROLL; u++) {
+                int v0 = c0 + 256 * n_warps * u;
+                if (v0 < n_in) {
+                    float xv[8], w[8];
+                    for (int j = 0; j < 8; j++) xv[j] = xt[v0 + j];
+                    for (int r = 0; r < R; r++) {
+                        if (r0 + r < n_out) {
+                            decode8<QT>(W + (i64)(r0 + r) * row_bytes, v0, tab, w);
+                            acc[r] += (double)dot8(w, xv);
+                        }
                     }
                 }
             }
         }
-    }
-    for (int r = 0; r < R; r++) {
-        double total = warp_sum(acc[r]);  // every lane of the warp takes part: r0 is warp-uniform
-        if (lane == 0 && r0 + r < n_out) y[(i64)blockIdx.y * y_stride + r0 + r] = (float)total;
+        for (int r = 0; r < R; r++) {
+            double total = warp_sum(acc[r]);  // every lane gets here, whatever its trip count
+            if (lane == 0) partial[warp * R + r] = total;
+        }
+        __syncthreads();
+        if (threadIdx.x < R && r0 + threadIdx.x < n_out) {
+            double total = 0.0;
+            for (int v = 0; v < n_warps; v++) total += partial[v * R + threadIdx.x];
+            y[(i64)blockIdx.y * y_stride + r0 + threadIdx.x] = (float)total;
+        }
+        __syncthreads();  // partial is read before the next group writes it
     }
 }
 
@@ -88,17 +107,30 @@ __device__ void matmul(const u8* W, i64 row_bytes, int n_out, int n_in, const fl
         }
 }
 
-// block (128), grid (ceil(n_out / (4 * 1)), T)
+// block (32 x warps, at most MV_MAX_WARPS), grid (up to ceil(n_out / 1), T)
 extern "C" __global__ void matvec_r1(int qtype, const u8* W, i64 row_bytes, int n_out, int n_in, const float* x,
                                      int x_stride, float* y, int y_stride, const u8* tab) {
-#define MATVEC_R1(QT) matvec<QT, 1>(W, row_bytes, n_out, n_in, x, x_stride, y, y_stride, tab)
+    __shared__ double partial[MV_MAX_WARPS * MV_MAX_ROWS];
+    __shared__ unsigned long long tab_shared[TAB_BYTES / 8];
+#define MATVEC_R1(QT) matvec<QT, 1>(W, row_bytes, n_out, n_in, x, x_stride, y, y_stride, tab, partial, tab_shared)
     DISPATCH_QTYPE(qtype, MATVEC_R1)
 }
 
-// block (128), grid (ceil(n_out / (4 * 4)), T)
+// block (32 x warps, at most MV_MAX_WARPS), grid (up to ceil(n_out / 2), T)
+extern "C" __global__ void matvec_r2(int qtype, const u8* W, i64 row_bytes, int n_out, int n_in, const float* x,
+                                     int x_stride, float* y, int y_stride, const u8* tab) {
+    __shared__ double partial[MV_MAX_WARPS * MV_MAX_ROWS];
+    __shared__ unsigned long long tab_shared[TAB_BYTES / 8];
+#define MATVEC_R2(QT) matvec<QT, 2>(W, row_bytes, n_out, n_in, x, x_stride, y, y_stride, tab, partial, tab_shared)
+    DISPATCH_QTYPE(qtype, MATVEC_R2)
+}
+
+// block (32 x warps, at most MV_MAX_WARPS), grid (up to ceil(n_out / 4), T)
 extern "C" __global__ void matvec_r4(int qtype, const u8* W, i64 row_bytes, int n_out, int n_in, const float* x,
                                      int x_stride, float* y, int y_stride, const u8* tab) {
-#define MATVEC_R4(QT) matvec<QT, 4>(W, row_bytes, n_out, n_in, x, x_stride, y, y_stride, tab)
+    __shared__ double partial[MV_MAX_WARPS * MV_MAX_ROWS];
+    __shared__ unsigned long long tab_shared[TAB_BYTES / 8];
+#define MATVEC_R4(QT) matvec<QT, 4>(W, row_bytes, n_out, n_in, x, x_stride, y, y_stride, tab, partial, tab_shared)
     DISPATCH_QTYPE(qtype, MATVEC_R4)
 }
 

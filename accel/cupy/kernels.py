@@ -20,7 +20,7 @@ KERNEL_TYPES = frozenset((GT.F32, GT.F16, GT.BF16, GT.Q4_0, GT.Q5_0, GT.Q8_0, GT
                           GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.IQ4_XS, GT.IQ3_XXS, GT.IQ2_XXS))
 
 _INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', re.M)
-_KERNEL = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
+KERNEL_DECLARATION = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\(([^)]*)\)')
 _SCALARS = {"int": "int", "i64": "i64", "float": "float", "double": "double"}
 
 
@@ -34,7 +34,7 @@ def source(filename, seen=None):  # file in accel/cuda -> its text, each include
 
 def kernel_params(text):  # source text -> {kernel name: (kind, ...)}, kind "ptr" | "int" | "i64" | "float" | "double"
     kernels = {}
-    for name, params in _KERNEL.findall(text):
+    for name, params in KERNEL_DECLARATION.findall(text):
         kinds = []
         for p in params.split(","):
             decl = " ".join(p.split())

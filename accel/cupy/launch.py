@@ -6,8 +6,13 @@ import numpy as np
 from . import kernels
 
 MATVEC_MAX_TOKENS = 4   # up to this many rows of x, each weight row is read per token (decode)
-WIDE_OUTPUT = 4096      # from this many output rows a warp computes 4 of them (fewer, busier warps)
+# The decode kernel's shape (matmul.cu, matvec): output rows per block and warps splitting each row.
+# Chosen by `python -m accel.cuda_harness tune` on an H200, best over the release's matrices.
+MATVEC_ROWS = 4
+MATVEC_WARPS = 4
+MATVEC_BLOCKS = 2048  # at most: a block loops over row groups, its shared IQ tables copied once
 MAX_HEAD_DIM = 256      # ATT_MAX_D, HEAD_MAX_D in the kernels
+ATT_THREADS = 512       # attention.cu's block size
 
 
 class DeviceTensor:
@@ -39,10 +44,14 @@ def linear(rt, x, t, y, tables):  # x [T, n_in], DeviceTensor -> y [T, n_out]
     T = x.shape[0]
     args = (int(t.qtype), t.data, t.row_bytes, t.n_out, t.n_in, x, row_stride(x), y, row_stride(y))
     if T <= MATVEC_MAX_TOKENS:
-        rows_per_warp = 4 if t.n_out >= WIDE_OUTPUT else 1
-        rt.launch(f"matvec_r{rows_per_warp}", (cdiv(t.n_out, 4 * rows_per_warp), T), (128,), *args, tables)
+        matvec(rt, args, tables, t.n_out, T, MATVEC_ROWS, MATVEC_WARPS)
     else:
         rt.launch("matmul_tiled", (cdiv(t.n_out, 64), cdiv(T, 64)), (256,), *args, T, tables)
+
+
+def matvec(rt, args, tables, n_out, T, rows, warps, blocks=MATVEC_BLOCKS):
+    """The decode kernel: `rows` output rows a block at a time, `warps` splitting each row, at most `blocks` blocks."""
+    rt.launch(f"matvec_r{rows}", (min(cdiv(n_out, rows), blocks), T), (32 * warps,), *args, tables)
 
 
 def dequantize_rows(rt, t, first, n_rows, out, tables):  # rows [first, first + n_rows) -> out [n_rows, n_in]
@@ -81,20 +90,20 @@ def attention_cache(rt, q, layer, step, H, Hkv, D, window, scale, gate, out, att
     """q [T, H, D] over the layer's cache rows -> out [T, H*D] = attention * sigmoid(gate [T, H*D])."""
     check_head_dim(D)
     T = q.shape[0]
-    rt.launch("attention_cache", (H, T), (128,), q, H * D, layer.k, layer.v, layer.pos, layer.rows, step, H, Hkv,
+    rt.launch("attention_cache", (H, T), (ATT_THREADS,), q, H * D, layer.k, layer.v, layer.pos, layer.rows, step, H, Hkv,
               D, window, float(scale), gate, row_stride(gate), out, attn_out, gate_sig)
 
 
 def attention_mask(rt, q, k, v, mask, scale, out):  # q [T, H, D], k/v [S, Hkv, D], mask u8 [T, S] -> out [T, H, D]
     T, H, D = q.shape
     check_head_dim(D)
-    rt.launch("attention_mask", (H, T), (128,), q, k, v, mask, k.shape[0], H, k.shape[1], D, float(scale), out)
+    rt.launch("attention_mask", (H, T), (ATT_THREADS,), q, k, v, mask, k.shape[0], H, k.shape[1], D, float(scale), out)
 
 
 def attention_spans(rt, q, k, v, start, stop, scale, out):  # q/k/v [N, H, D], start/stop int32 [N] -> out [N, H, D]
     T, H, D = q.shape
     check_head_dim(D)
-    rt.launch("attention_spans", (H, T), (128,), q, k, v, start, stop, H, D, float(scale), out)
+    rt.launch("attention_spans", (H, T), (ATT_THREADS,), q, k, v, start, stop, H, D, float(scale), out)
 
 
 def rope_pairs(rt, x, cos, sin, first, pair_stride, out):  # x/out [T, H, D], cos/sin [T, P]

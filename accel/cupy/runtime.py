@@ -15,7 +15,7 @@ class CupyGraph:
 
 
 class CupyRuntime:
-    def __init__(self):
+    def __init__(self, defines=()):  # defines: extra "-DNAME=VALUE" options (the decode kernel's MV_UNROLL)
         import cupy
         self.cupy = cupy
         if cupy.cuda.runtime.getDeviceCount() == 0:  # or raises CUDARuntimeError without a driver
@@ -25,7 +25,7 @@ class CupyRuntime:
         self.params, self.functions = {}, {}
         for filename in kernels.FILES:
             text = kernels.source(filename)
-            module = cupy.RawModule(code=text, options=kernels.NVRTC_OPTIONS)
+            module = cupy.RawModule(code=text, options=(*kernels.NVRTC_OPTIONS, *defines))
             for name, kinds in kernels.kernel_params(text).items():
                 self.params[name] = kinds
                 self.functions[name] = module.get_function(name)  # compiles now, never during a capture

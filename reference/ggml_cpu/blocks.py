@@ -1,4 +1,6 @@
 """Weights as integers: each block format decoded to its f16 scales and integer values."""
+import copy
+
 import numpy as np
 
 from .rounding import F32
@@ -172,6 +174,15 @@ def decode(weights, name):  # GGUF tensor -> QuantRows with arrays [O, nb, ...]
 
 
 INT_FIELDS = ("values", "scales", "mins")
+ROW_FIELDS = INT_FIELDS + ("d", "dmin", "m")  # QuantRows' arrays, weight rows first
+
+
+def row_block(rows, start, stop):  # QuantRows -> the same of weight rows [start, stop) (views)
+    block = copy.copy(rows)
+    for field in ROW_FIELDS:
+        if getattr(rows, field) is not None:
+            setattr(block, field, getattr(rows, field)[start:stop])
+    return block
 
 
 def narrow(rows):  # QuantRows -> the same with int8 codes and scales
@@ -189,7 +200,7 @@ def decode_rows(weights, name, start, stop, decoders=DECODERS):  # GGUF tensor -
     raw = raw.reshape(len(raw), -1, n_bytes)
     parts = [narrow(decoder(raw[i:i + DECODE_ROWS])) for i in range(0, len(raw), DECODE_ROWS)]
     rows = parts[0]
-    for field in INT_FIELDS + ("d", "dmin", "m") if len(parts) > 1 else ():
+    for field in ROW_FIELDS if len(parts) > 1 else ():
         if getattr(rows, field) is not None:
             setattr(rows, field, np.concatenate([getattr(part, field) for part in parts]))
     return rows

@@ -4,7 +4,7 @@ import sys
 
 import numpy as np
 
-from .blocks import DECODERS, decode_rows
+from .blocks import DECODERS, decode_rows, row_block
 from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, neon_k_repacked_rows, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
@@ -115,34 +115,44 @@ def mmla_chunks(n_rows0, n_rows1, name):  # weight rows, batch rows -> whether t
     return modes.pop()
 
 
-def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel path: (x, rows, type, Target) -> [T, O]}
-    """The call each path makes; the numba twin (accel/numba/ggml/mul_mat.py) passes its own module."""
+def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel path: (x, type, Target) -> product}
+    """The call each path makes; the numba twin (accel/numba/ggml/mul_mat.py) passes its own module.
+    A path quantizes the activations x [T, K] once and returns product(rows) -> [T, O], which any
+    block of weight rows can take."""
     k = kernels
     return {
-        "k_repacked": lambda x, w, kind, target: k_repacked(x, w, REPACK_GEMM_ELEMENTS[kind], k),
-        "q0_repacked": lambda x, w, kind, target: k.q0_repacked(w, k.quantize_q8_0(x)),
-        "q0_lanes": lambda x, w, kind, target: k.q0_lanes(w, k.quantize_q8_0(x, target),
-                                                          q0_accumulators(kind, len(x), target), target),
-        "q5_1_vec_dot": lambda x, w, kind, target: k.q5_1_vec_dot(w, k.quantize_q8_0(x)),
-        "mmla_vec_dot": lambda x, w, kind, target: k.mmla_vec_dot(
-            w, k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target), kind,
-            target.mla_fused),
-        "neon_repacked": lambda x, w, kind, target: neon_repacked(x, w, kind, target, k),
-        "neon_wide_block_vec_dot": lambda x, w, kind, target: k.neon_wide_block_vec_dot(
-            w, k.quantize_q8_0(x, target), target),
-        "neon_iq4_nl_vec_dot": lambda x, w, kind, target: k.neon_iq4_nl_vec_dot(w, k.quantize_q8_0(x, target)),
-        "neon_q1_vec_dot": lambda x, w, kind, target: k.neon_q1_vec_dot(w, k.quantize_q8_0(x, target), kind, target),
-        "wide_block_vec_dot": lambda x, w, kind, target: k.wide_block_vec_dot(w, k.quantize_q8_0(x),
-                                                                              8 if kind == "Q1_0" else 1),
-        "q2_k_vec_dot": lambda x, w, kind, target: k.q2_k_vec_dot(w, k.quantize_q8_k(x, target=target), target),
-        "tiled": lambda x, w, kind, target: k.tiled(w, k.quantize_q8_k(x)),
-        "k_vec_dot": lambda x, w, kind, target: k.k_vec_dot(w, k.quantize_q8_k(x)),
-        "neon_k_vec_dot": lambda x, w, kind, target: k.neon_k_vec_dot(w, k.quantize_q8_k(x, target=target), kind),
-        "iq1_vec_dot": lambda x, w, kind, target: k.iq1_vec_dot(w, k.quantize_q8_k(x), 8 if kind == "IQ1_M" else 1),
+        "k_repacked": lambda x, kind, target: k_repacked(x, REPACK_GEMM_ELEMENTS[kind], k),
+        "q0_repacked": lambda x, kind, target: bind(k.q0_repacked, k.quantize_q8_0(x)),
+        "q0_lanes": lambda x, kind, target: bind(k.q0_lanes, k.quantize_q8_0(x, target),
+                                                 q0_accumulators(kind, len(x), target), target),
+        "q5_1_vec_dot": lambda x, kind, target: bind(k.q5_1_vec_dot, k.quantize_q8_0(x)),
+        "mmla_vec_dot": lambda x, kind, target: bind(
+            k.mmla_vec_dot, k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target),
+            kind, target.mla_fused),
+        "neon_repacked": lambda x, kind, target: neon_repacked(x, kind, target, k),
+        "neon_wide_block_vec_dot": lambda x, kind, target: bind(k.neon_wide_block_vec_dot, k.quantize_q8_0(x, target),
+                                                                target),
+        "neon_iq4_nl_vec_dot": lambda x, kind, target: bind(k.neon_iq4_nl_vec_dot, k.quantize_q8_0(x, target)),
+        "neon_q1_vec_dot": lambda x, kind, target: bind(k.neon_q1_vec_dot, k.quantize_q8_0(x, target), kind, target),
+        "wide_block_vec_dot": lambda x, kind, target: bind(k.wide_block_vec_dot, k.quantize_q8_0(x),
+                                                           8 if kind == "Q1_0" else 1),
+        "q2_k_vec_dot": lambda x, kind, target: bind(k.q2_k_vec_dot, k.quantize_q8_k(x, target=target), target),
+        "tiled": lambda x, kind, target: bind(k.tiled, k.quantize_q8_k(x)),
+        "k_vec_dot": lambda x, kind, target: bind(k.k_vec_dot, k.quantize_q8_k(x)),
+        "neon_k_vec_dot": lambda x, kind, target: bind(k.neon_k_vec_dot, k.quantize_q8_k(x, target=target), kind),
+        "iq1_vec_dot": lambda x, kind, target: bind(k.iq1_vec_dot, k.quantize_q8_k(x), 8 if kind == "IQ1_M" else 1),
     }
 
 
-def neon_repacked(x, w, kind, target, kernels):  # x [T, K] f32, rows of a NEON_REPACKED_EPILOGUES type -> [T, O]
+def bind(kernel, acts, *args):  # a kernel (rows, acts, *args) -> [T, O], quantized activations -> product(rows)
+    return lambda rows: kernel(rows, acts, *args)
+
+
+def stacked(products):  # products of consecutive activation rows -> product(rows) of all of them, [T, O]
+    return lambda rows: np.concatenate([product(rows) for product in products])
+
+
+def neon_repacked(x, kind, target, kernels):  # x [T, K] f32, a NEON_REPACKED_EPILOGUES type -> product(rows)
     """CPU repack on NEON (q8_0_4x4/4x8, q4_0_4x4/4x8, q1_0_4x4/4x8, iq4_nl_4x4, q4_K/q5_K/q6_K_8x4/8x8): rows in
     groups of 4 take the gemm, the last T mod 4 rows the gemv. Every kernel forms exact integers per
     block and weight row (Q4_0's codes sit in the high nibble, 16 I, which scvtf #4 / vcvtq_n_f32_s32(., 4)
@@ -154,15 +164,15 @@ def neon_repacked(x, w, kind, target, kernels):  # x [T, K] f32, rows of a NEON_
     epilogues = NEON_REPACKED_EPILOGUES[kind][target.mmla]
     k_quant = kind in NEON_Q8_K_REPACKED
 
-    def product(rows, epilogue):  # activation rows -> [len(rows), O]
+    def product(rows, epilogue):  # activation rows, an epilogue -> product(weight rows)
         a = kernels.quantize_q8_k(rows, target=target) if k_quant else kernels.quantize_q8_0(rows, target)
         if epilogue == "fma":
-            return kernels.q0_repacked(w, a)
+            return bind(kernels.q0_repacked, a)
         if epilogue == "wide":
-            return kernels.wide_block_vec_dot(w, a, 1)
+            return bind(kernels.wide_block_vec_dot, a, 1)
         if epilogue in ("mla", "mul_add"):
-            return kernels.mmla_vec_dot(w, a, kind if k_quant else "Q8_0", epilogue == "mla" and target.mla_fused)
-        return kernels.neon_k_repacked_rows(w, a, *epilogue, target)
+            return bind(kernels.mmla_vec_dot, a, kind if k_quant else "Q8_0", epilogue == "mla" and target.mla_fused)
+        return bind(kernels.neon_k_repacked_rows, a, *epilogue, target)
 
     n4 = len(x) - len(x) % 4
     parts = []
@@ -170,7 +180,7 @@ def neon_repacked(x, w, kind, target, kernels):  # x [T, K] f32, rows of a NEON_
         parts.append(product(x[:n4], epilogues[1]))
     if n4 < len(x):
         parts.append(product(x[n4:], epilogues[0]))
-    return np.concatenate(parts)
+    return stacked(parts)
 
 
 def q0_accumulators(kind, n_rows, target):  # -> the float accumulators of the Q0 kernel a batch of n_rows takes
@@ -189,9 +199,11 @@ def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX51
     path = kernel_path(kind, len(x), weights, name, repack, target)
     if path == "float":
         return float_weight_mul_mat(x, weights, name, cache, lambda x, w, kind: float_mul_mat(x, w, kind, target))
+    product = QUANT_PATHS[path](x, kind, target)
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
                            lambda start, stop: decode_rows(weights, name, start, stop),
-                           lambda rows: QUANT_PATHS[path](x, rows, kind, target))
+                           lambda rows: by_row_blocks(lambda start, stop: product(row_block(rows, start, stop)),
+                                                      len(rows.values), len(x) * x.shape[1]))
 
 
 def float_weight_mul_mat(x, weights, name, cache, product):  # x [T, K] f32, an F32/F16/BF16 tensor -> [T, O]
@@ -212,20 +224,22 @@ def float_mul_mat(x, w, kind, target=AVX512, batch_rows=None):  # x [T, K] (alre
     step = target.f16_lanes if kind == "F16" else target.lanes * (2 if dpbf16 else 1)
     if (target.llamafile and (batch_rows or len(x)) >= target.sgemm_min_rows(kind) and len(w) % 4 == 0
             and w.shape[1] % step == 0):
-        return tinyblas_bf16(x, w) if dpbf16 else tinyblas(x, w, target, kind == "F16")
-    return FLOAT_KERNELS[kind][1](w[None], x[:, None, :], target)
+        product = (lambda w: tinyblas_bf16(x, w)) if dpbf16 else (lambda w: tinyblas(x, w, target, kind == "F16"))
+    else:
+        product = lambda w: FLOAT_KERNELS[kind][1](w[None], x[:, None, :], target)  # noqa: E731
+    return by_row_blocks(lambda start, stop: product(w[start:stop]), len(w), len(x) * w.shape[1])
 
 
-def k_repacked(x, w, gemm_elements, kernels):  # x [T, K] f32, Q4_K/Q2_K rows (repacked) -> [T, O]
+def k_repacked(x, gemm_elements, kernels):  # x [T, K] f32 -> product(Q4_K/Q2_K rows, repacked) -> [T, O]
     """Rows in groups of 4 take the gemm (activations through the 4x8 quantizer), the last T mod 4
     rows the gemv (activations through quantize_row_q8_K); kernels: the module of both."""
     n4 = len(x) - len(x) % 4
     parts = []
     if n4:
-        parts.append(kernels.k_repacked_rows(w, kernels.quantize_q8_k(x[:n4], prefer_positive=True), gemm_elements))
+        parts.append(bind(kernels.k_repacked_rows, kernels.quantize_q8_k(x[:n4], prefer_positive=True), gemm_elements))
     if n4 < len(x):
-        parts.append(kernels.k_repacked_rows(w, kernels.quantize_q8_k(x[n4:]), 256))
-    return np.concatenate(parts)
+        parts.append(bind(kernels.k_repacked_rows, kernels.quantize_q8_k(x[n4:]), 256))
+    return stacked(parts)
 
 
 QUANT_PATHS = quant_paths(sys.modules[__name__])
@@ -238,7 +252,27 @@ DECODED_CACHE_BYTES = 5 << 30
 # 10 MB) stay under glibc's 32 MB mmap threshold, so the allocator reuses them instead of mapping and
 # faulting in fresh pages on every call: 1024-row blocks took 1.6x as long per decoded token.
 STREAM_ROWS = 256
+# Elements of T x weight rows x K one NumPy product computes at a time: its temporaries take at most
+# 24/width bytes an element (int_dot's float64 sums, their int64 copy and the scaled copy, per `width`
+# products; 4 the narrowest), 384 MB, plus the block's weights as float64, at most 8 bytes an element
+# (T >= 1), whatever the batch. A whole Q6_K head of the release vocabulary as float64 is 10.7 GB.
+PRODUCT_ELEMENTS = 1 << 26
+PRODUCT_ROWS = 16  # blocks of weight rows keep repacked groups of 8 and the i8mm pairs whole
 STREAMED = "streamed"  # the cache's entry for a matrix decoded per call
+
+
+def by_row_blocks(product, n_rows, row_elements):  # product(start, stop) -> [T, stop - start]; -> [T, n_rows]
+    """The NumPy kernels hold temporaries of T x weight rows x (up to) K elements (int_dot's float64
+    and int64 partial sums, tinyBLAS's float64 FMAs, vec_dot's broadcast operands) and the weights as
+    float64: a whole 512-row ubatch against a 19968-row matrix of the mid-size model would be 17 GB a
+    copy, and one row against its 202048-row output head 10.7 GB. So a product takes its weight rows
+    a block at a time, about PRODUCT_ELEMENTS of T x rows x K (row_elements: T x K). Every kernel
+    computes each output column from its own weight row alone, and a block is a multiple of
+    PRODUCT_ROWS rows, so the blocks give the same bits as one product."""
+    step = max(PRODUCT_ROWS, PRODUCT_ELEMENTS // max(row_elements, 1) // PRODUCT_ROWS * PRODUCT_ROWS)
+    if step >= n_rows:
+        return product(0, n_rows)
+    return np.concatenate([product(start, min(start + step, n_rows)) for start in range(0, n_rows, step)], axis=1)
 
 
 def bounded_mul_mat(n_rows, name, cache, cache_bytes, decode, multiply):  # -> [T, n_rows]

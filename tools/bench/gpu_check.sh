@@ -19,7 +19,7 @@
 #   pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
 # Each step has its own time limit; steps that would start past the budget are skipped and said so.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root: the script lives in tools/bench
 OUT=${1:-build/gpu_check}
 PY=${PYTHON:-python3}
 WHEELS=${WHEELS:-.whl}

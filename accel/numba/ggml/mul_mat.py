@@ -168,7 +168,7 @@ def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX51
     return bounded_mul_mat(len(weights.raw(name)), name, cache, cache_bytes,
                            lambda start, stop: kernel_rows(decode_rows(weights, name, start, stop, DECODERS), kind,
                                                            paths),
-                           lambda rows: QUANT_PATHS[path](x, rows, kind, target))
+                           QUANT_PATHS[path](x, kind, target))
 
 
 QUANT_PATHS = quant_paths(sys.modules[__name__])

@@ -85,4 +85,4 @@ def greedy_steps(last: np.ndarray, n: int, step: Callable, dtype=np.float32) -> 
     while len(gen) < n:
         steps.append(step(gen[-1]))
         gen.append(int(np.argmax(steps[-1])))
-    return gen, np.array(steps, dtype=dtype).reshape(len(steps), -1)
+    return gen, np.array(steps, dtype=dtype).reshape(len(steps), len(last))  # [0, n_vocab] for n = 1

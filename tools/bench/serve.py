@@ -1,0 +1,216 @@
+"""reference.serve under load, and its own cost per request: a bounded load test on 127.0.0.1.
+
+    python -m tools.bench.serve [--model GGUF] [--clients 64] [--requests 2000] [--queue 16] \\
+        [--overhead 100] [--png rss.png] [--json report.json]
+
+Starts the server (--queue: its bound), then:
+- overhead: --overhead requests one at a time, each also run in this process on the same oracle
+  (the same forwards); the server's cost is the HTTP wall time minus the in-process time, its median
+  reported (the goal: at most 2 ms);
+- load: --clients concurrent clients send --requests requests, every endpoint, a tenth malformed
+  (bad JSON, wrong types, unknown ids, sampling). Every 200 must be byte-identical (volatile ids and
+  times aside) to the single-client answer of the same request, every malformed one a 4xx, and no 5xx
+  but the queue's 503s; the server's RSS is sampled after each request, and must stay within 5 % of
+  its value at request 200 from there to the end (--png plots it).
+Exit status 1 when a check fails, with the figures printed either way.
+"""
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+from reference.cli import OneLineParser, exit_status, int_in, output_file
+from reference.factory import DEFAULT_MODEL
+from tools.common import REPO, import_extra
+
+WELL_FORMED = [  # (path, body): the requests whose answers must not change under load
+    ("/completion", {"prompt": "initial value. If it", "n_predict": 4, "n_probs": 3, "temperature": 0}),
+    ("/completion", {"prompt": [497, 85, 318], "n_predict": 2, "temperature": 0, "return_tokens": True}),
+    ("/v1/completions", {"prompt": [[497, 85, 318, 217], [497, 12]], "echo": True, "logprobs": 1, "max_tokens": 1,
+                         "temperature": 0}),
+    ("/v1/completions", {"prompt": "The `ast` module", "max_tokens": 3, "logprobs": 2, "prompt_logprobs": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": True,
+                              "top_logprobs": 2}),
+    ("/generate", {"input_ids": [497, 101, 244], "return_logprob": True, "logprob_start_len": 0,
+                   "top_logprobs_num": 2, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}),
+    ("/tokenize", {"content": "An invalid content transfer encoding", "with_pieces": True}),
+    ("/detokenize", {"tokens": [497, 83, 78, 318]}),
+]
+MALFORMED = [
+    ("/completion", b'{"prompt": [1, 2'),
+    ("/completion", {"prompt": {"x": 1}}),
+    ("/v1/completions", {"prompt": [1, 123456789]}),
+    ("/v1/completions", {"prompt": [1, 2], "temperature": 0.7}),
+    ("/generate", {"input_ids": "abc"}),
+    ("/v1/chat/completions", {"messages": 5}),
+]
+VOLATILE = ("id", "created", "e2e_latency")  # of a reply's top level or its meta_info: differ by request
+RSS_FROM = 200  # the RSS is compared from this request on (the first ones warm caches and allocators)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_bytes(pid):  # -> a process's resident set size
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def stable(body):  # reply bytes -> the reply without its volatile fields (bytes otherwise as sent)
+    value = json.loads(body)
+    if isinstance(value, dict):
+        for key in VOLATILE:
+            value.pop(key, None)
+            if isinstance(value.get("meta_info"), dict):
+                value["meta_info"].pop(key, None)
+    return json.dumps(value)
+
+
+def payload(body):
+    return body if isinstance(body, bytes) else json.dumps(body).encode()
+
+
+def start(model, queue):  # -> (Popen, URL) once /health answers
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "reference.serve", "-m", model, "--port", str(port), "--queue",
+                             str(queue)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"reference.serve did not start: {proc.communicate()[1][-500:]}")
+
+
+def overhead(url, model, n):  # -> per-request server cost in seconds: HTTP wall minus the same forwards in-process
+    import threading
+
+    import httpx
+
+    from reference.serve.oracle import Ask
+    from reference.serve.server import build_parser, load_oracle
+
+    oracle, _ = load_oracle(build_parser().parse_args(["-m", model]))
+    ids, body = [497, 85, 318, 217], {"prompt": [497, 85, 318, 217], "n_predict": 2, "n_probs": 3, "temperature": 0}
+    costs = []
+    with httpx.Client() as client:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            oracle.complete(ids, Ask(2, 3), threading.Event())
+            inproc = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            client.post(f"{url}/completion", content=payload(body)).raise_for_status()
+            costs.append(time.perf_counter() - t0 - inproc)
+    return costs
+
+
+async def load(url, pid, clients, n):  # -> (per request (kind index, status, body), RSS after each)
+    import httpx
+
+    plan = [(("bad", i % len(MALFORMED)) if i % 10 == 9 else ("good", i % len(WELL_FORMED))) for i in range(n)]
+    results, rss, todo = [None] * n, [], iter(range(n))
+
+    async def client(http):
+        for i in todo:
+            kind, j = plan[i]
+            path, body = (MALFORMED if kind == "bad" else WELL_FORMED)[j]
+            reply = await http.post(f"{url}{path}", content=payload(body), timeout=600)
+            results[i] = (kind, j, reply.status_code, reply.content)
+            rss.append(rss_bytes(pid))
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=clients)) as http:
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+    return results, rss
+
+
+def check(results, singles, rss):  # -> (figures, failures)
+    statuses = [r[2] for r in results]
+    failures = []
+    for kind, j, status, body in results:
+        if kind == "good" and status == 200 and stable(body) != singles[j]:
+            failures.append(f"{WELL_FORMED[j][0]} #{j}: an answer under load differs from its single-client answer")
+        if kind == "bad" and not 400 <= status < 500:
+            failures.append(f"malformed {MALFORMED[j][0]} #{j}: HTTP {status}")
+        if status >= 500 and status != 503:
+            failures.append(f"HTTP {status}")
+    base = rss[RSS_FROM - 1] if len(rss) >= RSS_FROM else rss[0]
+    drift = max(abs(r - base) for r in rss[RSS_FROM - 1:]) / base if rss else 0.0
+    if drift > 0.05:
+        failures.append(f"RSS moved {100 * drift:.1f} % from request {RSS_FROM} on (more than 5 %)")
+    figures = {"requests": len(results), "ok": statuses.count(200), "queue_full_503": statuses.count(503),
+               "4xx": sum(400 <= s < 500 for s in statuses), "other_5xx": sum(s >= 500 and s != 503 for s in statuses),
+               "rss_mib_at_200": base / 2 ** 20, "rss_mib_last": rss[-1] / 2 ** 20, "rss_drift_from_200": drift}
+    return figures, failures
+
+
+def plot(rss, path):  # the RSS curve as a PNG
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(range(1, len(rss) + 1), [r / 2 ** 20 for r in rss])
+    ax.axvline(RSS_FROM, color="grey", linestyle=":")
+    ax.set_xlabel("requests answered")
+    ax.set_ylabel("server RSS (MiB)")
+    ax.set_title("reference.serve under load")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def bench(args):  # -> exit status
+    for module in ("httpx", "fastapi", "uvicorn"):
+        import_extra(module, "tools.bench.serve")
+    proc, url = start(args.model, args.queue)
+    try:
+        import httpx
+        singles = [stable(httpx.post(f"{url}{p}", content=payload(b), timeout=600).content) for p, b in WELL_FORMED]
+        costs = overhead(url, args.model, args.overhead)
+        t0 = time.perf_counter()
+        results, rss = asyncio.run(load(url, proc.pid, args.clients, args.requests))
+        wall = time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        _, log = proc.communicate(timeout=120)
+    figures, failures = check(results, singles, rss)
+    figures.update(overhead_ms_median=1e3 * statistics.median(costs), load_seconds=wall, clients=args.clients,
+                   queue=args.queue, server_exit=proc.returncode, traceback_in_log="Traceback" in log)
+    if proc.returncode != 0 or "Traceback" in log:
+        failures.append(f"the server exited {proc.returncode}" + (" with a traceback in its log" if "Traceback" in log
+                                                                  else ""))
+    if args.png:
+        plot(rss, args.png)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**figures, "failures": failures}, f, indent=1)
+    print(json.dumps(figures, indent=1))
+    for failure in failures[:20]:
+        print(f"FAIL: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def main(argv=None):
+    p = OneLineParser(prog="python -m tools.bench.serve", description=__doc__)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--clients", type=int_in(1, 1024), default=64)
+    p.add_argument("--requests", type=int_in(RSS_FROM, 1 << 20), default=2000)
+    p.add_argument("--queue", type=int_in(1, 1 << 20), default=16, help="the server's --queue")
+    p.add_argument("--overhead", type=int_in(1, 1 << 20), default=100, help="requests timed one at a time")
+    p.add_argument("--png", type=output_file, help="the RSS curve")
+    p.add_argument("--json", type=output_file, help="the figures")
+    args = p.parse_args(argv)
+    return exit_status("tools.bench.serve", lambda: bench(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
