@@ -22,7 +22,8 @@ import subprocess
 import sys
 import time
 
-from reference.cli import OneLineParser, exit_status, int_in, output_file
+from reference import artifacts
+from reference.cli import OneLineParser, UsageError, exit_status, int_in, output_file, write_json
 from reference.factory import DEFAULT_MODEL
 from tools.common import REPO, import_extra
 
@@ -169,6 +170,7 @@ def plot(rss, path):  # the RSS curve as a PNG
 
 
 def bench(args):  # -> exit status
+    artifacts.refuse_overwrite([("--png", args.png), ("--json", args.json)], [("--model", args.model)], UsageError)
     for module in ("httpx", "fastapi", "uvicorn"):
         import_extra(module, "tools.bench.serve")
     proc, url = start(args.model, args.queue)
@@ -191,8 +193,7 @@ def bench(args):  # -> exit status
     if args.png:
         plot(rss, args.png)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**figures, "failures": failures}, f, indent=1)
+        write_json(args.json, {**figures, "failures": failures})
     print(json.dumps(figures, indent=1))
     for failure in failures[:20]:
         print(f"FAIL: {failure}", file=sys.stderr)

@@ -185,6 +185,25 @@ def sums_agree(a, b, start_a, start_b, threshold):  # -> True/False, or None whe
     return bool(abs(totals[0] - totals[1]) <= tolerance)
 
 
+MAX_DUMP_TOKENS = 1 << 20  # tokens one dumped tensor may hold: tools.golden's bound on any context
+
+
+def check_claimed_shape(name, a, b, sources=("A", "B")):  # -> None; UsageError when a dump's ne cannot be the traced tensor's
+    """A dump's header states its tensor's shape (ne) and the printed values are placed by it, so a
+    lying ne would be compared as if it were the model's tensor: against a trace (the model's own
+    shapes) it must hold the same elements per token, and no more tokens than any run holds. An
+    input error naming the point, never a divergence."""
+    dumps, full = [t for t in (a, b) if isinstance(t, PartialTensor)], [t for t in (a, b) if isinstance(t, np.ndarray)]
+    if len(dumps) != 1 or not full:
+        return
+    rows = n_rows(dumps[0], row_length(full[0]))
+    if rows is None or rows > MAX_DUMP_TOKENS:
+        source = sources[0] if isinstance(a, PartialTensor) else sources[1]
+        raise UsageError(f"{source}: {name} claims ne {list(dumps[0].ne)}, which cannot be the model's {name} "
+                         f"{list(full[0].shape)} ({row_length(full[0])} elements a token, at most "
+                         f"{MAX_DUMP_TOKENS} tokens): a corrupt dump or another model")
+
+
 def compare_point(a, b, threshold=0.0):  # a (reference), b: array | PartialTensor -> dict
     """{nmse, n, size, sum_ok, shape_ok, note}. shape_ok is False when the two cannot be the same
     tensor: another row length, or tokens on one side only (a different number of tokens is fine:
@@ -270,9 +289,11 @@ def one_sided_point(name, side, other_ops):  # point only one side has -> struct
             "note": f"only in {side}: {other} records {op} on other layers, not on layer {layer}"}
 
 
-def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD):  # {name: tensor} x2, float | {name: float} -> result
-    """Compares the common points in A's order; `first` is the first point above its threshold, or
-    the first structural difference (one_sided_point), whichever comes first in forward order."""
+def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD, sources=("A", "B")):  # {name: tensor} x2, threshold -> result
+    """`sources`: the two sides' names for messages (a dump whose ne is not the model's is refused by
+    its name, check_claimed_shape). Compares the common points in A's order; `first` is the first
+    point above its threshold, or the first structural difference (one_sided_point), whichever
+    comes first in forward order."""
     points, first = [], None
     ops_a, ops_b = layered_ops(trace_a), layered_ops(trace_b)
     for name in merged_order(list(trace_a), list(trace_b)):
@@ -285,6 +306,7 @@ def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD):  # {name: tensor} x2, f
             if limit is None:
                 raise UsageError(f"no noise floor for trace point {name}")
             layer, op = layer_and_op(name)
+            check_claimed_shape(name, trace_a[name], trace_b[name], sources)
             c = compare_point(trace_a[name], trace_b[name], limit)
             # written as "not <=" so that a NaN counts as diverged; a shape that cannot be A's is structure
             diverged = not c["shape_ok"] or (c["nmse"] is not None and not c["nmse"] <= limit) or c["sum_ok"] is False
@@ -512,7 +534,7 @@ def run_bisect(args):  # parsed CLI args -> exit status
     if args.reproduce:
         check_reproducible(args, trace_a, trace_b, config)
     threshold, rule = threshold_rule(args, trace_a)
-    result = bisect(trace_a, trace_b, threshold)
+    result = bisect(trace_a, trace_b, threshold, (args.a, args.b))
     if not result["points"]:
         raise UsageError(f"{args.b}: no trace point in common with {args.a}")
     needed = args.reproduce and result["first"] is not None and not config.exact
