@@ -4,19 +4,25 @@ plots, JSON reports), so that a stored one can be trusted for as long as it is k
 - a file is written to a temporary name in its own directory, fsynced and renamed over its name:
   it appears whole or not at all, and an older file under that name stays as it was until then;
 - a directory (a trace) is built beside its name and renamed into place;
-- an output that is the same file as an input (or a directory that holds one) is refused before
-  anything is opened for writing;
+- an output directory is new, empty or one the project wrote (its own index or manifest): any
+  other is refused before anything is written, so no user's file is replaced or lost;
+- an output that is the same file as an input (or a directory that holds one), two outputs that
+  are one file (however spelled, before either exists) and an output inside another are refused
+  before anything is opened for writing;
 - only regular files are read (a FIFO would block, /dev/zero never ends), each under a size cap,
-  a zip archive under a decompression cap and JSON under a depth limit; every failure is the
-  caller's typed error, one line naming the file;
-- SIGINT and SIGTERM remove what is unfinished, keep what was whole, print one line
-  "interrupted; <file> left as it was" and exit 128 + the signal number (130, 143).
+  a zip archive under a decompression cap, a size a header promises under the memory left, and
+  JSON under a depth limit found by a streaming scan; every failure is the caller's typed error,
+  one line naming the file;
+- SIGINT, SIGTERM, SIGHUP (the terminal closed) and SIGPIPE (a reader of stdout gone, `| head`)
+  remove what is unfinished, keep what was whole, print one line "interrupted; <file> left as it
+  was" and exit 128 + the signal number (130, 143, 129, 141).
 """
 import contextlib
+import functools
 import hashlib
 import json
 import os
-import re
+import resource
 import shutil
 import signal
 import stat
@@ -46,7 +52,11 @@ class ArtifactError(Exception):
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM inside interruptible(): BaseException, so that no `except Exception` keeps it."""
+    """A signal of STOPS inside interruptible(): BaseException, so that no `except Exception` keeps it.
+    args: (signal number, the output it left as it was)."""
+
+
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE)
 
 
 _unfinished = {}  # temporary path -> the final path it becomes once whole
@@ -80,73 +90,153 @@ def remove(path):  # a file or a directory tree -> gone, whichever it is; quiet 
 
 
 @contextlib.contextmanager
-def interruptible(prog):  # the body of a command's main: SIGINT/SIGTERM -> cleanup, one line, exit 130/143
+def interruptible(prog):  # the body of a command's main: a signal of STOPS -> cleanup, one line, exit 128 + signal
     """The handler only raises Interrupted; cleanup runs as the stack unwinds (write_file's and
-    staged_dir's `finally`) and again here, so that nothing half-made survives. Off the main
-    thread (a Ray actor's worker thread) signals cannot be caught and nothing is installed."""
+    staged_dir's `finally`) and again here, so that nothing half-made survives. A write to a
+    closed stdout is a BrokenPipeError before the SIGPIPE handler runs: it is the same stop. Off the
+    main thread (a Ray actor's worker thread) signals cannot be caught and nothing is installed."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):  # the target is taken now: unwinding removes it from _unfinished
+        if _holding:  # a signal Python saw just before signals_held() blocked it: raised when that ends
+            _deferred.append(signum)
+            return
         raise Interrupted(signum, unfinished_target())
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, handler) for s in STOPS}
     _declared.clear()
     _written.clear()
     try:
         yield
-    except Interrupted as e:
+    except (Interrupted, BrokenPipeError) as e:
+        signum, target = e.args if isinstance(e, Interrupted) else (signal.SIGPIPE, unfinished_target())
         for s in old:  # a second signal during cleanup must not interrupt the cleanup
             signal.signal(s, signal.SIG_IGN)
         remove_unfinished()
-        sys.stdout.flush()
-        print(interrupted_line(prog, e.args[1]), file=sys.stderr, flush=True)
-        raise SystemExit(128 + e.args[0]) from None
+        if signum == signal.SIGPIPE:  # nobody reads stdout: what is buffered there goes nowhere, quietly
+            with contextlib.suppress(OSError, ValueError):  # a stdout without a descriptor (captured) has no pipe
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+        with contextlib.suppress(OSError):
+            print(interrupted_line(prog, target), file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum) from None
     finally:
         for s, h in old.items():
             signal.signal(s, h)
 
 
+_holding = False  # inside signals_held(): interruptible's handler defers a signal to its end
+_deferred = []
+
+
 @contextlib.contextmanager
-def signals_held():  # a critical section that a signal cannot cut in two (the renames of a directory swap)
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+def signals_held():  # a critical section that a signal cannot cut in two (a directory swap, a last manifest)
+    """The signals are blocked; one already received (a write's EPIPE brings SIGPIPE with it) is
+    kept by the handler and raised once the section is whole."""
+    global _holding
+    old, outer = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOPS)), _holding
+    _holding = True
     try:
         yield
     finally:
+        _holding = outer
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    if _deferred and not outer:
+        signum = _deferred[0]
+        _deferred.clear()
+        raise Interrupted(signum, unfinished_target())
 
 
 # -------------------------------------------------------------------------------------------------
 # Outputs
 
-def same_file(a, b):  # -> whether two paths name one existing file or directory
+def path_key(path, realpath=os.path.realpath):  # -> the path a writer replaces: its folder resolved, its name kept
+    """Every writer here replaces a name (os.replace, a rename of a directory), never follows a link
+    at it, so two spellings are one output when their folders resolve to one (symlinks, "..", ".")
+    and the names agree."""
+    folder, name = os.path.split(os.path.abspath(os.fspath(path)))
+    return os.path.join(realpath(folder), name) if name else realpath(folder)
+
+
+def _identity(path):  # -> (device, inode) of an existing file or directory, None when there is none
     try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return info.st_dev, info.st_ino
 
 
-def inside(path, folder):  # -> whether `path` lies inside the directory `folder` (or is it)
-    real, root = os.path.realpath(path), os.path.realpath(folder)
-    return os.path.commonpath([real, root]) == root
+def _ancestors(key):  # "/a/b/c" -> "/a/b", "/a", "/"
+    while True:
+        parent = os.path.dirname(key)
+        if parent == key:
+            return
+        yield parent
+        key = parent
 
 
 def refuse_overwrite(outputs, inputs, error=ArtifactError):
-    """outputs, inputs: [(option, path or None)]. Refuses an output that is an input (samefile, so a
-    hard link or another spelling counts), two outputs that are one file, and an output directory
-    (a trace, replaced whole) that holds an input. Called before anything is opened for writing;
-    the outputs are then the ones the interrupted line can name."""
+    """outputs, inputs: [(option, path or None)]. Refuses, before anything is opened for writing:
+    an output that is an input (samefile, so a hard link or another spelling counts, or the same
+    resolved path), two outputs that are one file (samefile, or one resolved path before either
+    exists: `x.npz` and `./x.npz`), an output inside another (a file named inside a --trace directory
+    that replaces it whole) and an output directory that holds an input. Linear in the number of
+    paths (a corpus names four per prompt). The outputs are then the ones the interrupted line can name."""
     outputs = [(o, os.fspath(p)) for o, p in outputs if p is not None]
     inputs = [(o, os.fspath(p)) for o, p in inputs if p is not None and os.path.exists(p)]
-    for n, (option, out) in enumerate(outputs):
-        for in_option, given in inputs:
-            if same_file(out, given) or (os.path.isdir(out) and inside(given, out)):
-                raise error(f"{option} {out} would overwrite the input {in_option} {given}")
-        for other_option, other in outputs[:n]:
-            if out == other or same_file(out, other):
-                raise error(f"{option} {out} and {other_option} {other} are one file")
+    realpath = functools.lru_cache(maxsize=None)(os.path.realpath)  # a golden run's outputs share one folder
+    by_key, by_identity = {}, {}
+    for option, out in outputs:
+        key = path_key(out, realpath)
+        seen = by_key.get(key) or by_identity.get(_identity(out))
+        if seen:
+            raise error(f"{option} {out} and {seen[0]} {seen[1]} are one file")
+        by_key[key] = (option, out)
+        if _identity(out):
+            by_identity[_identity(out)] = (option, out)
+    for key, (option, out) in by_key.items():
+        outer = next((by_key[a] for a in _ancestors(key) if a in by_key), None)
+        if outer:
+            raise error(f"{option} {out} lies inside {outer[0]} {outer[1]}, which is written whole")
+    for in_option, given in inputs:
+        keys = (path_key(given, realpath), realpath(given))
+        hit = by_identity.get(_identity(given)) or next((by_key[k] for k in keys if k in by_key), None)
+        hit = hit or next((by_key[a] for k in keys for a in _ancestors(k) if a in by_key), None)
+        if hit:
+            raise error(f"{hit[0]} {hit[1]} would overwrite the input {in_option} {given}")
     _declared.extend(out for _, out in outputs)
+
+
+def check_output_dir(path, option, ours, error=ArtifactError):  # -> None; refused unless new, empty or ours
+    """An output directory is written into (goldens) or replaced whole (a trace): a directory of
+    someone else's files would lose them. So it must be new, empty, or one this project wrote,
+    which `ours` tells: {file name in it: predicate(path of that file) -> bool} (a trace's
+    index.json, a golden's manifest.json, a corpus's tasks/). Refused before anything is written."""
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        return
+    if not os.path.isdir(path):
+        raise error(f"{option} {path} exists and is not a directory")
+    try:
+        names = os.listdir(path)
+    except OSError as e:
+        raise error(f"{option} {path}: {e.strerror or e}") from None
+    if not names or any(name in names and mine(os.path.join(path, name)) for name, mine in ours.items()):
+        return
+    more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+    raise error(f"{option} {path} holds files this project did not write ({sorted(names)[0]!r}{more}; no "
+                f"{' or '.join(ours)} of its own): name a new or empty directory")
+
+
+def json_marker(accepts, what="JSON file"):  # predicate(value) -> predicate(path): the file reads as JSON it accepts
+    def mine(path):
+        try:
+            return bool(accepts(read_json(path, what=what)))
+        except ArtifactError:
+            return False
+    return mine
 
 
 def fsync_dir(folder):  # -> None: the rename itself made durable
@@ -290,6 +380,7 @@ def open_regular(path, error=ArtifactError, cap=None, what="file"):  # -> a bina
 def read_bytes(path, error=ArtifactError, cap=TEXT_CAP, what="text file"):  # -> bytes, whole
     try:
         with open_regular(path, error, cap, what) as f:
+            check_allocation(os.fstat(f.fileno()).st_size, f"{path}: a {what}", error)  # under the cap, yet sparse
             return f.read()
     except OSError as e:
         raise error(f"{path}: {e.strerror or e}") from None
@@ -305,11 +396,42 @@ def path_error(error_class, path):  # a (path, problem) exception class -> the o
     return lambda message: error_class(path, message.removeprefix(prefix))
 
 
+# bytes json_depth looks at a time: its memory (about 20 bytes a byte of a block, 5 MB) whatever the document's size
+JSON_SCAN_BLOCK = 1 << 18
+
+
+def json_blocks(data):  # bytes | str -> its UTF-8 bytes, JSON_SCAN_BLOCK at a time, without a copy of the whole
+    if isinstance(data, str):  # UTF-8 never puts an ASCII byte inside a multi-byte character: blocks scan alone
+        for start in range(0, len(data), JSON_SCAN_BLOCK):
+            yield data[start:start + JSON_SCAN_BLOCK].encode("utf-8", "surrogatepass")
+        return
+    view = memoryview(data)
+    for start in range(0, len(view), JSON_SCAN_BLOCK):
+        yield view[start:start + JSON_SCAN_BLOCK]
+
+
 def json_depth(data):  # bytes or str of JSON -> its deepest nesting of [ and {, without parsing it
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    bare = np.frombuffer(re.sub(rb'"(?:[^"\\]|\\.)*"', b'""', raw, flags=re.S), np.uint8)
-    steps = np.isin(bare, (ord("["), ord("{"))).astype(np.int64) - np.isin(bare, (ord("]"), ord("}")))
-    return int(np.cumsum(steps).max(initial=0))
+    """One streaming pass, carrying between blocks only whether it is inside a string and how many
+    backslashes end the block: no second copy of the document (checking a 173 MB manifest held
+    2.98 GB when this was a regex over the whole). A quote counts when an even run of backslashes
+    precedes it; brackets count outside strings."""
+    depth = peak = 0
+    inside, run = 0, 0  # inside a string at the block's start; backslashes ending the last block
+    for block in json_blocks(data):
+        a = np.frombuffer(block, np.uint8)
+        at = np.arange(a.size, dtype=np.int32)
+        last_plain = np.maximum.accumulate(np.where(a == ord("\\"), -1, at))  # last non-backslash at or before i
+        before = np.concatenate((np.int32([-1]), last_plain[:-1]))
+        run_before = at - 1 - before + np.where(before < 0, run, 0)  # backslashes right before byte i
+        quotes = np.cumsum((a == ord('"')) & (run_before % 2 == 0), dtype=np.int32)
+        outside = (quotes + inside) % 2 == 0  # after byte i: outside a string
+        step = (outside & ((a == ord("[")) | (a == ord("{")))).astype(np.int8) - \
+            (outside & ((a == ord("]")) | (a == ord("}")))).astype(np.int8)
+        levels = np.cumsum(step, dtype=np.int64) + depth
+        peak = max(peak, int(levels.max(initial=depth)))
+        depth, inside = int(levels[-1]), int(quotes[-1] + inside) % 2
+        run = a.size - 1 - int(last_plain[-1]) if last_plain[-1] >= 0 else run + a.size
+    return peak
 
 
 def parse_json(data, where, error=ArtifactError, depth=JSON_DEPTH, what=None):  # bytes | str -> value
@@ -340,6 +462,31 @@ def check_zip(path, error=ArtifactError, what="zip archive"):  # -> None; the ar
         if info.file_size > max(INFLATE_RATIO * info.compress_size, INFLATE_FLOOR):
             raise error(f"{path}: member {info.filename} inflates {info.compress_size} bytes to {info.file_size}, "
                         f"more than {INFLATE_RATIO}x: not a {what}")
+
+
+def memory_left():  # -> bytes this process can still allocate: free memory, and its address-space limit if set
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            free = next(int(line.split()[1]) << 10 for line in f if line.startswith(b"MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/statm", "rb") as f:
+                held = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            held = 0
+        free = min(free, limit - held)
+    return free
+
+
+def check_allocation(n_bytes, what, error=ArtifactError):  # -> None; refused when n_bytes cannot be had now
+    """A size read from a header (a .npy's shape over a sparse file, which holds whatever it claims),
+    checked before the allocation: one line, not a MemoryError traceback or the OOM killer."""
+    left = memory_left()
+    if n_bytes > left:
+        raise error(f"{what}: {n_bytes} bytes, more than the {left} this process can still allocate")
 
 
 # -------------------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 (never a traceback, a usage block, a hang or a giant allocation), and numbers are range-checked as
 they are parsed, before anything is allocated from them."""
 import argparse
+import math
 import os
+import re
 import sys
 
 from . import artifacts
@@ -49,24 +51,45 @@ def as_typed(message, argv):  # "argument -ub/--ubatch-size/...: m" -> "argument
     return f"argument {typed[0]}: {rest}"
 
 
+# The one grammar of a number on a command line, in an id list or a position spec: ASCII digits, a
+# '-' only where negatives mean something, nothing else. Python's int() and float() also take
+# Unicode digits ('٣'), '_' separators, '+', surrounding spaces, 'inf' and 'nan'.
+INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+DECIMAL = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)  # 0.5, 1e-4, 3., .25
+MAX_DIGITS = 30  # more than any count or position needs; int() of a million digits takes seconds
+
+
+def strict_int(text, negative=False):  # -> int; ValueError unless `text` is ASCII digits (and a '-' if `negative`)
+    if not isinstance(text, str) or len(text) > MAX_DIGITS or not INTEGER.fullmatch(text) or \
+            (text.startswith("-") and not negative):
+        raise ValueError(f"expected an integer, got {text[:40]!r} (ASCII digits{', a leading -' if negative else ''})")
+    return int(text)
+
+
+def strict_float(text):  # -> float; ValueError unless `text` is a decimal number in ASCII (no inf, nan, '_', '+')
+    if not isinstance(text, str) or len(text) > MAX_DIGITS or not DECIMAL.fullmatch(text):
+        raise ValueError(f"expected a number, got {text[:40]!r} (ASCII digits, '.', an exponent)")
+    return float(text)
+
+
 def int_in(low, high):  # -> an argparse type: an int with low <= n <= high
     def parse(text):
         try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+            n = strict_int(text, negative=True)  # "-1" where low is 0: out of range, said so
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
         if not low <= n <= high:
             raise argparse.ArgumentTypeError(f"{n} is out of range [{low}, {high}]")
         return n
     return parse
 
 
-def float_in(low, high):  # -> an argparse type: a finite float with low <= x <= high
+def float_in(low, high):  # -> an argparse type: a float with low <= x <= high ("inf" where high is)
     def parse(text):
         try:
-            x = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+            x = math.inf if text == "inf" and high == math.inf else strict_float(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
         if not low <= x <= high:  # also refuses nan
             raise argparse.ArgumentTypeError(f"{text} is out of range [{low}, {high}]")
         return x
@@ -99,11 +122,11 @@ def check_output(path, option, suffix=None):  # -> None; UsageError unless `path
         raise UsageError(f"{option} {path}: the directory {folder} is not writable")
 
 
-def check_output_dir(path, option):  # -> None; UsageError where `path` exists and is no directory
-    """An output directory replaces what is at its name whole (reference.artifacts.staged_dir): a file
-    there would be lost."""
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise UsageError(f"{option} {path} exists and is not a directory")
+def check_output_dir(path, option, ours):  # -> None; UsageError unless `path` is new, empty or the project's
+    """An output directory is written into or replaced whole (reference.artifacts.staged_dir): a file
+    at its name, or a directory of files the project did not write (`ours`, see
+    artifacts.check_output_dir), would be lost."""
+    artifacts.check_output_dir(path, option, ours, UsageError)
 
 
 def output_file(text):  # argparse type: a path check_output accepts, refused as it is parsed
@@ -131,15 +154,15 @@ def check_train_context(n, n_train, what, model, beyond, error=UsageError):  # -
 
 
 def parse_token_ids(text, n_vocab=None):  # "1,2,3" -> [1, 2, 3], each in [0, n_vocab) when it is known
-    items = [t.strip() for t in text.split(",")]
-    if not any(items):
+    items = text.split(",")
+    if not any(item.strip() for item in items):
         raise UsageError("--token-ids is empty")
     if not all(items):  # "1,,2" or "1,2,": a token left out?
-        raise UsageError(f"--token-ids has an empty item: {text!r}")
+        raise UsageError(f"--token-ids has an empty item: {text[:80]!r}")
     try:
-        ids = [int(t) for t in items]
-    except ValueError:
-        raise UsageError(f"--token-ids must be comma-separated integers, got {text!r}") from None
+        ids = [strict_int(t, negative=True) for t in items]  # a negative id is refused by its range below
+    except ValueError as e:
+        raise UsageError(f"--token-ids must be comma-separated integers ({e})") from None
     return check_token_ids(ids, n_vocab)
 
 
@@ -161,12 +184,14 @@ def fail(prog, message):  # one line on stderr -> exit status 2
 
 def exit_status(prog, work, errors=()):  # -> work()'s exit status; UsageError, OSError and `errors` one line, 2
     """What every main() ends in: the typed errors of bad input become the one line of the contract,
-    and SIGINT/SIGTERM the one line of reference.artifacts (exit 130/143)."""
+    and SIGINT, SIGTERM, SIGHUP and SIGPIPE the one line of reference.artifacts (exit 130, 143, 129, 141)."""
     with artifacts.interruptible(prog):
         try:
             return work()
         except (UsageError, artifacts.ArtifactError, *errors) as e:
             return fail(prog, e)
+        except BrokenPipeError:  # stdout's reader is gone (| head): a stop, as SIGPIPE (interruptible)
+            raise
         except OSError as e:
             return fail(prog, os_error(e))
 

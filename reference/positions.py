@@ -19,6 +19,7 @@ import argparse
 import numpy as np
 
 from . import artifacts
+from .cli import strict_int
 
 POSITIONS_FORMAT = __doc__.split("POSITIONS_FORMAT, ")[1]
 SUFFIX = ".positions.npz"
@@ -41,9 +42,9 @@ def parse_item(item, text):  # "last" | "5" | "-256:" | "100:120" -> int | slice
     parts = item.split(":")
     try:
         if len(parts) == 1:
-            return int(parts[0])
+            return strict_int(parts[0], negative=True)
         if len(parts) == 2:
-            return slice(*(int(p) if p.strip() else None for p in parts))
+            return slice(*(strict_int(p, negative=True) if p else None for p in parts))
     except ValueError:
         pass
     raise argparse.ArgumentTypeError(f"bad position {item!r} in {text[:80]!r} (a number, 'last' or start:stop)")

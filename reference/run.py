@@ -34,7 +34,7 @@ from .provenance import numerics_record, numerics_summary, provenance, sidecar
 from .positions import SUFFIX, clamped, output_rows, parse_positions, write_logits
 from .tokenizer import Tokenizer, TokenizerError, detokenize, llama_text
 from .tp import TPError
-from .trace import Tracer, TraceError
+from .trace import OURS as TRACE_OURS, Tracer, TraceError
 from .vision import DEFAULT_MAX_TOKENS, check_compatible
 
 DEFAULT_PROMPT = "initial value. If it"  # a held-out docstring line (golden/prompts/glimmer-default.jsonl)
@@ -194,7 +194,7 @@ def check_output_flags(args):
     if args.embeddings_out is not None:
         check_output(args.embeddings_out, "--embeddings-out", ".npy")
     if args.trace is not None:
-        check_output_dir(args.trace, "--trace")
+        check_output_dir(args.trace, "--trace", TRACE_OURS)
     inputs = [("--model", model_path(args)), ("--model-draft", args.model_draft), ("--mmproj", args.mmproj),
               ("--file", args.file)] + [("--image", image) for image in args.image]
     artifacts.refuse_overwrite([("--logits-out", args.logits_out), ("--embeddings-out", args.embeddings_out),
@@ -252,12 +252,14 @@ def is_embedded(path):  # -> whether `path` is the embedded default model
     return os.path.exists(path) and os.path.samefile(path, DEFAULT_MODEL)
 
 
-def prompt_tokens(args, request, tok):  # -> ids from --token-ids, --prompt/--prompt-file (plain or --chat), or the default
+def prompt_tokens(args, request, tok, n_ctx_train):  # -> ids from --token-ids, --prompt/--prompt-file (plain or --chat), or the default
     if request.text is None:
         if request.token_ids is not None:
             return check_token_ids(request.token_ids, tok.n_vocab)
         return default_prompt(tok, is_embedded(model_path(args)))
     tokenizer = Tokenizer(tok)
+    # refused by its bytes before the pre-tokenizer: past the training context (or memory) it cannot run
+    tokenizer.check_length(request.text, None if args.beyond_n_ctx_train else n_ctx_train or None)
     if not args.chat:
         return tokenizer.tokenize(request.text, add_special=True, parse_special=not args.no_special)
     system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
@@ -465,7 +467,7 @@ def run(args):  # parsed args -> exit status
     t0 = time.perf_counter()
     model, lm, drafter = load_models(args, compute)
     load_s = time.perf_counter() - t0
-    prompt = prompt_tokens(args, request, model.tokenizer)
+    prompt = prompt_tokens(args, request, model.tokenizer, model.config.n_ctx_train)
     if args.tokenize_only:
         print(json.dumps(prompt))
         return 0

@@ -16,6 +16,13 @@ from . import artifacts
 
 INDEX = "index.json"
 PROVENANCE = "provenance.json"  # beside the index: what made the trace (reference.provenance)
+
+
+def is_index(value):  # -> whether a JSON value is a trace index as Tracer.close writes it
+    return isinstance(value, list) and all(isinstance(e, dict) and "name" in e and "shape" in e for e in value)
+
+
+OURS = {INDEX: artifacts.json_marker(is_index, "trace index")}  # a directory with this is a trace (check_output_dir)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -53,8 +60,9 @@ def layer_range(n_layer, progress=None):  # -> the layer ids, through the caller
 def check_npy_header(f, size):  # .npy stream at its start, its length in bytes -> None, or ValueError
     """np.load allocates the whole array its header describes before reading the data: a corrupt
     header claiming 7e10 rows is a MemoryError of terabytes. The data cannot be larger than the
-    file, so a claim beyond it is refused before anything is allocated. Shared by every .npy
-    reader of the project's tools (traces here, logits and top-k goldens in tools.diff)."""
+    file, so a claim beyond it is refused before anything is allocated, and so is one beyond the
+    memory this process can still have (a sparse file holds any size it claims). Shared by every
+    .npy reader of the project's tools (traces here, logits and top-k goldens in tools.diff)."""
     version = np.lib.format.read_magic(f)
     # format 3.0 differs from 2.0 only in the text encoding of field names, not in the layout
     read_header = np.lib.format.read_array_header_1_0 if version[0] == 1 else np.lib.format.read_array_header_2_0
@@ -69,6 +77,7 @@ def check_npy_header(f, size):  # .npy stream at its start, its length in bytes 
     if min(shape, default=0) < 0 or claimed > data:
         raise ValueError(f"header claims shape {list(shape)} of {dtype} ({claimed} bytes), "
                          f"the file holds {data} bytes of data")
+    artifacts.check_allocation(claimed, f"header claims shape {list(shape)} of {dtype}", ValueError)
 
 
 def load_npy(path):  # .npy file -> array; OSError, or ValueError for anything but a plain array that fits the file
@@ -95,6 +104,7 @@ class Tracer:
             directory = os.path.join(parent.directory, directory)
             os.makedirs(directory)
         elif directory is not None:
+            artifacts.check_output_dir(directory, "trace", OURS, TraceError)
             self.stage = artifacts.staged_dir(directory, TraceError)
             directory = self.stage.__enter__()
         self.directory = directory

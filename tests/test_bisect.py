@@ -232,7 +232,7 @@ def test_unwritable_output_exits_2_before_the_work(tmp_path, option, target, mes
     ([], "the following arguments are required: a, b"),
     (["--threshold", "x"], "--threshold: expected a number, got 'x'"),
     (["--threshold", "-1"], "--threshold: -1 is out of range"),
-    (["--threshold", "nan"], "--threshold: nan is out of range"),
+    (["--threshold", "nan"], "--threshold: expected a number, got 'nan'"),
     (["--threshold", "1", "--noise-floor", "a64"], "--noise-floor: not allowed with argument --threshold"),
     (["--bogus"], "unrecognized arguments: --bogus"),
 ], ids=["no-args", "threshold-text", "threshold-negative", "threshold-nan", "two-rules", "unknown"])

@@ -313,7 +313,7 @@ def test_unwritable_output_exits_2_before_the_work(tmp_path, option, target, mes
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--near-tie-margin", "1", "--typical-error"], "--typical-error: not allowed with argument --near-tie-margin"),
     (["--near-tie-margin", "-1"], "--near-tie-margin: -1 is out of range"),
-    (["--near-tie-margin", "nan"], "--near-tie-margin: nan is out of range"),
+    (["--near-tie-margin", "nan"], "--near-tie-margin: expected a number, got 'nan'"),
 ], ids=["no-args", "topk-0", "topk-101", "topk-text", "worst-0", "unknown", "two-margins", "margin-negative",
         "margin-nan"])
 def test_bad_arguments_exit_2_with_one_line(tmp_path, args, message):

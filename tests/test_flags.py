@@ -25,6 +25,7 @@ TOOLS = {
     "tools.bench": ("tools.bench.forward", []),
     "tools.bench_ggml_numba": ("tools.bench.ggml_numba", []),
     "tools.bench_tokenizer": ("tools.bench.tokenizer", []),
+    "tools.bench.serve": ("tools.bench.serve", []),
     "accel.harness": ("accel.harness", []),
     "accel.cuda_harness": ("accel.cuda_harness", []),
 }

@@ -157,7 +157,7 @@ def test_bad_replies_are_one_line_errors():
         content(reply)[4]["top_logprobs"][0]["id"] = content(reply)[4]["id"] = at
     bad.update({"not the top-1": not_greedy, "has 19 top logprobs": short, "sorted best first": unsorted,
                 "no generated token": none, "<= 0": positive, "token id 512 in tokens is outside [0, 512)": beyond,
-                "token id -1 in tokens": negative, "8 tokens in a reply to a request of 7": good})
+                "token id -1 is not an integer in [0, ": negative, "8 tokens in a reply to a request of 7": good})
     for message, reply in bad.items():
         with pytest.raises(common.GoldenError, match=re.escape(message)):
             # the request asked for 8 tokens (7 for the last case) of a vocabulary of 512 (glimmer-default)

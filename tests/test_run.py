@@ -172,7 +172,7 @@ def test_model_named_is_the_default_run_and_is_reported():
     ("--ctx", "-1", "argument --ctx: -1 is out of range"),
     ("--prefill-chunk", "x", "argument --prefill-chunk: expected an integer, got 'x'"),
     ("--spec-draft-n-max", "-1", "argument --spec-draft-n-max: -1 is out of range"),
-    ("--spec-p-min", "nan", "argument --spec-p-min: nan is out of range [0.0, 1.0]; or 'auto'"),
+    ("--spec-p-min", "nan", "argument --spec-p-min: expected a number, got 'nan'"),
     ("--tp", "0", "argument --tp: 0 is out of range"),
     ("--image-max-tokens", "0", "argument --image-max-tokens: 0 is out of range"),
     ("--logits-topk", "-5", "argument --logits-topk: -5 is out of range"),

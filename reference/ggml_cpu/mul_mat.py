@@ -127,7 +127,8 @@ def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel pat
                                                  q0_accumulators(kind, len(x), target), target),
         "q5_1_vec_dot": lambda x, kind, target: bind(k.q5_1_vec_dot, k.quantize_q8_0(x)),
         "mmla_vec_dot": lambda x, kind, target: bind(
-            k.mmla_vec_dot, k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target),
+            k.mmla_vec_dot,
+            k.quantize_q8_k(x, target=target) if kind in ("Q4_K", "Q6_K") else k.quantize_q8_0(x, target),
             kind, target.mla_fused),
         "neon_repacked": lambda x, kind, target: neon_repacked(x, kind, target, k),
         "neon_wide_block_vec_dot": lambda x, kind, target: bind(k.neon_wide_block_vec_dot, k.quantize_q8_0(x, target),
@@ -224,9 +225,10 @@ def float_mul_mat(x, w, kind, target=AVX512, batch_rows=None):  # x [T, K] (alre
     step = target.f16_lanes if kind == "F16" else target.lanes * (2 if dpbf16 else 1)
     if (target.llamafile and (batch_rows or len(x)) >= target.sgemm_min_rows(kind) and len(w) % 4 == 0
             and w.shape[1] % step == 0):
-        product = (lambda w: tinyblas_bf16(x, w)) if dpbf16 else (lambda w: tinyblas(x, w, target, kind == "F16"))
+        product = (lambda rows: tinyblas_bf16(x, rows)) if dpbf16 else \
+            (lambda rows: tinyblas(x, rows, target, kind == "F16"))
     else:
-        product = lambda w: FLOAT_KERNELS[kind][1](w[None], x[:, None, :], target)  # noqa: E731
+        product = lambda rows: FLOAT_KERNELS[kind][1](rows[None], x[:, None, :], target)
     return by_row_blocks(lambda start, stop: product(w[start:stop]), len(w), len(x) * w.shape[1])
 
 

@@ -22,7 +22,8 @@ import subprocess
 import sys
 import time
 
-from reference.cli import OneLineParser, exit_status, int_in, output_file
+from reference import artifacts
+from reference.cli import OneLineParser, UsageError, add_json_out, exit_status, flag, int_in, output_file, write_json
 from reference.factory import DEFAULT_MODEL
 from tools.common import REPO, import_extra
 
@@ -169,6 +170,7 @@ def plot(rss, path):  # the RSS curve as a PNG
 
 
 def bench(args):  # -> exit status
+    artifacts.refuse_overwrite([("--png", args.png), ("--json-out", args.json_out)], [("--model", args.model)], UsageError)
     for module in ("httpx", "fastapi", "uvicorn"):
         import_extra(module, "tools.bench.serve")
     proc, url = start(args.model, args.queue)
@@ -190,9 +192,8 @@ def bench(args):  # -> exit status
                                                                   else ""))
     if args.png:
         plot(rss, args.png)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**figures, "failures": failures}, f, indent=1)
+    if args.json_out:
+        write_json(args.json_out, {**figures, "failures": failures})
     print(json.dumps(figures, indent=1))
     for failure in failures[:20]:
         print(f"FAIL: {failure}", file=sys.stderr)
@@ -201,13 +202,13 @@ def bench(args):  # -> exit status
 
 def main(argv=None):
     p = OneLineParser(prog="python -m tools.bench.serve", description=__doc__)
-    p.add_argument("--model", default=DEFAULT_MODEL)
+    flag(p, "model", default=DEFAULT_MODEL, help="the text GGUF the server loads")
     p.add_argument("--clients", type=int_in(1, 1024), default=64)
     p.add_argument("--requests", type=int_in(RSS_FROM, 1 << 20), default=2000)
     p.add_argument("--queue", type=int_in(1, 1 << 20), default=16, help="the server's --queue")
     p.add_argument("--overhead", type=int_in(1, 1 << 20), default=100, help="requests timed one at a time")
     p.add_argument("--png", type=output_file, help="the RSS curve")
-    p.add_argument("--json", type=output_file, help="the figures")
+    add_json_out(p, "the figures")
     args = p.parse_args(argv)
     return exit_status("tools.bench.serve", lambda: bench(args))
 

@@ -198,6 +198,25 @@ def squares_agree(full, dumps, l2_squared, threshold):  # -> True/False, or None
     return bool(abs(squares[0] - squares[1]) <= tolerance)
 
 
+MAX_DUMP_TOKENS = 1 << 20  # tokens one dumped tensor may hold: tools.golden's bound on any context
+
+
+def check_claimed_shape(name, a, b, sources=("A", "B")):  # -> None; UsageError when a dump's ne cannot be the traced tensor's
+    """A dump's header states its tensor's shape (ne) and the printed values are placed by it, so a
+    lying ne would be compared as if it were the model's tensor: against a trace (the model's own
+    shapes) it must hold the same elements per token, and no more tokens than any run holds. An
+    input error naming the point, never a divergence."""
+    dumps, full = [t for t in (a, b) if isinstance(t, PartialTensor)], [t for t in (a, b) if isinstance(t, np.ndarray)]
+    if len(dumps) != 1 or not full:
+        return
+    rows = n_rows(dumps[0], row_length(full[0]))
+    if rows is None or rows > MAX_DUMP_TOKENS:
+        source = sources[0] if isinstance(a, PartialTensor) else sources[1]
+        raise UsageError(f"{source}: {name} claims ne {list(dumps[0].ne)}, which cannot be the model's {name} "
+                         f"{list(full[0].shape)} ({row_length(full[0])} elements a token, at most "
+                         f"{MAX_DUMP_TOKENS} tokens): a corrupt dump or another model")
+
+
 def compare_point(a, b, threshold=0.0):  # a (reference), b: array | PartialTensor -> dict
     """{nmse, n, size, sum_ok, shape_ok, note}. shape_ok is False when the two cannot be the same
     tensor: another row length, or tokens on one side only (a different number of tokens is fine:
@@ -299,10 +318,12 @@ def lost_points(whole, cut):  # {name: tensor} of a whole side, of a side whose 
             and (layer >= reached if layer is not None else i > last_layered)]
 
 
-def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD, lost=()):  # {name: tensor} x2, float | {name: float} -> result
-    """Compares the common points in A's order; `first` is the first point above its threshold, or
-    the first structural difference (one_sided_point), whichever comes first in forward order.
-    `lost`: points one side lost with a dump's tail, missing and never a divergence."""
+def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD, sources=("A", "B"), lost=()):  # {name: tensor} x2 -> result
+    """`sources`: the two sides' names for messages (a dump whose ne is not the model's is refused by
+    its name, check_claimed_shape). Compares the common points in A's order; `first` is the first
+    point above its threshold, or the first structural difference (one_sided_point), whichever
+    comes first in forward order. `lost`: points one side lost with a dump's tail, missing and never
+    a divergence."""
     points, first = [], None
     ops_a, ops_b = layered_ops(trace_a), layered_ops(trace_b)
     for name in merged_order(list(trace_a), list(trace_b)):
@@ -317,6 +338,7 @@ def bisect(trace_a, trace_b, threshold=EXACT_THRESHOLD, lost=()):  # {name: tens
             if limit is None:
                 raise UsageError(f"no noise floor for trace point {name}")
             layer, op = layer_and_op(name)
+            check_claimed_shape(name, trace_a[name], trace_b[name], sources)
             c = compare_point(trace_a[name], trace_b[name], limit)
             # written as "not <=" so that a NaN counts as diverged; a shape that cannot be A's is structure
             diverged = not c["shape_ok"] or (c["nmse"] is not None and not c["nmse"] <= limit) or c["sum_ok"] is False \
@@ -522,8 +544,8 @@ def is_dump(trace):  # {name: tensor} -> True for a llama.cpp text dump (printed
 def against_reproduction(args, trace_a, trace_b, config, threshold, lost=()):  # -> bisect result, the trace side reproduced
     reproduced = run_reproduction(config, args.model, args.cpu)
     if is_dump(trace_a):
-        return bisect(trace_a, reproduced, threshold, lost)
-    return bisect(reproduced, trace_b, threshold, lost)
+        return bisect(trace_a, reproduced, threshold, lost=lost)
+    return bisect(reproduced, trace_b, threshold, lost=lost)
 
 
 def lost_tails(args, side_a, side_b):  # (trace, config) x2 -> (points lost with a dump's tail, one note per cut dump)
@@ -563,7 +585,7 @@ def run_bisect(args):  # parsed CLI args -> exit status
     threshold, rule = threshold_rule(args, trace_a)
     lost, cut_notes = lost_tails(args, (trace_a, config_a), (trace_b, config_b))
     notes += cut_notes
-    result = bisect(trace_a, trace_b, threshold, lost)
+    result = bisect(trace_a, trace_b, threshold, (args.a, args.b), lost)
     if not result["points"]:
         raise UsageError(f"{args.b}: no trace point in common with {args.a}")
     needed = args.reproduce and result["first"] is not None and not config.exact

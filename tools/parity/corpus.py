@@ -38,11 +38,12 @@ import traceback
 from pathlib import Path
 
 from reference import artifacts
-from reference.cli import UsageError, fail
+from reference.cli import INTEGER, UsageError, fail
 
 from tools.common import REPO, GoldenError, save_json, sha256
 from tools.parity.engines import make_engine, preflight
-from tools.parity.golden import MANIFEST, golden_entry, make_dir, refuse_overwrite, run_header
+from tools.parity.golden import (MANIFEST, OURS as GOLDEN_OURS, golden_entry, make_dir, missing_goldens,
+                                 refuse_overwrite, run_header)
 
 TASKS = "tasks"
 # the options that decide an engine's goldens: a corpus directory holds one run of them
@@ -52,6 +53,9 @@ RUN_KEYS = {"reference": ("model", "dtype", "kv", "ubatch_size", "numerics", "ba
                           "repack", "no_repack", "threads"),
             "llama-server": ("server_url", "n_probs"), "openai": ("server_url", "n_probs"),
             "transformers": ("checkpoint",)}
+# a corpus directory: a golden one, or one whose tasks/ holds part files only (a run not yet merged)
+OURS = {**GOLDEN_OURS, TASKS: lambda path: os.path.isdir(path) and all(
+    name.endswith(".json") or name.startswith(".") for name in os.listdir(path))}
 RAY_CONNECT_TIMEOUT = 10  # seconds for a cluster's port to accept a connection (a LAN answers in ms)
 
 
@@ -183,7 +187,7 @@ def check_ray_address(address: str) -> None:
     if address in ("auto", "local"):
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not (INTEGER.fullmatch(port) and len(port) <= 5) or not 0 < int(port) < 65536:
         raise GoldenError(f"--ray-address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT).close()
@@ -243,10 +247,10 @@ def run_ray(ray, args, todo: list[dict], progress, timing: dict, start: float) -
         ray.shutdown()
 
 
-def merge_manifest(out: Path, tasks: list[dict]) -> int:  # -> number of entries written
+def merge_manifest(out: Path, tasks: list[dict]) -> list[dict]:  # -> the entries written
     parts = [p for p in (read_part(out, t) for t in tasks) if p is not None]
     if not parts:
-        return 0
+        return []
     header = dict(parts[0]["header"])
     dates = sorted({p["header"].get("date") for p in parts} - {None})
     for p in parts[1:]:
@@ -260,9 +264,11 @@ def merge_manifest(out: Path, tasks: list[dict]) -> int:  # -> number of entries
     if differing:
         header["options_of_tasks_starting_at"] = differing
     entries = [e for p in parts for e in p["entries"]]
+    partial = {"incomplete": {"reason": "tasks not done", "tasks_done": len(parts), "tasks": len(tasks)}} \
+        if len(parts) < len(tasks) else {}
     save_json(out / MANIFEST, {**header, "corpus": {"tasks": len(tasks), "tasks_done": len(parts)},
-                                      "entries": entries})
-    return len(entries)
+                               "entries": entries, **partial})
+    return entries
 
 
 def summary_lines(done: list[dict], failed: list[dict], skipped: int, seconds: float, timing: dict) -> list[str]:
@@ -281,7 +287,7 @@ def run_corpus(args, prompts: list[dict]) -> int:  # -> exit status: 0 all tasks
     from tqdm import tqdm
 
     out = args.out
-    refuse_overwrite(args, prompts, out)
+    refuse_overwrite(args, prompts, out, OURS)
     make_dir(out / TASKS)
     swept = sweep_temporaries(out)
     tasks = split_tasks(prompts, args.task_size)
@@ -307,13 +313,13 @@ def run_corpus(args, prompts: list[dict]) -> int:  # -> exit status: 0 all tasks
     seconds = time.perf_counter() - start
     done = [r for r in results if r["status"] == "done"]
     failed = [r for r in results if r["status"] == "failed"]
-    n_entries = merge_manifest(out, tasks)
+    entries = merge_manifest(out, tasks)
     lines = summary_lines(done, failed, skipped, seconds, timing)
     if swept:
         lines.append(f"  removed {swept} temporary files of an interrupted run")
-    lines.append(f"  {out / MANIFEST}: {n_entries} of {len(prompts)} prompts")
+    lines.append(f"  {out / MANIFEST}: {len(entries)} of {len(prompts)} prompts")
     print("\n".join(lines))
-    return 1 if failed else 0
+    return 1 if failed else missing_goldens(entries, len(prompts))
 
 
 if __name__ == "__main__":  # a library of tools.golden, not a command of its own

@@ -10,8 +10,9 @@ positions `.positions.npz` (tools.golden --logits-positions; reference/positions
 directories of them: a
 golden or corpus directory of tools.golden is read through its `manifest.json` (a JSON list of
 entries, or an object holding it under "goldens", "entries" or "files"; each entry has "file" and
-"prompt_id" or "id"). Without a manifest the files pair by name. Every reference prompt needs a test
-counterpart.
+"prompt_id" or "id"). Without a manifest the files pair by name. The two sides must hold the same
+prompts (a prompt without a golden, or a manifest marked incomplete, counts as missing) unless
+--allow-subset: then the prompts both hold are compared and a note names what was left out.
 
 Per position: NMSE, max|diff|, cosine, KL(ref||test), top-1 and top-k agreement, the reference's top-1
 margin (logit gap top1 - top2) and delta-p (probability of the reference's top-1 under test minus
@@ -76,7 +77,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from reference import artifacts, metrics
-from reference.cli import OneLineParser, UsageError, add_json_out, check_output, fail, float_in, int_in
+from reference.cli import (OneLineParser, UsageError, add_json_out, check_output, fail, float_in, int_in,
+                           strict_float)
 from reference.positions import SUFFIX as POSITIONS_SUFFIX
 from reference.provenance import describe, differences, read_sidecar
 from reference.trace import check_npy_header, load_npy
@@ -308,7 +310,7 @@ def golden_name(file):  # "len7.topk.npz" -> "len7"
     return next((file.removesuffix(x) for x in GOLDEN_SUFFIXES if file.endswith(x)), file)
 
 
-def pair_files(ref_path, test_path):  # -> ([(prompt_id, ref file, test file)], [notes on the sources])
+def pair_files(ref_path, test_path, allow_subset=False):  # -> ([(prompt_id, ref file, test file)], [notes])
     for path in (ref_path, test_path):
         if not os.path.exists(path):
             raise UsageError(f"{path}: no such file or directory")
@@ -323,10 +325,22 @@ def pair_files(ref_path, test_path):  # -> ([(prompt_id, ref file, test file)], 
         return [(next(iter(ref)), ref_path, test_path)], notes
     if not ref:
         raise UsageError(f"{ref_path}: no logits found")
-    missing = [k for k in ref if k not in test]
-    if missing:
-        raise UsageError(f"{test_path}: no logits for prompt(s) {', '.join(missing[:8])} of {ref_path}")
-    return [(k, ref[k], test[k]) for k in ref], notes
+    for side, path, header in (("REF", ref_path, ref_header), ("TEST", test_path, test_header)):
+        if header.get("incomplete") and not allow_subset:
+            raise UsageError(f"{path}/{MANIFEST}: the run that made {side} is incomplete "
+                             f"({str(header['incomplete'])[:120]}); --allow-subset compares what it holds")
+    for path, have, other_path, other in ((test_path, test, ref_path, ref), (ref_path, ref, test_path, test)):
+        missing = [k for k in other if k not in have]
+        if missing and not allow_subset:
+            raise UsageError(f"{path}: no logits for {len(missing)} of the {len(other)} prompts of {other_path} "
+                             f"({', '.join(missing[:8])}); --allow-subset compares the prompts both hold")
+        if missing:
+            notes.append(f"{path}: no logits for {len(missing)} of the {len(other)} prompts of {other_path}, "
+                         f"left out (--allow-subset): {', '.join(missing[:8])}")
+    shared = [k for k in ref if k in test]
+    if not shared:
+        raise UsageError(f"{test_path}: no prompt in common with {ref_path}")
+    return [(k, ref[k], test[k]) for k in shared], notes
 
 
 def noise_margin(ref, ref64):  # [n_pos, n_vocab] x2 -> near-tie margin
@@ -512,12 +526,10 @@ def parse_gate(text):  # "nmse=1e-4,top1=0.999" -> {"nmse": 1e-4, "top1": 0.999}
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in GATE_KEYS:
             raise UsageError(f"--gate: bad item {item!r} (keys: {', '.join(GATE_KEYS)})")
-        try:
-            gate[key.strip()] = float(value)
+        try:  # strict_float: no nan (every comparison with NaN is false: the limit would never fail)
+            gate[key.strip()] = strict_float(value.strip())
         except ValueError:
             raise UsageError(f"--gate: {key.strip()} needs a number, got {value!r}") from None
-        if math.isnan(gate[key.strip()]):  # every comparison with NaN is false: the limit would never fail
-            raise UsageError(f"--gate: {key.strip()} needs a number, got {value!r}")
     return gate
 
 
@@ -697,7 +709,7 @@ def run_diff(args):  # parsed CLI args -> exit status
               if given for path in [given, *golden_files(given)]]
     artifacts.refuse_overwrite([("--json-out", args.json_out), ("--plot", args.plot)], inputs, UsageError)
     noise = logit_files(args.noise_floor)[0] if args.noise_floor else None
-    pairs, notes = pair_files(args.ref, args.test)
+    pairs, notes = pair_files(args.ref, args.test, args.allow_subset)
     runs = []
     for key, ref_file, test_file in pairs:
         ref, test = load_golden(ref_file), load_golden(test_file)
@@ -740,6 +752,8 @@ def main(argv=None):  # -> exit status
     # --worst only cuts the list of prompts printed: any positive count is cheap
     p.add_argument("--worst", type=int_in(1, sys.maxsize), default=20,
                    help="prompts listed in the report, worst first (default 20)")
+    p.add_argument("--allow-subset", action="store_true",
+                   help="compare the prompts both sides hold when their prompt sets differ (refused otherwise)")
     add_json_out(p, "the full report", checked=False)
     p.add_argument("--plot", help="write a PNG of NMSE and KL per position (and mean KL per prompt)")
     args = p.parse_args(argv)

@@ -26,6 +26,7 @@ decode first unless given --no-warmup: each run is a pass, and a pass starts whe
 then its 3-D reshape): the last one is kept, as it is the tensor the graph callback named.
 `join_passes` concatenates the passes along the token axis.
 """
+import json
 import math
 import os
 import re
@@ -394,6 +395,7 @@ def read_tensor_entry(f, name, info, data_start, file_size, where):  # one safet
             or data_start + end > file_size or end - begin != n * np.dtype(dtype).itemsize:
         raise DumpError(f"{where}: tensor {name!r} claims shape {shape} of {info['dtype']} at bytes [{begin}, {end}) "
                         f"of {file_size - data_start}: sizes do not agree")
+    artifacts.check_allocation(end - begin, f"{where}: tensor {name!r} of shape {shape}", DumpError)  # a sparse file
     f.seek(data_start + begin)
     a = np.frombuffer(f.read(end - begin), dtype).reshape(shape)
     # bfloat16 is the top half of a float32
@@ -424,23 +426,38 @@ def debug_tree_path(path):  # debugger directory or its *_FULL_TENSORS.json -> t
     return path if path.endswith(DEBUG_TREE) else None
 
 
-def module_calls(node, calls=None):  # debugger tree -> {module path: [node per call]} in call order
+def module_calls(node, where, calls=None):  # debugger tree -> {module path: [node per call]} in call order
+    """Every node names its module and lists its children as nodes: a tree that does not is an input
+    error naming the field (a node left out would read as a point not recorded: a divergence)."""
     calls = {} if calls is None else calls
     path = node.get("module_path")
-    calls.setdefault(path if isinstance(path, str) else None, []).append(node)
-    children = node.get("children")
-    for child in children if isinstance(children, list) else []:
-        if isinstance(child, dict):
-            module_calls(child, calls)
+    if not isinstance(path, str):
+        raise DumpError(f"{where}: a node's module_path is {json.dumps(path)[:40]}, not a module name")
+    calls.setdefault(path, []).append(node)
+    children = node.get("children", [])
+    if not isinstance(children, list) or not all(isinstance(child, dict) for child in children):
+        raise DumpError(f"{where}: {path}: children is not a list of module nodes")
+    for child in children:
+        module_calls(child, where, calls)
     return calls
 
 
-def recorded(node, what):  # node, "outputs" | "inputs" -> the debugger's record of that tensor, or None
+def recorded(node, what, where):  # node, "outputs" | "inputs" -> the debugger's record of that tensor, or None
+    """None where the module recorded no such tensor (a tuple output, no positional input); a record
+    whose value is not a file name is an input error naming the module and field."""
     entry = node.get(what)
     if what == "inputs":  # the first positional argument, else the first keyword (self_attn's hidden_states)
         args = entry.get("args") if isinstance(entry, dict) else None
         entry = args[0] if isinstance(args, list) and args else None
-    return entry if isinstance(entry, dict) and isinstance(entry.get("value"), str) else None
+    if not isinstance(entry, dict) or "value" not in entry:
+        return None
+    if isinstance(entry["value"], list):
+        raise DumpError(f"{where}: the tree holds printed tensors (use_repr=True, the default): rerun "
+                        "model_addition_debugger_context with use_repr=False for whole tensors")
+    if not isinstance(entry["value"], str):
+        raise DumpError(f"{where}: {node['module_path']}: {what} value {json.dumps(entry['value'])[:40]} "
+                        "is not a file name")
+    return entry
 
 
 def recorded_array(directory, entry, where):  # debugger record {shape, value: "./FILE"} -> array
@@ -478,34 +495,36 @@ def debugger_names(layers):  # [layer] -> trace names the debugger can hold, in 
             + ["result_norm", "result_output"])
 
 
-def debugger_entry(calls, root, name, n_layer, directory):  # -> the debugger's record of trace point name, or None
+def debugger_entry(calls, root, name, n_layer, tree_file):  # -> the debugger's record of trace point name, or None
     if name == "result_output":  # the top-level logits: written, but pruned from the tree
         value = f"./{root}_{HF_DEBUGGER_POINTS[name][1]}.safetensors"
-        return {"value": value} if os.path.exists(os.path.join(directory, value)) else None
+        return {"value": value} if os.path.exists(os.path.join(os.path.dirname(tree_file), value)) else None
     module, what = debugger_module(name, n_layer)
     nodes = calls.get(f"{root}.{module}")
-    return recorded(nodes[-1], what) if nodes else None  # the last call: its files overwrote the others'
+    return recorded(nodes[-1], what, tree_file) if nodes else None  # the last call: its files overwrote the others'
 
 
 def debugger_records(path):  # debugger dir or tree JSON -> (tree file, head_dim, {name: record}, [names missing])
     tree_file = debug_tree_path(path)
-    tree, directory = read_tree(tree_file), os.path.dirname(tree_file)
-    calls, root = module_calls(tree), tree["module_path"]
+    tree = read_tree(tree_file)
+    calls, root = module_calls(tree, tree_file), tree["module_path"]
     layers = debugger_layers(calls, root)
     if layers and layers != list(range(len(layers))):
         # a pruned tree would leave l_out of the kept layers without their next layer's input
         raise DumpError(f"{tree_file}: holds layers {', '.join(map(str, layers))} only: pruned "
                         "(do_prune_layers=True, the default); rerun with do_prune_layers=False")
     qk_norm = calls.get(f"{root}.{HF_DEBUGGER_POINTS['Kcur_normed-{il}'][0].format(il=layers[0])}") if layers else None
-    size = TORCH_SIZE.match(str((recorded(qk_norm[-1], "outputs") or {}).get("shape"))) if qk_norm else None
-    if qk_norm and isinstance((qk_norm[-1].get("outputs") or {}).get("value"), list):
-        raise DumpError(f"{tree_file}: the tree holds printed tensors (use_repr=True, the default): rerun "
-                        "model_addition_debugger_context with use_repr=False for whole tensors")
+    size = TORCH_SIZE.match(str((recorded(qk_norm[-1], "outputs", tree_file) or {}).get("shape"))) if qk_norm else None
     if not size:
         raise DumpError(f"{tree_file}: no text-model layer with a recorded self_attn.qk_norm output: not a "
                         "Muse-Glimmer debugger tree")
-    records = {name: debugger_entry(calls, root, name, max(layers) + 1, directory) for name in debugger_names(layers)}
+    records = {name: debugger_entry(calls, root, name, max(layers) + 1, tree_file) for name in debugger_names(layers)}
     missing = [name for name, entry in records.items() if entry is None]
+    for name in missing:  # an op of every layer (do_prune_layers=False) recorded on some layers only: a cut tree
+        op, _, il = name.rpartition("-")
+        if op and any(records.get(f"{op}-{other}") for other in layers):
+            raise DumpError(f"{tree_file}: no record of {name} ({'.'.join(debugger_module(name, max(layers) + 1))}), "
+                            f"which the tree records on other layers: a cut or edited tree")
     return tree_file, int(size["dims"].split(",")[-1]), {n: e for n, e in records.items() if e}, missing
 
 
@@ -575,6 +594,7 @@ def load_logits_bin(path, other):  # .bin, the other side's {name: tensor} -> Du
     if name == "result_output" and rows != 1 or tokens is not None and name == "result_norm" and rows != len(tokens):
         raise DumpError(f"{path}: {rows} rows of {row}; llama-debug writes the last token's logits "
                         f"(1 row) or with --embedding one row per token ({len(tokens or [])} tokens)")
+    artifacts.check_allocation(size, f"{path}: {rows} rows of {row}", DumpError)  # a sparse file holds any size
     values = np.fromfile(path, np.float32).reshape(rows, row)
     if name == "result_norm":
         check_not_normalized(values, path)

@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import urllib.parse
 from pathlib import Path
@@ -69,7 +70,7 @@ from reference.positions import POSITIONS_FORMAT, SUFFIX, parse_positions, resol
 from tools.common import GoldenError, save_atomic, save_json, today
 from .engines import ENGINE_NEEDS, ENGINES, Engine, make_engine
 from .engines.base import TOPK_FORMAT, is_token_list
-from .engines.http import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, REQUEST_DEADLINE_S
+from .engines.http import CONNECT_TIMEOUT_S, REPLY_FLOOR_S, SECONDS_PER_TOKEN
 
 PROMPT_LOGPROBS_FORMAT = ("<id>.positions.npz (reference.positions top-k form) of the prompt logprobs a server "
                           "reports (vLLM prompt_logprobs): positions p = 0 .. n_prompt - 2, the top k of the "
@@ -79,6 +80,7 @@ PROMPT_LOGPROBS_FORMAT = ("<id>.positions.npz (reference.positions top-k form) o
 # 2^20 tokens (llama.cpp's logits buffer alone is n_ctx x n_vocab floats, 2 GiB at 2^20 x 512, the
 # tiny models' vocabulary). Once the GGUF is read, its training context bounds them further.
 MAX_TOKENS = 1 << 20
+MANIFEST = "manifest.json"
 MAX_THREADS = 512    # llama.cpp's GGML_MAX_N_THREADS
 LLAMA_UBATCH = 512  # llama-cpp's default n_ubatch (= n_batch)
 REFERENCE_UBATCH = 2048  # the reference's default prefill chunk
@@ -218,7 +220,17 @@ def output_files(prompts: list[dict]) -> list[str]:  # -> every file name a gold
     return [MANIFEST] + [f"{p['id']}{kind}" for p in prompts for kind in kinds]
 
 
-def refuse_overwrite(args, prompts: list[dict], out: Path) -> None:  # no golden written over an input file
+def is_manifest(value) -> bool:  # -> whether a JSON value is a golden manifest as run_header and the entries make it
+    return isinstance(value, dict) and "engine" in value and isinstance(value.get("entries"), list)
+
+
+# a directory holding this is a golden directory (artifacts.check_output_dir); corpus.OURS adds its tasks/
+OURS = {MANIFEST: artifacts.json_marker(is_manifest, "golden manifest")}
+
+
+def refuse_overwrite(args, prompts: list[dict], out: Path, ours: dict = OURS) -> None:
+    """No golden written over an input file, nor into a directory of files this project did not write."""
+    artifacts.check_output_dir(out, "--out", ours, GoldenError)
     inputs = [("--prompts", args.prompts), ("--model", args.model)]
     if args.checkpoint and Path(args.checkpoint).is_dir():
         inputs += [("--checkpoint", f) for f in Path(args.checkpoint).iterdir()]
@@ -288,7 +300,6 @@ def topk_entry(engine: Engine, entry: dict, ids: list[int], out: Path, n_predict
     return entry
 
 
-MANIFEST = "manifest.json"
 DIGESTS = ("each entry's sha256 lists every file of it with its sha256: tools.diff refuses a file that does "
            "not match (one written after this manifest)")
 
@@ -362,11 +373,13 @@ def build_parser() -> argparse.ArgumentParser:
     wait = float_in(0.001, 1e6)
     ap.add_argument("--connect-timeout", type=wait, default=CONNECT_TIMEOUT_S, metavar="S",
                     help=f"llama-server, openai: seconds to connect (default {CONNECT_TIMEOUT_S:g})")
-    ap.add_argument("--read-timeout", type=wait, default=READ_TIMEOUT_S, metavar="S",
-                    help=f"llama-server, openai: seconds without a byte of a reply (default {READ_TIMEOUT_S:g}; "
+    per_request = (f"default {REPLY_FLOOR_S:g} s + {SECONDS_PER_TOKEN:g} s per token of prompt and generation, "
+                   "tools/parity/engines/http.py says why")
+    ap.add_argument("--read-timeout", type=wait, metavar="S",
+                    help=f"llama-server, openai: seconds without a byte of a reply ({per_request}; "
                          "a reply comes once its generation is done)")
-    ap.add_argument("--request-deadline", type=wait, default=REQUEST_DEADLINE_S, metavar="S",
-                    help=f"llama-server, openai: seconds for a whole request (default {REQUEST_DEADLINE_S:g})")
+    ap.add_argument("--request-deadline", type=wait, metavar="S",
+                    help=f"llama-server, openai: seconds for a whole request, however it trickles ({per_request})")
     corpus = ap.add_argument_group("corpus mode (tools/parity/corpus.py)")
     corpus.add_argument("--corpus", action="store_true", help="tasks that resume; implied by --ray")
     # any size is safe: a task holds at most every prompt
@@ -409,18 +422,43 @@ def run_prompts(args: argparse.Namespace, prompts: list[dict]) -> int:  # one pr
     # every prompt tokenized and checked before the progress bar, so that bad input gets one clean line
     tokens = [prompt_tokens(engine, p, args.n_predict) for p in prompts]
     make_dir(args.out)
-    # the bar is closed (its line ended) before an error is printed, so the error is stderr's last line
-    with tqdm(total=len(prompts), desc=f"{engine.name} {args.out.name}", unit="prompt") as bar:
-        entries = []
-        for p, t in zip(prompts, tokens):
-            entries.append(golden_entry(engine, p, args.out, args.n_predict, t))
-            bar.update()
-    # written last, listing the digest of every file: an interrupted run leaves an older manifest,
+    entries = []
+    try:
+        # the bar is closed (its line ended) before an error is printed, so the error is stderr's last line
+        with tqdm(total=len(prompts), desc=f"{engine.name} {args.out.name}", unit="prompt") as bar:
+            for p, t in zip(prompts, tokens):
+                entries.append(golden_entry(engine, p, args.out, args.n_predict, t))
+                bar.update()
+    except BaseException as e:  # an error or a signal: the goldens already whole get a manifest that says so
+        if entries:
+            with artifacts.signals_held():
+                save_json(args.out / MANIFEST, {**run_header(engine, args.prompts), "entries": entries,
+                                                "incomplete": incomplete(entries, prompts, e)})
+        raise
+    # written last, listing the digest of every file: a killed run leaves an older manifest,
     # which tools.diff then finds does not match the files written since
     save_json(args.out / MANIFEST, {**run_header(engine, args.prompts), "entries": entries})
+    return missing_goldens(entries, len(prompts))
+
+
+def incomplete(entries: list[dict], prompts: list[dict], why: BaseException) -> dict:  # -> the manifest's "incomplete"
+    reason = signal.Signals(why.args[0]).name if isinstance(why, artifacts.Interrupted) \
+        else "SIGPIPE" if isinstance(why, BrokenPipeError) else str(why)[:200]
+    return {"reason": reason, "prompts_done": len(entries), "prompts": len(prompts),
+            "not_done": [str(p["id"]) for p in prompts[len(entries):]][:100]}
+
+
+def missing_goldens(entries: list[dict], n_prompts: int) -> int:  # -> exit status: 0 when every prompt has its golden
+    """A run is a success only if it gave what was asked: a prompt without a golden (a server reply
+    with no row) is named, and any such prompt makes the exit status 1."""
     skipped = [e for e in entries if e.get("skipped")]
     for e in skipped:
         print(f"tools.golden: prompt {e['id']}: no golden ({e['skipped']})", file=sys.stderr)
+    made = len(entries) - len(skipped)
+    if made < n_prompts:
+        print(f"tools.golden: {made} of {n_prompts} prompts have a golden; {n_prompts - made} missing",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -40,7 +40,7 @@ import sys
 
 from reference import artifacts
 from reference.cli import OneLineParser, exit_status, parse_token_ids
-from reference.trace import Tracer
+from reference.trace import OURS as TRACE_OURS, Tracer
 
 from tools.common import sha256, today
 from tools.parity.dump_parse import DumpError, debugger_records
@@ -54,6 +54,14 @@ INPUT_HOOK_OPS = ["attn_gated", "ffn_inp"]
 
 class HFTraceError(Exception):
     pass
+
+
+def is_manifest(value):  # -> whether a JSON value is the manifest.json this tool writes
+    return isinstance(value, dict) and str(value.get("command", "")).startswith("python -m tools.hf_trace")
+
+
+# --out: a trace or a debugger directory of this tool (artifacts.check_output_dir)
+OURS = {**TRACE_OURS, "manifest.json": artifacts.json_marker(is_manifest, "hf_trace manifest")}
 
 
 def ops_without(text):  # "attn_gate_sig,ffn_inp" | None -> the other trace ops, in forward order
@@ -273,6 +281,7 @@ def main(argv=None):  # -> exit status
     def work():
         if args.only_read and not args.debugger or args.debugger and args.without:
             raise HFTraceError("--only-read goes with --debugger, --without without it")
+        artifacts.check_output_dir(args.out, "--out", OURS, HFTraceError)
         if args.debugger:
             files = debugger_dump(args.checkpoint, parse_token_ids(args.token_ids), args.out, args.only_read)
             print(f"{len(files)} files written to {args.out}")

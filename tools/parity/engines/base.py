@@ -61,6 +61,15 @@ def load_text_gguf(args):  # -> --model as a validated reference.gguf text model
     return model
 
 
+def model_vocab(path) -> int:  # -> the vocabulary of a text GGUF: what a server serving it may report
+    from reference import gguf
+
+    try:
+        return gguf.load(path, "text").config.n_vocab
+    except gguf.GGUFError as e:
+        raise GoldenError(str(e)) from None
+
+
 def check_checkpoint(checkpoint: str) -> Path:  # -> the directory, once it looks like an HF checkpoint
     ckpt = Path(checkpoint)
     if not (ckpt / "config.json").is_file():

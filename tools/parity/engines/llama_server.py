@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from tools.common import GoldenError, sha256
-from .base import TOPK_FORMAT, Engine, is_token_list
-from .http import http_json, http_limits, json_object
+from .base import TOPK_FORMAT, Engine, model_vocab
+from .http import MAX_VOCAB, http_json, http_limits, json_object, reply_int, reply_logprob, shown
 
 
 def completion_request(ids: list[int], n_predict: int, n_probs: int) -> dict:
@@ -22,8 +22,11 @@ def completion_request(ids: list[int], n_predict: int, n_probs: int) -> dict:
             "post_sampling_probs": False, "return_tokens": True, "cache_prompt": False}
 
 
-def token_bytes(entry) -> bytes:  # a JSON item of completion_probabilities or top_logprobs -> its bytes
-    return bytes(int(b) for b in entry.get("bytes", []))
+def token_bytes(entry, where: str = "reply") -> bytes:  # a JSON item of completion_probabilities or top_logprobs -> its bytes
+    pieces = entry.get("bytes", [])
+    if not isinstance(pieces, list):
+        raise GoldenError(f"{where}: bytes {shown(pieces)} is not a list of bytes")
+    return bytes(reply_int(b, "bytes", where, 0, 256) for b in pieces)
 
 
 def line_up(tokens: list[int], steps: list[dict], where: str) -> list[int]:  # -> index in tokens of each step
@@ -31,11 +34,11 @@ def line_up(tokens: list[int], steps: list[dict], where: str) -> list[int]:  # -
     UTF-8 character; that entry's bytes then hold the pieces of the tokens it waited for, then its own.
     So entry s belongs to the next token with its id after which exactly those waiting pieces lie,
     checked with every piece the reply shows (each top_logprobs item carries its token's bytes)."""
-    pieces = {int(t["id"]): token_bytes(t) for step in steps for t in step["top_logprobs"]}
+    pieces = {t["id"]: token_bytes(t, where) for step in steps for t in step["top_logprobs"]}
     rows, start = [], 0
     for s, step in enumerate(steps):
-        own = pieces[int(step["id"])]
-        waiting = token_bytes(step)[:len(token_bytes(step)) - len(own)]
+        own = pieces[step["id"]]
+        waiting = token_bytes(step, where)[:len(token_bytes(step, where)) - len(own)]
 
         def fits(skipped):  # the tokens between the last entry and this one -> could they be the waiting bytes?
             if not skipped or not waiting:
@@ -44,7 +47,7 @@ def line_up(tokens: list[int], steps: list[dict], where: str) -> list[int]:  # -
                 return b"".join(pieces[t] for t in skipped) == waiting
             return len(skipped) <= len(waiting)
 
-        found = [j for j in range(start, len(tokens)) if tokens[j] == int(step["id"]) and fits(tokens[start:j])]
+        found = [j for j in range(start, len(tokens)) if tokens[j] == step["id"] and fits(tokens[start:j])]
         if len(found) != 1:
             raise GoldenError(f"{where}: cannot tell which generated token probability entry {s} belongs to")
         rows.append(found[0])
@@ -52,9 +55,12 @@ def line_up(tokens: list[int], steps: list[dict], where: str) -> list[int]:  # -
     return rows
 
 
-def parse_completion(reply: dict, ids: list[int], n_probs: int, where: str) -> dict:  # -> TOPK_FORMAT arrays
+def parse_completion(reply: dict, ids: list[int], n_probs: int, where: str,
+                     n_vocab: int | None = None) -> dict:  # -> TOPK_FORMAT arrays
     """Reads the JSON of a /completion reply: tokens (return_tokens) and completion_probabilities,
-    per reported token its id, bytes and top_logprobs, best first."""
+    per reported token its id, bytes and top_logprobs, best first; every id in [0, n_vocab) and
+    every log-probability finite and <= 0, checked before any conversion."""
+    high = n_vocab or MAX_VOCAB
     probs = reply.get("completion_probabilities") if isinstance(reply, dict) else None
     tokens = reply.get("tokens") if isinstance(reply, dict) else None
     if not isinstance(probs, list) or not probs or not isinstance(tokens, list) or not tokens:
@@ -66,16 +72,19 @@ def parse_completion(reply: dict, ids: list[int], n_probs: int, where: str) -> d
         if not isinstance(top, list) or len(top) != n_probs:
             raise GoldenError(f"{where}: entry {i} has no list of {n_probs} top_logprobs "
                               "(post_sampling_probs must be false)")
+        field = f"completion_probabilities[{i}]"
         try:
-            top_ids.append([int(t["id"]) for t in top])
-            top_logprobs.append([float(t["logprob"]) for t in top])
-            greedy = int(step["id"]) == top_ids[-1][0]
-        except (KeyError, TypeError, ValueError):
+            top_ids.append([reply_int(t["id"], f"{field}.top_logprobs[{j}].id", where, 0, high)
+                            for j, t in enumerate(top)])
+            top_logprobs.append([reply_logprob(t["logprob"], f"{field}.top_logprobs[{j}].logprob", where)
+                                 for j, t in enumerate(top)])
+            greedy = reply_int(step["id"], f"{field}.id", where, 0, high) == top_ids[-1][0]
+        except (KeyError, TypeError):
             raise GoldenError(f"{where}: entry {i}: malformed id or logprob") from None
         if not greedy:
             raise GoldenError(f"{where}: entry {i}: token {step['id']} is not the top-1: not a greedy run")
     try:
-        tokens = [int(t) for t in tokens]
+        tokens = [reply_int(t, f"tokens[{j}]", where, 0, high) for j, t in enumerate(tokens)]
         positions = line_up(tokens, probs, where)
     except (KeyError, TypeError, ValueError):
         raise GoldenError(f"{where}: malformed tokens or bytes") from None
@@ -105,10 +114,14 @@ def check_topk_reply(top: dict, n_predict: int, n_vocab: int | None, where: str)
 def completion_topk(url: str, args, ids: list[int], n: int, n_vocab: int | None = None) -> dict:  # -> TOPK_FORMAT
     """POST /completion of llama-server: the arrays of TOPK_FORMAT, checked against the request."""
     where = f"{url}/completion"
-    reply = http_json(where, completion_request(ids, n, args.n_probs), http_limits(args, (len(ids) + n) * (args.n_probs + 1)))
-    top = parse_completion(reply, ids, args.n_probs, where)
+    reply = http_json(where, completion_request(ids, n, args.n_probs), http_limits(args, (len(ids) + n) * (args.n_probs + 1), len(ids) + n))
+    top = parse_completion(reply, ids, args.n_probs, where, n_vocab)
     check_topk_reply(top, n, n_vocab, where)
     return top
+
+
+def counted(reply: dict, key: str, where: str) -> int | None:  # -> a count a reply reports, checked; None if absent
+    return None if reply.get(key) is None else reply_int(reply[key], key, where, 1)
 
 
 def llama_server_engine(args) -> Engine:
@@ -122,20 +135,21 @@ def llama_server_engine(args) -> Engine:
         if Path(args.model).name != served:
             raise GoldenError(f"{url} serves {served!r}, not {Path(args.model).name!r}")
         model["sha256"] = sha256(Path(args.model))
+    n_vocab = model_vocab(args.model) if args.model else None  # None: ids are checked against MAX_VOCAB
 
     def topk(ids: list[int], n: int) -> dict:
         if n <= 0:
             raise GoldenError("--engine llama-server needs --n-predict N > 0 (it scores generated tokens)")
-        return completion_topk(url, args, ids, n)
+        return completion_topk(url, args, ids, n, n_vocab)
 
     def tokenize(text: str, first: bool) -> list[int]:
         where = f"{url}/tokenize"
         reply = http_json(where, {"content": text, "add_special": first, "parse_special": True},
                           http_limits(args, len(text.encode("utf-8"))))
         tokens = reply.get("tokens") if isinstance(reply, dict) else None
-        if not is_token_list(tokens):
+        if not isinstance(tokens, list):
             raise GoldenError(f"{where}: the reply holds no list of token ids")
-        return tokens
+        return [reply_int(t, f"tokens[{j}]", where, 0, n_vocab or MAX_VOCAB) for j, t in enumerate(tokens)]
 
     return Engine(
         name="llama-server",
@@ -143,8 +157,9 @@ def llama_server_engine(args) -> Engine:
         model=model,
         options={"request": {k: v for k, v in completion_request([], 0, args.n_probs).items()
                              if k not in ("prompt", "n_predict")},
-                 "n_ctx": settings.get("n_ctx"), "total_slots": props.get("total_slots"),
+                 "n_ctx": counted(settings, "n_ctx", f"{url}/props default_generation_settings"),
+                 "total_slots": counted(props, "total_slots", f"{url}/props"),
                  "model_ftype": props.get("model_ftype"), "server_launch": args.server_launch or "not given",
                  "golden": TOPK_FORMAT},
-        tokenize=tokenize, topk=topk,
+        tokenize=tokenize, topk=topk, n_vocab=n_vocab,
     )

@@ -1,15 +1,15 @@
 """--engine openai: POST /v1/completions of any OpenAI-compatible server (llama-server, vLLM, SGLang, ...)."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 
 from tools.common import GoldenError, sha256
-from .base import TOPK_FORMAT, Engine
-from .http import http_json, http_limits, json_object
+from reference.cli import strict_int
+from .base import TOPK_FORMAT, Engine, model_vocab
+from .http import MAX_COUNT, MAX_VOCAB, http_json, http_limits, json_object, reply_int, reply_logprob
 from .llama_server import check_topk_reply, completion_topk, token_bytes
 
 
@@ -26,45 +26,53 @@ def openai_request(model: str, ids: list[int], n_predict: int, n_probs: int) -> 
             "prompt_logprobs": n_probs, "return_tokens_as_token_ids": True, "cache_prompt": False}
 
 
-def token_id(name, where: str) -> int:  # an id or vLLM's "token_id:N" -> N
-    text = str(name)
-    try:
-        return int(text.removeprefix("token_id:"))
-    except ValueError:
-        raise GoldenError(f"{where}: token {text[:40]!r} is not an id (return_tokens_as_token_ids)") from None
+def token_id(name, where: str, n_vocab: int | None = None) -> int:  # an id or vLLM's "token_id:N" -> N in [0, n_vocab)
+    if isinstance(name, str):
+        try:
+            name = strict_int(name.removeprefix("token_id:"))
+        except ValueError:
+            raise GoldenError(f"{where}: token {name[:40]!r} is not an id (return_tokens_as_token_ids)") from None
+    return reply_int(name, "token id", where, 0, n_vocab or MAX_VOCAB)
 
 
-def content_steps(content: list) -> list[tuple[int, list[int], list[float]]]:
+def content_steps(content: list, where: str, n_vocab: int | None) -> list[tuple[int, list[int], list[float]]]:
     """llama-server's logprobs.content -> (token, top ids, top logprobs) per generated token, up to the
     first one whose entry also carries the bytes of tokens it reported nothing for (see line_up):
     past it the tokens' positions are not known."""
     steps = []
-    for entry in content:
+    for i, entry in enumerate(content):
+        field = f"logprobs.content[{i}]"
         top = entry["top_logprobs"]
-        pieces = {int(t["id"]): token_bytes(t) for t in top}
-        if pieces.get(int(entry["id"])) != token_bytes(entry):
+        top_ids = [token_id(t["id"], f"{where}: {field}.top_logprobs", n_vocab) for t in top]
+        pieces = dict(zip(top_ids, (token_bytes(t, where) for t in top)))
+        token = token_id(entry["id"], f"{where}: {field}", n_vocab)
+        if pieces.get(token) != token_bytes(entry, where):
             break
-        steps.append((int(entry["id"]), [int(t["id"]) for t in top], [float(t["logprob"]) for t in top]))
+        steps.append((token, top_ids, [reply_logprob(t["logprob"], f"{field}.top_logprobs.logprob", where) for t in top]))
     return steps
 
 
-def legacy_steps(logprobs: dict, where: str) -> list[tuple[int, list[int], list[float]]]:
+def legacy_steps(logprobs: dict, where: str, n_vocab: int | None) -> list[tuple[int, list[int], list[float]]]:
     """OpenAI's legacy completions logprobs (vLLM): tokens and top_logprobs, one {token: logprob}
     per generated token -> (token, top ids, top logprobs) sorted best first."""
     steps = []
     for name, top in zip(logprobs["tokens"], logprobs["top_logprobs"]):
-        ranked = sorted(((float(lp), token_id(t, where)) for t, lp in top.items()), key=lambda x: -x[0])
-        steps.append((token_id(name, where), [t for _, t in ranked], [lp for lp, _ in ranked]))
+        ranked = sorted(((reply_logprob(lp, "top_logprobs", where), token_id(t, where, n_vocab)) for t, lp in top.items()),
+                        key=lambda x: -x[0])
+        steps.append((token_id(name, where, n_vocab), [t for _, t in ranked], [lp for lp, _ in ranked]))
     return steps
 
 
-def openai_topk(reply: dict, ids: list[int], n_probs: int, where: str) -> tuple[dict, dict]:
-    """-> (the TOPK_FORMAT arrays of a /v1/completions reply, what the manifest says of the run)."""
+def openai_topk(reply: dict, ids: list[int], n_probs: int, where: str,
+                n_vocab: int | None = None) -> tuple[dict, dict]:
+    """-> (the TOPK_FORMAT arrays of a /v1/completions reply, what the manifest says of the run);
+    every id, log-probability and count checked before any conversion."""
     try:
         choice = reply["choices"][0]
         logprobs = choice["logprobs"]
-        steps = content_steps(logprobs["content"]) if "content" in logprobs else legacy_steps(logprobs, where)
-        n_gen = int(reply["usage"]["completion_tokens"])
+        steps = content_steps(logprobs["content"], where, n_vocab) if "content" in logprobs \
+            else legacy_steps(logprobs, where, n_vocab)
+        n_gen = reply_int(reply["usage"]["completion_tokens"], "usage.completion_tokens", where)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         raise GoldenError(f"{where}: reply lacks choices[0].logprobs or usage (was logprobs > 0 sent?)") from None
     if not steps:
@@ -93,8 +101,9 @@ def openai_prompt_logprobs(reply: dict, n_prompt: int, n_probs: int, n_vocab: in
     if rows is None or n_prompt < 2:  # one prompt token: no position chooses a prompt token
         return None
     try:
-        ranked = [sorted((int(v["rank"]), token_id(t, where), float(v["logprob"])) for t, v in row.items()
-                         if int(v["rank"]) <= n_probs) for row in rows[1:]]
+        ranked = [sorted((reply_int(v["rank"], "prompt_logprobs rank", where, 1), token_id(t, where, n_vocab),
+                          reply_logprob(v["logprob"], "prompt_logprobs logprob", where)) for t, v in row.items()
+                         if reply_int(v["rank"], "prompt_logprobs rank", where, 1) <= n_probs) for row in rows[1:]]
     except (KeyError, TypeError, ValueError, AttributeError):
         raise GoldenError(f"{where}: malformed prompt_logprobs") from None
     if len(rows) != n_prompt or any(len(r) != n_probs for r in ranked):
@@ -120,13 +129,10 @@ def served_model(url: str, args) -> tuple[dict, dict]:  # -> (the first model of
     return listed[0], meta
 
 
-def meta_count(meta: dict, key: str, where: str) -> int | None:  # -> a count the server reports, None if not
+def meta_count(meta: dict, key: str, where: str, most: int = MAX_COUNT) -> int | None:
+    """-> a count the server reports, in [1, most], None if it reports none."""
     value = meta.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise GoldenError(f"{where}: meta.{key} {json.dumps(value)[:40]} is not a positive integer")
-    return value
+    return None if value is None else reply_int(value, f"meta.{key}", where, 1, most + 1)
 
 
 def first_token_split(url: str, args, ids: list[int], n: int, n_vocab: int | None, why: NoRows) -> dict:
@@ -151,14 +157,15 @@ def openai_engine(args) -> Engine:
     model = {"file": os.path.basename(served), "served_as": served}
     if args.model:
         model["sha256"] = sha256(Path(args.model))
-    n_vocab = meta_count(meta, "n_vocab", f"{url}/v1/models")  # None: the server does not say
+    # None: the server does not say; never more than --model's vocabulary, or MAX_VOCAB without one
+    n_vocab = meta_count(meta, "n_vocab", f"{url}/v1/models", model_vocab(args.model) if args.model else MAX_VOCAB)
 
     def topk(ids: list[int], n: int) -> dict:
         where = f"{url}/v1/completions"
         reply = http_json(where, openai_request(served, ids, n, args.n_probs),
-                          http_limits(args, (len(ids) + n) * (args.n_probs + 1)))
+                          http_limits(args, (len(ids) + n) * (args.n_probs + 1), len(ids) + n))
         try:
-            top, run = openai_topk(json_object(reply, where), ids, args.n_probs, where)
+            top, run = openai_topk(json_object(reply, where), ids, args.n_probs, where, n_vocab)
         except NoRows as e:
             return first_token_split(url, args, ids, n, n_vocab, e)
         check_topk_reply(top, n, n_vocab, where)

@@ -34,7 +34,9 @@ def reference_engine(args) -> Engine:
 
     def tokenize(text: str, first: bool) -> list[int]:
         try:
-            return tokenizer.tokenize(text, add_special=first, parse_special=True)
+            # by its bytes first: a text past the training context (or memory) never reaches the pre-tokenizer
+            limit = None if args.beyond_n_ctx_train else model.config.n_ctx_train or None
+            return tokenizer.tokenize(text, add_special=first, parse_special=True, max_tokens=limit)
         except TokenizerError as e:  # such as a vocabulary that asks for BOS but has none
             raise GoldenError(f"{path}: {e}") from None
 
