@@ -3,8 +3,8 @@ position stored in each row (-1 = empty). Attention always reads the rows a laye
 mask (ops.causal_visible on those positions) decide what is live.
 
 - Uniform: one row per position (row = pos), n_ctx rows on every layer.
-- Ring: the persistent SWA ring. Sliding-window layers keep rows = pad256(n_swa + chunk + 1)
-  rows indexed by pos % rows; full layers stay uniform. A chunk of C new tokens needs the
+- Ring: the persistent SWA ring. Sliding-window layers keep pad256(n_swa + chunk + 1) rows
+  (ring_size), indexed by pos % rows; full layers stay uniform. A chunk of C new tokens needs the
   n_swa - 1 keys before its first token plus its own C rows, so the ring never overwrites a row a
   query of the same chunk can still see.
 """
