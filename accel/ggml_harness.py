@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as GT
 
-from accel.harness import GGML_OPS as OPS, random_weights  # noqa: F401 (OPS: the kernel files of both packages)
 from accel.numba.ggml.quantize import NUMBA_TARGETS
 
 from reference import ops
@@ -27,7 +26,7 @@ from reference.ggml_cpu.mul_mat import QUANT_PATHS, TILED_MIN_ROWS, kernel_path
 from reference.ggml_cpu.rounding import round_bf16, round_f16
 from reference.ggml_cpu.target import AVX512, TARGETS
 from reference.gguf import GgmlType
-from reference.random_blocks import F16_SCALE_OFFSETS
+from reference.random_blocks import F16_SCALE_OFFSETS, random_weights
 
 F32 = np.float32
 WHY = "the same float32 operations in the same order (integer sums exact in any order): every bit equal"

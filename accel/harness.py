@@ -27,16 +27,15 @@ import tempfile
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType as GT, GGML_QUANT_SIZES, GGUFWriter
-from gguf import quants
+from gguf import GGMLQuantizationType as GT, GGUFWriter
 
 from reference import ops
 from reference.cli import OneLineParser, fail, flag, int_in, names_in
-from reference.gguf import EXTRA_SIZES, Weights, open_reader, write_out
-from reference.random_blocks import F16_SCALE_OFFSETS
+from reference.gguf import Weights, open_reader, write_out
+from reference.random_blocks import F16_SCALE_OFFSETS, random_weights
 from reference.metrics import max_abs_diff, nmse
 
-GGML_OPS = ("quantize", "int_dots", "float_dots", "elementwise", "libm", "attention")  # ggml_harness.OPS
+GGML_OPS = ("quantize", "int_dots", "float_dots", "elementwise", "libm", "attention")  # the ggml kernel files ggml_harness checks
 
 # Gates per op, with why. One-ulp noise is <= 3.6e-15 (see above).
 GATES = {
@@ -61,27 +60,6 @@ class Case:
     name: str
     dtype: str
     run: object  # backend -> (reference output, backend output)
-
-
-def random_weights(qtype, n_out, n_in, rng, scale_offsets=F16_SCALE_OFFSETS):  # -> floats, or blocks [n_out, row_bytes]
-    if qtype in (GT.F32, GT.F16, GT.BF16):
-        w = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
-        return w if qtype == GT.F32 else quants.quantize(w, qtype)
-    block, size = {**GGML_QUANT_SIZES, **EXTRA_SIZES}[qtype]
-    blocks = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)
-    for o in scale_offsets.get(qtype, ()):  # scales around 1/(32 sqrt(n_in)): values of order 1/sqrt(n_in)
-        scale = rng.uniform(0.5, 1.5, len(blocks)) / (32 * np.sqrt(n_in))
-        blocks[:, o:o + 2] = scale.astype(np.float16).view(np.uint8).reshape(-1, 2)
-    if qtype == GT.IQ1_M:
-        set_iq1_m_scales(blocks, rng.uniform(0.5, 1.5, len(blocks)) / (32 * np.sqrt(n_in)))
-    return blocks.reshape(n_out, -1)
-
-
-def set_iq1_m_scales(blocks, scales):  # IQ1_M blocks [n, 56], scales [n]; in place
-    # IQ1_M holds its f16 d in the top nibbles of its four u16 scales (bytes 48..55), lowest first
-    packed = blocks[:, 48:].copy().view(np.uint16)
-    nibbles = scales.astype(np.float16).view(np.uint16)[:, None] >> np.arange(0, 16, 4, dtype=np.uint16)
-    blocks[:, 48:] = ((packed & 0x0FFF) | ((nibbles & 15) << 12)).view(np.uint8)
 
 
 class TensorFile:

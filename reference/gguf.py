@@ -455,10 +455,6 @@ class TextConfig:
     softcap: float        # 30.0 when absent (llama.cpp hparams default); 0 disables
     post_norm_eps: float = 1e-8  # hard-coded in llama.cpp's muse-glimmer graph, not a GGUF key
 
-    @property
-    def n_gqa(self):
-        return self.n_head // self.n_head_kv
-
 
 def read_text_config(meta):  # Metadata -> TextConfig
     a = lambda k: f"muse-glimmer.{k}"  # noqa: E731

@@ -3,8 +3,8 @@ position stored in each row (-1 = empty). Attention always reads the rows a laye
 mask (ops.causal_visible on those positions) decide what is live.
 
 - Uniform: one row per position (row = pos), n_ctx rows on every layer.
-- Ring: the persistent SWA ring. Sliding-window layers keep ring_rows = pad256(n_swa + chunk + 1)
-  rows indexed by pos % ring_rows; full layers stay uniform. A chunk of C new tokens needs the
+- Ring: the persistent SWA ring. Sliding-window layers keep pad256(n_swa + chunk + 1) rows
+  (ring_size), indexed by pos % rows; full layers stay uniform. A chunk of C new tokens needs the
   n_swa - 1 keys before its first token plus its own C rows, so the ring never overwrites a row a
   query of the same chunk can still see.
 """
@@ -87,10 +87,12 @@ class KVCache:
         if kind not in ("uniform", "ring"):
             raise CacheError(f"unknown KV cache kind {kind!r} (ring or uniform)")
         self.kind, self.n_ctx, self.n_swa, self.chunk = kind, n_ctx, n_swa, chunk
-        self.ring_rows = ring_size(n_swa, n_ctx, chunk)
-        self.layers = [LayerCache(rows, n_head_kv, head_dim, dtype)
+        self.layers = [self.new_layer(rows, n_head_kv, head_dim, dtype)
                        for rows in layer_rows(swa_layers[:n_layer], n_swa, n_ctx, kind, chunk)]
         self.n_past = 0
+
+    def new_layer(self, rows, n_head_kv, head_dim, dtype):  # -> one layer's rows (a device cache overrides it)
+        return LayerCache(rows, n_head_kv, head_dim, dtype)
 
     def check_room(self, n_new, batch):  # raise before tokens that would not fit
         if self.n_past + n_new > self.n_ctx:

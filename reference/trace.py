@@ -35,7 +35,6 @@ TEXT_MODEL_POINTS = ("embd_norm", "result_norm", "result_output")
 # The DFlash drafter's (llama.cpp's dflash graph); its FFN is the text model's, so are those names.
 DFLASH_POINTS = ("Kcur_injected", "Vcur_injected", "noise_norm", "Qcur", "Kcur", "Vcur", "ffn_inp",
                  "ffn_norm", "ffn_out", "l_out")
-DFLASH_MODEL_POINTS = ("inp_target_features", "inp_g_embeddings", "inp_noise_embd", "result_norm", "result_output")
 LAYER_POINTS = frozenset(TEXT_POINTS + DFLASH_POINTS)
 
 

@@ -134,3 +134,86 @@ def test_the_repository_lines_the_document_cites_exist():
         assert os.path.isfile(os.path.join(ROOT, path)), f"docs/architecture.md cites {path}, which is not there"
         n_lines = len(read(path).splitlines())
         assert 1 <= int(first) <= int(last or first) <= n_lines, f"{path}:{first}-{last} past its {n_lines} lines"
+
+
+# Import cycles among the repository's modules, by every import a file holds (a function's own
+# imports too: they are the same dependency, only deferred). The ones still here, with why:
+KNOWN_CYCLES = {
+    frozenset({"tools.parity.golden", "tools.parity.corpus"}):
+        "corpus mode is a library of tools.golden built on its golden files; golden's main imports it only "
+        "under --corpus",
+    frozenset({"reference.serve.app", "reference.serve.llama", "reference.serve.openai", "reference.serve.sglang"}):
+        "create_app mounts the three APIs' routes, which take app's request checks; it imports them once app "
+        "has loaded",
+}
+
+
+def module_of(path):  # "accel/cupy/text.py" -> "accel.cupy.text"; tests/x.py -> "x" (tests' modules are top-level)
+    parts = os.path.splitext(path)[0].split(os.sep)
+    if parts[0] == "tests" and len(parts) == 2:
+        return parts[1]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(path, source, modules):  # -> {modules of `modules` the file imports}, relative imports resolved
+    me = module_of(path)
+    package = me if path.endswith("__init__.py") else me.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            source = ".".join(filter(None, (base if node.level else "", node.module or "")))
+            # `from P import m` imports the module P.m when there is one, else a name of P
+            found |= {f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names}
+    return (found & modules) - {me}
+
+
+def import_cycles(graph):  # {module: {modules}} -> [sorted modules of each cycle] (Tarjan's components > 1)
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycles_beyond_the_known_ones():
+    paths = [p for package in PACKAGES for p in python_files(package)]
+    modules = {module_of(p) for p in paths}
+    cycles = import_cycles({module_of(p): module_imports(p, read(p), modules) for p in paths})
+    new = [c for c in cycles if frozenset(c) not in KNOWN_CYCLES]
+    assert not new, f"import cycles: {new}"
+    gone = set(KNOWN_CYCLES) - {frozenset(c) for c in cycles}
+    assert not gone, f"no longer cycles, remove them from KNOWN_CYCLES: {[sorted(c) for c in gone]}"
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_function_s_import():
+    modules = {"reference", "reference.a", "reference.b", "reference.c"}
+    files = {"reference/a.py": "from . import b\n", "reference/b.py": "def f():\n    from reference.a import g\n",
+             "reference/c.py": "from .a import g\nimport reference.b\n"}
+    graph = {module_of(path): module_imports(path, source, modules) for path, source in files.items()}
+    assert graph == {"reference.a": {"reference.b"}, "reference.b": {"reference.a"},
+                     "reference.c": {"reference.a", "reference.b"}}
+    assert import_cycles(graph) == [["reference.a", "reference.b"]]

@@ -446,26 +446,25 @@ def test_pair_sum_kernels_on_generic_vectors_are_the_numpy_twins(kind, rows, mon
     assert_identical(ref, got, f"{weights.type_name(name)}, {rows} rows, generic vectors")
 
 
-@pytest.mark.parametrize("kind", ["q4_k_m", "q6_k", "iq2_xxs"])
-@pytest.mark.parametrize("rows", [3, 10])  # k_vec_dot (its lanes), the tiled kernel (a tile of 8, then 2 rows)
-def test_kernels_on_generic_vectors_are_the_numpy_twins(kind, rows, monkeypatch):  # CPUs without AVX512-VNNI
+@pytest.mark.parametrize("rows, path", [(3, "k_vec_dot"), (10, "tiled")])  # a tile of 8, then 2 rows
+def test_block_dots_on_generic_vectors_are_the_numpy_twins(rows, path, monkeypatch):  # CPUs without AVX512-VNNI
+    """block_dots compiled as on a CPU without AVX512-VNNI: the vpdpbusd sums (int_dots.dpbusd) and
+    IQ4_XS's table lookup (lookup16, vpshufb there) from generic LLVM vectors. IQ4_XS is the type
+    that takes both arms. Fresh, uncached kernels: the flag is read when a kernel compiles."""
     import numba
     from accel.numba.ggml import int_dots
+    from reference.ggml_cpu import int_dots as reference_dots, quantize as reference_quantize
     from reference.ggml_cpu.blocks import decode
-    monkeypatch.setattr(int_dots, "VPDPBUSD", False)  # read when a kernel compiles: fresh, uncached ones
-    weights = model(fixture(kind)[0]["model"]).weights
-    name = "blk.0.ffn_down.weight"
-    x = activations(rows, weights.shape(name)[1], rows)
-    kind_name = weights.type_name(name)
-    w = numba_mul_mat.kernel_rows(decode(weights, name), kind_name, ["k_vec_dot", "tiled"])
-    a = numba_quantize.quantize_q8_k(x)
-    assert isinstance(w, numba_mul_mat.GroupRows), kind_name
-    if rows < 8:
-        got = numba.njit(parallel=True)(int_dots.group_vec_dot.py_func)(*numba_mul_mat.group_vec_dot_args(w, a))
-    else:
-        got = numba.njit(parallel=True)(int_dots.group_tiled.py_func)(*numba_mul_mat.group_tiled_args(w, a))
-    ref = ggml_cpu.mul_mat(x, weights, name, {}, repack=False)  # repacked Q4_K would take another kernel
-    assert_identical(ref, got[:, :w.rows], f"{kind_name}, {rows} rows, generic vectors")
+    monkeypatch.setattr(int_dots, "VPDPBUSD", False)
+    monkeypatch.setattr(block_dots, "KERNELS", {})
+    monkeypatch.setattr(block_dots, "FACTORIES", {p: lambda kind, f=f: numba.njit(parallel=True)(f(kind).py_func)
+                                                  for p, f in block_dots.FACTORIES.items()})
+    weights = ggml_harness.BlockWeights("IQ4_XS", 13, 512, np.random.default_rng(rows))
+    x = activations(rows, 512, rows)
+    ref = getattr(reference_dots, path)(decode(weights, "w"), reference_quantize.quantize_q8_k(x))
+    assert_identical(ref, block_dots.mul_mat(x, weights, "w", path), f"block_dots IQ4_XS, {rows} rows, generic vectors")
+    ir = "".join(block_dots.KERNELS["IQ4_XS", path].inspect_llvm().values())
+    assert "vpdpbusd" not in ir and "pshuf.b.512" not in ir, "the kernel compiled the AVX512-VNNI arm"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,11 +46,12 @@ class DeviceKVCache(KVCache):
     `graphs` holds the decode graphs captured against these buffers."""
 
     def __init__(self, rt, n_layer, swa_layers, n_swa, n_ctx, n_head_kv, head_dim, kind="ring", chunk=2048):
-        # reference/kv.py's row counts and checks, from a KVCache whose rows hold nothing
-        super().__init__(n_layer, swa_layers, n_swa, n_ctx, 0, 0, np.float32, kind, chunk)
-        self.rt = rt
-        self.layers = [DeviceLayerCache(rt, layer.rows, n_head_kv, head_dim) for layer in self.layers]
+        self.rt = rt  # new_layer, which KVCache.__init__ calls, allocates on it
+        super().__init__(n_layer, swa_layers, n_swa, n_ctx, n_head_kv, head_dim, np.float32, kind, chunk)
         self.graphs = {}  # T -> graph
+
+    def new_layer(self, rows, n_head_kv, head_dim, dtype):  # -> DeviceLayerCache (float32, as the kernels are)
+        return DeviceLayerCache(self.rt, rows, n_head_kv, head_dim)
 
     def truncate(self, n_keep):  # keep positions [0, n_keep)
         for layer in self.layers:

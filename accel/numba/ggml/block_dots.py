@@ -18,7 +18,8 @@ from numba.extending import intrinsic, overload
 
 from reference.ggml_cpu.blocks import KVALUES_IQ4NL, iq_grid
 
-from .int_dots import I8X64, I32X16, VPDPBUSD, dpbusd, item_pointer, load_at, splat, store_at, vector_fma
+from . import int_dots
+from .int_dots import I8X64, I32X16, dpbusd, item_pointer, load_at, splat, store_at, vector_fma
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import fma32, hsum8
 
@@ -123,7 +124,7 @@ def iq4_xs_part(builder, block, kvalues, _, p):
 
 
 def lookup16(builder, table, codes):  # <64 x i8> table (16 entries, 4 times), codes 0..15 -> table[codes]
-    if VPDPBUSD:  # AVX512-VNNI machines have AVX512BW's vpshufb
+    if int_dots.VPDPBUSD:  # AVX512-VNNI has AVX512BW's vpshufb (read at compile time, as dpbusd reads it)
         fn = builder.module.declare_intrinsic("llvm.x86.avx512.pshuf.b.512", fnty=ir.FunctionType(I8X64, [I8X64, I8X64]))
         return builder.call(fn, [table, codes])
     out = ir.Constant(I8X64, None)

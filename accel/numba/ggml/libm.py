@@ -84,7 +84,7 @@ def v_expf_lane(x, scalef):  # f32, bool -> f32: one lane of reference v_expf
         return x
     j = fma32(poly, u, C1 * b)  # the __m256 / float32x4_t variant: 2^n in the exponent bits, fma(j, k, k)
     e = (np.uint64(f32_bits(z)) << np.uint64(23)) & LOW32
-    if abs(n) > 192 or abs(n) > 126:
+    if abs(n) > 126:  # 2^n is not a normal float32: scale in two factors, or saturate past 192
         g = np.uint64(SCALE_SIGN) if n <= 0 else np.uint64(0)
         s1 = bits_f32(np.uint32((g + np.uint64(SCALE_BITS)) & LOW32))
         if abs(n) > 192:
