@@ -5,10 +5,13 @@ import os
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
+import http.server
 import importlib
 import json
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -54,3 +57,53 @@ def synthetic_gguf(tmp_path_factory):  # a small random text GGUF with the real 
     path = str(tmp_path_factory.mktemp("syn") / "syn.gguf")
     write_text_gguf(path)
     return path
+
+
+class JsonServer(threading.Thread):
+    """A local HTTP server answering each path with a JSON body, after `delay` seconds; `trickle`
+    sends it a byte at a time without a Content-Length (a reply cut short then still parses as bytes)."""
+
+    def __init__(self, replies, delay=0.0, trickle=None):
+        super().__init__(daemon=True)
+        replies_, delay_, trickle_ = replies, delay, trickle
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def answer(self):
+                body = replies_.get(self.path.split("?")[0])
+                data = json.dumps(body).encode()
+                time.sleep(delay_)
+                self.send_response(200 if body is not None else 404)
+                if trickle_:
+                    self.end_headers()
+                    for byte in data:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(trickle_)
+                    return
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self.answer()
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.answer()
+
+            def log_message(self, *args):
+                pass
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        self.start()
+
+    def run(self):
+        self.httpd.serve_forever()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()

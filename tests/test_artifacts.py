@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import MODELS, ROOT, cli_error, run_cli
+from conftest import MODELS, ROOT, JsonServer, cli_error, run_cli
 
 from reference import artifacts
 from reference.trace import Tracer, TraceError, load_trace
@@ -300,10 +300,7 @@ def test_signals_are_restored_after_a_command():
 # ---------------------------------------------------------------------------------------------
 # A first generated token that ends inside a UTF-8 character (llama-server merges it into the next entry)
 
-def split_first_token_server(with_completion):  # -> URL of a server whose first token is half of "€"
-    import http.server
-    import threading
-
+def split_first_token_server(with_completion):  # -> a JsonServer whose first token is half of "€"
     def top(first, second):
         return [{"id": i, "logprob": lp, "bytes": b} for i, lp, b in (first, second)]
     # token 5 is b"\xe2\x82", token 6 b"\x80" (together "€"), token 7 b"A"; greedy: 5, 6, 7
@@ -314,43 +311,18 @@ def split_first_token_server(with_completion):  # -> URL of a server whose first
                "/v1/completions": {"choices": [{"logprobs": {"content": steps}, "finish_reason": "length"}],
                                    "usage": {"completion_tokens": 3}},
                "/completion": {"tokens": [5, 6, 7], "completion_probabilities": steps} if with_completion else None}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def answer(self):
-            body = replies.get(self.path)
-            data = json.dumps(body or {"error": "not found"}).encode()
-            self.send_response(200 if body else 404)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self):
-            self.answer()
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.answer()
-
-        def log_message(self, *args):
-            pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return JsonServer(replies)
 
 
 @pytest.mark.parametrize("with_completion", [True, False])
 def test_a_split_first_token_keeps_what_can_be_kept_and_the_run_goes_on(tmp_path, with_completion):
-    server = split_first_token_server(with_completion)
-    try:
-        url = f"http://127.0.0.1:{server.server_port}"
+    with split_first_token_server(with_completion) as server:
+        url = server.url
         prompts = prompts_file(tmp_path / "p.jsonl", [("a", [1, 2]), ("b", [3])])
         out = tmp_path / "srv"
         status = golden.main(["--engine", "openai", "--server-url", url, "--n-predict", "3", "--n-probs", "2",
                               "--prompts", str(prompts), "--out", str(out)])
         assert status == (0 if with_completion else 1)  # no prompt got a golden: not a success
-    finally:
-        server.shutdown()
-        server.server_close()
     entries = json.loads((out / "manifest.json").read_text())["entries"]
     assert [e["id"] for e in entries] == ["a", "b"]  # both prompts, the run did not stop
     if with_completion:  # llama-server's /completion token ids place the merged entry at token 1

@@ -124,7 +124,7 @@ def test_every_kernel_named_in_python_exists_and_its_parameters_parse():
     params = {}
     for filename in kernels.FILES:
         params.update(kernels.kernel_params(kernels.source(filename)))
-    named = {"matvec_r1", "matvec_r2", "matvec_r4"}  # launch.matvec's f"matvec_r{rows}"
+    named = set()
     for module in ("launch", "backend", "text"):
         with open(os.path.join(os.path.dirname(kernels.__file__), module + ".py")) as f:
             named |= set(re.findall(r'(?:rt\.launch\(|elementwise\([^"]*)"(\w+)"', f.read()))

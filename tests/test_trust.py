@@ -3,7 +3,6 @@
 partial success, JSON depth). Each fails on the tree before its fix and passes now;
 tests/test_fuzz.py draws classes 3-6 at random points."""
 import argparse
-import http.server
 import json
 import math
 import os
@@ -13,13 +12,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import tracemalloc
 
 import numpy as np
 import pytest
-from conftest import MODELS, ROOT, cli_error, run_cli
+from conftest import MODELS, ROOT, JsonServer, cli_error, run_cli
 
 from reference import artifacts, cli, positions
 from tools import common
@@ -37,56 +35,6 @@ RECORDED = os.path.join(FIX, "openai", "llama-server-glimmer-default-f16.json")
 def prompts_file(path, prompts):  # [(id, token ids)] -> path of a JSON-lines prompt set
     path.write_text("".join(json.dumps({"id": i, "token_ids": ids}) + "\n" for i, ids in prompts))
     return path
-
-
-class Server(threading.Thread):
-    """A local HTTP server answering each path with a JSON body, after `delay` seconds; `trickle`
-    sends it a byte at a time without a Content-Length (a reply cut short then still parses as bytes)."""
-
-    def __init__(self, replies, delay=0.0, trickle=None):
-        super().__init__(daemon=True)
-        replies_, delay_, trickle_ = replies, delay, trickle
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def answer(self):
-                body = replies_.get(self.path.split("?")[0])
-                data = json.dumps(body).encode()
-                time.sleep(delay_)
-                self.send_response(200 if body is not None else 404)
-                if trickle_:
-                    self.end_headers()
-                    for byte in data:
-                        self.wfile.write(bytes([byte]))
-                        self.wfile.flush()
-                        time.sleep(trickle_)
-                    return
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                self.answer()
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers["Content-Length"]))
-                self.answer()
-
-            def log_message(self, *args):
-                pass
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
-        self.start()
-
-    def run(self):
-        self.httpd.serve_forever()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def recorded_reply():  # -> a copy of the recorded /v1/completions reply to len7 on glimmer-default (8 tokens, top 20)
@@ -163,7 +111,7 @@ def test_unicode_digits_are_refused_by_every_command():
     cli_error(run_cli("reference.run", "--model", TINY_A, "--token-ids", "1,٢", "--n-predict", "1"), "--token-ids")
     cli_error(run_cli("reference.run", "--model", TINY_A, "--token-ids", "1,2", "--n-predict", "٣"), "--n-predict")
     cli_error(run_cli("tools.perplexity", "-m", TINY_A, "-f", os.path.join(FIX, "perplexity", "text-crlf.txt"),
-                      "-c", "１２８"), "-c/--ctx-size", "expected an integer")
+                      "-c", "１２８"), "argument -c:", "expected an integer")  # the option as typed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,15 +157,15 @@ def test_a_served_vocabulary_and_tokenize_ids_are_bounded(tmp_path):
     models = {"data": [{"id": "tiny-a-f32.gguf", "meta": {"n_vocab": 10 ** 30}}]}
     args = argparse.Namespace(model=None, n_probs=2, server_launch=None, connect_timeout=2.0, read_timeout=None,
                               request_deadline=None)
-    with Server({"/v1/models": models}) as server:
+    with JsonServer({"/v1/models": models}) as server:
         with pytest.raises(common.GoldenError, match=r"meta.n_vocab 1000000000000000000000000000000 is not an integer"):
             openai.openai_engine(argparse.Namespace(**vars(args), server_url=server.url))
     models["data"][0]["meta"]["n_vocab"] = 1024  # more than the --model it says it serves
-    with Server({"/v1/models": models}) as server:
+    with JsonServer({"/v1/models": models}) as server:
         with pytest.raises(common.GoldenError, match=r"meta.n_vocab 1024 is not an integer in \[1, 513\)"):
             openai.openai_engine(argparse.Namespace(**{**vars(args), "model": TINY_A}, server_url=server.url))
     props = {"model_path": "tiny-a-f32.gguf", "default_generation_settings": {"n_ctx": 512}}
-    with Server({"/props": props, "/tokenize": {"tokens": [1, -1]}}) as server:
+    with JsonServer({"/props": props, "/tokenize": {"tokens": [1, -1]}}) as server:
         engine = llama_server.llama_server_engine(argparse.Namespace(**vars(args), server_url=server.url))
         with pytest.raises(common.GoldenError, match=r"tokens\[1\] -1 is not an integer in \[0, "):
             engine.tokenize("hi", True)
@@ -274,7 +222,7 @@ def test_default_waits_end_a_dead_server_in_tens_of_seconds():
 
 def test_a_fired_deadline_is_named_not_the_reply_it_cut(tmp_path):
     limits = server_http.HttpLimits(connect=2.0, read=2.0, deadline=0.5)
-    with Server({"/v1/models": {"data": [{"id": "m"}]}}, trickle=0.05) as server:
+    with JsonServer({"/v1/models": {"data": [{"id": "m"}]}}, trickle=0.05) as server:
         start = time.monotonic()
         with pytest.raises(common.GoldenError, match=r"no whole reply within the deadline of 0.5 s \(--request-deadline\)"):
             server_http.http_json(f"{server.url}/v1/models", limits=limits)
@@ -287,7 +235,7 @@ def test_sighup_and_sigpipe_stop_a_golden_run_with_one_line_and_a_manifest_of_wh
     models = {"data": [{"id": "glimmer-default-f16.gguf", "meta": {"n_vocab": 512}}]}
     prompts = prompts_file(tmp_path / "p.jsonl", [(f"p{i}", ids) for i in range(6)])
     out = tmp_path / "srv"
-    with Server({"/v1/models": models, "/v1/completions": reply}, delay=0.4) as server:
+    with JsonServer({"/v1/models": models, "/v1/completions": reply}, delay=0.4) as server:
         env = {**os.environ, "PYTHONPATH": ROOT}
         child = subprocess.Popen([sys.executable, "-m", "tools.golden", "--engine", "openai", "--server-url", server.url,
                                   "--n-predict", "8", "--n-probs", "20", "--prompts", str(prompts), "--out", str(out)],
@@ -325,7 +273,7 @@ def test_a_golden_run_that_made_nothing_exits_non_zero(tmp_path):
     models = {"data": [{"id": "m.gguf", "meta": {"n_vocab": 512}}]}
     no_row = {"choices": [{"logprobs": {"content": []}, "finish_reason": "stop"}], "usage": {"completion_tokens": 0}}
     prompts = prompts_file(tmp_path / "p.jsonl", [("a", ids), ("b", ids)])
-    with Server({"/v1/models": models, "/v1/completions": no_row}) as server:
+    with JsonServer({"/v1/models": models, "/v1/completions": no_row}) as server:
         r = run_cli("tools.golden", "--engine", "openai", "--server-url", server.url, "--n-predict", "8",
                     "--n-probs", "20", "--prompts", prompts, "--out", tmp_path / "srv")
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == "tools.golden: 0 of 2 prompts have a golden; 2 missing"

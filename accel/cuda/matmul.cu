@@ -107,31 +107,15 @@ __device__ void matmul(const u8* W, i64 row_bytes, int n_out, int n_in, const fl
         }
 }
 
-// block (32 x warps, at most MV_MAX_WARPS), grid (up to ceil(n_out / 1), T)
-extern "C" __global__ void matvec_r1(int qtype, const u8* W, i64 row_bytes, int n_out, int n_in, const float* x,
-                                     int x_stride, float* y, int y_stride, const u8* tab) {
+// block (32 x warps, at most MV_MAX_WARPS), grid (up to ceil(n_out / rows), T); rows 1, 2 or 4 (MV_MAX_ROWS)
+extern "C" __global__ void matvec_rows(int qtype, const u8* W, i64 row_bytes, int n_out, int n_in, const float* x,
+                                       int x_stride, float* y, int y_stride, const u8* tab, int rows) {
     __shared__ double partial[MV_MAX_WARPS * MV_MAX_ROWS];
     __shared__ unsigned long long tab_shared[TAB_BYTES / 8];
-#define MATVEC_R1(QT) matvec<QT, 1>(W, row_bytes, n_out, n_in, x, x_stride, y, y_stride, tab, partial, tab_shared)
-    DISPATCH_QTYPE(qtype, MATVEC_R1)
-}
-
-// block (32 x warps, at most MV_MAX_WARPS), grid (up to ceil(n_out / 2), T)
-extern "C" __global__ void matvec_r2(int qtype, const u8* W, i64 row_bytes, int n_out, int n_in, const float* x,
-                                     int x_stride, float* y, int y_stride, const u8* tab) {
-    __shared__ double partial[MV_MAX_WARPS * MV_MAX_ROWS];
-    __shared__ unsigned long long tab_shared[TAB_BYTES / 8];
-#define MATVEC_R2(QT) matvec<QT, 2>(W, row_bytes, n_out, n_in, x, x_stride, y, y_stride, tab, partial, tab_shared)
-    DISPATCH_QTYPE(qtype, MATVEC_R2)
-}
-
-// block (32 x warps, at most MV_MAX_WARPS), grid (up to ceil(n_out / 4), T)
-extern "C" __global__ void matvec_r4(int qtype, const u8* W, i64 row_bytes, int n_out, int n_in, const float* x,
-                                     int x_stride, float* y, int y_stride, const u8* tab) {
-    __shared__ double partial[MV_MAX_WARPS * MV_MAX_ROWS];
-    __shared__ unsigned long long tab_shared[TAB_BYTES / 8];
-#define MATVEC_R4(QT) matvec<QT, 4>(W, row_bytes, n_out, n_in, x, x_stride, y, y_stride, tab, partial, tab_shared)
-    DISPATCH_QTYPE(qtype, MATVEC_R4)
+#define MATVEC_R(QT, R) matvec<QT, R>(W, row_bytes, n_out, n_in, x, x_stride, y, y_stride, tab, partial, tab_shared)
+#define MATVEC(QT) \
+    switch (rows) { case 1: MATVEC_R(QT, 1); break; case 2: MATVEC_R(QT, 2); break; default: MATVEC_R(QT, 4); }
+    DISPATCH_QTYPE(qtype, MATVEC)
 }
 
 // block (256), grid (ceil(n_out / 64), ceil(T / 64))

@@ -51,7 +51,8 @@ def linear(rt, x, t, y, tables):  # x [T, n_in], DeviceTensor -> y [T, n_out]
 
 def matvec(rt, args, tables, n_out, T, rows, warps, blocks=MATVEC_BLOCKS):
     """The decode kernel: `rows` output rows a block at a time, `warps` splitting each row, at most `blocks` blocks."""
-    rt.launch(f"matvec_r{rows}", (min(cdiv(n_out, rows), blocks), T), (32 * warps,), *args, tables)
+    assert rows in (1, 2, 4), rows  # matvec_rows' instances
+    rt.launch("matvec_rows", (min(cdiv(n_out, rows), blocks), T), (32 * warps,), *args, tables, rows)
 
 
 def dequantize_rows(rt, t, first, n_rows, out, tables):  # rows [first, first + n_rows) -> out [n_rows, n_in]
