@@ -16,8 +16,10 @@ import subprocess
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-READMES = sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("**/README.md")
-                 if not {".git", "build", ".venv"} & set(p.relative_to(REPO).parts))
+READMES = sorted([p.relative_to(REPO).as_posix() for p in REPO.glob("**/README.md")
+                  if not {".git", "build", ".venv"} & set(p.relative_to(REPO).parts)]
+                 + ["docs/benchmarks.md"])  # the README's measurements, each with its command
+GUIDES = ("README.md", "docs/benchmarks.md")  # their examples run from the repository root
 OWN_PACKAGES = ("reference", "tools", "accel")  # `python -m venv`, `python -m pytest` are not ours
 METAVAR = re.compile(r"^[A-Z][A-Z0-9_]*$")
 ALTERNATIVES = re.compile(r"^[\w.-]+(\|[\w.-]+)+$")  # reference|llama-cpp|transformers: one of them
@@ -212,7 +214,7 @@ def test_what_the_examples_write_is_ignored(monkeypatch):
     # An example run from the repository root leaves no untracked file for `git status` to show: every
     # output it names there is in .gitignore (build/ is ignored whole; DIR, OUT.json name no file).
     monkeypatch.chdir(REPO)
-    written = {p for line in shell_commands((REPO / "README.md").read_text(encoding="utf-8"))
+    written = {p for guide in GUIDES for line in shell_commands((REPO / guide).read_text(encoding="utf-8"))
                for p in written_paths(line, monkeypatch)}
     named = {p for p in written if not is_placeholder(p)}
     assert {"t32", "img.npy", "forced.jsonl", "30b.gguf"} <= {p.rstrip("/") for p in named}
@@ -227,7 +229,7 @@ def test_python_c_examples_import_what_they_name():
     # `python -c "from tools.X import Y; ..."` is not a `python -m` command and was not checked: a
     # module moved (tools.make_synthetic's writers into tools.synthetic) broke the long-context
     # example. Each snippet must compile and its imports must resolve (the rest is not run).
-    snippets = [shlex.split(c)[2] for c in shell_commands((REPO / "README.md").read_text(encoding="utf-8"))
+    snippets = [shlex.split(c)[2] for guide in GUIDES for c in shell_commands((REPO / guide).read_text(encoding="utf-8"))
                 if c.startswith("python -c ")]
     assert len(snippets) >= 3, snippets
     for code in snippets:
