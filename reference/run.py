@@ -327,13 +327,14 @@ def decode(args, lm, speculator, cache, chunk, next_logits, progress):  # -> (ge
 
 
 def logit_rows(args, n):  # -> positions.output_rows of a prompt of n rows under the flags
+    try:
+        rows = output_rows(args.logits_positions, n, bool(args.logits_out), bool(args.trace or args.model_draft))
+    except ValueError as e:  # refused in one line: no warning about the cut before it
+        raise UsageError(f"--logits-positions: {e}") from None
     cut = clamped(args.logits_positions or [], n)
     if cut:
         warn(f"--logits-positions on a prompt of {n} tokens: {', '.join(cut)}")
-    try:
-        return output_rows(args.logits_positions, n, bool(args.logits_out), bool(args.trace or args.model_draft))
-    except ValueError as e:
-        raise UsageError(f"--logits-positions: {e}") from None
+    return rows
 
 
 def new_caches(args, request, lm, drafter, n_rows):  # -> (target cache, Speculator or None, past the training context)

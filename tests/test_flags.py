@@ -57,14 +57,17 @@ class Captured(BaseException):  # raised from parse_args with the parser: not an
 def parser_of(module):  # -> the top-level parser module.main builds
     def capture(self, args=None, namespace=None):
         raise Captured(self)
-    original = cli.OneLineParser.parse_args
+    own = vars(cli.OneLineParser).get("parse_args")  # None: it inherits argparse's, which must stay visible
     cli.OneLineParser.parse_args = capture
     try:
         importlib.import_module(module).main([])
     except Captured as c:
         return c.parser
     finally:
-        cli.OneLineParser.parse_args = original
+        if own is None:
+            del cli.OneLineParser.parse_args
+        else:
+            cli.OneLineParser.parse_args = own
     raise AssertionError(f"{module}.main never parsed its arguments")
 
 
