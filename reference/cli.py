@@ -214,6 +214,8 @@ FLAG_NAMES = {  # concept (the dest) -> its option strings
     "n_predict": ("-n", "--n-predict", "--predict", "--n-decode"),
     "ctx_size": ("-c", "--ctx-size", "--ctx", "--n-ctx"),
     "threads": ("-t", "--threads"),
+    "n_depth": ("-d", "--n-depth"),  # llama-bench's: the context before a test
+    "repetitions": ("-r", "--repetitions"),  # llama-bench's
     "batch_size": ("-b", "--batch-size"),
     "ubatch_size": ("-ub", "--ubatch-size", "--prefill-chunk", "--n-ubatch"),
     "cache_type_k": ("-ctk", "--cache-type-k"),

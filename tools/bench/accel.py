@@ -18,6 +18,11 @@ and llama.cpp (llama-cpp-python) with the same number of threads, as ratios from
     python -m tools.bench_accel blocks build/bench/30b-ud-iq2_xxs.gguf [--tokens 1 --threads 2]
         every matrix of one forward of T tokens on its memory-mapped blocks (--numerics ggml-cpu on
         numba), in layer order, timed per weight type against the read floor of the same bytes
+    python -m tools.bench_accel table build/bench/30b-ud-iq2_xxs.gguf [-p 512,2048 -n 32 -d 0,2048,16384 -r 1
+        -t 2 --engines llama-cpp,numba-ggml,numba --quick --md-out t.md --json-out t.json --plot t.png]
+        llama-bench's pp and tg tests for llama.cpp, numba ggml-cpu and numba exact in turns, as a
+        markdown table with each engine's speed over llama.cpp's and its logits against llama.cpp's
+        (tools/bench/table.py)
     python -m tools.bench_accel vision build/bench/30b-mmproj-f16.gguf [--image-size 1024 --llama-bin DIR
         --model build/bench/30b-ud-iq2_xxs.gguf --plot out.png]
         one synthetic image through the tower on numba (exact numerics), and with --llama-bin through
@@ -64,6 +69,7 @@ MAX_PROMPT = 2048
 # cache of the full layer (2 KB a position at the mid model) and the engines' time.
 MAX_LAST_PROMPT = 1 << 17
 LAST_BATCH = 2048  # llama.cpp's batch with --logits last: its logits buffer is one batch of rows
+DECODE_ROOM = 64  # the decode steps every engine's context holds after its prompt
 # kernels: x is [T, n_in] and the output [T, rows]; 4096 tokens of 8192 rows is 134 MB of output.
 MAX_TOKENS = 4096
 # kernels copies at most a matrix's own rows (the release's tallest has 202048): a larger count takes it whole.
@@ -146,21 +152,23 @@ def make(args):  # -> exit status
 # ---------------------------------------------------------------------------------------------
 # Running them
 
-def reference_engine(path, backend, last=False):  # -> (prefill(ids) -> logits, decode(id) -> logits)
-    """`last`: the prefill computes and returns the last position's logits only ([1, V])."""
+def reference_engine(path, backend, last=False, room=DECODE_ROOM):  # -> (prefill(ids) -> logits, decode(id) -> logits)
+    """`last`: the prefill computes and returns the last position's logits only ([1, V]). The prompt
+    goes in chunks of LAST_BATCH, as llama.cpp's; `room`: decode steps the cache holds after it."""
     lm = factory.text_model(gguf.load(path, "text"), factory.Build(backend=backend))
     state = {}
 
     def prefill(ids):
-        state["cache"] = lm.new_cache(len(ids) + 64, "ring", len(ids))
-        return lm.prefill(ids, state["cache"], len(ids), out_rows=np.array([len(ids) - 1]) if last else None)
+        chunk = min(len(ids), LAST_BATCH)
+        state["cache"] = lm.new_cache(len(ids) + room, "ring", chunk)
+        return lm.prefill(ids, state["cache"], chunk, out_rows=np.array([len(ids) - 1]) if last else None)
 
     def decode(token):
         return lm.prefill([token], state["cache"], 1)[-1]
     return prefill, decode
 
 
-def ggml_engine(path, threads, last=False):  # -> (prefill, decode): GgmlCpuNumbaBackend as llama_cpp_engine's context
+def ggml_engine(path, threads, last=False, room=DECODE_ROOM):  # -> (prefill, decode): GgmlCpuNumbaBackend as llama_cpp_engine's context
     """llama.cpp's defaults (F16 KV cache, flash attention off), weights outside the CPU_REPACK buffer
     (repack=False, as use_extra_bufts=False loads them) and the same ubatches: the same logits."""
     build = factory.Build(backend="numba", numerics="ggml-cpu", repack=False, n_threads=threads)
@@ -168,7 +176,7 @@ def ggml_engine(path, threads, last=False):  # -> (prefill, decode): GgmlCpuNumb
     state = {}
 
     def prefill(ids):
-        state["cache"] = lm.new_cache(len(ids) + 64, "uniform")
+        state["cache"] = lm.new_cache(len(ids) + room, "uniform")
         chunk = min(len(ids), LAST_BATCH) if last else len(ids)
         return lm.prefill(ids, state["cache"], chunk, out_rows=np.array([len(ids) - 1]) if last else None)
 
@@ -178,7 +186,7 @@ def ggml_engine(path, threads, last=False):  # -> (prefill, decode): GgmlCpuNumb
 
 
 def llama_cpp_engine(path, threads, n_prompt, last=False):  # -> (prefill, decode) as reference_engine
-    """The prompt in one batch with logits_all; with `last`, in batches of LAST_BATCH with the last
+    """Room for n_prompt + DECODE_ROOM tokens. The prompt in one batch with logits_all; with `last`, in batches of LAST_BATCH with the last
     row's logits only (llama-cpp-python keeps none then: they are read from the context). The weights
     load into plain CPU buffers (use_extra_bufts=False): on a CPU with AMX, llama.cpp's AMX extra
     buffer crashes on quantized weights, and the CPU_REPACK one would change its kernels."""
@@ -189,7 +197,7 @@ def llama_cpp_engine(path, threads, n_prompt, last=False):  # -> (prefill, decod
     from tools.common import plain_cpu_buffers
     plain_cpu_buffers(llama_cpp.llama_cpp)
     n_batch = min(n_prompt, LAST_BATCH) if last else n_prompt
-    llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=n_prompt + 64,
+    llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=n_prompt + DECODE_ROOM,
                           n_batch=n_batch, n_ubatch=n_batch, logits_all=not last, verbose=False)
 
     def last_row():  # -> [V] the logits of the one row the last batch computed
@@ -747,6 +755,8 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     flag(v, "threads", type=threads, default=2)
     add_json_out(v, "the report")
     v.add_argument("--plot", help="an image of the engines' seconds (PNG unless the extension says otherwise)")
+    from tools.bench import table
+    table.add_parser(sub, threads, add_model)
     c = sub.add_parser("ceiling", help="decode tokens/s no numba kernel exceeds here (floor loops), beside llama.cpp")
     add_model(c)
     flag(c, "threads", type=threads, default=2)
@@ -768,13 +778,13 @@ def add_model(p):  # the GGUF: a positional argument as before, or llama.cpp's -
 
 
 def check_args(args):  # what the argument types cannot see alone -> UsageError
-    if args.what in ("run", "kernels", "blocks", "ceiling"):
+    if args.what in ("run", "kernels", "blocks", "ceiling", "table"):
         if args.model and args.model_path and args.model != args.model_path:
             raise UsageError(f"two models: {args.model_path} and -m {args.model}")
         args.model = args.model or args.model_path
         if not args.model:
             raise UsageError(f"{args.what} needs a GGUF: MODEL or -m MODEL")
-    if args.what in ("run", "vision") and args.plot:  # before the engines run: a path or format matplotlib refuses
+    if args.what in ("run", "vision", "table") and args.plot:  # before the engines run: a path or format matplotlib refuses
         from tools.common import check_plot
         check_plot(args.plot)
     if args.what == "run" and args.one_shot and args.turns:
@@ -807,6 +817,9 @@ def main(argv=None):
             report = ceiling(args)
         elif args.what == "blocks":
             report = blocks(args)
+        elif args.what == "table":
+            from tools.bench import table
+            report = table.main(args)
         elif args.what == "vision":
             report = vision(args)
             print_vision(report)
