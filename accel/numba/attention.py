@@ -7,11 +7,13 @@ kernels with different `visible` matrices. Two routes, as linear's:
 - fewer than ROW_BLOCK query rows per kv head (T * H / Hkv; a decode step of a model with fewer than
   16 heads per kv head): one task per (query, head), GQA reading kv head h // (H / Hkv) in place;
 - more (prefill, the vision tower, the release's decode with 32 heads over 2): the query rows of
-  one kv head in blocks of ROW_BLOCK, each block's scores and weighted sum of V as two
-  register-blocked products (quant.tile_product) on float64 copies of K and V^T. A key row then
-  serves ROW_BLOCK queries instead of one: a global layer of the vision tower (5476 queries and
-  keys, 16 heads) attends in 5.4-5.6 s, where one task per (query, head) took about 45 s (2
-  threads, measured).
+  one kv head in blocks of ROW_BLOCK, each block's scores and weighted sum of V as
+  register-blocked products (quant.tile_product) on tiles of KEY_TILE keys widened to float64 as
+  they are read. A key row then serves ROW_BLOCK queries instead of one: a global layer of the
+  vision tower (5476 queries and keys, 16 heads) attends in 5.4-5.6 s, where one task per (query,
+  head) took about 45 s (2 threads, measured). A block reads only the keys from the first to the
+  last its queries see, in the cache's own rows: a decode step costs its live window (a
+  sliding-window layer's 2048 keys in a 16K-row uniform cache), not the cache.
 """
 import numpy as np
 from llvmlite import ir
@@ -21,6 +23,7 @@ from numba.extending import intrinsic
 from .quant import FAST, tile_product
 
 ROW_BLOCK = 16  # query rows of one kv head per task: a block's [16, S] scores stay in L2 up to S ~ 8000
+KEY_TILE = 64  # keys widened to float64 at a time: 64 KB of K or V^T at head size 128, in L2
 
 
 @njit(cache=True, fastmath=FAST)
@@ -112,20 +115,73 @@ def softmax_rows(scores, rows, visible, r0, group, scale):  # scores [ROW_BLOCK,
     return totals
 
 
+@njit(cache=True)
+def visible_span(visible, t0, t1):  # visible [T, S], queries t0..t1-1 -> (lo, hi): the keys any of them sees
+    S = visible.shape[1]
+    lo, hi = S, 0
+    for t in range(t0, t1):
+        s = 0
+        while s < lo and not visible[t, s]:
+            s += 1
+        lo = min(lo, s)
+        s = S
+        while s > hi and not visible[t, s - 1]:
+            s -= 1
+        hi = max(hi, s)
+    return lo, max(lo, hi)
+
+
+@njit(cache=True, fastmath=FAST)
+def block_scores(q, g, group, r0, rows, k, lo, scores):  # scores[i, s] = q_i . k[lo + s, g] in float64
+    """KEY_TILE key rows at a time widened into a buffer, each a register-blocked product with the
+    block's query rows: K is read in place, no copy of the cache."""
+    D = q.shape[2]
+    qb = np.empty((ROW_BLOCK, D))
+    for i in range(rows):
+        r = r0 + i
+        for d in range(D):
+            qb[i, d] = q[r // group, g * group + r % group, d]
+    keys = np.empty((KEY_TILE, D))
+    for s0 in range(0, scores.shape[1], KEY_TILE):
+        n = min(KEY_TILE, scores.shape[1] - s0)
+        for s in range(n):
+            for d in range(D):
+                keys[s, d] = k[lo + s0 + s, g, d]
+        tile_product(qb, rows, keys[:n], 0, D, scores[:, s0:s0 + n])
+
+
+@njit(cache=True, fastmath=FAST)
+def block_weighted(scores, rows, v, lo, g, weighted):  # weighted[i, :] = sum_s p_is v[lo + s, g, :] in float64
+    """V^T a tile of KEY_TILE keys at a time, widened into a buffer: float64 sums within a tile,
+    then across tiles."""
+    D = v.shape[2]
+    values = np.zeros((D, KEY_TILE))
+    for s0 in range(0, scores.shape[1], KEY_TILE):
+        n = min(KEY_TILE, scores.shape[1] - s0)
+        for s in range(n):
+            for d in range(D):
+                values[d, s] = v[lo + s0 + s, g, d]
+        tile_product(scores[:, s0:s0 + n], rows, values, 0, n, weighted)
+
+
 @njit(cache=True, parallel=True)
-def attention_blocks(qg, kg, vtg, visible, group, scale, out):  # qg [Hkv, T*group, D], kg [Hkv, S, D], vtg [Hkv, D, S] float64 -> out [T, H, D]
-    """Row r = t * group + j of kv head g is query t of head g * group + j."""
-    Hkv, R, D = qg.shape
-    S = kg.shape[1]
+def attention_blocks(q, k, v, visible, group, scale, out):  # q [T, H, D], k/v [S, Hkv, D], visible [T, S] -> out [T, H, D]
+    """Row r = t * group + j of kv head g is query t of head g * group + j. A block reads only the
+    keys between the first and the last any of its queries sees (a sliding window's, or a causal
+    prefix), from the cache's own rows."""
+    T, H, D = q.shape
+    Hkv = k.shape[1]
+    R = T * group
     n_blocks = (R + ROW_BLOCK - 1) // ROW_BLOCK
     for task in prange(Hkv * n_blocks):
         g, r0 = task // n_blocks, task % n_blocks * ROW_BLOCK
         rows = min(ROW_BLOCK, R - r0)
-        scores = np.zeros((ROW_BLOCK, S))
-        tile_product(qg[g, r0:r0 + rows], rows, kg[g], 0, D, scores)  # scores[i, s] = q_i . k_s
-        totals = softmax_rows(scores, rows, visible, r0, group, scale)
+        lo, hi = visible_span(visible, r0 // group, (r0 + rows - 1) // group + 1)
+        scores = np.zeros((ROW_BLOCK, hi - lo))
+        block_scores(q, g, group, r0, rows, k, lo, scores)
+        totals = softmax_rows(scores, rows, visible[:, lo:hi], r0, group, scale)
         weighted = np.zeros((ROW_BLOCK, D))
-        tile_product(scores, rows, vtg[g], 0, S, weighted)  # weighted[i, d] = sum_s p_is v_sd
+        block_weighted(scores, rows, v, lo, g, weighted)
         for i in range(rows):
             t, h = (r0 + i) // group, g * group + (r0 + i) % group
             for d in range(D):
@@ -142,8 +198,6 @@ def attention(q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] boo
         attention_kernel(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v),
                          visible, float(scale), out)
         return out
-    qg = np.ascontiguousarray(q.reshape(T, Hkv, group, D).transpose(1, 0, 2, 3), np.float64).reshape(Hkv, -1, D)
-    kg = np.ascontiguousarray(k.transpose(1, 0, 2), np.float64)
-    vtg = np.ascontiguousarray(v.transpose(1, 2, 0), np.float64)
-    attention_blocks(qg, kg, vtg, visible, group, float(scale), out)
+    attention_blocks(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), visible, group,
+                     float(scale), out)
     return out
