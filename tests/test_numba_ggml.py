@@ -330,6 +330,21 @@ def test_attention_over_several_tiles_and_padded_cells(path):  # 130 rows over 3
     assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+@pytest.mark.parametrize("T", [1, 40])
+def test_attention_leaves_out_unseen_cells_without_changing_a_bit(kv_type, T, monkeypatch):
+    """A 300-key window ending a 1300-cell cache (n_kv 1536): its first 768 cells are left out. Every
+    cell read, as the cache has them, gives the same bits, on both implementations."""
+    q, k, v, _, scale = long_prompt(T, 1300, 4, 2, 64, 13)
+    visible = ops.causal_visible(np.arange(1300 - T, 1300), np.arange(1300), 300)
+    assert ref_attention.unseen_cells(visible, 1536) == 768
+    windowed = [module.attention_mul_mat(q, k, v, visible, scale, kv_type) for module in (ref_attention, numba_attention)]
+    monkeypatch.setattr(ref_attention, "unseen_cells", lambda visible, n_kv: 0)
+    whole = ref_attention.attention_mul_mat(q, k, v, visible, scale, kv_type)
+    for got in windowed:
+        assert np.array_equal(whole.view(np.uint32), got.view(np.uint32))
+
+
 def test_flash_split_with_three_threads():  # chunks of ceil(n_kv / 3) cells, the last one shorter
     args = long_prompt(1, 700, 2, 2, 32, 12)
     ref, got = ref_attention.attention_flash(*args, 3), numba_attention.attention_flash(*args, 3)

@@ -15,8 +15,20 @@ from .rounding import F32, F64, fma32, register_sum, round_f16
 from .target import AVX512
 
 
+CELL_PAD = 256  # llama_kv_cache's n_pad
+
+
 def n_kv_cells(n_rows):  # rows a layer has filled -> the n_kv the graph reads (llama_kv_cache::get_n_kv)
-    return max(256, -(-n_rows // 256) * 256)
+    return max(CELL_PAD, -(-n_rows // CELL_PAD) * CELL_PAD)
+
+
+def unseen_cells(visible, n_kv):  # visible [T, S] -> the leading cells no query sees, a multiple of CELL_PAD
+    """Below n_kv by CELL_PAD at least. Leaving them out changes no bit of a product: their scores are
+    -inf, their weights exact zeros, and every sum over the cells (soft_max's registers, the F16 dots
+    over V's cells) keeps its lanes, as CELL_PAD is a multiple of each vector step."""
+    seen = visible.any(axis=0)
+    first = int(seen.argmax()) if seen.any() else visible.shape[1]
+    return min(first // CELL_PAD * CELL_PAD, n_kv - CELL_PAD)
 
 
 def pad_cells(a, n_kv):  # [S, ...] -> [n_kv, ...], zero cells past the filled ones (the cleared buffer)
@@ -26,12 +38,16 @@ def pad_cells(a, n_kv):  # [S, ...] -> [n_kv, ...], zero cells past the filled o
 def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, kernels=None, cells=True):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
     """Flash attention off: kq = K.Q (mul_mat), soft_max_ext(kq, F32 mask, scale), kqv = V^T.P.
     kernels: the module of float_mul_mat, vec_dot_f32 and soft_max (default this emulation's; the
-    numba twin passes its own). cells: K and V are a KV cache's cells (padded to n_kv_cells); False:
-    a graph's tensors, as long as they are (attention_graph)."""
+    numba twin passes its own). cells: K and V are a KV cache's cells (padded to n_kv_cells), of
+    which those before every query's first visible one are left out (unseen_cells: a sliding
+    window's step reads its window); False: a graph's tensors, as long as they are (attention_graph)."""
     kernels = kernels or KERNELS
     T, H, D = q.shape
     group = H // k.shape[1]
     n_kv = n_kv_cells(len(k)) if cells else len(k)
+    if cells:
+        skip = unseen_cells(visible, n_kv)
+        k, v, visible, n_kv = k[skip:], v[skip:], visible[:, skip:], n_kv - skip
     visible = np.tile(pad_cells(visible.T, n_kv).T, (group, 1))  # the rows of a group's heads, one head after another
     if kv_type == "f16":
         k, v = round_f16(k), round_f16(v)
