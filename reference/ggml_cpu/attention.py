@@ -35,9 +35,18 @@ def pad_cells(a, n_kv):  # [S, ...] -> [n_kv, ...], zero cells past the filled o
     return np.concatenate([a, np.zeros((n_kv - len(a),) + a.shape[1:], a.dtype)]) if n_kv > len(a) else a
 
 
+def cells_by_head(k, v, n_kv, kv_type):  # k/v [S, Hkv, D] -> K [Hkv, n_kv, D], V^T [Hkv, D, n_kv]
+    """The cells as the products read them, each kv head's contiguous: in the cache's type (F16
+    values, or F32 as they are) and zero past the filled ones."""
+    if kv_type == "f16":
+        k, v = round_f16(k), round_f16(v)
+    k, v = pad_cells(k, n_kv), pad_cells(v, n_kv)
+    return np.ascontiguousarray(k.transpose(1, 0, 2)), np.ascontiguousarray(v.transpose(1, 2, 0))
+
+
 def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, kernels=None, cells=True):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
     """Flash attention off: kq = K.Q (mul_mat), soft_max_ext(kq, F32 mask, scale), kqv = V^T.P.
-    kernels: the module of float_mul_mat, vec_dot_f32 and soft_max (default this emulation's; the
+    kernels: the module of cells_by_head, float_mul_mat, vec_dot_f32 and soft_max (default this emulation's; the
     numba twin passes its own). cells: K and V are a KV cache's cells (padded to n_kv_cells), of
     which those before every query's first visible one are left out (unseen_cells: a sliding
     window's step reads its window); False: a graph's tensors, as long as they are (attention_graph)."""
@@ -49,21 +58,19 @@ def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, kernels=N
         skip = unseen_cells(visible, n_kv)
         k, v, visible, n_kv = k[skip:], v[skip:], visible[:, skip:], n_kv - skip
     visible = np.tile(pad_cells(visible.T, n_kv).T, (group, 1))  # the rows of a group's heads, one head after another
-    if kv_type == "f16":
-        k, v = round_f16(k), round_f16(v)
-    k, v = pad_cells(k, n_kv), pad_cells(v, n_kv)
+    k_heads, v_heads = kernels.cells_by_head(k, v, n_kv, kv_type)
     out = np.empty_like(q)
-    for g in range(k.shape[1]):  # the heads that share a KV head in one product: ggml's mul_mat takes each
+    for g in range(len(k_heads)):  # the heads that share a KV head in one product: ggml's mul_mat takes each
         heads = slice(g * group, (g + 1) * group)  # head's T rows as one batch, hence batch_rows=T
         qg = q[:, heads].transpose(1, 0, 2).reshape(group * T, D)
-        kg, vg = k[:, g], v[:, g]
+        kg, vg_t = k_heads[g], v_heads[g]
         if kv_type == "f16":  # Q converted to f16 first, then contiguous: the F16 matmul
             kq = kernels.float_mul_mat(round_f16(qg), kg, "F16", target, batch_rows=T)
         else:  # the permuted Q is not contiguous, so llamafile refuses it: vec_dot_f32 row by row
             kq = kernels.vec_dot_f32(qg[:, None, :], kg[None], target)
         p = kernels.soft_max(kq, visible, scale, target)
-        kqv = (kernels.float_mul_mat(round_f16(p), vg.T, "F16", target, batch_rows=T) if kv_type == "f16"
-               else kernels.float_mul_mat(p, vg.T, "F32", target, batch_rows=T))
+        kqv = (kernels.float_mul_mat(round_f16(p), vg_t, "F16", target, batch_rows=T) if kv_type == "f16"
+               else kernels.float_mul_mat(p, vg_t, "F32", target, batch_rows=T))
         out[:, heads] = kqv.reshape(group, T, D).transpose(1, 0, 2)
     return out
 

@@ -23,6 +23,29 @@ from .threads import threaded
 
 F32, F64 = np.float32, np.float64
 NEG_INF = F32(-np.inf)
+CELL_TILE = 64  # cells a task of head_cells transposes: 32 KB of V at head size 128
+
+
+@threaded
+def head_cells(k, v, n_kv, f16):  # k/v [S, Hkv, D] -> K [Hkv, n_kv, D], V^T [Hkv, D, n_kv]: reference cells_by_head
+    """Tasks of CELL_TILE cells of one kv head: V's tile is read whole from L1 for each row of V^T."""
+    S, Hkv, D = k.shape
+    k_heads, v_heads = np.zeros((Hkv, n_kv, D), F32), np.zeros((Hkv, D, n_kv), F32)
+    n_tiles = (S + CELL_TILE - 1) // CELL_TILE
+    for task in numba.prange(Hkv * n_tiles):
+        g, s0 = task // n_tiles, task % n_tiles * CELL_TILE
+        s1 = min(s0 + CELL_TILE, S)
+        for s in range(s0, s1):
+            for d in range(D):
+                k_heads[g, s, d] = round_f16(k[s, g, d]) if f16 else k[s, g, d]
+        for d in range(D):
+            for s in range(s0, s1):
+                v_heads[g, d, s] = round_f16(v[s, g, d]) if f16 else v[s, g, d]
+    return k_heads, v_heads
+
+
+def cells_by_head(k, v, n_kv, kv_type):  # k/v [S, Hkv, D] -> K [Hkv, n_kv, D], V^T [Hkv, D, n_kv]: one pass over the cells
+    return head_cells(2 * k.size, np.ascontiguousarray(k, F32), np.ascontiguousarray(v, F32), n_kv, kv_type == "f16")
 
 
 def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
@@ -236,4 +259,4 @@ def attention_q8_0(q, k, v, visible, scale, target=AVX512):  # [T, H, D], [S, Hk
     return reference.attention_q8_0(q, k, v, visible, scale, target, KERNELS)
 
 
-KERNELS = sys.modules[__name__]  # float_mul_mat, vec_dot_f32, soft_max, fwht, quantize_q8_0 and the flash kernels
+KERNELS = sys.modules[__name__]  # cells_by_head, float_mul_mat, vec_dot_f32, soft_max, fwht, quantize_q8_0, the flash kernels
