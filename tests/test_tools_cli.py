@@ -166,6 +166,13 @@ def test_bench_scale_last_position_lifts_the_prompt_cap(tmp_path):
     (("blocks", "{mmproj}"), "expected a muse-glimmer text model"),
     (("blocks", "{q4}", "--tokens", "0"), "--tokens: 0 is out of range"),
     (("blocks", "{q4}", "--json", "{tmp}/none/x.json"), "no such directory"),
+    (("table", "{tiny}", "-n", "300"), "-n 300: at most 256"),
+    (("table", "{tiny}", "-p", "0", "-n", "0"), "no test: every -p and -n is 0"),
+    (("table", "{tiny}", "-d", "-1"), "-d: -1 is out of range"),
+    (("table", "{tiny}", "-r", "0"), "-r: 0 is out of range"),
+    (("table", "{tiny}", "--engines", "numpy"), "unknown engine 'numpy'"),
+    (("table", "{mmproj}", "--engines", "numba"), "expected a muse-glimmer text model"),
+    (("table", "{tiny}", "--md-out", "{tmp}/none/t.md"), "no such directory"),
     (("vision",), "required: mmproj"),
     (("vision", "{missing}"), "no such file"),
     (("vision", "{trunc}"), "corrupt header"),
@@ -274,6 +281,26 @@ def test_bench_accel_run_numba_ggml_is_llama_cpp_bit_for_bit(tmp_path):  # both 
     agreement = report["logits_vs_numba"]["llama-cpp vs numba-ggml"]
     assert agreement["nmse"] == 0 and agreement["max_abs_diff"] == 0 and agreement["top1"] == 1.0
     assert all(e["repeat"] == 2 and e["prefill_tok_s"] > 0 for e in report["engines"].values())
+
+
+def test_bench_accel_table_quick(tmp_path):
+    """llama-bench's tests (pp16, pp40, tg4 at depths 0 and 24: past tiny-a's 8-token window) for every
+    engine here, in one command; where llama.cpp ran too, numba ggml-cpu's logits are its own, every bit."""
+    pytest.importorskip("numba")
+    engines = ["numba-ggml", "numba"] + (["llama-cpp"] if importlib.util.find_spec("llama_cpp") else [])
+    out, md, plot = tmp_path / "table.json", tmp_path / "table.md", tmp_path / "table.png"
+    r = run_cli("tools.bench_accel", "table", TINY_Q4, "--quick", "-t", "1", "--engines", ",".join(engines),
+                "--json-out", out, "--md-out", md, "--plot", plot)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert report["tests"] == ["pp16", "pp40", "tg4 @ d0", "tg4 @ d24"]
+    assert all(report["engines"][e][name]["tok_s"] > 0 for e in engines for name in report["tests"])
+    assert md.read_text().count("| tiny-a-q4_k_m.gguf |") == len(engines) * 4 and "pp40" in r.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if "llama-cpp" in engines:  # the prefill's last row and every decode step's
+        for name in report["tests"]:
+            a = report["engines"]["numba-ggml"][name]["logits_vs_llama_cpp"]
+            assert a["nmse"] == 0 and a["max_abs_diff"] == 0, (name, a)
 
 
 # ---------------------------------------------------------------------------------------------
