@@ -36,17 +36,16 @@ def tests(prompts, gens, depths):  # -> [(name, kind, n, depth)] in the order th
             + [(f"tg{n} @ d{d}", "tg", n, d) for d in depths for n in gens if n])
 
 
-def run_test(engine, kind, n, depth, ids):  # -> (logits [rows, V], seconds): one round of one test
+def run_test(engine, kind, n, depth, ids):  # -> (logits [rows, V], seconds, the depth's prefill seconds or None)
     prefill, decode = engine
     if kind == "pp":
-        return timed(prefill, ids[:n])[:2]
-    if depth:
-        prefill(ids[:depth])
+        return (*timed(prefill, ids[:n])[:2], None)
+    depth_s = timed(prefill, ids[:depth])[1] if depth else None  # not the test's, but a long prefill's time
 
     def steps():  # -> [n, V]: at depth 0 the first token is the context's first, a one-token prefill
         first = prefill(ids[:1])[-1] if depth == 0 else decode(ids[depth])
         return np.stack([first] + [decode(token) for token in ids[depth + 1:depth + n]])
-    return timed(steps)[:2]
+    return (*timed(steps)[:2], depth_s)
 
 
 def model_size(path):  # -> (bytes, parameters) of the file's tensors, llama-bench's size and params
@@ -78,12 +77,15 @@ def table(args):  # -> report dict
         rounds = {engine: [] for engine in engines}
         for _ in range(args.repetitions):  # in turns: a busy spell of the machine slows every engine's round
             for engine in engines:
-                logits, seconds = run_test(engines[engine], kind, n, depth, ids)
-                rounds[engine].append(seconds)
+                logits, seconds, depth_s = run_test(engines[engine], kind, n, depth, ids)
+                rounds[engine].append((seconds, depth_s))
                 results[engine][name] = {"logits": logits}
-        for engine, seconds in rounds.items():
-            speeds = n / np.array(seconds)
-            results[engine][name].update(seconds=seconds, tok_s=float(speeds.mean()), tok_s_std=float(speeds.std()))
+        for engine, times in rounds.items():
+            speeds = n / np.array([seconds for seconds, _ in times])
+            results[engine][name].update(seconds=[seconds for seconds, _ in times], tok_s=float(speeds.mean()),
+                                         tok_s_std=float(speeds.std()))
+            if depth:  # the prompt before the decode: a prefill of `depth` tokens, timed as pp would be
+                results[engine][name]["depth_prefill_tok_s"] = max(depth / depth_s for _, depth_s in times)
         print_progress(name, {engine: results[engine][name] for engine in engines})
     size, params = model_size(args.model)
     report = {"model": os.path.basename(args.model), "size_bytes": size, "params": params, "threads": args.threads,
@@ -106,8 +108,9 @@ def without_logits(result):  # a test's result -> what the report keeps of it
 
 
 def print_progress(name, results):  # one line a test, as its rounds end
-    print(f"{name}: " + ", ".join(f"{LABELS[engine]} {r['tok_s']:.2f} tok/s" for engine, r in results.items()),
-          flush=True)
+    print(f"{name}: " + ", ".join(f"{LABELS[engine]} {r['tok_s']:.2f} tok/s" for engine, r in results.items())
+          + "".join(f"; its prompt, {LABELS[engine]} {r['depth_prefill_tok_s']:.2f} tok/s" for engine, r in results.items()
+                    if "depth_prefill_tok_s" in r), flush=True)
 
 
 def markdown(report):  # -> llama-bench's markdown table, a column for the speed and the logits against llama.cpp
