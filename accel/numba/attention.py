@@ -131,6 +131,17 @@ def visible_span(visible, t0, t1):  # visible [T, S], queries t0..t1-1 -> (lo, h
     return lo, max(lo, hi)
 
 
+@njit(cache=True, inline="always")
+def widen_tile(rows_of, first, g, n, tile, transposed):  # tile[s, d] (or [d, s]) = rows_of[first + s, g, d] -> n
+    for s in range(n):
+        for d in range(rows_of.shape[2]):
+            if transposed:
+                tile[d, s] = rows_of[first + s, g, d]
+            else:
+                tile[s, d] = rows_of[first + s, g, d]
+    return n
+
+
 @njit(cache=True, fastmath=FAST)
 def block_scores(q, g, group, r0, rows, k, lo, scores):  # scores[i, s] = q_i . k[lo + s, g] in float64
     """KEY_TILE key rows at a time widened into a buffer, each a register-blocked product with the
@@ -143,10 +154,7 @@ def block_scores(q, g, group, r0, rows, k, lo, scores):  # scores[i, s] = q_i . 
             qb[i, d] = q[r // group, g * group + r % group, d]
     keys = np.empty((KEY_TILE, D))
     for s0 in range(0, scores.shape[1], KEY_TILE):
-        n = min(KEY_TILE, scores.shape[1] - s0)
-        for s in range(n):
-            for d in range(D):
-                keys[s, d] = k[lo + s0 + s, g, d]
+        n = widen_tile(k, lo + s0, g, min(KEY_TILE, scores.shape[1] - s0), keys, False)
         tile_product(qb, rows, keys[:n], 0, D, scores[:, s0:s0 + n])
 
 
@@ -157,10 +165,7 @@ def block_weighted(scores, rows, v, lo, g, weighted):  # weighted[i, :] = sum_s 
     D = v.shape[2]
     values = np.zeros((D, KEY_TILE))
     for s0 in range(0, scores.shape[1], KEY_TILE):
-        n = min(KEY_TILE, scores.shape[1] - s0)
-        for s in range(n):
-            for d in range(D):
-                values[d, s] = v[lo + s0 + s, g, d]
+        n = widen_tile(v, lo + s0, g, min(KEY_TILE, scores.shape[1] - s0), values, True)
         tile_product(scores[:, s0:s0 + n], rows, values, 0, n, weighted)
 
 
