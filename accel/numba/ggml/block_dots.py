@@ -19,7 +19,8 @@ from numba.extending import intrinsic, overload
 from reference.ggml_cpu.blocks import KVALUES_IQ4NL, iq_grid
 
 from . import int_dots
-from .int_dots import I8X64, I32X16, dpbusd, item_pointer, load_at, splat, store_at, vector_fma
+from ..operands import operands
+from .int_dots import I8X64, I32X16, dpbusd, load_at, splat, store_at, vector_fma
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import fma32, hsum8
 
@@ -256,17 +257,17 @@ def row_dot_intrinsic(kind):
 
     def row_dot(typingctx, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums):
         def codegen(context, builder, signature, args):
-            tys = signature.args
-            o_, t_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
-            row = item_pointer(context, builder, tys[0], args[0], [o_])
-            grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (7, 8))
-            n_blocks = builder.extract_value(context.make_array(tys[4])(context, builder, args[4]).shape, 1)
+            a = operands(row_dot, context, builder, signature, args)
+            t_ = a.t.index()
+            row = a.raw.at([a.o.index()])
+            grid_, signs_ = a.grid.at([]), a.signs.at([])
+            n_blocks = a.ad.shape(1)
             acc = cgutils.alloca_once_value(builder, ir.Constant(f32x8, None))
             summs = cgutils.alloca_once_value(builder, ir.Constant(f32xm, None))
             with cgutils.for_range(builder, n_blocks) as loop:
                 b = loop.index
                 block = builder.gep(row, [builder.mul(b, constant(b.type, block_bytes))])
-                acts = item_pointer(context, builder, tys[3], args[3], [t_, b])
+                acts = a.aq.at([t_, b])
                 scales, mins = read_scales(builder, block)
                 total = ir.Constant(I32X16, None)
                 for p in range(4):
@@ -275,17 +276,17 @@ def row_dot_intrinsic(kind):
                     total = builder.add(total, builder.mul(four, scale_vector(builder, scales, p)))
                 lanes = builder.add(shuffle(builder, total, total, range(8)), shuffle(builder, total, total, range(8, 16)))
                 if offset:
-                    sums16 = load_at(builder, item_pointer(context, builder, tys[5], args[5], [t_, b]), 0, I32X16)
+                    sums16 = load_at(builder, a.bsums.at([t_, b]), 0, I32X16)
                     weighted = builder.mul(sums16, scales)
                     pairs = builder.add(shuffle(builder, weighted, weighted, range(0, 16, 2)),
                                         shuffle(builder, weighted, weighted, range(1, 16, 2)))
                     lanes = builder.sub(lanes, builder.mul(pairs, ir.Constant(I32X8, [offset] * 8)))
-                d_act = load_at(builder, item_pointer(context, builder, tys[4], args[4], [t_, b]), 0, ir.FloatType())
+                d_act = load_at(builder, a.ad.at([t_, b]), 0, ir.FloatType())
                 d = builder.fmul(f16_of(builder, block, d_at), d_act)
                 builder.store(vector_fma(builder, splat(builder, d, 8), builder.sitofp(lanes, f32x8), builder.load(acc)), acc)
                 if mins is not None:
                     dm = builder.fmul(builder.fneg(d_act), f16_of(builder, block, dmin_at))
-                    sums = load_at(builder, item_pointer(context, builder, tys[6], args[6], [t_, b]), 0, I32X8)
+                    sums = load_at(builder, a.sums32.at([t_, b]), 0, I32X8)
                     products = builder.mul(mins, sums)
                     per_lane = 8 // min_lanes
                     mn = shuffle(builder, products, products, range(0, 8, per_lane))
@@ -293,7 +294,7 @@ def row_dot_intrinsic(kind):
                         mn = builder.add(mn, shuffle(builder, products, products, range(i, 8, per_lane)))
                     builder.store(vector_fma(builder, splat(builder, dm, min_lanes), builder.sitofp(mn, f32xm), builder.load(summs)),
                                   summs)
-            out = item_pointer(context, builder, tys[9], args[9], [])
+            out = a.sums.at([])
             store_at(builder, out, 0, builder.load(acc))
             store_at(builder, out, 32, builder.load(summs))
             return context.get_dummy_value()
@@ -336,18 +337,17 @@ def tile_dots_intrinsic(kind):
 
     def tile_dots(typingctx, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out, at):
         def codegen(context, builder, signature, args):
-            tys = signature.args
-            o_, b_, at_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 10))
-            last = builder.sub(builder.extract_value(context.make_array(tys[0])(context, builder, args[0]).shape, 0),
-                               constant(o_.type, 1))
-            grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (7, 8))
+            a = operands(tile_dots, context, builder, signature, args)
+            o_, b_, at_ = a.o.index(), a.b.index(), a.at.index()
+            last = builder.sub(a.raw.shape(0), constant(o_.type, 1))
+            grid_, signs_ = a.grid.at([]), a.signs.at([])
             f32x16 = ir.VectorType(ir.FloatType(), 16)
             codes = builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(I8, 256 * BAND)), I8.as_pointer())
             scales, mins, d0, dmin = [], [], [], []
             for r in range(BAND):
                 row = builder.add(o_, constant(o_.type, r))
                 row = builder.select(builder.icmp_signed(">", row, last), last, row)
-                block = builder.gep(item_pointer(context, builder, tys[0], args[0], [row]),
+                block = builder.gep(a.raw.at([row]),
                                     [builder.mul(b_, constant(b_.type, block_bytes))])
                 row_scales, row_mins = read_scales(builder, block)
                 scales.append(elements(builder, row_scales))
@@ -358,10 +358,10 @@ def tile_dots_intrinsic(kind):
                     u, mask = part(builder, block, grid_, signs_, p)
                     store_at(builder, codes, 256 * r + 64 * p,
                              u if mask is None else builder.add(signed(builder, u, mask), splat8(builder, 128, 64)))
-            n_tiles = builder.extract_value(context.make_array(tys[3])(context, builder, args[3]).shape, 0)
+            n_tiles = a.acts.shape(0)
             with cgutils.for_range(builder, n_tiles) as loop:
                 g = loop.index
-                acts_ = item_pointer(context, builder, tys[3], args[3], [g, b_])
+                acts_ = a.acts.at([g, b_])
                 # the codes' address through an empty asm: LLVM would otherwise hoist the broadcasts
                 # out of the loop and spill them, stores that cost more than the loop
                 tile_codes = builder.asm(ir.FunctionType(codes.type, [codes.type]), "", "=r,0", [codes], True)
@@ -374,14 +374,12 @@ def tile_dots_intrinsic(kind):
                             four = splat(builder, load_at(builder, tile_codes, 256 * r + 4 * k, I32))
                             acc[r] = dpbusd(builder, acc[r], builder.bitcast(four, I8X64), four_elements)
                     if biased:
-                        at = item_pointer(context, builder, tys[4], args[4], [g, b_, constant(b_.type, sub)])
-                        bias = load_at(builder, at, 0, I32X16)
+                        bias = load_at(builder, a.bias_sums.at([g, b_, constant(b_.type, sub)]), 0, I32X16)
                         acc = [builder.sub(a, bias) for a in acc]
                     s1 = [builder.add(s1[r], builder.mul(acc[r], splat(builder, scales[r][sub]))) for r in range(BAND)]
-                d_act = load_at(builder, item_pointer(context, builder, tys[6], args[6], [g, b_]), 0, f32x16)
+                d_act = load_at(builder, a.ad.at([g, b_]), 0, f32x16)
                 if has_min:
-                    sums32 = [load_at(builder, item_pointer(context, builder, tys[5], args[5], [g, b_, constant(b_.type, j)]),
-                                      0, I32X16) for j in range(8)]
+                    sums32 = [load_at(builder, a.min_sums.at([g, b_, constant(b_.type, j)]), 0, I32X16) for j in range(8)]
                 for r in range(BAND):
                     result = builder.fmul(builder.sitofp(s1[r], f32x16), splat(builder, d0[r]))
                     if has_min:
@@ -389,7 +387,7 @@ def tile_dots_intrinsic(kind):
                         for j in range(8):
                             s2 = builder.add(s2, builder.mul(sums32[j], splat(builder, mins[r][j])))
                         result = vector_fma(builder, splat(builder, builder.fneg(dmin[r])), builder.sitofp(s2, f32x16), result)
-                    row = builder.gep(item_pointer(context, builder, tys[9], args[9], [builder.add(at_, constant(at_.type, r))]),
+                    row = builder.gep(a.out.at([builder.add(at_, constant(at_.type, r))]),
                                       [builder.mul(g, constant(g.type, 4 * TILE))])
                     store_at(builder, row, 0, vector_fma(builder, result, d_act, load_at(builder, row, 0, f32x16)))
             return context.get_dummy_value()
@@ -402,9 +400,8 @@ def tile_dots_intrinsic(kind):
 @intrinsic
 def f16_at(typingctx, raw, o, offset):  # raw uint8 [O, n], row, byte offset -> the little-endian half as f32
     def codegen(context, builder, signature, args):
-        tys = signature.args
-        o_, at = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
-        return f16_of(builder, item_pointer(context, builder, tys[0], args[0], [o_, at]), 0)
+        a = operands(f16_at, context, builder, signature, args)
+        return f16_of(builder, a.raw.at([a.o.index(), a.offset.index()]), 0)
     if raw.ndim == 2:
         return types.float32(raw, o, offset), codegen
 
@@ -414,15 +411,15 @@ def q8_0_lanes(typingctx, raw, o, b, aq, t, lanes):  # lanes int32 [8] <- block 
     """Q8_0's 32 signed values at byte 2 of its 34-byte block, as q0_lanes' lanes (the upper half of
     the 512-bit vpdpbusd is zeros)."""
     def codegen(context, builder, signature, args):
-        tys = signature.args
-        o_, b_, t_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
-        block = item_pointer(context, builder, tys[0], args[0], [o_, builder.mul(b_, constant(b_.type, 34))])
-        acts = item_pointer(context, builder, tys[3], args[3], [t_, b_])
+        a = operands(q8_0_lanes, context, builder, signature, args)
+        b_ = a.b.index()
+        block = a.raw.at([a.o.index(), builder.mul(b_, constant(b_.type, BLOCK_BYTES["Q8_0"]))])
+        acts = a.aq.at([a.t.index(), b_])
         zero = ir.Constant(I8X32, None)
         values = concat(builder, load_at(builder, block, 2, I8X32), zero)
         u, mask = sign_split(builder, values)
         four = dpbusd(builder, ir.Constant(I32X16, None), u, signed(builder, concat(builder, load_at(builder, acts, 0, I8X32), zero), mask))
-        out = item_pointer(context, builder, tys[5], args[5], [])
+        out = a.lanes.at([])
         builder.store(shuffle(builder, four, four, range(8)), builder.bitcast(out, I32X8.as_pointer()), align=1)
         return context.get_dummy_value()
     if raw.ndim == 2 and aq.dtype == types.int8 and all(a.layout == "C" for a in (raw, aq, lanes)):
