@@ -83,7 +83,7 @@ def table(args):  # -> report dict
         for engine, times in rounds.items():
             speeds = n / np.array([seconds for seconds, _ in times])
             results[engine][name].update(seconds=[seconds for seconds, _ in times], tok_s=float(speeds.mean()),
-                                         tok_s_std=float(speeds.std()))
+                                         tok_s_std=float(speeds.std(ddof=1)) if len(speeds) > 1 else 0.0)  # llama-bench's stdev
             if depth:  # the prompt before the decode: a prefill of `depth` tokens, timed as pp would be
                 results[engine][name]["depth_prefill_tok_s"] = max(depth / depth_s for _, depth_s in times)
         print_progress(name, {engine: results[engine][name] for engine in engines})
