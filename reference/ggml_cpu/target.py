@@ -22,7 +22,6 @@ class Target:
     repacked: tuple  # weight types CPU_REPACK holds (rows a multiple of 8)
     tiled: bool  # the tiled quantized kernel (tiled/) exists: x86 only
     rope_group: int  # rope_norm pairs GCC vectorises together; the last (pairs mod rope_group) are not contracted
-    rope_cos_fused: bool  # rope_norm's x0*s + x1*c fused on the cos product (AVX2's vfmaddsub), else on the sin one
     neox_group: int  # the same for rope_neox
     machine: str  # platform.machine() of the hosts that run this build
     cpu_flags: tuple  # /proc/cpuinfo flags the build needs
@@ -63,7 +62,7 @@ class Target:
 
 
 NEON_REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q1_0")
-NEON = Target("neon", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp"),
+NEON = Target("neon", 4, False, False, NEON_REPACKED, False, 4, 4, "aarch64", ("asimddp", "fphp"),
               neon=True, rope_sin_fused=True, rope_tail_fused=True)
 NEON_I8MM = replace(NEON, name="neon-i8mm", cpu_flags=("asimddp", "fphp", "i8mm"), llamafile=False, mmla=True)
 
@@ -78,9 +77,9 @@ def clang_build(gcc_target):  # an ARM Target -> the same build compiled by clan
 
 CLANG_BUILDS = {t.name: clang_build(t) for t in (NEON, NEON_I8MM)}  # GCC target name -> the clang build
 TARGETS = {t.name: t for t in (
-    Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, True, 1, "x86_64",
+    Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, 1, "x86_64",
            ("avx2", "fma", "f16c", "bmi2")),
-    Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, False, 4, "x86_64",
+    Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, 4, "x86_64",
            ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "fma", "f16c")),
     NEON, NEON_I8MM, *CLANG_BUILDS.values(),
 )}
