@@ -270,7 +270,7 @@ def check_greedy(args):  # -> None; UsageError where --temp and --top-k ask for 
 
 def add_numerics_flags(p, backends, flash_default):  # the flags of factory.Build
     """flash_default: the tool's -fa when it is not given, in words for --help."""
-    from .ggml_cpu.target import TARGETS
+    from .ggml_cpu.target import CPU_CHOICES
     flag(p, "dtype", choices=("float32", "float64"), default="float32",
          help="the exact numerics' float type (float64: a noise floor for tools.diff and tools.bisect)")
     flag(p, "backend", choices=backends, default="numpy",
@@ -283,10 +283,12 @@ def add_numerics_flags(p, backends, flash_default):  # the flags of factory.Buil
     flag(p, "repack", choices=("on", "off"),
          help="with --numerics ggml-cpu: llama.cpp's CPU repack of the target's weight types (default on)")
     flag(p, "no_repack", action="store_true", help="--repack off, as llama.cpp's -nr")
-    flag(p, "cpu", choices=tuple(TARGETS),
+    flag(p, "cpu", choices=CPU_CHOICES, metavar="CPU",
          help="with --numerics ggml-cpu: the CPU build of llama.cpp to round as (default avx512; neon and "
               "neon-i8mm: ARM builds by GCC, the -clang ones the same by clang, as macOS builds are; the ARM ones "
-              "on numpy only)")
+              "on numpy only), or a variant of its portable x86 build by llama.cpp's name (haswell, alderlake: "
+              "avx2; zen4, cooperlake: avx512; the others refused with the reason), or auto: the variant "
+              "llama.cpp would load on this CPU. One of: " + ", ".join(CPU_CHOICES))
 
 
 def add_cache_flags(p, flash_default):  # -ctk, -ctv, --kv-type (both), -fa: llama.cpp's KV cache and attention

@@ -20,7 +20,7 @@ import numpy as np
 from .backend import NumpyBackend
 from .dflash import Drafter
 from .ggml_cpu import DEFAULT_TARGET, KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
-from .ggml_cpu import target as cpu_target
+from .ggml_cpu import host_variant, target as cpu_target
 from .text import TextModel
 from .tp import TensorParallelBackend, check_tp
 from .vision import NUMERICS, VisionModel
@@ -94,6 +94,9 @@ def check_tower(build):  # -> None; FactoryError where the tower cannot be built
 
 
 def host_warnings(build):  # -> lines: where this machine's llama.cpp would round unlike the emulated build
+    if build.ggml_cpu and build.cpu == "auto":  # said, not warned: which variant auto took
+        return [f"--cpu auto: llama.cpp's portable build loads libggml-cpu-{host_variant()}.so on this CPU, "
+                f"which rounds as {cpu_target('auto').name}"]
     if not build.ggml_cpu or build.cpu is not None:  # a target named on purpose is no surprise
         return []
     return [f"ggml-cpu models llama.cpp's x86-64 AVX512 build; here {d}" for d in host_differences()]

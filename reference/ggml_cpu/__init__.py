@@ -40,7 +40,8 @@ from .attention import (attention_flash, attention_mul_mat, attention_q8_0, flas
 from .backend import GgmlCpuBackend
 from .blocks import DECODERS, QuantRows, decode
 from .build import BUILD, KV_TYPES, UBATCH, GgmlCpuError
-from .target import CLANG_BUILDS, DEFAULT_TARGET, TARGETS, Target, host_differences, target, target_of_system_info
+from .target import (CLANG_BUILDS, CPU_CHOICES, DEFAULT_TARGET, TARGETS, VARIANT_TARGET, Target, host_differences,
+                     host_variant, target, target_of_system_info)
 from .elementwise import gelu_erf, layer_norm, rms_norm, rope_2d, rope_norm, sigmoid, soft_max, softcap, swiglu
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled, vec_dot_q8_0
