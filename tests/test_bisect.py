@@ -693,6 +693,32 @@ def test_cpu_target_is_read_from_system_info(tmp_path, target):
     assert config.reference_options()[-2:] == ["--cpu", target]
 
 
+def dump_with_loaded_variant(tmp_path, variant):  # -> DEFAULT_DUMP with the load_backend line a DL build logs first
+    path = tmp_path / f"dump-{variant}.txt"
+    path.write_text(f"load_backend: loaded CPU backend from /opt/llama/libggml-cpu-{variant}.so\n"
+                    + open(DEFAULT_DUMP).read())
+    return str(path)
+
+
+@pytest.mark.parametrize("variant, target", [("haswell", "avx2"), ("alderlake", "avx2"), ("zen4", "avx512")])
+def test_cpu_variant_is_read_from_the_load_line(tmp_path, variant, target):
+    """A GGML_BACKEND_DL build logs the variant it loaded (ggml-backend-reg.cpp:259); it names the
+    build over the system_info line (here the avx512 build's), and --cpu proposes it by llama.cpp's
+    name; --cpu naming the target it rounds as is no mismatch, another target is."""
+    config = dump_parse.load_dump(dump_with_loaded_variant(tmp_path, variant)).config
+    assert config.cpu == variant and config.cpu_note() is None
+    assert config.reference_options()[-2:] == ["--cpu", variant]
+    assert config.cpu_note(target) is None and config.cpu_note(variant) is None
+    other = "avx512" if target == "avx2" else "avx2"
+    assert config.cpu_note(other) == f"--cpu {other}: the dump's load_backend line shows the {variant} build"
+
+
+def test_unmodelled_cpu_variant_is_refused_with_its_reason(tmp_path):
+    config = dump_parse.load_dump(dump_with_loaded_variant(tmp_path, "sandybridge")).config
+    with pytest.raises(dump_parse.DumpError, match="sandybridge variant: its AVX kernels .* are not emulated"):
+        config.reference_options()
+
+
 def test_system_info_of_an_unmodelled_cpu_is_said(tmp_path):
     """An x86 build without AVX2 (SSE3 .. AVX only) is none of the targets: the default, with a line."""
     config = dump_parse.load_dump(dump_with_system_info(tmp_path, "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 |")).config

@@ -158,3 +158,52 @@ def test_fdlibm_tanhf_unfused_is_this_glibc():
     x = np.concatenate([np.random.default_rng(0).uniform(-3, 3, 100000), [0, -0.0, 1, -1, 22, -23, 1e-30, np.inf]])
     x = x.astype(np.float32)
     np.testing.assert_array_equal(fdlibm_tanhf(x, fused=False).view(np.uint32), libm("tanhf", x).view(np.uint32))
+
+
+HASWELL_FLAGS = ("sse4_2", "avx", "f16c", "fma", "avx2", "bmi2")
+ZEN4_FLAGS = HASWELL_FLAGS + ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512vbmi", "avx512_vnni",
+                              "avx512_bf16")
+
+
+@pytest.mark.parametrize("flags, variant", [
+    ((), "x64"), (("sse4_2",), "sse42"), (("sse4_2", "avx", "f16c"), "ivybridge"), (HASWELL_FLAGS, "haswell"),
+    (HASWELL_FLAGS + ("avx_vnni",), "alderlake"), (ZEN4_FLAGS[:11], "skylakex"), (ZEN4_FLAGS[:12], "cannonlake"),
+    (ZEN4_FLAGS, "zen4"), (ZEN4_FLAGS + ("amx_tile", "amx_int8"), "sapphirerapids"),
+    (HASWELL_FLAGS + ("avx512f",), "haswell"),  # AVX512F alone is no skylakex (CD, VL, DQ and BW are checked too)
+])
+def test_auto_picks_the_variant_llama_cpp_loads(flags, variant):
+    """ggml_backend_cpu_x86_score (cpu-feats.cpp:263-322): 0 where a feature the variant was built with
+    is missing, else the sum of the features' weights; the highest score loads."""
+    from reference.ggml_cpu.target import host_variant
+    assert host_variant(list(flags)) == variant
+
+
+def test_cpu_auto_says_the_variant_and_rounds_as_it(tmp_path):
+    """This machine's flags pick a variant; reference.run says which and rounds as its target: the
+    logits equal those of --cpu <that target>."""
+    from conftest import run_cli
+    from reference.ggml_cpu import VARIANT_TARGET, host_variant
+    variant = host_variant()
+    if variant not in VARIANT_TARGET:
+        pytest.skip(f"this CPU loads the {variant} variant, which is not emulated")
+    model = os.path.join(ROOT, "golden", "presets", "models", "tiny-b-q4_0.gguf")
+    outs, said = {}, {}
+    for cpu in ("auto", VARIANT_TARGET[variant]):
+        out = tmp_path / f"{cpu}.npy"
+        r = run_cli("reference.run", "-m", model, "--token-ids", "497,85,318", "-n", "1", "--numerics", "ggml-cpu",
+                    "--cpu", cpu, "--logits-out", str(out))
+        assert r.returncode == 0, r.stderr
+        outs[cpu], said[cpu] = np.load(out), r.stderr
+    line = (f"--cpu auto: llama.cpp's portable build loads libggml-cpu-{variant}.so on this CPU, which rounds as "
+            f"{VARIANT_TARGET[variant]}")
+    assert line in said["auto"] and "--cpu auto" not in said[VARIANT_TARGET[variant]]
+    np.testing.assert_array_equal(outs["auto"], outs[VARIANT_TARGET[variant]])
+
+
+@pytest.mark.parametrize("variant, reason", [("icelake", "without AVX512_BF16"), ("sandybridge", "AVX kernels"),
+                                             ("sapphirerapids", "AMX buffer type")])
+def test_unmodelled_variant_is_refused_in_one_line(variant, reason):
+    from conftest import cli_error, run_cli
+    model = os.path.join(ROOT, "golden", "presets", "models", "tiny-b-q4_0.gguf")
+    cli_error(run_cli("reference.run", "-m", model, "--token-ids", "497", "--numerics", "ggml-cpu", "--cpu", variant),
+              f"--cpu {variant}: llama.cpp's {variant} variant: ", reason)

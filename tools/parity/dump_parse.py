@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 
 from reference import artifacts, factory
-from reference.ggml_cpu import CLANG_BUILDS, DEFAULT_TARGET, TARGETS, target_of_system_info
+from reference.ggml_cpu import CLANG_BUILDS, DEFAULT_TARGET, TARGETS, VARIANT_TARGET, target_of_system_info
 
 from tools.parity.hf_names import HF_DEBUGGER_MISSING, HF_DEBUGGER_POINTS, HF_TEXT_MODULES, debugger_module, trace_layout
 
@@ -280,9 +280,12 @@ class LlamaConfig:
     prompt: list | None  # the token ids llama-eval-callback logs before its dump
     system_info: str | None = None  # llama.cpp's system_info line (the CPU features built in); None: not logged
     last_whole: str | None = None  # the dump's tail was lost after this point (None: the dump is whole)
+    variant: str | None = None  # the CPU variant a GGML_BACKEND_DL build loaded (its load_backend line); None: not logged
 
     @property
-    def cpu(self):  # -> the CPU target the system_info line shows, or None
+    def cpu(self):  # -> the --cpu the dump shows: the variant it loaded, else the target its system_info shows, or None
+        if self.variant:
+            return self.variant
         return target_of_system_info(self.system_info) if self.system_info else None
 
     @property
@@ -299,8 +302,10 @@ class LlamaConfig:
         default = f"the reference rounds as {DEFAULT_TARGET}, the default"
         clang = CLANG_BUILDS.get(self.cpu)  # an ARM build: its system_info does not show the compiler
         if cpu:
-            shown = self.cpu in (None, cpu) or (clang is not None and clang.name == cpu)
-            return None if shown else f"--cpu {cpu}: the dump's system_info shows the {self.cpu} build"
+            shown = self.cpu is None or same_build(self.cpu, cpu) or (clang is not None and clang.name == cpu)
+            return None if shown else f"--cpu {cpu}: the dump's {self.cpu_source} shows the {self.cpu} build"
+        if self.variant:
+            return None
         if self.system_info is None:
             return f"the dump logs no system_info line (its CPU build): {default}"
         if self.cpu is None:
@@ -308,6 +313,10 @@ class LlamaConfig:
         if clang is not None:
             return f"system_info does not show the compiler: a clang build (as on macOS) is --cpu {clang.name}"
         return None
+
+    @property
+    def cpu_source(self):  # -> which line of the dump names its CPU build
+        return "load_backend line" if self.variant else "system_info"
 
     def reference_options(self, cpu=None):  # --cpu or None -> reference.run options rounding as this configuration
         """DumpError where reference.run cannot round so. The CPU target is `cpu`, else the one the
@@ -328,6 +337,10 @@ class LlamaConfig:
                 "-fa", ON_OFF[self.flash_attn], "--cpu", target, *chunk]
 
 
+def same_build(a, b):  # two --cpu names -> whether they round alike (a llama.cpp variant and the target it is)
+    return VARIANT_TARGET.get(a, a) == VARIANT_TARGET.get(b, b)
+
+
 def emulated_target(name):  # CPU target name -> name, or DumpError where reference.run --cpu refuses it
     try:
         factory.check(factory.Build(numerics="ggml-cpu", cpu=name))
@@ -344,6 +357,8 @@ PROMPT_ID = re.compile(r"\s(?P<id>\d+)\s*$")
 DEBUG_PROMPT_COUNT = re.compile(r"^Token ids \((?P<n>\d+)\):\s*$")
 DEBUG_PROMPT_ID = re.compile(r"\((\d+)\) ")  # "<|begin_of_text|>(497) the(319) "
 SYSTEM_INFO = re.compile(r"\bsystem_info: (?P<info>.*?)\s*$", re.M)  # common_params_get_system_info, logged at start
+# ggml_backend_load_best's choice in a GGML_BACKEND_DL build (ggml/src/ggml-backend-reg.cpp:259)
+LOADED_VARIANT = re.compile(r"\bloaded CPU backend from \S*?ggml-cpu-(?P<variant>[\w.]+?)\.(?:so|dll|dylib)\b")
 
 
 def cache_type(passes, prefix):  # [pass], "cache_k_l" -> ggml type of those nodes, or None
@@ -369,9 +384,10 @@ def logged_prompt(text):  # dump text -> the prompt's token ids as the tool logg
 def read_config(passes, text):  # [pass], dump text -> LlamaConfig
     ops = {t.op for points in passes for t in points.values()}
     flash = True if "FLASH_ATTN_EXT" in ops else False if "SOFT_MAX" in ops else None
-    system_info = SYSTEM_INFO.search(text)
+    system_info, loaded = SYSTEM_INFO.search(text), LOADED_VARIANT.search(text)
     return LlamaConfig(cache_type(passes, "cache_k_l"), cache_type(passes, "cache_v_l"), flash,
-                       [pass_tokens(p) for p in passes], logged_prompt(text), system_info and system_info["info"])
+                       [pass_tokens(p) for p in passes], logged_prompt(text), system_info and system_info["info"],
+                       variant=loaded and loaded["variant"])
 
 
 # --- transformers' model_addition_debugger_context(..., do_prune_layers=False, use_repr=False) -------
