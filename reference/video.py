@@ -24,6 +24,7 @@ import numpy as np
 
 from . import artifacts
 from .image import ImageError, load_rgb, resize_lanczos
+from .trace import check_npy_header
 
 TEMPORAL_PATCH = 2        # frames per pair: transformers' temporal_patch_size; the GGUF's clip.vision.temporal_patch_size
 UNKNOWN_FPS = 24.0        # sample_frames' default when the source's rate is unknown (:218-223)
@@ -177,18 +178,14 @@ def check_fps(fps, name):  # -> the rate, or None; VideoError unless positive an
 
 
 def load_npy(path, fps):  # -> Video of a .npy uint8 [T, H, W, 3]
-    with artifacts.open_regular(path, artifacts.path_error(VideoError, path), what="video array") as f:
+    error = artifacts.path_error(VideoError, path)
+    with artifacts.open_regular(path, error, what="video array") as f:
         try:
-            version = np.lib.format.read_magic(f)
-            shape, _, dtype = np.lib.format._read_array_header(f, version)
-        except (ValueError, OSError, SyntaxError) as e:
-            raise VideoError(path, f"not a .npy array ({str(e).splitlines()[0][:120]})") from None
-        check_layout(shape, dtype, path)  # before the data is read: a header can promise terabytes
-        f.seek(0)
-        try:
+            check_npy_header(f, os.fstat(f.fileno()).st_size)  # a header cannot promise more than the file holds
+            f.seek(0)
             frames = np.load(f, allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
-            raise VideoError(path, f"cannot read ({str(e).splitlines()[0][:120]})") from None
+            raise VideoError(path, f"not a readable .npy array ({str(e).splitlines()[0][:120]})") from None
     return Video(check_frames(frames, path), check_fps(fps, path), path)
 
 
