@@ -158,7 +158,7 @@ class VisionModel:
         position table resized with transformers' zero padding, the same for every pair; RoPE
         positions, windows and global layers within the pair; pixel shuffle and adapter per pair.
         pair_trace(g) is pair g's Tracer (reference.run: a directory video-<v>-pair-<g>), closed here."""
-        self.check_video()
+        check_video_extension(self.path, self.cfg, self.weights)
         if self.numerics != "exact":
             raise ValueError("video runs in the exact numerics only (llama.cpp has no video graph to model)")
         c, p = self.cfg, self.cfg.patch_size
@@ -175,11 +175,6 @@ class VisionModel:
             out.append(self.tower(self.backend.matmul(patches, kernel) + position, gh, gw, trace, progress))
             trace.close()
         return np.concatenate(out)
-
-    def check_video(self):  # -> None; GGUFError naming the tool when the mmproj lacks the video extension
-        if not self.cfg.temporal_patch_size or gguf.PATCH_EMBD_T1 not in self.weights:
-            raise GGUFError(self.path, f"has no video extension ({gguf.PATCH_EMBD_T1}): add it with python -m "
-                                       "tools.video_mmproj --mmproj THIS.gguf --checkpoint HF_DIR -o OUT.gguf")
 
     def pair_kernel(self):  # -> float64 [E, 2*3*p*p]: [W0 | W1], transformers' Linear over a pair's patch
         summed = self.weights.get("v.patch_embd.weight", np.float64).reshape(self.cfg.n_embd, -1)
@@ -261,6 +256,12 @@ class VisionModel:
         a = self.backend.gelu_erf(self.linear(z, "mm.0.weight"))
         a = self.backend.gelu_erf(self.linear(a, "mm.1.weight"))
         return self.linear(a, "mm.2.weight")
+
+
+def check_video_extension(path, cfg, weights):  # an mmproj's -> None; GGUFError naming the tool that adds it
+    if not cfg.temporal_patch_size or gguf.PATCH_EMBD_T1 not in weights:
+        raise GGUFError(path, f"has no video extension ({gguf.PATCH_EMBD_T1}): add it with python -m "
+                                    "tools.video_mmproj --mmproj THIS.gguf --checkpoint HF_DIR -o OUT.gguf")
 
 
 def check_compatible(vision, text_cfg, text_path):  # raise GGUFError when the widths differ

@@ -143,9 +143,10 @@ def video_goldens(checkpoint: Path, processor_cls, out: Path) -> dict:
         messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": PROMPT}]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, current_date=DATE)
         # MuseGlimmerProcessor reads video_metadata without asking for it: return_metadata must be passed.
-        # A tensor: a one-frame NumPy video is taken for a list of images (a 3-D frame fails to permute)
-        batch = processor(text=[text], videos=[torch.from_numpy(frames)], video_metadata=[metadata(n, fps)], return_metadata=True,
-                          return_tensors="pt")
+        # A tensor: a one-frame NumPy video is taken for a list of images (a 3-D frame fails to permute).
+        # The rendered template holds its BOS: no second one (apply_chat_template(tokenize=True) does the same)
+        batch = processor(text=[text], videos=[torch.from_numpy(frames)], video_metadata=[metadata(n, fps)],
+                          return_metadata=True, add_special_tokens=False, return_tensors="pt")
         record = {"frames": n, "width": w, "height": h, "kind": kind, "first_seed": seed, "fps": fps,
                   "frames_sha256": sha256(frames), "grid_thw": batch["video_grid_thw"][0].tolist(),
                   "indices": batch["video_metadata"][0].frames_indices.tolist(),
