@@ -223,7 +223,10 @@ def load_file(path, fps, keep):  # keep(total, fps) -> indices; -> Video of the 
                 raise VideoError(path, "has no video stream")
             stream = container.streams.video[0]
             rate = check_fps(fps if fps is not None else (float(stream.average_rate) if stream.average_rate else None), path)
-            w, h = stream.codec_context.width, stream.codec_context.height
+            codec = stream.codec_context
+            if codec is None or not (codec.width and codec.height):  # a file cut before its codec parameters
+                raise VideoError(path, "has no decodable video stream (truncated?)")
+            w, h = codec.width, codec.height
             if w * h > MAX_FRAME_PIXELS:
                 raise VideoError(path, f"frames of {w}x{h} are more than {MAX_FRAME_PIXELS} pixels")
             total = stream.frames or count_frames(path, start)
