@@ -21,7 +21,7 @@ from reference.metrics import nmse
 from tools.regen.make_video_goldens import RESIZE_ARRAYS, VIDEOS, video_frames
 from tools.regen.make_vision_goldens import CASES
 from tools.synthetic import synthetic_image
-from tools.video_mmproj import PATCH_EMBEDDING
+from tools.regen.video_mmproj import PATCH_EMBEDDING
 from conftest import GOLDEN, MODELS, cli_error, require, run_cli
 
 VIDEO = os.path.join(GOLDEN, "video")
@@ -173,6 +173,16 @@ def test_video_prompt_matches_transformers(name, tmp_path):
     assert nmse(ref.ravel(), got.ravel()) <= 1e-10
     assert np.array_equal(ref.argmax(-1), got.argmax(-1))
     assert nmse(golden(entry["files"]["embeddings-float64"]).ravel(), np.load(emb).ravel()) <= 1e-10
+
+
+@pytest.mark.parity
+def test_video_tower_on_numba_matches_transformers():
+    # the numba backend runs the same tower per pair; gate as the float32 numpy run's
+    require("numba")  # the [accel] extra
+    from reference import factory
+    model = factory.vision_model(gguf.load(MMPROJ_VIDEO, "mmproj"), factory.Build(backend="numba"))
+    ref = golden(MANIFEST["videos"]["odd-11"]["files"]["embeddings-float64"])
+    assert nmse(ref.ravel(), model.encode_video(prepared_video("odd-11")).ravel()) <= 1e-10
 
 
 def test_pairs_never_attend_to_each_other():

@@ -447,7 +447,7 @@ def quantize_text(runner, catalog: Catalog, name: str, config: dict, work: Path)
 
 def add_video_extension(catalog: Catalog, hf_dir: Path, config: dict) -> None:
     """tiny-a-mmproj-video-f32.gguf: the f32 mmproj with tools.video_mmproj's extension."""
-    from tools.video_mmproj import extend
+    from tools.regen.video_mmproj import extend
 
     src, dst = catalog.out / f"{MMPROJ_OF}-mmproj-f32.gguf", catalog.out / f"{MMPROJ_OF}-mmproj-video-f32.gguf"
     log(f"adding the video extension: {dst.name}")
