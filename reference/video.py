@@ -142,10 +142,6 @@ def patchify(pixels, patch):  # float32 [n, 2, h, w, 3] -> [n * gh * gw, 2*3*p*p
     return x.transpose(0, 2, 4, 1, 6, 3, 5).reshape(n * gh * gw, t * c * patch * patch)
 
 
-def n_tokens(prepared, merge=2):  # -> merged tokens of the whole video
-    return len(prepared.pairs) * prepared.grid[0] * prepared.grid[1]
-
-
 # ---------------------------------------------------------------------------------------------
 # Sources
 
@@ -206,6 +202,9 @@ def load_frame_dir(path, fps):  # -> Video of the image files of a directory, in
                                    "frames must share one size")
         size = rgb.shape
         frames.append(rgb)
+        if len(frames) * rgb.nbytes > MAX_TOTAL_BYTES:
+            raise VideoError(path, f"{len(names)} frames of {size[1]}x{size[0]} need more than "
+                                   f"{MAX_TOTAL_BYTES >> 30} GiB")
     return Video(check_frames(np.stack(frames), path), check_fps(fps, path), path)
 
 

@@ -18,7 +18,7 @@ from reference import gguf, video, vision
 from reference.chat import expand_videos
 from reference.tokenizer import Tokenizer
 from reference.metrics import nmse
-from tools.regen.make_video_goldens import RESIZE_ARRAYS, VIDEOS, video_frames
+from tools.regen.make_video_goldens import VIDEOS, video_frames
 from tools.regen.make_vision_goldens import CASES
 from tools.synthetic import synthetic_image
 from tools.regen.video_mmproj import PATCH_EMBEDDING
@@ -396,3 +396,23 @@ def test_video_file_decodes_the_sampled_frames(tmp_path):
     indices = video.sample_indices(50, 25.0, 2.0, 8)  # 0, 49/3, 98/3, 49 truncated
     assert indices.tolist() == [0, 16, 32, 49]
     assert [f"{t:.2f}" for t in video.pair_timestamps(indices, 25.0)] == ["0.00", "1.28"]
+
+
+def test_bisect_names_the_pair_and_the_point_of_a_planted_bug(tmp_path, monkeypatch, capsys):
+    # planted: pair 1's two frames enter the patch embedding swapped (W0 f1 + W1 f0); tools.bisect on
+    # each pair's trace directory finds nothing in pair 0 and names pair 1's first point
+    from tools.parity.bisect import main as bisect_main
+    from reference.trace import Tracer
+    prepared = prepared_video("odd-11")
+    tower().encode_video(prepared, lambda g: Tracer(str(tmp_path / f"a-pair-{g}")))
+    patchify, calls = video.patchify, []
+
+    def swapped_in_pair_1(pixels, patch):
+        calls.append(len(calls))
+        return patchify(pixels[:, ::-1] if len(calls) == 2 else pixels, patch)
+    monkeypatch.setattr(video, "patchify", swapped_in_pair_1)
+    tower().encode_video(prepared, lambda g: Tracer(str(tmp_path / f"b-pair-{g}")))
+    capsys.readouterr()
+    assert bisect_main([str(tmp_path / "a-pair-0"), str(tmp_path / "b-pair-0")]) == 0
+    assert bisect_main([str(tmp_path / "a-pair-1"), str(tmp_path / "b-pair-1")]) == 1
+    assert "first divergence: after_posemb (layer -, op after_posemb)" in capsys.readouterr().out

@@ -117,7 +117,6 @@ def preprocess_goldens(processor, out: Path) -> dict:
 
 
 def load_model(checkpoint: Path, dtype):
-    import torch
     from transformers import MuseGlimmerForConditionalGeneration
 
     return MuseGlimmerForConditionalGeneration.from_pretrained(checkpoint, dtype=dtype,

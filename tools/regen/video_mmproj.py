@@ -17,7 +17,6 @@ loads the file as before. OUT is written whole (a temporary file, then a rename)
 """
 from __future__ import annotations
 
-import argparse
 import json
 import struct
 import sys
