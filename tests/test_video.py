@@ -261,6 +261,20 @@ def test_extended_mmproj_gives_the_same_image_embeddings():
 
 
 @pytest.mark.parity
+def test_llama_cpp_gave_the_extended_mmproj_the_same_image_embeddings():
+    # recorded by mtmd on the extended file (golden/video, llama-cpp); the embeddings of the file
+    # without the extension are golden/vision's: bit for bit the same
+    with open(os.path.join(GOLDEN, "vision", "manifest.json")) as f:
+        llama = json.load(f)["llama-cpp"]
+    recorded = MANIFEST["llama-cpp"]
+    assert recorded["mmproj"]["sha256"] == hashlib.sha256(open(MMPROJ_VIDEO, "rb").read()).hexdigest()
+    assert len(recorded["cases"]) == 3
+    for name, digest in recorded["cases"].items():
+        ref = np.load(os.path.join(GOLDEN, "vision", "llama-cpp", llama["cases"][name]["files"]["f32-fa-off"]))
+        assert sha256(ref) == digest, name
+
+
+@pytest.mark.parity
 def test_llama_cpp_loads_the_extended_mmproj_with_the_same_image_embeddings():
     llama_cpp = pytest.importorskip("llama_cpp")  # the [parity] extra
     from tools.regen.make_vision_goldens import Mtmd

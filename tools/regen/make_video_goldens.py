@@ -11,6 +11,9 @@ is in the manifest. Steps:
   sweep of (frames, source fps, fps, max frames), the float32 timestamps' strings, smart_resize's grid,
   the torchvision-resized uint8 frames (sha256 per frame, and the arrays of RESIZE_ARRAYS) and the
   patches (pixel_values_videos, sha256 of the float32 bytes) with video_grid_thw;
+- llama-cpp: the extended mmproj loaded by llama.cpp's mtmd (llama-cpp-python 0.3.36, CPU): the
+  sha256 of its image embeddings for LLAMA_CASES of tools/regen/make_vision_goldens.py, which the
+  tests compare with the committed embeddings of the mmproj without the extension;
 - videos: per video of VIDEOS, the video embeddings (vision_projection's output, before
   perception_emb_norm, float64 run stored float32, and a float32 run), the logits of every position of
   a chat prompt holding the video (float64), and 8 greedy tokens.
@@ -183,7 +186,27 @@ def video_goldens(checkpoint: Path, processor_cls, out: Path) -> dict:
                         "greedy": f"{N_GREEDY} argmax steps, each a full forward of the sequence"}}
 
 
-STEPS = ("preprocess", "videos")
+LLAMA_CASES = ("rect-200x150", "square-336", "photo-640x480")
+MMPROJ_VIDEO = REPO / "golden" / "models" / "tiny-a-mmproj-video-f32.gguf"
+
+
+def llama_cpp_goldens(work: Path) -> dict:  # -> {mmproj, cases: {name: sha256 of mtmd's float32 embeddings}}
+    import llama_cpp
+    from tools.regen.make_vision_goldens import CASES, Mtmd, case_image, file_sha256, quiet_stderr
+
+    llama_cpp.llama_backend_init()
+    cases = {}
+    with quiet_stderr(work / "llama.log"):
+        for case in (c for c in CASES if c[0] in LLAMA_CASES):
+            mtmd = Mtmd(llama_cpp, MMPROJ_VIDEO, False, case[5])
+            emb, _ = mtmd.encode(case_image(case))
+            mtmd.close()
+            cases[case[0]] = sha256(emb.astype(np.float32))
+    return {"version": f"llama-cpp-python {llama_cpp.__version__}, mtmd, CPU, flash attention off",
+            "mmproj": {"file": MMPROJ_VIDEO.name, "sha256": file_sha256(MMPROJ_VIDEO)}, "cases": cases}
+
+
+STEPS = ("preprocess", "llama-cpp", "videos")
 
 
 def main(argv=None) -> int:
@@ -212,6 +235,10 @@ def main(argv=None) -> int:
     if "preprocess" in steps:
         processor = MuseGlimmerVideoProcessor(max_video_frame_tokens=36)
         manifest["preprocess"] = preprocess_goldens(processor, args.out)
+    if "llama-cpp" in steps:
+        work = REPO / "build" / "video-goldens"
+        work.mkdir(parents=True, exist_ok=True)
+        manifest["llama-cpp"] = llama_cpp_goldens(work)
     if "videos" in steps:
         manifest.update(video_goldens(args.checkpoint, MuseGlimmerVideoProcessor, args.out))
     manifest["about"] = __doc__.split("\n\n")[0].replace("\n", " ")
