@@ -461,8 +461,8 @@ def traced_generate(args, request, lm, drafter, prompt, timings, tracer):  # -> 
     t0 = time.perf_counter()
     tokens, steps = decode(args, lm, speculator, cache, request.layout[1], logits[-1], progress)
     timings["decode"] = time.perf_counter() - t0
-    key = "video_tokens" if request.videos else "image_tokens"
-    return {"tokens": tokens, "image_tokens": [], key: [len(e) for e in images], "steps": steps if speculator else None,
+    media = "video_tokens" if request.videos else "image_tokens"  # rows per video or per image
+    return {"tokens": tokens, media: [len(e) for e in images], "steps": steps if speculator else None,
             "timings": timings, "beyond_train": beyond}
 
 
