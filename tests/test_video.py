@@ -158,7 +158,7 @@ def test_video_prompt_matches_transformers(name, tmp_path):
     fps = [] if VIDEO_OF[name][6] is None else ["--video-fps", str(VIDEO_OF[name][6])]
     logits, emb = tmp_path / "logits.npy", tmp_path / "emb.npy"
     r = run_cli("reference.run", "-m", TEXT_MODEL, "--mmproj", MMPROJ_VIDEO, "--video", str(frames), *fps, "--chat",
-                "-p", MANIFEST["prompt"], "--date", MANIFEST["date"], "-n", str(len(entry["greedy"])), "--json",
+                "-p", MANIFEST["prompt"], "--date", MANIFEST["chat_date"], "-n", str(len(entry["greedy"])), "--json",
                 "--logits-out", str(logits), "--embeddings-out", str(emb))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

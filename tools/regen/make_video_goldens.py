@@ -180,7 +180,7 @@ def video_goldens(checkpoint: Path, processor_cls, out: Path) -> dict:
         videos[name] = record
         print(f"video {name}: grid {record['grid_thw']}, {len(record['prompt_ids'])} prompt tokens, greedy {greedy}",
               flush=True)
-    return {"videos": videos, "prompt": PROMPT, "date": DATE,
+    return {"videos": videos, "prompt": PROMPT, "chat_date": DATE,
             "options": {"dtype": "float64 (embeddings also float32)", "attn_implementation": "eager", "device": "cpu",
                         "embeddings": "vision_projection output before perception_emb_norm (the raw projection)",
                         "greedy": f"{N_GREEDY} argmax steps, each a full forward of the sequence"}}
