@@ -195,10 +195,14 @@ SNIPPETS = ["{{", "}}", "{%", "%}", "{% for m in messages %}", "{% endfor %}", "
        flips=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), min_size=1, max_size=4),
        cut=st.none() | st.integers(0, 400))
 def test_image_bytes(worker, tmp_path_factory, fmt, flips, cut):
-    data = bytearray(PNG if fmt == "png" else JPEG)
+    check(worker, "image", tmp_path_factory.getbasetemp() / f"fuzz.{fmt}", flipped(PNG if fmt == "png" else JPEG, flips, cut))
+
+
+def flipped(data, flips, cut):  # -> data with (offset, byte) flips written in, then cut to `cut` bytes (None: whole)
+    data = bytearray(data)
     for offset, value in flips:
         data[offset % len(data)] = value
-    check(worker, "image", tmp_path_factory.getbasetemp() / f"fuzz.{fmt}", bytes(data[:cut] if cut is not None else data))
+    return bytes(data[:cut] if cut is not None else data)
 
 
 @fuzz(120)
@@ -206,10 +210,8 @@ def test_image_bytes(worker, tmp_path_factory, fmt, flips, cut):
        flips=st.lists(st.tuples(st.integers(0, 120), st.integers(0, 255)), min_size=1, max_size=4),
        cut=st.none() | st.integers(0, 2000))
 def test_video_bytes(worker, tmp_path_factory, kind, flips, cut):
-    data = bytearray(Y4M if kind == "y4m" else VIDEO_NPY)
-    for offset, value in flips:
-        data[offset % len(data)] = value
-    check(worker, "video", tmp_path_factory.getbasetemp() / f"fuzz.{kind}", bytes(data[:cut] if cut is not None else data))
+    check(worker, "video", tmp_path_factory.getbasetemp() / f"fuzz.{kind}", flipped(Y4M if kind == "y4m" else VIDEO_NPY,
+                                                                                   flips, cut))
 
 
 @fuzz(150)
