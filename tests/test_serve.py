@@ -311,6 +311,43 @@ def test_openai_sdk(server, goldens):
         client.completions.create(model="glimmer", prompt=ids, temperature=0.8, max_tokens=1)
 
 
+def test_a_response_leaves_in_one_send():
+    """uvicorn writes a response's head and body separately; the server's transport joins what one turn
+    of the event loop writes, so a reply wakes its client once. Closing sends what is pending first."""
+    from reference.serve.server import OneSendPerTurn
+
+    class Transport:
+        def __init__(self):
+            self.sent, self.closed = [], False
+
+        def write(self, data):
+            self.sent.append(data)
+
+        def is_closing(self):
+            return self.closed
+
+        def close(self):
+            self.closed = True
+
+        def get_extra_info(self, name):
+            return f"info:{name}"
+
+    async def turns():
+        transport = Transport()
+        joined = OneSendPerTurn(transport, asyncio.get_running_loop())
+        joined.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        joined.write(b'{"a":1}')
+        assert transport.sent == []
+        await asyncio.sleep(0)
+        assert transport.sent == [b'HTTP/1.1 200 OK\r\n\r\n{"a":1}']
+        joined.write(b"x")
+        joined.close()
+        await asyncio.sleep(0)
+        assert transport.sent[1:] == [b"x"] and transport.closed
+        assert joined.get_extra_info("socket") == "info:socket"
+    asyncio.run(turns())
+
+
 # -------------------------------------------------------------------------------------------------
 # Bad input, limits, shutdown (TestClient where no socket is needed)
 
@@ -319,7 +356,8 @@ def app_factory():
     from fastapi.testclient import TestClient
 
     from reference.serve.server import build_parser, load_oracle
-    from reference.serve.app import Limits, Served, create_app
+    from reference.serve.app import create_app
+    from reference.serve.served import Limits, Served
 
     oracle, props = load_oracle(build_parser().parse_args(["-m", GLIMMER, "--ctx", "64"]))
 

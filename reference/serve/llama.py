@@ -6,7 +6,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from .app import check_greedy, check_top, served_of, stop_strings
+from .served import check_greedy, check_top, json_reply, served_of, stop_strings
 from .oracle import Ask, RequestError, piece_text
 
 router = APIRouter()
@@ -87,7 +87,7 @@ async def completion(body: CompletionBody, request: Request):
     if body.stream:
         return served.stream(request, ids, ask, lambda kind, value: stream_events(served, body, kind, value))
     done = await served.complete(request, ids, ask)
-    return completion_json(served, body, done)
+    return json_reply(completion_json(served, body, done))
 
 
 def stream_events(served, body, kind, value):  # -> the SSE payloads of one event

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from .app import check_greedy, check_top, served_of, stop_strings
+from .served import check_greedy, check_top, json_reply, served_of, stop_strings
 from ..image import ImageError, decode_rgb
 from .llama import BUILD_INFO
 from .oracle import Ask, RequestError, piece_text
@@ -135,8 +135,8 @@ async def completions(body: CompletionsBody, request: Request):
         return served.stream(request, prompts[0][0], ask, lambda kind, value: completion_events(oracle, body, head, kind,
                                                                                                   value))
     dones = [await served.complete(request, ids, ask) for ids, _ in prompts]
-    return {**head, "choices": [choice(oracle, body, i, d, text) for i, (d, (_, text)) in enumerate(zip(dones, prompts))],
-            "usage": usage(dones)}
+    return json_reply({**head, "choices": [choice(oracle, body, i, d, text) for i, (d, (_, text)) in
+                                           enumerate(zip(dones, prompts))], "usage": usage(dones)})
 
 
 def completion_events(oracle, body, head, kind, value):  # -> SSE payloads of /v1/completions
@@ -223,9 +223,8 @@ async def chat_completions(body: ChatBody, request: Request):
     done = await served.complete(request, ids, ask)
     message = {"role": "assistant", "content": oracle.completion_text(done)}
     logprobs = {"content": chat_logprobs(oracle, done.token_scores, k)} if body.logprobs else None
-    return {**head, "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": done.finish}],
-            "usage": usage([done])}
+    choices = [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": done.finish}]
+    return json_reply({**head, "object": "chat.completion", "choices": choices, "usage": usage([done])})
 
 
 def chat_events(oracle, body, head, k, kind, value):  # -> SSE payloads of /v1/chat/completions
