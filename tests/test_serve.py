@@ -8,6 +8,7 @@ server adds nothing and loses nothing, not the forward itself (test_text_parity 
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -243,8 +244,58 @@ def test_stop_strings(server, goldens):
     sglang = post(server, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": N_PREDICT, "stop": word,
                                                                              "temperature": 0, "ignore_eos": True}})
     assert sglang["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
-    refused = httpx.post(f"{server}/completion", json={"prompt": ids, "stop": [word], "stream": True})
-    assert refused.status_code == 400 and "stream" in refused.json()["error"]["message"]
+
+
+def streamed(url, path, body):  # -> the JSON events of a stream, [DONE] left out
+    with httpx.stream("POST", f"{url}{path}", json={**body, "stream": True}, timeout=120) as reply:
+        assert reply.status_code == 200
+        lines = [line[len("data: "):] for line in reply.iter_lines() if line.startswith("data: ")]
+    return [json.loads(line) for line in lines if line != "[DONE]"]
+
+
+STREAMED_TEXT = {  # path -> (the text of one streamed event, of the answer not streamed, its finish)
+    "/completion": (lambda e: e["content"], lambda r: r["content"], lambda r: r["stop_type"]),
+    "/v1/completions": (lambda e: e["choices"][0]["text"], lambda r: r["choices"][0]["text"],
+                        lambda r: r["choices"][0]["finish_reason"]),
+    "/v1/chat/completions": (lambda e: e["choices"][0]["delta"].get("content", ""),
+                             lambda r: r["choices"][0]["message"]["content"], lambda r: r["choices"][0]["finish_reason"]),
+}
+
+
+def test_stop_strings_streamed(server, goldens):
+    """With stream, text that could begin a stop string waits for the next token (llama-server's partial
+    stop): on each API the streamed pieces add up to the answer not streamed, with the same finish; a
+    stop string that spans two tokens is never sent in part (the first token's event sends nothing), and
+    a near miss is sent one token late."""
+    from reference import gguf
+    from reference.tokenizer import detokenize
+
+    tok = gguf.load(GLIMMER, "text").tokenizer
+    ids, n = goldens["chat"][0], 16
+    tokens = post(server, "/completion", {"prompt": ids, "n_predict": n, "ignore_eos": True, "return_tokens": True})["tokens"]
+    pieces = [detokenize(tok, [t], special=False) for t in tokens]
+    full = "".join(pieces)
+    # token j: its last character first shows at its end (no earlier text is held for these stops)
+    j = next(j for j in range(1, n - 1) if pieces[j] and pieces[j + 1]
+             and full.find(pieces[j][-1]) == len("".join(pieces[:j + 1])) - 1)
+    spanning, near_miss = pieces[j][-1] + pieces[j + 1][0], pieces[j][-1] + "\x07"
+    bodies = {"/completion": {"prompt": ids, "n_predict": n}, "/v1/completions": {"prompt": ids, "max_tokens": n},
+              "/v1/chat/completions": {"messages": CHAT, "max_tokens": n}}
+    for path, (piece, text, finish) in STREAMED_TEXT.items():
+        for stop in (spanning, near_miss):
+            body = {**bodies[path], "stop": [stop], "ignore_eos": True, "temperature": 0}
+            whole, events = post(server, path, body), streamed(server, path, body)
+            token_events, last = events[:-1], events[-1]
+            assert "".join(piece(e) for e in events) == text(whole), (path, stop)
+            assert finish(last) == finish(whole) == {"/completion": "word"}.get(path, "stop") if stop == spanning \
+                else finish(whole) == {"/completion": "limit"}.get(path, "length"), (path, stop)
+            if stop == spanning:  # generation ends at token j + 1; token j's last character is never sent
+                assert len(token_events) == j + 2 and text(whole) == full[:full.find(spanning)]
+                assert piece(token_events[j]) == pieces[j][:-1] and not piece(token_events[j + 1])
+            else:  # token j's last character waits one token
+                assert len(token_events) == n and text(whole) == full
+                assert piece(token_events[j]) == pieces[j][:-1]
+                assert piece(token_events[j + 1]).startswith(pieces[j][-1])
 
 
 def test_answers_do_not_depend_on_the_requests_before(server, goldens):
@@ -309,6 +360,54 @@ def test_openai_sdk(server, goldens):
     assert echo.choices[0].logprobs.token_logprobs == [None] + [logprob(full[p - 1], ids[p]) for p in range(1, len(ids))]
     with pytest.raises(openai.BadRequestError, match="greedy"):
         client.completions.create(model="glimmer", prompt=ids, temperature=0.8, max_tokens=1)
+
+
+DRAFTER = os.path.join(MODELS, "glimmer-default-dflash-f16.gguf")
+
+
+def events_of(reply):  # a reply -> its JSON (an SSE stream: its events' JSON), ids and times aside
+    from tools.bench.serve import stable
+
+    if not reply.headers["content-type"].startswith("text/event-stream"):
+        return stable(reply.content)
+    return [line if line == "data: [DONE]" else stable(line[len("data: "):])
+            for line in reply.text.splitlines() if line]
+
+
+def test_a_drafter_changes_no_byte(server, goldens):
+    """-md glimmer-default-dflash-f16 (the committed drafter of the server's model): every endpoint's
+    answer, the load test's requests and longer generations, streamed and not, is the same JSON with
+    and without the drafter, ids and times aside (the exact forward's rows do not depend on how many
+    tokens a verification takes); the server's log shows drafts were accepted, so verifications did
+    take several."""
+    from tools.bench.serve import WELL_FORMED
+
+    ids = [goldens[p][0] for p in list(goldens)[:3]]
+    longer = [("/completion", {"prompt": ids[0], "n_predict": 24, "n_probs": 3, "ignore_eos": True,
+                               "return_tokens": True}),
+              ("/completion", {"prompt": ids[1], "n_predict": 16, "n_probs": 2, "stream": True}),
+              ("/completion", {"prompt": ids[2], "n_predict": 16, "stop": ["e"]}),
+              ("/v1/completions", {"prompt": ids[1], "max_tokens": 12, "logprobs": 2, "echo": True,
+                                   "ignore_eos": True}),
+              ("/v1/completions", {"prompt": ids[2], "max_tokens": 12, "logprobs": 1, "stream": True}),
+              ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 12, "logprobs": True, "top_logprobs": 2,
+                                        "stream": True}),
+              ("/generate", {"input_ids": ids[0], "return_logprob": True, "logprob_start_len": 0,
+                             "top_logprobs_num": 2, "sampling_params": {"max_new_tokens": 12, "ignore_eos": True}})]
+    proc, url = start_server(*SERVER_FLAGS, "-md", DRAFTER)
+    try:
+        for path, body in WELL_FORMED + longer:
+            plain, drafted = (httpx.post(f"{u}{path}", json=body, timeout=120) for u in (server, url))
+            assert plain.status_code == drafted.status_code == 200, (path, drafted.text)
+            assert events_of(drafted) == events_of(plain), (path, body)
+        assert httpx.get(f"{url}/props").json()["model_draft"] == os.path.basename(DRAFTER)
+    finally:
+        status, log = stop_server(proc)
+    assert status == 0 and "Traceback" not in log
+    counts = [tuple(map(int, m)) for m in re.findall(r"speculative: (\d+) of (\d+) drafts accepted", log)]
+    assert len(counts) == len(WELL_FORMED) + len(longer) - 1, counts  # /tokenize, /detokenize: none; one has 2 prompts
+    assert sum(a for a, _ in counts) > 0, counts
+    print("drafts accepted / drafted per request:", counts)
 
 
 def test_a_response_leaves_in_one_send():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .oracle import Expired, ForwardQueue, RequestError
+from .oracle import Expired, ForwardQueue, Release, RequestError
 
 SGLANG_PATHS = ("/generate", "/tokenizer_info")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -98,17 +98,18 @@ class Served:
                                     self.limits.timeout_s, request.is_disconnected)
 
     def stream(self, request, ids, ask, events):  # ids, Ask -> a text/event-stream response
-        """events(kind, value) -> SSE payloads: ("token", Scored) per token as it is chosen, then ("done",
-        Completion); an error ends the stream in the API's error format instead. The request is
-        admitted (or refused: Busy) before any byte."""
-        if ask.stops:  # a stop string's first tokens would be sent before it is known to be one
-            raise RequestError("stop strings are not supported with stream")
+        """events(kind, value, text) -> SSE payloads: ("token", Scored, the text it releases) per token as it
+        is chosen, then ("done", Completion, the text still held); an error ends the stream in the API's
+        error format instead. The request is admitted (or refused: Busy) before any byte."""
         self.oracle.check_length(len(ids), ask.n_predict)
-        loop, tokens = asyncio.get_running_loop(), asyncio.Queue()
+        loop, tokens, release = asyncio.get_running_loop(), asyncio.Queue(), Release(self.oracle, ask.stops)
 
         def work(cancelled):
             return self.oracle.complete(ids, ask, cancelled, lambda s: loop.call_soon_threadsafe(tokens.put_nowait, s))
         job = asyncio.ensure_future(self.queue.run(work, self.limits.timeout_s, request.is_disconnected))
+
+        def token_events(scored):
+            return events("token", scored, release.token(scored.token))
 
         async def body():
             try:
@@ -118,13 +119,14 @@ class Served:
                     if not get.done():
                         get.cancel()
                         break
-                    for payload in events("token", get.result()):
+                    for payload in token_events(get.result()):
                         yield sse(payload)
                 while not tokens.empty():  # each token was queued before the job's result
-                    for payload in events("token", tokens.get_nowait()):
+                    for payload in token_events(tokens.get_nowait()):
                         yield sse(payload)
                 try:
-                    payloads = events("done", job.result())
+                    done = job.result()
+                    payloads = events("done", done, release.rest(done))
                 except (Expired, RequestError) as e:  # headers are sent: the error is the stream's last event
                     status = 504 if isinstance(e, Expired) else 400
                     path = request.url.path
