@@ -410,6 +410,21 @@ def test_a_drafter_changes_no_byte(server, goldens):
     print("drafts accepted / drafted per request:", counts)
 
 
+def test_overhead_bench_reports_its_figures(tmp_path):
+    """tools.bench.serve --overhead-only end to end on a few requests: the figures it prints are there and
+    consistent (quartiles around the median, the server exits 0). The times themselves are the
+    benchmark's to report, not a test's to assert (the CPU figure, from 10 ms ticks, needs ~100 requests)."""
+    from tools.bench import serve as bench
+
+    out = tmp_path / "overhead.json"
+    assert bench.main(["--overhead", "6", "--overhead-only", "--json-out", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    q1, q3 = figures["overhead_ms_quartiles"]
+    assert q1 <= figures["overhead_ms_median"] <= q3 and isinstance(figures["overhead_cpu_ms_mean"], float)
+    assert figures["overhead_goal_ms"] == 2.0 and figures["overhead_goal_met"] == (figures["overhead_ms_median"] <= 2.0)
+    assert figures["server_exit"] == 0 and not figures["traceback_in_log"] and figures["failures"] == []
+
+
 def test_a_response_leaves_in_one_send():
     """uvicorn writes a response's head and body separately; the server's transport joins what one turn
     of the event loop writes, so a reply wakes its client once. Closing sends what is pending first."""
