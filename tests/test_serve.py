@@ -798,3 +798,108 @@ def test_same_script_against_recorded_llama_server_and_the_oracle(server, replay
         report = diff.diff_pair(*(diff.load_topk(str(tmp_path / d / f"{pid}.topk.npz")) for d in ("oracle", "srv")))
         s = report["summary"]
         assert s["top1"] == 1.0 and s["topk"] == 1.0 and s["max_abs"] <= LOGPROB_BOUND, (pid, s)
+
+
+# -------------------------------------------------------------------------------------------------
+# llama-server's CPU build, in its own configuration (tests/fixtures/openai/llama-server-glimmer-default-f16-cpu.json,
+# recorded from llama-server of the vendored llama.cpp 0c1e570 built for this x86-64 AVX512 CPU; the
+# command is in tests/fixtures/README.md), against the oracle under --numerics ggml-cpu
+
+CPU_RECORDING = "llama-server-glimmer-default-f16-cpu.json"
+LLAMA_SERVER_CONFIG = ["--numerics", "ggml-cpu", "--cpu", "avx512", "-ctk", "f32", "-ctv", "f32", "-fa", "off"]
+# llama-server's log-probabilities are a float32 softmax over the 512-token vocabulary (expf, a running
+# float32 sum: up to 512 * 2^-24 relative), the oracle's the float64 log-softmax of the same float32 row
+SERVER_SOFTMAX_ROUNDING = 512 * 2.0 ** -24
+LLAMA_CPP_F16_NMSE = 1e-7  # test_text_parity's gate for llama.cpp's f16 glimmer-default against the exact reference
+
+
+def recorded_exchanges(name=CPU_RECORDING):  # -> [(prompt ids, request, response)] of the recorded completions
+    from test_openai import exchanges
+
+    return [(e["request"]["prompt"], e["request"], e["response"]) for e in exchanges(name) if e["request"]]
+
+
+def test_ggml_cpu_rows_are_llama_servers_to_the_bit(monkeypatch):
+    """Each generated token's logit row of the oracle under --numerics ggml-cpu and llama-server's
+    configuration, put through llama-server's own float32 softmax (server_top_logprobs), gives the
+    recorded reply's top-20 ids and log-probabilities bit for bit: 440 of 440 over len1, len7 and
+    len33 (len33 ends at end-of-generation after 6 tokens). The same logits, not merely close ones."""
+    from reference.serve import oracle as served_oracle
+    from reference.serve.server import build_parser, load_oracle
+    from tools.parity.engines.llama_server import server_top_logprobs
+
+    oracle, _ = load_oracle(build_parser().parse_args(["-m", GLIMMER, *LLAMA_SERVER_CONFIG]))
+    rows, score_row = [], served_oracle.score_row
+    monkeypatch.setattr(served_oracle, "score_row", lambda row, token, k: rows.append(row) or score_row(row, token, k))
+    same = 0
+    for ids, request, response in recorded_exchanges():
+        steps = response["choices"][0]["logprobs"]["content"]
+        rows.clear()
+        done = oracle.complete(ids, served_oracle.Ask(request["max_tokens"], 1), threading.Event())
+        assert done.tokens == [s["id"] for s in steps]
+        for row, step in zip(rows, steps):
+            top_ids, top_logprobs = server_top_logprobs(row, request["logprobs"])
+            assert top_ids == [t["id"] for t in step["top_logprobs"]]
+            assert top_logprobs == [t["logprob"] for t in step["top_logprobs"]]
+            same += len(top_ids)
+    assert same == 440
+
+
+def script_against_both(llama_url, tmp_path, oracle_url):  # -> {prompt id: tools.diff summary of the two goldens}
+    from test_openai import openai_golden
+    from tools.parity import diff
+
+    ids = ("len1", "len7", "len33")
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    llama = openai_golden(llama_url, tmp_path, GLIMMER, ids, 20, out="llama")
+    ours = openai_golden(oracle_url, tmp_path, GLIMMER, ids, 20, out="oracle")
+    assert [e["greedy"] for e in ours["entries"]] == [e["greedy"] for e in llama["entries"]]
+    return {pid: diff.diff_pair(*(diff.load_topk(str(tmp_path / d / f"{pid}.topk.npz")) for d in ("llama", "oracle")))
+            ["summary"] for pid in ids}
+
+
+@pytest.mark.slow
+def test_same_script_against_llama_servers_cpu_build_and_the_oracle(server, replay, tmp_path):  # noqa: F811
+    """tools.golden --engine openai against llama-server's CPU build (the recording, replayed) and against
+    reference.serve: with --numerics ggml-cpu and llama-server's configuration, the same greedy tokens,
+    top-1 and top-20 all equal and the log-probabilities apart by llama-server's float32 softmax alone
+    (measured max |d| 2.4e-6, NMSE <= 1.0e-13); in the exact mode, as tools.diff expects of llama.cpp's f16
+    products (no real divergence, top-1 all equal, NMSE within test_text_parity's f16 gate)."""
+    proc, url = start_server(*LLAMA_SERVER_CONFIG)
+    try:
+        ggml = script_against_both(replay(CPU_RECORDING), tmp_path / "ggml", url)
+    finally:
+        status, log = stop_server(proc)
+    assert status == 0 and "Traceback" not in log
+    exact = script_against_both(replay(CPU_RECORDING), tmp_path / "exact", server)
+    for pid in ggml:
+        s, e = ggml[pid], exact[pid]
+        assert s["top1"] == s["topk"] == 1.0 and s["max_abs"] <= SERVER_SOFTMAX_ROUNDING and s["nmse"] <= 1e-12, (pid, s)
+        assert e["top1"] == 1.0 and e["n_real"] == 0 and e["nmse"] <= LLAMA_CPP_F16_NMSE, (pid, e)
+    print({pid: {"ggml-cpu": {k: ggml[pid][k] for k in ("nmse", "max_abs", "top1")},
+                 "exact": {k: exact[pid][k] for k in ("nmse", "max_abs", "top1")}} for pid in ggml})
+
+
+from test_openai import live_server  # noqa: E402,F401 (llama-server on glimmer-default-f16 where LLAMA_SERVER names it)
+
+
+def test_live_llama_server_and_the_oracle(live_server, replay, tmp_path):  # noqa: F811
+    """Live, where LLAMA_SERVER names a llama-server binary (or one is on PATH): the same script against
+    it and against reference.serve under ggml-cpu numerics and its configuration agrees as against the
+    recording, and its goldens equal the recording's bit for bit (so the to-the-bit test above holds live)."""
+    from tools.parity import diff
+
+    proc, url = start_server(*LLAMA_SERVER_CONFIG)
+    try:
+        ggml = script_against_both(live_server, tmp_path / "live", url)
+        recorded = script_against_both(replay(CPU_RECORDING), tmp_path / "recorded", url)
+    finally:
+        status, log = stop_server(proc)
+    assert status == 0 and "Traceback" not in log
+    for pid in ggml:
+        s = ggml[pid]
+        assert s["top1"] == s["topk"] == 1.0 and s["max_abs"] <= SERVER_SOFTMAX_ROUNDING and s["nmse"] <= 1e-12, (pid, s)
+        live, again = (diff.load_topk(str(tmp_path / d / "llama" / f"{pid}.topk.npz")) for d in ("live", "recorded"))
+        np.testing.assert_array_equal(live.ids, again.ids)
+        np.testing.assert_array_equal(live.logprobs, again.logprobs)
+    assert recorded == ggml

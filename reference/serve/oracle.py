@@ -171,8 +171,11 @@ class Oracle:
         cache = self.lm.new_cache(n_ctx, self.kind, self.chunk)
         speculator = Speculator(self.lm, self.drafter, cache, self.drafter.new_cache(n_ctx), self.chunk,
                                 ask.stop_at_eog) if self.drafter and rows is None else None
-        logits = (speculator.forward(ids) if speculator else self.lm.prefill(ids, cache, self.chunk) if rows is None
-                  else self.lm.prefill_embeddings(rows, cache, self.chunk)).astype(np.float32)
+        # llama-server's outputs: the prompt's last row alone unless the prompt is scored (under ggml-cpu
+        # numerics the output matrix's kernel, so the row's last bits, depend on how many rows it takes)
+        out = None if ask.prompt_logprobs else np.array([n_rows - 1])
+        logits = (speculator.forward(ids) if speculator else self.lm.prefill(ids, cache, self.chunk, out_rows=out)
+                  if rows is None else self.lm.prefill_embeddings(rows, cache, self.chunk, out_rows=out)).astype(np.float32)
         prompt_scores = [score_row(logits[p - 1], ids[p], ask.k) for p in range(1, len(ids))] \
             if ask.prompt_logprobs else []
         steps = []
