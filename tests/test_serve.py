@@ -410,6 +410,16 @@ def test_a_drafter_changes_no_byte(server, goldens):
     print("drafts accepted / drafted per request:", counts)
 
 
+@pytest.mark.parametrize("draft, problem", [
+    ("glimmer-default-f16.gguf", "expected a dflash drafter"),
+    ("tiny-a-dflash-f32.gguf", "differs from the target's"),
+    ("missing.gguf", "no such file")])
+def test_a_drafter_that_cannot_serve_is_one_line_exit_2(draft, problem):
+    from conftest import cli_error, run_cli
+
+    cli_error(run_cli("reference.serve", "-m", GLIMMER, "-md", os.path.join(MODELS, draft), "--port", "0"), draft, problem)
+
+
 def test_overhead_bench_reports_its_figures(tmp_path):
     """tools.bench.serve --overhead-only end to end on a few requests: the figures it prints are there and
     consistent (quartiles around the median, the server exits 0). The times themselves are the
