@@ -374,6 +374,7 @@ def events_of(reply):  # a reply -> its JSON (an SSE stream: its events' JSON), 
             for line in reply.text.splitlines() if line]
 
 
+@pytest.mark.slow
 def test_a_drafter_changes_no_byte(server, goldens):
     """-md glimmer-default-dflash-f16 (the committed drafter of the server's model): every endpoint's
     answer, the load test's requests and longer generations, streamed and not, is the same JSON with
@@ -420,6 +421,7 @@ def test_a_drafter_that_cannot_serve_is_one_line_exit_2(draft, problem):
     cli_error(run_cli("reference.serve", "-m", GLIMMER, "-md", os.path.join(MODELS, draft), "--port", "0"), draft, problem)
 
 
+@pytest.mark.slow
 def test_overhead_bench_reports_its_figures(tmp_path):
     """tools.bench.serve --overhead-only end to end on a few requests: the figures it prints are there and
     consistent (quartiles around the median, the server exits 0). The times themselves are the
