@@ -19,8 +19,8 @@ import numpy as np
 
 from .backend import NumpyBackend
 from .dflash import Drafter
-from .ggml_cpu import DEFAULT_TARGET, KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
-from .ggml_cpu import host_variant, target as cpu_target
+from .ggml_cpu import (DEFAULT_TARGET, KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences, host_variant,
+                       target as cpu_target)
 from .text import TextModel
 from .tp import TensorParallelBackend, check_tp
 from .vision import NUMERICS, VisionModel
