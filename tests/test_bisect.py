@@ -512,9 +512,10 @@ def test_reproduce_bad_input_exits_2_with_one_line(tmp_path):
     cli_error(run_cli("tools.bisect", t32, DEFAULT_DUMP, "--reproduce", "--model", tmp_path / "missing.gguf"),
               "tools.bisect: --reproduce: reference.run failed")
     mixed = tmp_path / "mixed.txt"
-    mixed.write_text(open(DEFAULT_DUMP).read().replace("cache_v_l0 (view) = (f16)", "cache_v_l0 (view) = (f32)"))
+    mixed.write_text(open(REAL_DUMP).read().replace("cache_k_l0 (view) = (f32)", "cache_k_l0 (view) = (q8_0)"))
     cli_error(run_cli("tools.bisect", t32, mixed, "--reproduce", "--model", MODELS),
-              "tools.bisect: --reproduce: reference.run --numerics ggml-cpu models one cache type")
+              "tools.bisect: --reproduce: reference.run --numerics ggml-cpu does not emulate a q8_0 K cache with "
+              "flash attention off")
     cli_error(run_cli("tools.bisect", DEFAULT_DUMP, mixed, "--reproduce", "--model", MODELS, "--threshold", "0"),
               "tools.bisect: --reproduce needs one llama.cpp dump and one trace")
 
