@@ -363,12 +363,12 @@ def mixed_config_name(k_type, v_type, flash_attn):  # "q8_0", "f16", True -> "ct
 def write_mixed_kv(out, ids):  # -> manifest "kv_mixed"; logits/{tiny-a-f32,synthetic-hd64}/ctk-*_ctv-*_fa-*.npy
     runs = []
 
-    def write(model, kind, k_type, v_type, flash_attn, **fields):
-        logits, generated, _ = run_llama(model, ids, N_DECODE, k_type, flash_attn, v_type=v_type)
+    def write(path, kind, k_type, v_type, flash_attn, **fields):
+        logits, generated, _ = run_llama(path, ids, N_DECODE, k_type, flash_attn, v_type=v_type)
         name = f"logits/{kind}/{mixed_config_name(k_type, v_type, flash_attn)}.npy"
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         np.save(out / name, logits, allow_pickle=False)
-        runs.append({"type": kind, **fields, "sha256": sha256(model), "cache_type_k": k_type, "cache_type_v": v_type,
+        runs.append({"type": kind, **fields, "sha256": sha256(path), "cache_type_k": k_type, "cache_type_v": v_type,
                      "flash_attn": flash_attn, "file": name, "generated": generated})
         print(f"{name}: {logits.shape}, generated {generated}", flush=True)
 
