@@ -65,7 +65,9 @@ def case_files(tmp_path, rgb):  # uint8 image -> (a PNG of it, the --embeddings-
     (Build(tp=0), "--tp 0: at least 1"),
     (Build(backend="tpu"), r"unknown backend 'tpu' \(numpy, numba or cupy\)"),
     (Build(numerics="fast"), r"unknown numerics 'fast' \(exact or ggml-cpu\)"),
-    (Build(numerics="ggml-cpu", kv_type="q4_0"), "--kv-type q4_0: one of"),
+    (Build(numerics="ggml-cpu", kv_type="q4_0"), "-ctk q4_0: one of"),
+    (Build(numerics="ggml-cpu", v_type="q4_0"), "-ctv q4_0: one of"),
+    (Build(v_type="f32"), "choose llama.cpp's build for --numerics ggml-cpu only"),
 ])
 def test_contradicting_flags_are_one_typed_error(build, message):
     with pytest.raises(FactoryError, match=message) as e:
