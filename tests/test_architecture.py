@@ -217,3 +217,30 @@ def test_the_cycle_finder_finds_a_cycle_through_a_function_s_import():
     assert graph == {"reference.a": {"reference.b"}, "reference.b": {"reference.a"},
                      "reference.c": {"reference.a", "reference.b"}}
     assert import_cycles(graph) == [["reference.a", "reference.b"]]
+
+
+def positional_reads(source):  # -> [line] where a codegen reads its arguments by position: args[i], tys[i], signature.args[i]
+    """numba gives a codegen (context, builder, signature, args): accel/numba/operands.py names them as
+    the typing function's parameters, so a kernel's IR reads `a.raw.at([o])`, not args[0]."""
+    lines = []
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, ast.FunctionDef) and [a.arg for a in fn.args.args][-2:] == ["signature", "args"]:
+            for node in ast.walk(fn):
+                value = node.value if isinstance(node, ast.Subscript) else None
+                if (isinstance(value, ast.Name) and value.id in ("args", "tys")) or (
+                        isinstance(value, ast.Attribute) and value.attr == "args"):
+                    lines.append(node.lineno)
+    return lines
+
+
+def test_no_codegen_reads_its_arguments_by_position():
+    found = {path: lines for path in python_files("accel")
+             if (lines := positional_reads(open(os.path.join(ROOT, path)).read()))}
+    assert not found, f"args[N] / tys[N] in codegens (use accel.numba.operands): {found}"
+
+
+def test_the_positional_read_finder_finds_one():
+    source = ("def k(typingctx, x):\n    def codegen(context, builder, signature, args):\n"
+              "        tys = signature.args\n        return builder.bitcast(args[0], tys[0])\n")
+    assert positional_reads(source) == [4, 4]
+    assert positional_reads(source.replace("args[0], tys[0]", "x_, x_ty")) == []

@@ -69,7 +69,8 @@ LN2_HI, LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10  # fdlib
 @intrinsic
 def float64_of_bits(typingctx, bits):  # int64 -> the float64 with these bits
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
+        (bits_,) = args
+        return builder.bitcast(bits_, ir.DoubleType())
     return types.float64(types.int64), codegen
 
 

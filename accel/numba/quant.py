@@ -40,6 +40,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from reference.gguf import GgmlType, UnsupportedTensorType
+from .operands import operands
 
 CHUNK = 256  # values decoded per step: one K-quant super-block, or eight 32-value blocks
 
@@ -705,10 +706,9 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
     form, 256 KB, did not)."""
     def xxs_row(typingctx, row, x, grid, sign_bits):
         def codegen(context, builder, signature, args):
-            tys = signature.args
-            row_, x_, grid_, signs_ = (builder.bitcast(context.make_array(ty)(context, builder, arg).data, I8.as_pointer())
-                                       for ty, arg in zip(tys, args))
-            x_ty = context.get_value_type(tys[1].dtype)
+            a = operands(xxs_row, context, builder, signature, args)
+            row_, x_, grid_, signs_ = (v.data() for v in (a.row, a.x, a.grid, a.sign_bits))
+            x_ty = context.get_value_type(a.x.ty.dtype)
             x_bytes = x_ty.get_abi_size(context.target_data)  # 4 or 8
             f32, f64, i32, i64 = ir.FloatType(), ir.DoubleType(), ir.IntType(32), ir.IntType(64)
             v8f, v8x, v8d, v8i = (ir.VectorType(t, 8) for t in (f32, x_ty, f64, i32))
@@ -723,8 +723,7 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
                 one = builder.insert_element(ir.Constant(ty, None), v, ir.Constant(i32, 0))
                 return builder.shuffle_vector(one, ir.Constant(ty, None), ir.Constant(v8i, [0] * 8))
 
-            n_blocks = builder.udiv(builder.extract_value(context.make_array(tys[1])(context, builder, args[1]).shape, 0),
-                                    ir.Constant(i64, 256))
+            n_blocks = builder.udiv(a.x.shape(0), ir.Constant(i64, 256))
             total = cgutils.alloca_once_value(builder, ir.Constant(v8d, None))
             with cgutils.for_range(builder, n_blocks) as loop:
                 block = builder.gep(row_, [builder.mul(loop.index, ir.Constant(i64, block_bytes))])

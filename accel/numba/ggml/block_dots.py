@@ -8,6 +8,7 @@ raw: uint8 [O, row bytes], the tensor as stored (rows of nb blocks). The lanes o
 are vpdpbusd's 16 int32 lanes: lanes 0-7 the first 32-chunk's k_vec_dot lanes (4 neighbours each),
 8-15 the second's; scaled, summed over the block's 4 parts and folded to the 8 lanes."""
 import functools
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -17,9 +18,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from reference.ggml_cpu.blocks import KVALUES_IQ4NL, iq_grid
+from reference.quant_blocks import IQ2_XXS, IQ3_XXS, IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0, QuantBlock
 
 from . import int_dots
-from .int_dots import I8X64, I32X16, dpbusd, item_pointer, load_at, splat, store_at, vector_fma
+from ..operands import operands
+from .int_dots import I8X64, I32X16, dpbusd, load_at, splat, store_at, vector_fma
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import fma32, hsum8
 
@@ -27,7 +30,6 @@ F32 = np.float32
 I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 I8X32 = ir.VectorType(I8, 32)
 I32X8 = ir.VectorType(I32, 8)
-BLOCK_BYTES = {"IQ2_XXS": 66, "IQ3_XXS": 98, "IQ4_XS": 136, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34}
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,15 +37,15 @@ def tables(kind):  # -> (grid, signs): the lookup tables a type's unpacking read
     """IQ2_XXS: grid uint64 [256] (8 unsigned values an entry); IQ3_XXS: uint32 [256] (4 values);
     signs uint64 [128]: keven_signs as byte masks, 0xFF where the element is negated; IQ4_XS:
     kvalues_iq4nl as int8 [16]."""
-    from gguf.quants import IQ2_XXS, IQ3_XXS
+    from gguf import quants
     none = np.zeros(1, np.uint8)
-    ksigns = np.frombuffer(IQ2_XXS.ksigns, np.uint8)
+    ksigns = np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8)
     masks = (np.unpackbits(ksigns[:, None], axis=1, bitorder="little") * 255).astype(np.uint8)
     signs = np.ascontiguousarray(masks).view(np.uint64)[:, 0]
     if kind == "IQ2_XXS":
-        return np.ascontiguousarray(iq_grid(IQ2_XXS).astype(np.uint8)).view(np.uint64)[:, 0], signs
+        return np.ascontiguousarray(iq_grid(quants.IQ2_XXS).astype(np.uint8)).view(np.uint64)[:, 0], signs
     if kind == "IQ3_XXS":
-        return np.ascontiguousarray(iq_grid(IQ3_XXS).astype(np.uint8)).view(np.uint32)[:, 0], signs
+        return np.ascontiguousarray(iq_grid(quants.IQ3_XXS).astype(np.uint8)).view(np.uint32)[:, 0], signs
     if kind == "IQ4_XS":
         return KVALUES_IQ4NL.astype(np.int8), none
     return none, none
@@ -87,7 +89,8 @@ def signed(builder, q, mask):  # q with the elements under mask (0xFF) negated: 
 def iq_xxs_part(entry_ty, entries_per_8, aux_offset, aux_step):
     """IQ2_XXS (i64 entries of 8 values, aux words after each chunk's 4 grid bytes) and IQ3_XXS (i32
     entries of 4 values, 8 grid bytes a chunk, aux words after all 64): grid values >= 0, the
-    ksigns of its 8-groups as the mask that negates q."""
+    ksigns of its 8-groups as the mask that negates q. Both have their grid bytes at qs (byte 2),
+    8 a chunk."""
     per_chunk = 4 * entries_per_8
 
     def part(builder, block, grid, signs, p):  # -> (unsigned values, sign mask) <64 x i8> of elements 64p..64p+63
@@ -97,7 +100,7 @@ def iq_xxs_part(entry_ty, entries_per_8, aux_offset, aux_step):
             c = 2 * p + half
             aux = load_at(builder, block, aux_offset + aux_step * c, I32)
             for e in range(per_chunk):
-                index = byte_at(builder, block, 2 + 8 * c + e)
+                index = byte_at(builder, block, IQ2_XXS.qs + 8 * c + e)
                 values = builder.insert_element(values, table_entry(builder, grid, index, entry_ty),
                                                 constant(I32, per_chunk * half + e))
             for g in range(4):
@@ -115,7 +118,7 @@ def nibbles_of(builder, packed):  # <32 x i8> -> (low nibbles, high nibbles) <32
 def iq4_xs_part(builder, block, kvalues, _, p):
     """16 bytes a 32-chunk: low nibbles its elements 0-15, high nibbles 16-31; kvalues by vpshufb
     (a 16-entry table lookup, kvalues_iq4nl broadcast), the sign moved onto q."""
-    low, high = nibbles_of(builder, load_at(builder, block, 8 + 32 * p, I8X32))
+    low, high = nibbles_of(builder, load_at(builder, block, IQ4_XS.qs + 32 * p, I8X32))
     codes = concat(builder, shuffle(builder, low, high, list(range(16)) + list(range(32, 48))),
                    shuffle(builder, low, high, list(range(16, 32)) + list(range(48, 64))))
     table = load_at(builder, kvalues, 0, ir.VectorType(I8, 16))
@@ -135,13 +138,13 @@ def lookup16(builder, table, codes):  # <64 x i8> table (16 entries, 4 times), c
 
 
 def q4_k_part(builder, block, _, __, p):  # 32 bytes: low nibbles chunk 2p, high nibbles chunk 2p + 1
-    low, high = nibbles_of(builder, load_at(builder, block, 16 + 32 * p, I8X32))
+    low, high = nibbles_of(builder, load_at(builder, block, Q4_K.qs + 32 * p, I8X32))
     return concat(builder, low, high), None
 
 
 def q5_k_part(builder, block, _, __, p):  # as Q4_K, plus bit c of qh[i] as 16 for element i of chunk c
-    low, high = nibbles_of(builder, load_at(builder, block, 48 + 32 * p, I8X32))
-    qh = load_at(builder, block, 16, I8X32)
+    low, high = nibbles_of(builder, load_at(builder, block, Q5_K.qs + 32 * p, I8X32))
+    qh = load_at(builder, block, Q5_K.qh, I8X32)
     fifth = [builder.shl(builder.and_(builder.lshr(qh, splat8(builder, c, 32)), splat8(builder, 1, 32)),
                          splat8(builder, 4, 32)) for c in (2 * p, 2 * p + 1)]
     return concat(builder, builder.or_(low, fifth[0]), builder.or_(high, fifth[1])), None
@@ -151,17 +154,18 @@ def q6_k_part(builder, block, _, __, p):
     """Half h = p // 2 of 128 elements: ql[64h:64h+64], qh[32h:32h+32]; part 2h takes the low nibbles
     of ql's two 32s with qh's bits 0-1 and 2-3, part 2h + 1 the high nibbles with bits 4-5 and 6-7."""
     h, upper = divmod(p, 2)
-    qh = load_at(builder, block, 128 + 32 * h, I8X32)
+    qh = load_at(builder, block, Q6_K.qh + 32 * h, I8X32)
     pieces = []
     for k in range(2):
-        ql = load_at(builder, block, 64 * h + 32 * k, I8X32)
+        ql = load_at(builder, block, Q6_K.ql + 64 * h + 32 * k, I8X32)
         nibble = nibbles_of(builder, ql)[upper]
         bits = builder.and_(builder.lshr(qh, splat8(builder, 4 * upper + 2 * k, 32)), splat8(builder, 3, 32))
         pieces.append(builder.or_(nibble, builder.shl(bits, splat8(builder, 4, 32))))
     return concat(builder, *pieces), None
 
 
-PARTS = {"IQ2_XXS": iq_xxs_part(I64, 1, 6, 8), "IQ3_XXS": iq_xxs_part(I32, 2, 66, 4), "IQ4_XS": iq4_xs_part,
+PARTS = {"IQ2_XXS": iq_xxs_part(I64, 1, IQ2_XXS.qs + 4, 8), "IQ3_XXS": iq_xxs_part(I32, 2, IQ3_XXS.scales_and_signs, 4),
+         "IQ4_XS": iq4_xs_part,
          "Q4_K": q4_k_part, "Q5_K": q5_k_part, "Q6_K": q6_k_part}
 
 
@@ -194,20 +198,21 @@ def aux_scales(aux_top):  # IQ2_XXS/IQ3_XXS: 2 * (aux >> 28) + 1, the top nibble
 
 
 def iq4_xs_scales(builder, block):  # 4 low bits from scales_l, 2 high from the u16 scales_h, minus 32
-    high = builder.or_(u8_at(builder, block, 2), builder.shl(u8_at(builder, block, 3), constant(I32, 8)))
+    high = builder.or_(u8_at(builder, block, IQ4_XS.scales_h),
+                       builder.shl(u8_at(builder, block, IQ4_XS.scales_h + 1), constant(I32, 8)))
     out = []
     for j in range(8):
-        low = shr_and(builder, u8_at(builder, block, 4 + j // 2), 4 * (j % 2), 15)
+        low = shr_and(builder, u8_at(builder, block, IQ4_XS.scales_l + j // 2), 4 * (j % 2), 15)
         top = builder.shl(shr_and(builder, high, 2 * j, 3), constant(I32, 4))
         out.append(builder.sub(builder.or_(low, top), constant(I32, 32)))
     return vector_of(builder, out), None
 
 
-def k4_scales(builder, block):  # get_scale_min_k4 of the 12 bytes at byte 4 (Q4_K, Q5_K) -> (<8 x i32>, <8 x i32>)
+def k4_scales(builder, block):  # get_scale_min_k4 of the 12 scales bytes (Q4_K, Q5_K) -> (<8 x i32>, <8 x i32>)
     """Four bytes at a time, as ggml's vec_dot does it with kmask1-3 on the three words: scales 0-3
     and mins 0-3 are the low 6 bits of words 0 and 1; scales and mins 4-7 take the nibbles of word 2
-    and the top 2 bits of words 0 and 1."""
-    w0, w1, w2 = (load_at(builder, block, at, I32) for at in (4, 8, 12))
+    and the top 2 bits of words 0 and 1. Q4_K and Q5_K both hold them at byte 4."""
+    w0, w1, w2 = (load_at(builder, block, Q4_K.scales + 4 * i, I32) for i in range(3))
     low6, nibble, top2 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
     high = lambda nibbles, word: builder.or_(nibbles, builder.shl(shr_and(builder, word, 6, top2), constant(I32, 4)))
     words = [builder.and_(w0, constant(I32, low6)), high(builder.and_(w2, constant(I32, nibble)), w0),
@@ -216,11 +221,12 @@ def k4_scales(builder, block):  # get_scale_min_k4 of the 12 bytes at byte 4 (Q4
     return shuffle(builder, both, both, range(8)), shuffle(builder, both, both, range(8, 16))
 
 
-def q6_k_scales(builder, block):  # the 16 int8 scales at byte 192
-    return builder.sext(load_at(builder, block, 192, ir.VectorType(I8, 16)), I32X16), None
+def q6_k_scales(builder, block):  # the 16 int8 scales
+    return builder.sext(load_at(builder, block, Q6_K.scales, ir.VectorType(I8, 16)), I32X16), None
 
 
-SCALES = {"IQ2_XXS": aux_scales(lambda c: 2 + 8 * c + 7), "IQ3_XXS": aux_scales(lambda c: 66 + 4 * c + 3),
+SCALES = {"IQ2_XXS": aux_scales(lambda c: IQ2_XXS.qs + 8 * c + 7),
+          "IQ3_XXS": aux_scales(lambda c: IQ3_XXS.scales_and_signs + 4 * c + 3),
           "IQ4_XS": iq4_xs_scales, "Q4_K": k4_scales, "Q5_K": k4_scales, "Q6_K": q6_k_scales}
 
 
@@ -250,23 +256,23 @@ def row_dot_intrinsic(kind):
     summs = fma(-d_a * dmin, f32(sum of mins times 32-sums), summs) on min_lanes lanes (Q4_K's pairs
     of sub-blocks, Q5_K's one sum). The accumulators stay in registers over the row; sums[:8] gets
     acc, sums[8:] summs. int32 exact: |scale * code * q| <= 127 * 127 * 127 and 32 of those a lane."""
-    block_bytes, part, read_scales = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind]
-    d_at, dmin_at, offset, min_lanes, _ = TYPES[kind]
+    part, read_scales = PARTS[kind], SCALES[kind]
+    layout, offset, min_lanes = TYPES[kind].block, TYPES[kind].offset, TYPES[kind].min_lanes
     f32x8, f32xm = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.FloatType(), min_lanes)
 
     def row_dot(typingctx, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums):
         def codegen(context, builder, signature, args):
-            tys = signature.args
-            o_, t_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
-            row = item_pointer(context, builder, tys[0], args[0], [o_])
-            grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (7, 8))
-            n_blocks = builder.extract_value(context.make_array(tys[4])(context, builder, args[4]).shape, 1)
+            a = operands(row_dot, context, builder, signature, args)
+            t_ = a.t.index()
+            row = a.raw.at([a.o.index()])
+            grid_, signs_ = a.grid.at([]), a.signs.at([])
+            n_blocks = a.ad.shape(1)
             acc = cgutils.alloca_once_value(builder, ir.Constant(f32x8, None))
             summs = cgutils.alloca_once_value(builder, ir.Constant(f32xm, None))
             with cgutils.for_range(builder, n_blocks) as loop:
                 b = loop.index
-                block = builder.gep(row, [builder.mul(b, constant(b.type, block_bytes))])
-                acts = item_pointer(context, builder, tys[3], args[3], [t_, b])
+                block = builder.gep(row, [builder.mul(b, constant(b.type, layout.size))])
+                acts = a.aq.at([t_, b])
                 scales, mins = read_scales(builder, block)
                 total = ir.Constant(I32X16, None)
                 for p in range(4):
@@ -275,17 +281,17 @@ def row_dot_intrinsic(kind):
                     total = builder.add(total, builder.mul(four, scale_vector(builder, scales, p)))
                 lanes = builder.add(shuffle(builder, total, total, range(8)), shuffle(builder, total, total, range(8, 16)))
                 if offset:
-                    sums16 = load_at(builder, item_pointer(context, builder, tys[5], args[5], [t_, b]), 0, I32X16)
+                    sums16 = load_at(builder, a.bsums.at([t_, b]), 0, I32X16)
                     weighted = builder.mul(sums16, scales)
                     pairs = builder.add(shuffle(builder, weighted, weighted, range(0, 16, 2)),
                                         shuffle(builder, weighted, weighted, range(1, 16, 2)))
                     lanes = builder.sub(lanes, builder.mul(pairs, ir.Constant(I32X8, [offset] * 8)))
-                d_act = load_at(builder, item_pointer(context, builder, tys[4], args[4], [t_, b]), 0, ir.FloatType())
-                d = builder.fmul(f16_of(builder, block, d_at), d_act)
+                d_act = load_at(builder, a.ad.at([t_, b]), 0, ir.FloatType())
+                d = builder.fmul(f16_of(builder, block, layout.d), d_act)
                 builder.store(vector_fma(builder, splat(builder, d, 8), builder.sitofp(lanes, f32x8), builder.load(acc)), acc)
                 if mins is not None:
-                    dm = builder.fmul(builder.fneg(d_act), f16_of(builder, block, dmin_at))
-                    sums = load_at(builder, item_pointer(context, builder, tys[6], args[6], [t_, b]), 0, I32X8)
+                    dm = builder.fmul(builder.fneg(d_act), f16_of(builder, block, layout.dmin))
+                    sums = load_at(builder, a.sums32.at([t_, b]), 0, I32X8)
                     products = builder.mul(mins, sums)
                     per_lane = 8 // min_lanes
                     mn = shuffle(builder, products, products, range(0, 8, per_lane))
@@ -293,7 +299,7 @@ def row_dot_intrinsic(kind):
                         mn = builder.add(mn, shuffle(builder, products, products, range(i, 8, per_lane)))
                     builder.store(vector_fma(builder, splat(builder, dm, min_lanes), builder.sitofp(mn, f32xm), builder.load(summs)),
                                   summs)
-            out = item_pointer(context, builder, tys[9], args[9], [])
+            out = a.sums.at([])
             store_at(builder, out, 0, builder.load(acc))
             store_at(builder, out, 32, builder.load(summs))
             return context.get_dummy_value()
@@ -330,38 +336,37 @@ def tile_dots_intrinsic(kind):
     acts int8 [G, nb, 64, TILE * 4]: element 4k + i of block b of row TILE g + j at [g, b, k, 4j + i];
     bias_sums int32 [G, nb, n_sub, TILE]: tile_bias times each row's sub-block sums; min_sums
     int32 [G, nb, 8, TILE]: the 32-sums; ad f32 [G, nb, TILE]: the rows' Q8_K scales."""
-    block_bytes, part, read_scales, n_sub = BLOCK_BYTES[kind], PARTS[kind], SCALES[kind], N_SUB[kind]
-    d_at, dmin_at, _, _, post = TYPES[kind]
-    biased, has_min, per_sub = tile_bias(kind) != 0, dmin_at >= 0, 64 // N_SUB[kind]
+    part, read_scales, n_sub = PARTS[kind], SCALES[kind], N_SUB[kind]
+    layout, has_min, post = TYPES[kind].block, TYPES[kind].has_min, TYPES[kind].post
+    biased, per_sub = tile_bias(kind) != 0, 64 // N_SUB[kind]
 
     def tile_dots(typingctx, raw, o, b, acts, bias_sums, min_sums, ad, grid, signs, out, at):
         def codegen(context, builder, signature, args):
-            tys = signature.args
-            o_, b_, at_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 10))
-            last = builder.sub(builder.extract_value(context.make_array(tys[0])(context, builder, args[0]).shape, 0),
-                               constant(o_.type, 1))
-            grid_, signs_ = (item_pointer(context, builder, tys[i], args[i], []) for i in (7, 8))
+            a = operands(tile_dots, context, builder, signature, args)
+            o_, b_, at_ = a.o.index(), a.b.index(), a.at.index()
+            last = builder.sub(a.raw.shape(0), constant(o_.type, 1))
+            grid_, signs_ = a.grid.at([]), a.signs.at([])
             f32x16 = ir.VectorType(ir.FloatType(), 16)
             codes = builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(I8, 256 * BAND)), I8.as_pointer())
             scales, mins, d0, dmin = [], [], [], []
             for r in range(BAND):
                 row = builder.add(o_, constant(o_.type, r))
                 row = builder.select(builder.icmp_signed(">", row, last), last, row)
-                block = builder.gep(item_pointer(context, builder, tys[0], args[0], [row]),
-                                    [builder.mul(b_, constant(b_.type, block_bytes))])
+                block = builder.gep(a.raw.at([row]),
+                                    [builder.mul(b_, constant(b_.type, layout.size))])
                 row_scales, row_mins = read_scales(builder, block)
                 scales.append(elements(builder, row_scales))
                 mins.append(row_mins if row_mins is None else elements(builder, row_mins))
-                d0.append(builder.fmul(f16_of(builder, block, d_at), ir.Constant(ir.FloatType(), post)))
-                dmin.append(f16_of(builder, block, dmin_at) if has_min else None)
+                d0.append(builder.fmul(f16_of(builder, block, layout.d), ir.Constant(ir.FloatType(), post)))
+                dmin.append(f16_of(builder, block, layout.dmin) if has_min else None)
                 for p in range(4):
                     u, mask = part(builder, block, grid_, signs_, p)
                     store_at(builder, codes, 256 * r + 64 * p,
                              u if mask is None else builder.add(signed(builder, u, mask), splat8(builder, 128, 64)))
-            n_tiles = builder.extract_value(context.make_array(tys[3])(context, builder, args[3]).shape, 0)
+            n_tiles = a.acts.shape(0)
             with cgutils.for_range(builder, n_tiles) as loop:
                 g = loop.index
-                acts_ = item_pointer(context, builder, tys[3], args[3], [g, b_])
+                acts_ = a.acts.at([g, b_])
                 # the codes' address through an empty asm: LLVM would otherwise hoist the broadcasts
                 # out of the loop and spill them, stores that cost more than the loop
                 tile_codes = builder.asm(ir.FunctionType(codes.type, [codes.type]), "", "=r,0", [codes], True)
@@ -374,14 +379,12 @@ def tile_dots_intrinsic(kind):
                             four = splat(builder, load_at(builder, tile_codes, 256 * r + 4 * k, I32))
                             acc[r] = dpbusd(builder, acc[r], builder.bitcast(four, I8X64), four_elements)
                     if biased:
-                        at = item_pointer(context, builder, tys[4], args[4], [g, b_, constant(b_.type, sub)])
-                        bias = load_at(builder, at, 0, I32X16)
+                        bias = load_at(builder, a.bias_sums.at([g, b_, constant(b_.type, sub)]), 0, I32X16)
                         acc = [builder.sub(a, bias) for a in acc]
                     s1 = [builder.add(s1[r], builder.mul(acc[r], splat(builder, scales[r][sub]))) for r in range(BAND)]
-                d_act = load_at(builder, item_pointer(context, builder, tys[6], args[6], [g, b_]), 0, f32x16)
+                d_act = load_at(builder, a.ad.at([g, b_]), 0, f32x16)
                 if has_min:
-                    sums32 = [load_at(builder, item_pointer(context, builder, tys[5], args[5], [g, b_, constant(b_.type, j)]),
-                                      0, I32X16) for j in range(8)]
+                    sums32 = [load_at(builder, a.min_sums.at([g, b_, constant(b_.type, j)]), 0, I32X16) for j in range(8)]
                 for r in range(BAND):
                     result = builder.fmul(builder.sitofp(s1[r], f32x16), splat(builder, d0[r]))
                     if has_min:
@@ -389,7 +392,7 @@ def tile_dots_intrinsic(kind):
                         for j in range(8):
                             s2 = builder.add(s2, builder.mul(sums32[j], splat(builder, mins[r][j])))
                         result = vector_fma(builder, splat(builder, builder.fneg(dmin[r])), builder.sitofp(s2, f32x16), result)
-                    row = builder.gep(item_pointer(context, builder, tys[9], args[9], [builder.add(at_, constant(at_.type, r))]),
+                    row = builder.gep(a.out.at([builder.add(at_, constant(at_.type, r))]),
                                       [builder.mul(g, constant(g.type, 4 * TILE))])
                     store_at(builder, row, 0, vector_fma(builder, result, d_act, load_at(builder, row, 0, f32x16)))
             return context.get_dummy_value()
@@ -402,35 +405,37 @@ def tile_dots_intrinsic(kind):
 @intrinsic
 def f16_at(typingctx, raw, o, offset):  # raw uint8 [O, n], row, byte offset -> the little-endian half as f32
     def codegen(context, builder, signature, args):
-        tys = signature.args
-        o_, at = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2))
-        return f16_of(builder, item_pointer(context, builder, tys[0], args[0], [o_, at]), 0)
+        a = operands(f16_at, context, builder, signature, args)
+        return f16_of(builder, a.raw.at([a.o.index(), a.offset.index()]), 0)
     if raw.ndim == 2:
         return types.float32(raw, o, offset), codegen
 
 
 @intrinsic
 def q8_0_lanes(typingctx, raw, o, b, aq, t, lanes):  # lanes int32 [8] <- block b of row o against q[t, b]: 4-sums
-    """Q8_0's 32 signed values at byte 2 of its 34-byte block, as q0_lanes' lanes (the upper half of
+    """Q8_0's 32 signed values (its qs), as q0_lanes' lanes (the upper half of
     the 512-bit vpdpbusd is zeros)."""
     def codegen(context, builder, signature, args):
-        tys = signature.args
-        o_, b_, t_ = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
-        block = item_pointer(context, builder, tys[0], args[0], [o_, builder.mul(b_, constant(b_.type, 34))])
-        acts = item_pointer(context, builder, tys[3], args[3], [t_, b_])
+        a = operands(q8_0_lanes, context, builder, signature, args)
+        b_ = a.b.index()
+        block = a.raw.at([a.o.index(), builder.mul(b_, constant(b_.type, Q8_0.size))])
+        acts = a.aq.at([a.t.index(), b_])
         zero = ir.Constant(I8X32, None)
-        values = concat(builder, load_at(builder, block, 2, I8X32), zero)
+        values = concat(builder, load_at(builder, block, Q8_0.qs, I8X32), zero)
         u, mask = sign_split(builder, values)
         four = dpbusd(builder, ir.Constant(I32X16, None), u, signed(builder, concat(builder, load_at(builder, acts, 0, I8X32), zero), mask))
-        out = item_pointer(context, builder, tys[5], args[5], [])
+        out = a.lanes.at([])
         builder.store(shuffle(builder, four, four, range(8)), builder.bitcast(out, I32X8.as_pointer()), align=1)
         return context.get_dummy_value()
     if raw.ndim == 2 and aq.dtype == types.int8 and all(a.layout == "C" for a in (raw, aq, lanes)):
         return types.none(raw, o, b, aq, t, lanes), codegen
 
 
+Q8_0_BYTES, Q8_0_D = Q8_0.size, Q8_0.d  # numba's compiled code takes module-level ints as constants
+
+
 @numba.njit(cache=True, parallel=True)
-def q8_0_vec_dot(raw, aq, ad):  # raw Q8_0 [O, nb * 34], Q8_0 acts -> [T, O]: reference q0_lanes, one accumulator
+def q8_0_vec_dot(raw, aq, ad):  # raw Q8_0 [O, nb * Q8_0_BYTES], Q8_0 acts -> [T, O]: reference q0_lanes, one accumulator
     O = raw.shape[0]
     T, nb = ad.shape
     out = np.zeros((T, O), F32)
@@ -441,23 +446,32 @@ def q8_0_vec_dot(raw, aq, ad):  # raw Q8_0 [O, nb * 34], Q8_0 acts -> [T, O]: re
             acc[:] = 0
             for b in range(nb):
                 q8_0_lanes(raw, o, b, aq, t, lanes)
-                scale = f16_at(raw, o, 34 * b) * ad[t, b]
+                scale = f16_at(raw, o, Q8_0_BYTES * b + Q8_0_D) * ad[t, b]
                 for lane in range(8):
                     acc[lane] = fma32(scale, F32(lanes[lane]), acc[lane])
             out[t, o] = hsum8(acc)
     return out
 
 
-TYPES = {  # type -> (byte of d, byte of dmin or -1, unsigned offset, min lanes, post)
-    "IQ2_XXS": (0, -1, 0, 1, 0.125), "IQ3_XXS": (0, -1, 0, 1, 0.25), "IQ4_XS": (0, -1, 0, 1, 1.0),
-    "Q4_K": (0, 2, 0, 4, 1.0), "Q5_K": (0, 2, 0, 1, 1.0), "Q6_K": (208, -1, 32, 1, 1.0),
+class BlockDot(NamedTuple):  # how a type's vec_dot scales and folds its block's lanes
+    block: QuantBlock  # the struct: its size, the bytes of d (and dmin)
+    has_min: bool  # a dmin and per-sub-block mins (Q4_K, Q5_K)
+    offset: int  # what the stored codes hold above the values (Q6_K's 32), taken off through the 16-sums
+    min_lanes: int  # the lanes the mins' sums are kept in (Q4_K's __m128: 4)
+    post: float  # the factor of the folded lanes (IQ2_XXS' 1/8, IQ3_XXS' 1/4)
+
+
+TYPES = {
+    "IQ2_XXS": BlockDot(IQ2_XXS, False, 0, 1, 0.125), "IQ3_XXS": BlockDot(IQ3_XXS, False, 0, 1, 0.25),
+    "IQ4_XS": BlockDot(IQ4_XS, False, 0, 1, 1.0), "Q4_K": BlockDot(Q4_K, True, 0, 4, 1.0),
+    "Q5_K": BlockDot(Q5_K, True, 0, 1, 1.0), "Q6_K": BlockDot(Q6_K, False, 32, 1, 1.0),
 }
 SIGNED_CODES = {"IQ2_XXS", "IQ3_XXS", "IQ4_XS"}  # their parts give |value| and a sign mask
 N_SUB = {kind: 16 if kind == "Q6_K" else 8 for kind in TYPES}  # scales a block holds
 
 
 def tile_bias(kind):  # -> what a tile's unsigned codes hold above the values: 128 added to signed ones, Q6_K's 32
-    return 128 * (kind in SIGNED_CODES) + TYPES[kind][2]
+    return 128 * (kind in SIGNED_CODES) + TYPES[kind].offset
 
 
 ROWS_PER_TASK = 2 * BAND  # rows one parallel task takes, whole bands: its scratch is allocated once for them
@@ -509,8 +523,7 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
     weight row, a few KB, stays in L1 for the activation rows), then post * hsum_float_8 of its 8
     lanes plus the mins folded as the reference folds them. The layout numbers are constants of
     each type's kernel."""
-    _, dmin_at, _, min_lanes, post = TYPES[kind]
-    post = F32(post)
+    has_min, min_lanes, post = TYPES[kind].has_min, TYPES[kind].min_lanes, F32(TYPES[kind].post)
 
     @numba.njit(cache=True, parallel=True)
     def kernel(raw, grid, signs, aq, ad, bsums, sums32):
@@ -523,9 +536,9 @@ def k_vec_dot_kernel(kind):  # -> the njit kernel (raw, grid, signs, aq, ad, bsu
                 for t in range(T):
                     row_dot(kind, raw, o, t, aq, ad, bsums, sums32, grid, signs, sums)
                     x = post * hsum8(sums[:8])
-                    if dmin_at >= 0 and min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
+                    if has_min and min_lanes == 4:  # Q4_K's __m128 of mins, folded (0+2) + (1+3)
                         x = x + ((sums[8] + sums[10]) + (sums[9] + sums[11]))
-                    elif dmin_at >= 0:
+                    elif has_min:
                         x = x + sums[8]
                     out[t, o] = x
         return out

@@ -10,7 +10,8 @@ from numba.extending import intrinsic
 
 from reference.ggml_cpu.target import AVX512
 
-from .int_dots import array_data, vector_fma
+from ..operands import operands
+from .int_dots import vector_fma
 from .quantize import x86_only
 from .rounding import fma32, hsum8, hsum16, register_sum, vec_reduce
 from .threads import threaded
@@ -29,17 +30,17 @@ def lane_fmas_intrinsic(lanes):  # -> the intrinsic (x, y, whole, acc) of one re
 
     def lane_fmas(typingctx, x, y, whole, acc):
         def codegen(context, builder, signature, args):
-            tys = signature.args
-            accp = array_data(context, builder, tys[3], args[3])
-            whole_ = context.cast(builder, args[2], tys[2], types.intp)
+            a = operands(lane_fmas, context, builder, signature, args)
+            accp = a.acc.data()
+            whole_ = a.whole.index()
             intp = whole_.type
 
-            def register_of(i):  # -> (index of element) -> <lanes x float> of x or y from that element on
-                data = array_data(context, builder, tys[i], args[i])
-                if tys[i].layout == "C":
+            def register_of(v):  # x or y -> (index of element) -> <lanes x float> of it from that element on
+                data = v.data()
+                if v.ty.layout == "C":
                     return lambda e: builder.load(builder.bitcast(builder.gep(data, [builder.mul(e, ir.Constant(intp, 4))]),
                                                                   vec.as_pointer()), align=4)
-                stride = builder.extract_value(context.make_array(tys[i])(context, builder, args[i]).strides, 0)
+                stride = v.stride(0)
 
                 def strided(e):
                     out = ir.Constant(vec, None)
@@ -50,7 +51,7 @@ def lane_fmas_intrinsic(lanes):  # -> the intrinsic (x, y, whole, acc) of one re
                     return out
                 return strided
 
-            x_at, y_at = register_of(0), register_of(1)
+            x_at, y_at = register_of(a.x), register_of(a.y)
             sums = [cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(4)]
             steps = builder.udiv(whole_, ir.Constant(intp, 4 * lanes))
             with cgutils.for_range(builder, steps) as loop:

@@ -10,6 +10,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..operands import operands
 from .rounding import fma32, hsum8
 
 F32 = np.float32
@@ -100,12 +101,6 @@ def k_repacked_rows(vs, d, dmin, mins, aq, ad, sub_sums, elements_per_fma):  # -
     return out
 
 
-def row_pointer(context, builder, array_type, array, row, b):  # LLVM pointer to array[row, b, 0]
-    zero = ir.Constant(context.get_value_type(types.intp), 0)
-    view = context.make_array(array_type)(context, builder, array)
-    return cgutils.get_item_pointer(context, builder, array_type, view, [row, b, zero])
-
-
 I16X16, I32X8 = ir.VectorType(ir.IntType(16), 16), ir.VectorType(ir.IntType(32), 8)
 # vpmaddwd where numba compiles for a CPU with AVX2 (every build ggml-cpu is emulated for); elsewhere the
 # same pair sums from generic LLVM vectors
@@ -138,16 +133,14 @@ def chunk_sums(typingctx, w, o, q, t, b, chunks, out):  # out [16] <- pair sums 
     type; chunks: a constant. numba's own loops keep this sum in memory between chunks and run at half
     the speed."""
     def codegen(context, builder, signature, args):
-        w_ty, _, q_ty, _, _, _, out_ty = signature.args
-        o, t, b = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
-        w_row = row_pointer(context, builder, w_ty, args[0], o, b)
-        q_row = row_pointer(context, builder, q_ty, args[2], t, b)
+        a = operands(chunk_sums, context, builder, signature, args)
+        w_row, q_row = a.w.element_at([a.o.index(), a.b.index()]), a.q.element_at([a.t.index(), a.b.index()])
         halves = [None, None]  # the pairs of the chunks' first and second 16 elements
         for c in range(chunks.literal_value):
             for h in (0, 1):
                 pairs = pair_sums(builder, sixteen_at(builder, w_row, 2 * c + h), sixteen_at(builder, q_row, 2 * c + h))
                 halves[h] = pairs if halves[h] is None else builder.add(halves[h], pairs)
-        out_data = context.make_array(out_ty)(context, builder, args[6]).data
+        out_data = a.out.view().data
         stored = ir.VectorType(out_data.type.pointee, 8)
         for h, total in enumerate(halves):
             total = builder.sext(total, stored) if stored.element.width > 32 else total
@@ -165,11 +158,10 @@ def tile_dots(typingctx, w, o, b, q, t0, tokens, out):  # out[j] <- sum_k w[o, b
     weights are loaded once for all of them. w [O, nb, 256], q [T, nb, 256] C-contiguous int16 (or
     int8); int32 exact as whole_block_dot."""
     def codegen(context, builder, signature, args):
-        w_ty, _, _, q_ty, _, _, out_ty = signature.args
-        o, b, t0 = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 4))
-        w_row = row_pointer(context, builder, w_ty, args[0], o, b)
-        q_rows = [row_pointer(context, builder, q_ty, args[3], builder.add(t0, ir.Constant(t0.type, j)), b)
-                  for j in range(tokens.literal_value)]
+        a = operands(tile_dots, context, builder, signature, args)
+        b, t0 = a.b.index(), a.t0.index()
+        w_row = a.w.element_at([a.o.index(), b])
+        q_rows = [a.q.element_at([builder.add(t0, ir.Constant(t0.type, j)), b]) for j in range(tokens.literal_value)]
         acc = [None] * len(q_rows)
         for i in range(16):
             w16 = sixteen_at(builder, w_row, i)
@@ -178,7 +170,7 @@ def tile_dots(typingctx, w, o, b, q, t0, tokens, out):  # out[j] <- sum_k w[o, b
                 acc[j] = pairs if acc[j] is None else builder.add(acc[j], pairs)
         add_lanes = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [I32X8]),
                                                    "llvm.vector.reduce.add.v8i32")
-        out_data = context.make_array(out_ty)(context, builder, args[6]).data
+        out_data = a.out.view().data
         for j, total in enumerate(acc):
             builder.store(builder.call(add_lanes, [total]), builder.gep(out_data, [ir.Constant(ir.IntType(64), j)]))
         return context.get_dummy_value()
@@ -376,18 +368,6 @@ def dpbusd(builder, acc, u, s):  # <16 x i32> + 4-sums of <64 x u8> u times <64 
     return acc
 
 
-def item_pointer(context, builder, array_type, array, indices):  # LLVM i8* to array[indices..., 0, ...]
-    zero = ir.Constant(context.get_value_type(types.intp), 0)
-    view = context.make_array(array_type)(context, builder, array)
-    indices = list(indices) + [zero] * (array_type.ndim - len(indices))
-    at = cgutils.get_item_pointer(context, builder, array_type, view, indices)
-    return builder.bitcast(at, ir.IntType(8).as_pointer())
-
-
-def array_data(context, builder, array_type, array):  # LLVM i8* to an array's first element
-    return builder.bitcast(context.make_array(array_type)(context, builder, array).data, ir.IntType(8).as_pointer())
-
-
 def load_at(builder, base, offset, ty):  # the value of LLVM type ty at byte offset after base (i8*)
     at = builder.gep(base, [ir.Constant(ir.IntType(64), offset)])
     return builder.load(builder.bitcast(at, ty.as_pointer()), align=1)
@@ -461,12 +441,6 @@ def fma_f32x16(builder, a, b, c):  # a * b + c rounded once, lane by lane (vfmad
     return builder.call(fn, [a, b, c])
 
 
-def group_common(context, builder, signature, args):  # -> (pointer at(i, indices), g, b and the t argument as intp)
-    tys = signature.args
-    g, b, t = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
-    return (lambda i, indices: item_pointer(context, builder, tys[i], args[i], indices)), g, b, t
-
-
 @intrinsic
 def group_tiled_block(typingctx, codes, g, b, aq, t0, tokens, subs, scales, lane_bias, offset, mins, sub_sums, d0,
                       dmin, ad, buf):  # buf [tokens, 16] f32 <- after block b: reference tiled's epilogue
@@ -477,20 +451,27 @@ def group_tiled_block(typingctx, codes, g, b, aq, t0, tokens, subs, scales, lane
     tiled_block's operations on 16 rows at once, each lane rounding as the scalar code does. aq [T, nb,
     256]: uint8 (Q8_K codes + 128) for signed codes, int8 for unsigned; sub_sums [T, nb, nsub] int32,
     d0/dmin [G, nb, 16] f32, ad [T, nb] f32, offset int32."""
+    arrays = (codes, aq, scales, lane_bias, mins, sub_sums, d0, dmin, ad, buf)
+    if not (all(isinstance(x, types.IntegerLiteral) for x in (tokens, subs)) and all(x.layout == "C" for x in arrays)):
+        return None
+    n_tokens, n_sub = tokens.literal_value, subs.literal_value
+    biased, with_mins = aq.dtype == types.uint8, mins.ndim == 4
+
     def codegen(context, builder, signature, args):
-        at, g, b, t0 = group_common(context, builder, signature, args)
+        a = operands(group_tiled_block, context, builder, signature, args)
+        g, b, t0 = a.g.index(), a.b.index(), a.t0.index()
         rows = [builder.add(t0, ir.Constant(t0.type, j)) for j in range(n_tokens)]
-        sums, scale_rows = block_sums(builder, at(0, [g, b]), at(7, [g, b]), [at(3, [t, b]) for t in rows], 1, n_sub,
-                                      biased)
+        sums, scale_rows = block_sums(builder, a.codes.at([g, b]), a.scales.at([g, b]), [a.aq.at([t, b]) for t in rows],
+                                      1, n_sub, biased)
         bias = ir.Constant(I32X16, None)
         for lane in range(8 if biased else 0):
-            bias = builder.add(bias, load_at(builder, at(8, [g, b]), 64 * lane, I32X16))
-        offset = context.cast(builder, args[9], signature.args[9], types.int32)
-        d0 = load_at(builder, at(12, [g, b]), 0, F32X16)
-        neg_dmin = builder.fneg(load_at(builder, at(13, [g, b]), 0, F32X16)) if with_mins else None
-        buf = array_data(context, builder, signature.args[15], args[15])
+            bias = builder.add(bias, load_at(builder, a.lane_bias.at([g, b]), 64 * lane, I32X16))
+        offset = a.offset.int32()
+        d0 = load_at(builder, a.d0.at([g, b]), 0, F32X16)
+        neg_dmin = builder.fneg(load_at(builder, a.dmin.at([g, b]), 0, F32X16)) if with_mins else None
+        buf = a.buf.data()
         for j, t in enumerate(rows):
-            subs_t = at(11, [t, b])
+            subs_t = a.sub_sums.at([t, b])
             s1 = builder.sub(sums[j][0], bias)
             if n_sub == 16:
                 s1 = less_offset(builder, s1, offset, [builder.mul(row, int_at(builder, subs_t, s))
@@ -499,17 +480,13 @@ def group_tiled_block(typingctx, codes, g, b, aq, t0, tokens, subs, scales, lane
             if with_mins:
                 s2 = ir.Constant(I32X16, None)
                 for s in range(8):
-                    s2 = builder.add(s2, builder.mul(int8_row(builder, at(10, [g, b]), 16 * s), int_at(builder, subs_t, s)))
+                    s2 = builder.add(s2, builder.mul(int8_row(builder, a.mins.at([g, b]), 16 * s), int_at(builder, subs_t, s)))
                 x = fma_f32x16(builder, neg_dmin, builder.sitofp(s2, F32X16), x)
-            ad = builder.load(builder.bitcast(at(14, [t, b]), ir.FloatType().as_pointer()))
+            ad = builder.load(builder.bitcast(a.ad.at([t, b]), ir.FloatType().as_pointer()))
             store_at(builder, buf, 64 * j, fma_f32x16(builder, x, splat(builder, ad), load_at(builder, buf, 64 * j, F32X16)))
         return context.get_dummy_value()
-    arrays = (codes, aq, scales, lane_bias, mins, sub_sums, d0, dmin, ad, buf)
-    if all(isinstance(x, types.IntegerLiteral) for x in (tokens, subs)) and all(x.layout == "C" for x in arrays):
-        n_tokens, n_sub = tokens.literal_value, subs.literal_value
-        biased, with_mins = aq.dtype == types.uint8, mins.ndim == 4
-        return types.none(codes, g, b, aq, t0, tokens, subs, scales, lane_bias, offset, mins, sub_sums, d0, dmin, ad,
-                          buf), codegen
+    return types.none(codes, g, b, aq, t0, tokens, subs, scales, lane_bias, offset, mins, sub_sums, d0, dmin, ad,
+                      buf), codegen
 
 
 @numba.njit(cache=True, parallel=True)
@@ -556,38 +533,42 @@ def group_vec_dot_block(typingctx, codes, g, b, aq, t, subs, min_lanes, scales, 
     p), acc[p]). With mins (int8 [G, nb, 8, 16], 1-D when absent): summs[j] = fma(-ad[t, b] *
     dmin[g, b], f32(sum over the min_lanes' share of the 8 sub-blocks of mins * sums32), summs[j]),
     sums32 [T, nb, 8] int32. aq as group_tiled_block's; subs, min_lanes: constants."""
+    arrays = (codes, aq, scales, lane_bias, bsums, mins, sums32, d, dmin, ad, acc, summs)
+    if not (all(isinstance(x, types.IntegerLiteral) for x in (subs, min_lanes)) and all(x.layout == "C" for x in arrays)):
+        return None
+    n_sub, n_min_lanes = subs.literal_value, min_lanes.literal_value
+    biased, with_mins = aq.dtype == types.uint8, mins.ndim == 4
+
     def codegen(context, builder, signature, args):
-        at, g, b, t = group_common(context, builder, signature, args)
-        sums, scale_rows = block_sums(builder, at(0, [g, b]), at(7, [g, b]), [at(3, [t, b])], 8, n_sub, biased)
-        offset = context.cast(builder, args[9], signature.args[9], types.int32)
-        ad = splat(builder, builder.load(builder.bitcast(at(15, [t, b]), ir.FloatType().as_pointer())))
-        scale = builder.fmul(load_at(builder, at(13, [g, b]), 0, F32X16), ad)
-        acc, summs = (array_data(context, builder, signature.args[i], args[i]) for i in (16, 17))
-        bsums = at(10, [t, b])
+        a = operands(group_vec_dot_block, context, builder, signature, args)
+        g, b, t = a.g.index(), a.b.index(), a.t.index()
+        sums, scale_rows = block_sums(builder, a.codes.at([g, b]), a.scales.at([g, b]), [a.aq.at([t, b])], 8, n_sub, biased)
+        offset = a.offset.int32()
+        ad = splat(builder, builder.load(builder.bitcast(a.ad.at([t, b]), ir.FloatType().as_pointer())))
+        scale = builder.fmul(load_at(builder, a.d.at([g, b]), 0, F32X16), ad)
+        acc, summs = a.acc.data(), a.summs.data()
+        bsums = a.bsums.at([t, b])
         for p, lane in enumerate(sums[0]):
             if biased:
-                lane = builder.sub(lane, load_at(builder, at(8, [g, b]), 64 * p, I32X16))
+                lane = builder.sub(lane, load_at(builder, a.lane_bias.at([g, b]), 64 * p, I32X16))
             if n_sub == 16:  # the reference's offset pairs are the 16-sub-block scales 2p and 2p + 1
                 lane = less_offset(builder, lane, offset, [builder.mul(scale_rows[s], int_at(builder, bsums, s))
                                                            for s in (2 * p, 2 * p + 1)])
             store_at(builder, acc, 64 * p, fma_f32x16(builder, scale, builder.sitofp(lane, F32X16),
                                                       load_at(builder, acc, 64 * p, F32X16)))
         if with_mins:
-            dm = builder.fmul(builder.fneg(ad), load_at(builder, at(14, [g, b]), 0, F32X16))
+            dm = builder.fmul(builder.fneg(ad), load_at(builder, a.dmin.at([g, b]), 0, F32X16))
             per = 8 // n_min_lanes
             for j in range(n_min_lanes):
                 mn = ir.Constant(I32X16, None)
                 for i in range(j * per, (j + 1) * per):
-                    mn = builder.add(mn, builder.mul(int8_row(builder, at(11, [g, b]), 16 * i), int_at(builder, at(12, [t, b]), i)))
+                    mn = builder.add(mn, builder.mul(int8_row(builder, a.mins.at([g, b]), 16 * i),
+                                                     int_at(builder, a.sums32.at([t, b]), i)))
                 store_at(builder, summs, 64 * j, fma_f32x16(builder, dm, builder.sitofp(mn, F32X16),
                                                             load_at(builder, summs, 64 * j, F32X16)))
         return context.get_dummy_value()
-    arrays = (codes, aq, scales, lane_bias, bsums, mins, sums32, d, dmin, ad, acc, summs)
-    if all(isinstance(x, types.IntegerLiteral) for x in (subs, min_lanes)) and all(x.layout == "C" for x in arrays):
-        n_sub, n_min_lanes = subs.literal_value, min_lanes.literal_value
-        biased, with_mins = aq.dtype == types.uint8, mins.ndim == 4
-        return types.none(codes, g, b, aq, t, subs, min_lanes, scales, lane_bias, offset, bsums, mins, sums32, d, dmin,
-                          ad, acc, summs), codegen
+    return types.none(codes, g, b, aq, t, subs, min_lanes, scales, lane_bias, offset, bsums, mins, sums32, d, dmin,
+                      ad, acc, summs), codegen
 
 
 @numba.njit(cache=True, parallel=True)
@@ -632,31 +613,34 @@ def group_repacked_block(typingctx, codes, g, b, aq, t0, tokens, steps, scales, 
     block_sums' part p and mn = sum over the step's sub-blocks of mins * sub_sums; acc = fma(f32(dots),
     d[g, b] * ad[t, b], acc), acc_min = fma(f32(mn), dmin[g, b] * ad[t, b], acc_min), 16 rows at once.
     aq [T, nb, 256] int8, mins int8 [G, nb, 8, 16], sub_sums [T, nb, 8] int32."""
+    arrays = (codes, aq, scales, mins, sub_sums, d, dmin, ad, acc, acc_min)
+    if not (all(isinstance(x, types.IntegerLiteral) for x in (tokens, steps)) and all(x.layout == "C" for x in arrays)):
+        return None
+    n_tokens, n_steps = tokens.literal_value, steps.literal_value
+
     def codegen(context, builder, signature, args):
-        at, g, b, t0 = group_common(context, builder, signature, args)
+        a = operands(group_repacked_block, context, builder, signature, args)
+        g, b, t0 = a.g.index(), a.b.index(), a.t0.index()
         rows = [builder.add(t0, ir.Constant(t0.type, j)) for j in range(n_tokens)]
-        sums, _ = block_sums(builder, at(0, [g, b]), at(7, [g, b]), [at(3, [t, b]) for t in rows], n_steps, 8, False,
-                             parts=True)
-        d, dmin = (load_at(builder, at(i, [g, b]), 0, F32X16) for i in (10, 11))
-        acc, acc_min = (array_data(context, builder, signature.args[i], args[i]) for i in (13, 14))
+        sums, _ = block_sums(builder, a.codes.at([g, b]), a.scales.at([g, b]), [a.aq.at([t, b]) for t in rows], n_steps,
+                             8, False, parts=True)
+        d, dmin = (load_at(builder, x.at([g, b]), 0, F32X16) for x in (a.d, a.dmin))
+        acc, acc_min = a.acc.data(), a.acc_min.data()
         per_step = 8 // n_steps
         for j, t in enumerate(rows):
-            ad = splat(builder, builder.load(builder.bitcast(at(12, [t, b]), ir.FloatType().as_pointer())))
+            ad = splat(builder, builder.load(builder.bitcast(a.ad.at([t, b]), ir.FloatType().as_pointer())))
             scale, scale_min = builder.fmul(d, ad), builder.fmul(dmin, ad)
-            subs_t = at(9, [t, b])
+            subs_t = a.sub_sums.at([t, b])
             for p in range(n_steps):
                 mn = ir.Constant(I32X16, None)
                 for i in range(p * per_step, (p + 1) * per_step):
-                    mn = builder.add(mn, builder.mul(int8_row(builder, at(8, [g, b]), 16 * i), int_at(builder, subs_t, i)))
+                    mn = builder.add(mn, builder.mul(int8_row(builder, a.mins.at([g, b]), 16 * i), int_at(builder, subs_t, i)))
                 store_at(builder, acc, 64 * j, fma_f32x16(builder, builder.sitofp(sums[j][p], F32X16), scale,
                                                           load_at(builder, acc, 64 * j, F32X16)))
                 store_at(builder, acc_min, 64 * j, fma_f32x16(builder, builder.sitofp(mn, F32X16), scale_min,
                                                               load_at(builder, acc_min, 64 * j, F32X16)))
         return context.get_dummy_value()
-    arrays = (codes, aq, scales, mins, sub_sums, d, dmin, ad, acc, acc_min)
-    if all(isinstance(x, types.IntegerLiteral) for x in (tokens, steps)) and all(x.layout == "C" for x in arrays):
-        n_tokens, n_steps = tokens.literal_value, steps.literal_value
-        return types.none(codes, g, b, aq, t0, tokens, steps, scales, mins, sub_sums, d, dmin, ad, acc, acc_min), codegen
+    return types.none(codes, g, b, aq, t0, tokens, steps, scales, mins, sub_sums, d, dmin, ad, acc, acc_min), codegen
 
 
 @numba.njit(cache=True, parallel=True)

@@ -60,14 +60,16 @@ def vec_reduce(acc, lanes):  # scratch f32 [4, >= lanes] -> f32: reference vec_r
 @intrinsic
 def f32_bits(typingctx, x):  # float32 -> its uint32 bit pattern
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
+        (x_,) = args
+        return builder.bitcast(x_, ir.IntType(32))
     return types.uint32(types.float32), codegen
 
 
 @intrinsic
 def bits_f32(typingctx, u):  # uint32 bit pattern -> the float32
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
+        (u_,) = args
+        return builder.bitcast(u_, ir.FloatType())
     return types.float32(types.uint32), codegen
 
 
