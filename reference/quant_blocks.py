@@ -8,6 +8,8 @@ their two halves. IQ3_XXS declares one qs[3 * QK_K / 8]; its last QK_K / 8 bytes
 dequantize_row_iq3_xxs reads as scales_and_signs = qs + QK_K/4 (ggml-quants.c), named so here.
 Q8_1 (an activation type, never in a file) is left out: gguf-py sizes it 40 bytes (float d, s),
 ggml-common.h:259-269 36 (ggml_half2 ds)."""
+from types import SimpleNamespace
+
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 QK_K = 256
@@ -18,21 +20,29 @@ class QuantBlock:
     """One block struct: `size` in bytes, `elements` it encodes, and each field's byte offset as an
     attribute (Q6_K.scales == 192)."""
 
-    def __init__(self, name, elements, fields):
+    def __init__(self, name, elements, fields, size=None):
+        """size: ggml's static_assert for a type gguf-py does not know; otherwise gguf-py's size."""
         self.name, self.elements, self.fields = name, elements, tuple(fields)
         offset = 0
         for field, nbytes in self.fields:
             setattr(self, field, offset)
             offset += nbytes
         self.size = offset
-        expected = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+        expected = GGML_QUANT_SIZES[GGMLQuantizationType[name]] if size is None else (elements, size)
         if (elements, self.size) != expected:
-            raise AssertionError(f"block_{name.lower()}: {elements} elements in {self.size} bytes, gguf-py says {expected}")
+            raise AssertionError(f"block_{name.lower()}: {elements} elements in {self.size} bytes, "
+                                 f"{'gguf-py' if size is None else 'ggml'} says {expected}")
+
+    def of(self, blocks):  # uint8 [..., size] -> its fields by name, each uint8 [..., bytes] (views)
+        return SimpleNamespace(**{field: blocks[..., getattr(self, field):getattr(self, field) + nbytes]
+                                  for field, nbytes in self.fields})
 
     def __repr__(self):
         return f"QuantBlock({self.name}: {', '.join(f'{f}@{getattr(self, f)}' for f, _ in self.fields)}; {self.size} B)"
 
 
+Q1_0 = QuantBlock("Q1_0", 128, [("d", HALF), ("qs", 128 // 8)])
+Q2_0 = QuantBlock("Q2_0", 64, [("d", HALF), ("qs", 64 // 4)], size=HALF + 64 // 4)  # ggml-common.h:188-192
 Q4_0 = QuantBlock("Q4_0", 32, [("d", HALF), ("qs", 16)])
 Q4_1 = QuantBlock("Q4_1", 32, [("d", HALF), ("m", HALF), ("qs", 16)])
 Q5_0 = QuantBlock("Q5_0", 32, [("d", HALF), ("qh", 4), ("qs", 16)])
@@ -58,5 +68,5 @@ TQ1_0 = QuantBlock("TQ1_0", QK_K, [("qs", (QK_K - 4 * QK_K // 64) // 5), ("qh", 
 TQ2_0 = QuantBlock("TQ2_0", QK_K, [("qs", QK_K // 4), ("d", HALF)])
 MXFP4 = QuantBlock("MXFP4", 32, [("e", 1), ("qs", 16)])
 
-BLOCKS = {b.name: b for b in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ2_XXS,
+BLOCKS = {b.name: b for b in (Q1_0, Q2_0, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ2_XXS,
                               IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4)}
