@@ -833,8 +833,8 @@ def test_a_nonfinite_value_is_the_first_divergence_with_its_kind(real_traces, tm
 
 
 def debug_print(name, a, n, sum_sq):  # [.., ] f32 -> common_debug_print_tensor's lines for it, n values a side
-    """The printing loop of llama.cpp 0c1e570's common/debug.cpp with another n (the value count a
-    verbosity level asks for) and, with sum_sq, the sum of squares newer debug tools print beside sum."""
+    """The printing loop of llama.cpp 0c1e570's common/debug.cpp with another n (as a build printing
+    more or fewer values would) and, with sum_sq, the sum of squares a later llama-debug prints beside sum."""
     ne = list(reversed(a.shape)) + [1] * (4 - a.ndim)
     x = a.reshape(ne[3], ne[2], ne[1], ne[0]).astype(np.float32)
     lines = [f"common_debug_cb_eval: {name:>24} = (f32) {'ADD':>10}(x{{{ne[0]}, 1, 1, 1}}, }}) = "

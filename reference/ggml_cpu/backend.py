@@ -15,7 +15,8 @@ class GgmlCpuBackend:
     """The backend interface of reference/backend.py plus the element-wise hooks, computing what
     llama.cpp's CPU backend computes. kv_type: the K cache type (-ctk), and V's unless v_type (-ctv)
     names another: "f16" (llama.cpp's default), "f32" or "q8_0" (a q8_0 V needs flash attention, as in
-    llama.cpp); flash_attn as the llama.cpp context had it (llama-cpp-python's default: off); repack: whether llama.cpp's CPU_REPACK buffer holds the weights (its default;
+    llama.cpp); flash_attn as the llama.cpp context had it (llama-cpp-python's default: off);
+    repack: whether llama.cpp's CPU_REPACK buffer holds the weights (its default;
 off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_threads matters only for the KV-split flash-attention decode;
     cpu: the CPU build of llama.cpp to round as (target.py: "avx2", "avx512", "neon", "neon-i8mm",
     "neon-clang", "neon-i8mm-clang"; the default avx512).

@@ -16,11 +16,11 @@ Both print every graph node through common/debug.cpp (`common_debug_cb_eval`):
 
 Older builds wrote `ggml_debug:` in front and no sum; a later llama-debug prints `sum    = ` and
 `sum_sq = ` (its tensors through LOG_DBG, so with the log's "0.00.010.542 D " prefix before each
-piece); all are read. eval-callback's `-lv N` (0c1e570: the log's verbosity threshold, common/arg.cpp)
-changes no tensor line: those are LOG output, printed at every level with 3 values a side; it drops
-the prefixed info lines below 3 (the prompt's token ids and system_info: --reproduce then has no
-prompt) and adds debug lines at 5, which lie between and inside tensors and are skipped. `{256, 7, 1, 1}` is ggml's ne,
-fastest dimension first: numpy shape [1, 1, 7, 256]. Only the first and last 3 entries of each
+piece); all are read. eval-callback's `-lv N` (0c1e570: the log's verbosity threshold,
+common/arg.cpp) changes no tensor line: those are LOG output, printed at every level with 3 values
+a side; it drops the prefixed info lines below 3 (the prompt's token ids and system_info:
+--reproduce then has no prompt) and adds debug lines at 5, which are skipped. `{256, 7, 1, 1}` is
+ggml's ne, fastest dimension first: numpy shape [1, 1, 7, 256]. Only the first and last 3 entries of each
 dimension are printed, with `%12.4f` (so a printed value is within 5e-5 of the float), and `sum` is
 a float32 running sum over the whole tensor (printed once per ne3 block, same value each time).
 Quantized tensors get a header and no values.
@@ -45,8 +45,8 @@ from reference.ggml_cpu import CLANG_BUILDS, DEFAULT_TARGET, TARGETS, target_of_
 
 from tools.parity.hf_names import HF_DEBUGGER_MISSING, HF_DEBUGGER_POINTS, HF_TEXT_MODULES, debugger_module, trace_layout
 
-# common_debug_print_tensor prints the first and last n of each dimension (n = 3 in 0c1e570; the value
-# count a verbosity level asks for elsewhere): n is read from each dump as the count before its "..."
+# common_debug_print_tensor prints the first and last n of each dimension (n = 3 in 0c1e570 and in the
+# later debug tools read): n is read from each dump as the count before its "...", whatever a build prints
 HEADER = re.compile(r"^[A-Za-z_]\w*: +(?P<name>\S.*?) = \((?P<type>\w+)\) +(?P<op>[^\s(]+)\(.*\) = \{(?P<ne>[\d, ]+)\}\s*$")
 MAX_ELEMENTS = 2 ** 48  # far beyond any real tensor; keeps a corrupt ne from overflowing index math
 # llama-debug after 0c1e570 pads them: "sum    = 1.0", "sum_sq = 2.0"
