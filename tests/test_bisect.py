@@ -458,7 +458,7 @@ def test_default_dump_configuration_is_read():
     assert several.reference_options()[-2:] == ["-ub", "512"]
     mixed = dump_parse.LlamaConfig("f16", "f32", False, [5], None)  # K and V types apart, as llama.cpp takes them
     assert mixed.reference_options()[2:8] == ["-ctk", "f16", "-ctv", "f32", "-fa", "off"]
-    for bad, message in ((dump_parse.LlamaConfig("q8_0", "f16", False, [5], None), "q8_0 K cache with flash"),
+    for bad, message in ((dump_parse.LlamaConfig("q4_0", "f16", False, [5], None), "the dump's are K q4_0, V f16"),
                          (dump_parse.LlamaConfig("bf16", "bf16", True, [5], None), "K bf16, V bf16"),
                          (dump_parse.LlamaConfig("f16", "f16", True, [600], None), "at most 512 tokens")):
         with pytest.raises(dump_parse.DumpError, match=message):
@@ -514,10 +514,10 @@ def test_reproduce_bad_input_exits_2_with_one_line(tmp_path):
     cli_error(run_cli("tools.bisect", t32, DEFAULT_DUMP, "--reproduce", "--model", tmp_path / "missing.gguf"),
               "tools.bisect: --reproduce: reference.run failed")
     mixed = tmp_path / "mixed.txt"
-    mixed.write_text(open(REAL_DUMP).read().replace("cache_k_l0 (view) = (f32)", "cache_k_l0 (view) = (q8_0)"))
+    mixed.write_text(open(REAL_DUMP).read().replace("cache_k_l0 (view) = (f32)", "cache_k_l0 (view) = (q4_0)"))
     cli_error(run_cli("tools.bisect", t32, mixed, "--reproduce", "--model", MODELS),
-              "tools.bisect: --reproduce: reference.run --numerics ggml-cpu does not emulate a q8_0 K cache with "
-              "flash attention off")
+              "tools.bisect: --reproduce: reference.run --numerics ggml-cpu models the cache types f32, f16, q8_0; "
+              "the dump's are K q4_0, V f32")
     cli_error(run_cli("tools.bisect", DEFAULT_DUMP, mixed, "--reproduce", "--model", MODELS, "--threshold", "0"),
               "tools.bisect: --reproduce needs one llama.cpp dump and one trace")
 

@@ -164,8 +164,6 @@ def test_k_and_v_cache_types_apart_are_recorded_apart():  # their logits: test_g
 @pytest.mark.parametrize("args, message", [
     (["--temp", "0.8"], "--temp 0.8 samples; the reference decodes greedily only"),
     (["--top-k", "40", "--temp", "0.7"], "--temp 0.7 samples"),
-    (["--numerics", "ggml-cpu", "-ctk", "q8_0", "-ctv", "f16", "-fa", "off"],
-     "a q8_0 K cache with flash attention off is not emulated"),
     (["--numerics", "ggml-cpu", "-ctk", "f16", "-ctv", "q8_0", "-fa", "off"], "a q8_0 V cache needs flash attention"),
 ])
 def test_what_the_reference_cannot_do_is_one_line(args, message):

@@ -389,10 +389,14 @@ def test_cli_q8_0_kv_logits_bit_identical(tmp_path):  # --kv-type q8_0 turns fla
     check_cli_run(tmp_path, next(r for r in MANIFEST["kv_q8_0"]["runs"] if r["type"] == "q8_0"), "--kv-type", "q8_0")
 
 
-def test_cli_mixed_kv_logits_bit_identical(tmp_path):  # -ctk f16 -ctv q8_0: -fa auto is on, as in llama.cpp
-    run = next(r for r in MANIFEST["kv_mixed"]["runs"]
-               if r["type"] == "tiny-a-f32" and (r["cache_type_k"], r["cache_type_v"]) == ("f16", "q8_0"))
-    check_cli_run(tmp_path, run, "-ctk", "f16", "-ctv", "q8_0", "-fa", "auto")
+@pytest.mark.parametrize("k_type, v_type, fa, flash_attn", [
+    ("f16", "q8_0", "auto", True),  # -fa auto is on, as in llama.cpp
+    ("q8_0", "f16", "off", False),  # K.Q a Q8_0 mul_mat
+])
+def test_cli_mixed_kv_logits_bit_identical(tmp_path, k_type, v_type, fa, flash_attn):
+    run = next(r for r in MANIFEST["kv_mixed"]["runs"] if r["type"] == "tiny-a-f32"
+               and (r["cache_type_k"], r["cache_type_v"], r["flash_attn"]) == (k_type, v_type, flash_attn))
+    check_cli_run(tmp_path, run, "-ctk", k_type, "-ctv", v_type, "-fa", fa)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -403,7 +407,6 @@ def test_cli_mixed_kv_logits_bit_identical(tmp_path):  # -ctk f16 -ctv q8_0: -fa
     (("--kv-type", "q4_0"), "invalid choice: 'q4_0'"),
     (("--numerics", "ggml-cpu", "--kv-type", "q8_0", "--flash-attn", "off"), "needs flash attention"),
     (("--numerics", "ggml-cpu", "-ctk", "f16", "-ctv", "q8_0", "-fa", "off"), "a q8_0 V cache needs flash attention"),
-    (("--numerics", "ggml-cpu", "-ctk", "q8_0", "-ctv", "f16", "-fa", "off"), "q8_0 K cache with flash attention off"),
     (("-ctk", "f16", "-ctv", "f32"), "for --numerics ggml-cpu only")])
 
 

@@ -416,7 +416,7 @@ def test_bench_ggml_numba_runs_bit_identical(tmp_path):  # numpy and numba in on
 
 @pytest.mark.parametrize("args, words", [
     (("--models", "tiny-b-q4_k_m,nope"), "no model 'nope': neither a GGUF file nor a name in golden/models"),
-    (("--kv-type", "q8_0"), "a q8_0 cache needs -fa on"),
+    (("--kv-type", "q8_0"), "a q8_0 V cache needs -fa on"),
     (("--prompt-len", "0"), "--prompt-len: 0 is out of range"),
     (("--plot", "no/such/dir/x.png"), "no such directory"),
 ])

@@ -24,10 +24,10 @@ A q8_0 cache is llama.cpp's quantized cache: V quantized forces flash attention,
 stored as Q8_0 blocks, Q is converted to Q8_0 for the K dot products, and for head sizes that are
 multiples of 64 q, k, v and the attention output are rotated by Walsh-Hadamard transforms
 (llama-kv-cache.cpp attn_rot_k / attn_rot_v). K and V types may differ (-ctk, -ctv): each side is
-stored, rotated and read by its own type.
+stored, rotated and read by its own type (a q8_0 K with flash attention off: K.Q a Q8_0 mul_mat).
 
-Not modelled (GgmlCpuError): other quantized KV types, a q8_0 K with flash attention off, weight
-types without a decoder below (MXFP4 among them).
+Not modelled (GgmlCpuError): other quantized KV types, weight types without a decoder below (MXFP4
+among them).
 
 The package maps llama.cpp's CPU backend file by file: `target` (the CPU builds), `rounding` (f16/bf16, fma32, SIMD horizontal
 sums), `libm` (glibc through ctypes, ggml's vectorised expf and silu), `elementwise` (norms, RoPE,

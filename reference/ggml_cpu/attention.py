@@ -9,7 +9,7 @@ from .elementwise import soft_max  # noqa: F401 (called through KERNELS)
 from .float_dots import vec_dot_f16, vec_dot_f32  # noqa: F401 (vec_dot_f32 through KERNELS)
 from .int_dots import vec_dot_q8_0
 from .libm import libm, v_expf
-from .mul_mat import float_mul_mat  # noqa: F401 (called through KERNELS)
+from .mul_mat import float_mul_mat, mul_mat  # noqa: F401 (called through KERNELS)
 from .quantize import QuantActs, quantize_q8_0
 from .rounding import F32, F64, fma32, register_sum, round_f16
 from .target import AVX512
@@ -23,19 +23,40 @@ def pad_cells(a, n_kv):  # [S, ...] -> [n_kv, ...], zero cells past the filled o
     return np.concatenate([a, np.zeros((n_kv - len(a),) + a.shape[1:], a.dtype)]) if n_kv > len(a) else a
 
 
+class CacheRows:
+    """One KV head's Q8_0 cells served as mul_mat reads a weight matrix (type_name, raw): K.Q of a
+    Q8_0 K cache is a Q8_0 mul_mat, its rows the cache's cells."""
+
+    def __init__(self, rows):  # QuantActs of the cells: d [n_kv, nb], q [n_kv, nb, 32]
+        d = rows.d.astype(np.float16).view(np.uint8).reshape(*rows.d.shape, 2)  # block_q8_0: f16 d, then 32 int8
+        self.blocks = np.concatenate([d, rows.q.astype(np.int8).view(np.uint8)], axis=-1).reshape(len(d), -1)
+
+    def type_name(self, name):
+        return "Q8_0"
+
+    def raw(self, name):
+        return self.blocks
+
+
 def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, kernels=None, cells=True, v_type=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
     """Flash attention off: kq = K.Q (mul_mat), soft_max_ext(kq, F32 mask, scale), kqv = V^T.P (V
     stored transposed, which changes no value). kv_type: K's cache type, and V's unless v_type (each
-    product takes its own side's type: f16 or f32). kernels: the module of float_mul_mat,
-    vec_dot_f32 and soft_max (default this emulation's; the numba twin passes its own). cells: K and
-    V are a KV cache's cells (padded to n_kv_cells); False: a graph's tensors, as long as they are
-    (attention_graph)."""
+    product takes its own side's type: f16 or f32; K also q8_0, its cells quantized, with q rotated
+    alike where the head size is a multiple of 64). kernels: the module of float_mul_mat, mul_mat,
+    vec_dot_f32, soft_max, fwht and quantize_q8_0 (default this emulation's; the numba twin passes its
+    own). cells: K and V are a KV cache's cells (padded to n_kv_cells); False: a graph's tensors, as
+    long as they are (attention_graph)."""
     kernels = kernels or KERNELS
     v_type = v_type or kv_type
     T, H, D = q.shape
     group = H // k.shape[1]
     n_kv = n_kv_cells(len(k)) if cells else len(k)
     visible = np.tile(pad_cells(visible.T, n_kv).T, (group, 1))  # the rows of a group's heads, one head after another
+    if kv_type == "q8_0" and D % 32:
+        raise GgmlCpuError(f"a q8_0 KV cache needs a head size that is a multiple of 32, not {D}")
+    rotation = hadamard_sizes(D) if kv_type == "q8_0" else None
+    if rotation:  # attn_rot_k: q and k by the largest power-of-two Hadamard dividing the head size
+        q, k = kernels.fwht(q, rotation[0]), kernels.fwht(k, rotation[0])
     k = round_f16(k) if kv_type == "f16" else k
     v = round_f16(v) if v_type == "f16" else v
     k, v = pad_cells(k, n_kv), pad_cells(v, n_kv)
@@ -46,6 +67,10 @@ def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, kernels=N
         kg, vg = k[:, g], v[:, g]
         if kv_type == "f16":  # Q converted to f16 first, then contiguous: the F16 matmul
             kq = kernels.float_mul_mat(round_f16(qg), kg, "F16", target, batch_rows=T)
+        elif kv_type == "q8_0":  # Q converted to Q8_0 (contiguous), each head's T rows one llamafile_sgemm call
+            cache = CacheRows(kernels.quantize_q8_0(kg))
+            kq = np.concatenate([kernels.mul_mat(qg[i:i + T], cache, "cache_k", {}, False, None, target)
+                                 for i in range(0, group * T, T)])
         else:  # the permuted Q is not contiguous, so llamafile refuses it: vec_dot_f32 row by row
             kq = kernels.vec_dot_f32(qg[:, None, :], kg[None], target)
         p = kernels.soft_max(kq, visible, scale, target)

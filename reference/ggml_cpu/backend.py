@@ -39,9 +39,6 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
                 raise GgmlCpuError(f"KV cache type {cache_type!r} is not emulated ({', '.join(KV_TYPES)})")
         if v_type == "q8_0" and not flash_attn:
             raise GgmlCpuError("a q8_0 V cache needs flash attention (llama.cpp refuses a quantized V cache without it)")
-        if kv_type == "q8_0" and not flash_attn:  # llama.cpp runs it: K.Q as a Q8_0 mul_mat (tinyBLAS)
-            raise GgmlCpuError("a q8_0 K cache with flash attention off is not emulated (its K.Q is a Q8_0 mul_mat); "
-                               "use flash attention")
         self.target = target(cpu)
         if "q8_0" in (kv_type, v_type) and self.target.neon:
             raise GgmlCpuError(f"a q8_0 KV cache is not emulated on the {cpu} target (its Q8_0 K dot products: "

@@ -91,9 +91,8 @@ def main(argv=None):
                 raise UsageError(f"no model {name!r}: neither a GGUF file nor a name in golden/models")
         flash = flash_choice(args, "off")
         k_type, v_type = cache_types(args)
-        if "q8_0" in (k_type, v_type) and not flash:
-            raise UsageError("a q8_0 cache needs -fa on here (llama.cpp refuses a quantized V cache without it; "
-                             "a q8_0 K without it is not emulated)")
+        if v_type == "q8_0" and not flash:
+            raise UsageError("a q8_0 V cache needs -fa on (llama.cpp refuses a quantized V cache without it)")
         print(f"{args.prompt_len}-token prefill, {args.n_predict} decodes, K {k_type} V {v_type}, flash attention "
               f"{'on' if flash else 'off'}, best of {args.repeat}")
         print(f"{'model':16s} {'prefill numpy -> numba':>30s} {'decode/token numpy -> numba':>34s}  "

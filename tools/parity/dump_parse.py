@@ -332,9 +332,6 @@ class LlamaConfig:
         if not {self.cache_k, self.cache_v} <= set(CACHE_TYPES):
             raise DumpError(f"reference.run --numerics ggml-cpu models the cache types {', '.join(CACHE_TYPES)}; "
                             f"the dump's are K {self.cache_k}, V {self.cache_v}")
-        if self.cache_k == "q8_0" and not self.flash_attn:
-            raise DumpError("reference.run --numerics ggml-cpu does not emulate a q8_0 K cache with flash attention "
-                            "off (its K.Q is a Q8_0 mul_mat); the dump's configuration is that")
         if max(self.ubatches) > MAX_UBATCH:
             raise DumpError(f"reference.run --numerics ggml-cpu takes ubatches of at most {MAX_UBATCH} tokens; "
                             f"the dump's hold {max(self.ubatches)}")

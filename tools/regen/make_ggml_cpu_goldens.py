@@ -33,8 +33,8 @@
    on the prompt rows and decodes of 2.: tiny-a-f32 with F16 K and F32 V and the reverse, flash
    attention off (each product takes its own side's type; V stored transposed), and with a Q8_0 K
    and an F16 V and the reverse, flash attention on (the one-chunk kernel; tiny-a's head_dim 32 is
-   not rotated); the synthetic head_dim 64 model of 4. with the same two flash-attention pairs (only
-   the quantized side rotated). `--only-mixed-kv` rewrites just these files and the manifest's
+   not rotated), and a Q8_0 K with an F16 V, flash attention off (K.Q a Q8_0 mul_mat); the synthetic
+   head_dim 64 model of 4. with the three Q8_0 pairs (only the quantized side rotated). `--only-mixed-kv` rewrites just these files and the manifest's
    "kv_mixed" entry.
 manifest.json describes every file: model and sha256, engine and version, options, token ids,
 generated tokens, date.
@@ -67,8 +67,9 @@ GEOMETRY_HEAD_DIMS = (20, 24)  # RoPE with 2 leftover pairs; a head size whose 1
 Q8_0_KV_TYPES = ("f32", "q8_0")  # tiny-a types run with a q8_0 cache
 Q8_0_KV_HEAD_DIMS = (64, 128)  # rotated heads: K by H_64 / H_128, V by 64-blocks
 # (K type, V type, flash attention): llama.cpp takes a quantized K without flash attention, a quantized V only with it
-MIXED_KV = [("f16", "f32", False), ("f32", "f16", False), ("q8_0", "f16", True), ("f16", "q8_0", True)]
-MIXED_KV_ROTATED = [c for c in MIXED_KV if c[2]]  # on the synthetic head_dim 64 model: one side rotated
+MIXED_KV = [("f16", "f32", False), ("f32", "f16", False), ("q8_0", "f16", True), ("f16", "q8_0", True),
+            ("q8_0", "f16", False)]
+MIXED_KV_ROTATED = [c for c in MIXED_KV if "q8_0" in c[:2]]  # on the synthetic head_dim 64 model: one side rotated
 MATMUL_COLUMNS = 32  # columns of a matmul output kept in a fixture
 WIDE_COLUMNS = 64    # columns of swiglu / softcap tensors kept in a fixture
 

@@ -17,6 +17,7 @@ from reference.ggml_cpu.target import AVX512
 from .elementwise import soft_max  # noqa: F401 (KERNELS)
 from .float_dots import dot_f16, float_mul_mat, vec_dot_f32  # noqa: F401 (float_mul_mat, vec_dot_f32: KERNELS)
 from .libm import EXPF, v_expf_lane
+from .mul_mat import mul_mat  # noqa: F401 (KERNELS: K.Q of a Q8_0 K cache)
 from .quantize import quantize_q8_0
 from .rounding import fma32, hsum8, register_sum, round_f16, sqrt32
 from .threads import threaded
@@ -237,4 +238,4 @@ def attention_q8_0(q, k, v, visible, scale, target=AVX512, k_type="q8_0", v_type
     return reference.attention_q8_0(q, k, v, visible, scale, target, KERNELS, k_type, v_type)
 
 
-KERNELS = sys.modules[__name__]  # float_mul_mat, vec_dot_f32, soft_max, fwht, quantize_q8_0 and the flash kernels
+KERNELS = sys.modules[__name__]  # float_mul_mat, mul_mat, vec_dot_f32, soft_max, fwht, quantize_q8_0 and the flash kernels
