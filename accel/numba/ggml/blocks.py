@@ -12,11 +12,6 @@ from reference.ggml_cpu import blocks as reference
 from reference.ggml_cpu.blocks import KVALUES_IQ4NL, QuantRows, f16, iq_grid, iq_signs
 from reference.quant_blocks import IQ2_XXS, IQ3_XXS, IQ4_XS, Q4_K, Q6_K
 
-# the fields' byte offsets as module-level ints, which numba compiles in as constants
-IQ4_XS_SCALES_H, IQ4_XS_SCALES_L, IQ4_XS_QS = IQ4_XS.scales_h, IQ4_XS.scales_l, IQ4_XS.qs
-Q4_K_SCALES, Q4_K_QS = Q4_K.scales, Q4_K.qs
-Q6_K_QL, Q6_K_QH, Q6_K_SCALES = Q6_K.ql, Q6_K.qh, Q6_K.scales
-
 
 @functools.lru_cache(maxsize=None)
 def iq_tables(qtype):  # gguf.quants class -> (grid int8 [entries, 4 or 8], signs int8 [128, 8] of +-1)
@@ -61,12 +56,12 @@ def iq4_xs_fields(b, kvalues):  # [O, nb, 136] -> (values [O, nb, 256], scales [
     values, scales = np.empty((O, nb, 256), np.int8), np.empty((O, nb, 8), np.int8)
     for o in numba.prange(O):
         for k in range(nb):
-            sh = np.int64(b[o, k, IQ4_XS_SCALES_H]) | (np.int64(b[o, k, IQ4_XS_SCALES_H + 1]) << 8)
+            sh = np.int64(b[o, k, IQ4_XS.scales_h]) | (np.int64(b[o, k, IQ4_XS.scales_h + 1]) << 8)
             for j in range(8):
-                low = (np.int64(b[o, k, IQ4_XS_SCALES_L + j // 2]) >> (4 * (j % 2))) & 15
+                low = (np.int64(b[o, k, IQ4_XS.scales_l + j // 2]) >> (4 * (j % 2))) & 15
                 scales[o, k, j] = (low | (((sh >> (2 * j)) & 3) << 4)) - 32
                 for i in range(16):  # low nibbles of the 16 bytes, then the high nibbles
-                    q = b[o, k, IQ4_XS_QS + 16 * j + i]
+                    q = b[o, k, IQ4_XS.qs + 16 * j + i]
                     values[o, k, 32 * j + i], values[o, k, 32 * j + 16 + i] = kvalues[q & 15], kvalues[q >> 4]
     return values, scales
 
@@ -78,14 +73,14 @@ def q4_k_fields(b):  # [O, nb, 144] -> (values [O, nb, 256], scales [O, nb, 8], 
     scales, mins = np.empty((O, nb, 8), np.int8), np.empty((O, nb, 8), np.int8)
     for o in numba.prange(O):
         for k in range(nb):
-            s = b[o, k, Q4_K_SCALES:Q4_K_SCALES + 12]
+            s = b[o, k, Q4_K.scales:Q4_K.scales + 12]
             for j in range(4):  # get_scale_min_k4
                 scales[o, k, j], mins[o, k, j] = s[j] & 63, s[j + 4] & 63
                 scales[o, k, j + 4] = (s[j + 8] & 15) | ((s[j] >> 6) << 4)
                 mins[o, k, j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4)
             for c in range(4):  # 32 bytes give 64 elements: low nibbles, then high nibbles
                 for i in range(32):
-                    q = b[o, k, Q4_K_QS + 32 * c + i]
+                    q = b[o, k, Q4_K.qs + 32 * c + i]
                     values[o, k, 64 * c + i], values[o, k, 64 * c + 32 + i] = q & 15, q >> 4
     return values, scales, mins
 
@@ -97,11 +92,11 @@ def q6_k_fields(b):  # [O, nb, 210] -> (codes [O, nb, 256] in 0..63, scales [O, 
     for o in numba.prange(O):
         for k in range(nb):
             for s in range(16):
-                scales[o, k, s] = np.int8(b[o, k, Q6_K_SCALES + s])  # the byte as int8
+                scales[o, k, s] = np.int8(b[o, k, Q6_K.scales + s])  # the byte as int8
             for h in range(2):  # ql[64] and qh[32] per 128 elements
                 for i in range(32):
-                    low, high = b[o, k, Q6_K_QL + 64 * h + i], b[o, k, Q6_K_QL + 64 * h + 32 + i]
-                    qh, at = b[o, k, Q6_K_QH + 32 * h + i], 128 * h + i
+                    low, high = b[o, k, Q6_K.ql + 64 * h + i], b[o, k, Q6_K.ql + 64 * h + 32 + i]
+                    qh, at = b[o, k, Q6_K.qh + 32 * h + i], 128 * h + i
                     values[o, k, at] = (low & 15) | ((qh & 3) << 4)
                     values[o, k, at + 32] = (high & 15) | (((qh >> 2) & 3) << 4)
                     values[o, k, at + 64] = (low >> 4) | (((qh >> 4) & 3) << 4)
