@@ -406,9 +406,7 @@ def decode(args, lm, speculator, cache, chunk, next_logits, progress):  # -> (ge
     if not args.n_predict:
         return [], []
     if speculator:
-        p_min, governor = (None, CostGovernor(floors=FloorBandit())) if args.spec_draft_p_min == "auto" else \
-                          (args.spec_draft_p_min, None)
-        return speculator.decode(next_logits, args.n_predict, args.spec_draft_n_max, p_min or 0.0, governor)
+        return speculator.decode(next_logits, args.n_predict, args.spec_draft_n_max, *draft_floor(args.spec_draft_p_min))
     return lm.decode_greedy(next_logits, args.n_predict, cache, chunk, progress), []
 
 
@@ -534,11 +532,21 @@ def load_models(args, compute):  # -> (the text GGUFModel, its TextModel, the Dr
     backend = factory.backend(compute)  # numba or CuPy missing: refused before any GGUF loads
     model = gguf.load(model_path(args), "text")
     lm = factory.text_model(model, compute, backend)
-    drafter = factory.drafter(gguf.load(args.model_draft, "dflash"), lm) if args.model_draft else None
-    if drafter and drafter.clamp_n_max(args.spec_draft_n_max) != args.spec_draft_n_max:
+    return model, lm, load_drafter(args, lm, warn)
+
+
+def load_drafter(args, lm, warn):  # -> the Drafter of -md/--model-draft for lm, or None; warn(line) for a lowered n_max
+    if not args.model_draft:
+        return None
+    drafter = factory.drafter(gguf.load(args.model_draft, "dflash"), lm)
+    if drafter.clamp_n_max(args.spec_draft_n_max) != args.spec_draft_n_max:
         warn(f"--spec-draft-n-max {args.spec_draft_n_max} runs as {drafter.clamp_n_max(args.spec_draft_n_max)}, "
              f"the drafter's block_size {drafter.cfg.block_size} - 1")
-    return model, lm, drafter
+    return drafter
+
+
+def draft_floor(p_min):  # --spec-draft-p-min -> (floor, CostGovernor or None): "auto" is a governor's adaptive floor
+    return (0.0, CostGovernor(floors=FloorBandit())) if p_min == "auto" else (p_min, None)
 
 
 def warn(message):  # one line on stderr
