@@ -296,7 +296,7 @@ def add_cache_flags(p, flash_default):  # -ctk, -ctv, --kv-type (both), -fa: lla
     flag(p, "cache_type_k", choices=KV_TYPES, metavar="TYPE",
          help=f"llama.cpp's K cache type, one of {', '.join(KV_TYPES)} (default f16)")
     flag(p, "cache_type_v", choices=KV_TYPES, metavar="TYPE",
-         help="llama.cpp's V cache type (default f16; the ggml-cpu emulation takes one type for K and V)")
+         help="llama.cpp's V cache type (default f16; a q8_0 V needs flash attention, as in llama.cpp)")
     flag(p, "kv_type", choices=KV_TYPES, metavar="TYPE", help="both -ctk and -ctv")
     flag(p, "flash_attn", choices=FLASH_ATTN,
          help=f"llama.cpp's flash attention; auto is on, as llama.cpp decides on the CPU "
@@ -307,13 +307,11 @@ def cache_types(args, default="f16"):  # -> (K type, V type): -ctk, -ctv, else -
     return (args.cache_type_k or args.kv_type or default, args.cache_type_v or args.kv_type or default)
 
 
-def given_cache_type(args):  # -> the one KV type the emulation takes, or None where none was given
+def given_cache_types(args):  # -> (K type, V type where it differs from K's), each None where not given
     if not (args.cache_type_k or args.cache_type_v or args.kv_type):
-        return None
+        return None, None
     k, v = cache_types(args)
-    if k != v:
-        raise UsageError(f"-ctk {k} with -ctv {v}: the ggml-cpu emulation models one cache type for K and V")
-    return k
+    return k, (v if v != k else None)
 
 
 def flash_choice(args, default=None):  # -> True | False | None (the factory's own default) from -fa
@@ -332,6 +330,7 @@ def repack_choice(args):  # -> True | False | None (not given) from --repack and
 def build_of(args, flash_default=None):  # parsed add_numerics_flags (and -t) -> factory.Build
     from .factory import Build
     threads = getattr(args, "threads", None)
-    return Build(args.backend, args.numerics, args.dtype, getattr(args, "tp", 1), given_cache_type(args),
+    k_type, v_type = given_cache_types(args)
+    return Build(args.backend, args.numerics, args.dtype, getattr(args, "tp", 1), k_type,
                  flash_choice(args, flash_default), repack_choice(args), n_threads=threads or Build.n_threads,
-                 cpu=args.cpu)
+                 cpu=args.cpu, v_type=v_type)

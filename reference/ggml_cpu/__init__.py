@@ -20,10 +20,11 @@ element-wise hooks rms_norm, rope_norm, sigmoid, swiglu and softcap. Attention r
 llama.cpp's KV cell j (one sequence from position 0, so cell = position) and applies the cache type
 when it reads K and V, which is the same as rounding them when they are stored.
 
-A q8_0 cache (K and V) is llama.cpp's quantized cache: V quantized forces flash attention, K and V
-rows are stored as Q8_0 blocks, Q is converted to Q8_0 for the K dot products, and for head sizes
-that are multiples of 64 q, k, v and the attention output are rotated by Walsh-Hadamard transforms
-(llama-kv-cache.cpp attn_rot_k / attn_rot_v).
+A q8_0 cache is llama.cpp's quantized cache: V quantized forces flash attention, K and V rows are
+stored as Q8_0 blocks, Q is converted to Q8_0 for the K dot products, and for head sizes that are
+multiples of 64 q, k, v and the attention output are rotated by Walsh-Hadamard transforms
+(llama-kv-cache.cpp attn_rot_k / attn_rot_v). K and V types may differ (-ctk, -ctv): each side is
+stored, rotated and read by its own type (a q8_0 K with flash attention off: K.Q a Q8_0 mul_mat).
 
 Not modelled (GgmlCpuError): other quantized KV types, weight types without a decoder below (MXFP4
 among them).

@@ -86,7 +86,8 @@ def load_oracle(args):  # -> (Oracle, what /props says of the model)
     props = {"model_path": os.path.basename(path), "size": os.path.getsize(path),
              "ftype": model.meta.int("general.file_type", default=-1),
              "vision": vision is not None, "numerics": {"backend": args.backend, "numerics": args.numerics, "dtype": args.dtype, "kv": layout[0],
-                          "prefill_chunk": layout[1], "kv_type": compute.kv_type, "flash_attn": args.flash_attn,
+                          "prefill_chunk": layout[1], "kv_type": compute.kv_type, "cache_type_v": compute.v_type or compute.kv_type,
+                          "flash_attn": args.flash_attn,
                           "cpu": args.cpu},
              "model_draft": os.path.basename(args.model_draft) if drafter else None}
     return Oracle(lm, model.tokenizer, os.path.basename(path), layout, n_ctx, vision, args.image_max_tokens, drafter,

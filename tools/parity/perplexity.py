@@ -557,7 +557,9 @@ def load_model(args):  # -> (TextModel on the backend the options ask for, its n
 def numerics_line(build, backend):  # factory.Build, the backend made of it -> how the reference rounds, one line
     if not build.ggml_cpu:
         return f"numerics exact, {build.dtype}"
-    return (f"numerics ggml-cpu: llama.cpp's {backend.target.name} CPU build, KV cache {backend.kv_type}, "
+    cache = (f"KV cache {backend.k_type}" if backend.k_type == backend.v_type
+             else f"K cache {backend.k_type}, V cache {backend.v_type}")
+    return (f"numerics ggml-cpu: llama.cpp's {backend.target.name} CPU build, {cache}, "
             f"flash attention {'on' if backend.flash_attn else 'off'}, repack {'on' if backend.repack else 'off'}")
 
 
