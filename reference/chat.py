@@ -11,6 +11,9 @@
   BOS the template wrote is not doubled.
 - `expand_images`: the template writes one `<|patch|>` per image; the model reads
   `<|image_start|>`, one `<|patch|>` per image token (one embedding row each), `<|image_end|>`.
+- `expand_videos`: the template writes one `<|video|>` per video; transformers' processor makes it
+  `<|vid_start|>`, per frame pair its timestamp text and one `<|video|>` per token, pairs separated
+  by `<|vid_frame_separator|>`, then `<|vid_end|>` (processing_muse_glimmer.py:75-101).
 - `parse_output` splits generated text into reasoning (the `to=self` channel), the final content
   and ATEM tool calls, following llama.cpp's muse-glimmer PEG parser; arguments come back typed by
   the tool's JSON schema (raw text for string parameters, JSON values otherwise).
@@ -32,6 +35,8 @@ from jinja2.utils import Namespace
 
 GENERATION_PROMPT = "<|start|>assistant"
 IMAGE_PLACEHOLDER, IMAGE_START, IMAGE_END = "<|patch|>", "<|image_start|>", "<|image_end|>"
+VIDEO_PLACEHOLDER, VIDEO_START, VIDEO_END = "<|video|>", "<|vid_start|>", "<|vid_end|>"
+VIDEO_SEPARATOR = "<|vid_frame_separator|>"
 
 
 class ChatError(ValueError):
@@ -368,6 +373,46 @@ def image_prompt_rows(tok, embed, prompt, images):  # ids, [[n_i, E] per image] 
     ids = np.asarray(expand_images(prompt, tok, [len(e) for e in images]))
     rows = embed(ids)
     rows[ids == patch] = np.concatenate(images).astype(rows.dtype)
+    return rows
+
+
+def timestamp_text(fmt, seconds):  # frame_timestamp_format, float -> its text; ChatError for a format that fails
+    try:
+        return fmt.format(timestamp=seconds)
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        raise ChatError(f"video timestamp format {fmt!r} fails: {type(e).__name__}: {e}") from None
+
+
+def expand_videos(ids, tokenizer, videos):  # ids with one <|video|> per video, [(stamp texts, tokens per pair)] -> ids
+    """Each stamp's text sits between special tokens, so tokenizing it alone gives the ids
+    transformers' tokenizer gives the expanded string."""
+    tok = tokenizer.tok
+    video, start, end, sep = (token_id(tok, t) for t in (VIDEO_PLACEHOLDER, VIDEO_START, VIDEO_END, VIDEO_SEPARATOR))
+    if ids.count(video) != len(videos):
+        raise ChatError(f"the prompt has {ids.count(video)} video placeholders for {len(videos)} videos")
+    pending, out = iter(videos), []
+    for i in ids:
+        if i != video:
+            out.append(i)
+            continue
+        stamps, per_pair = next(pending)
+        out.append(start)
+        for g, text in enumerate(stamps):
+            out += tokenizer.tokenize(text, add_special=False, parse_special=False) + [video] * per_pair
+            out.append(sep if g < len(stamps) - 1 else end)
+    return out
+
+
+def video_prompt_rows(tokenizer, embed, prompt, videos):  # ids, [(stamp texts, tokens per pair, rows [n, E])] -> [T, E]
+    """As image_prompt_rows, for videos: a prompt without a <|video|> gets one per video after BOS."""
+    tok = tokenizer.tok
+    video = token_id(tok, VIDEO_PLACEHOLDER)
+    if video not in prompt:
+        at = 1 if prompt and prompt[0] == tok.bos else 0
+        prompt = prompt[:at] + [video] * len(videos) + prompt[at:]
+    ids = np.asarray(expand_videos(prompt, tokenizer, [(stamps, n) for stamps, n, _ in videos]))
+    rows = embed(ids)
+    rows[ids == video] = np.concatenate([e for _, _, e in videos]).astype(rows.dtype)
     return rows
 
 

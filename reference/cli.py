@@ -272,7 +272,7 @@ def check_greedy(args):  # -> None; UsageError where --temp and --top-k ask for 
 
 def add_numerics_flags(p, backends, flash_default):  # the flags of factory.Build
     """flash_default: the tool's -fa when it is not given, in words for --help."""
-    from .ggml_cpu.target import TARGETS
+    from .ggml_cpu.target import CPU_CHOICES
     flag(p, "dtype", choices=("float32", "float64"), default="float32",
          help="the exact numerics' float type (float64: a noise floor for tools.diff and tools.bisect)")
     flag(p, "backend", choices=backends, default="numpy",
@@ -285,10 +285,12 @@ def add_numerics_flags(p, backends, flash_default):  # the flags of factory.Buil
     flag(p, "repack", choices=("on", "off"),
          help="with --numerics ggml-cpu: llama.cpp's CPU repack of the target's weight types (default on)")
     flag(p, "no_repack", action="store_true", help="--repack off, as llama.cpp's -nr")
-    flag(p, "cpu", choices=tuple(TARGETS),
+    flag(p, "cpu", choices=CPU_CHOICES, metavar="CPU",
          help="with --numerics ggml-cpu: the CPU build of llama.cpp to round as (default avx512; neon and "
               "neon-i8mm: ARM builds by GCC, the -clang ones the same by clang, as macOS builds are; the ARM ones "
-              "on numpy only)")
+              "on numpy only), or a variant of its portable x86 build by llama.cpp's name (haswell, alderlake: "
+              "avx2; zen4, cooperlake: avx512; the others refused with the reason), or auto: the variant "
+              "llama.cpp would load on this CPU. One of: " + ", ".join(CPU_CHOICES))
 
 
 def add_cache_flags(p, flash_default):  # -ctk, -ctv, --kv-type (both), -fa: llama.cpp's KV cache and attention
@@ -296,7 +298,7 @@ def add_cache_flags(p, flash_default):  # -ctk, -ctv, --kv-type (both), -fa: lla
     flag(p, "cache_type_k", choices=KV_TYPES, metavar="TYPE",
          help=f"llama.cpp's K cache type, one of {', '.join(KV_TYPES)} (default f16)")
     flag(p, "cache_type_v", choices=KV_TYPES, metavar="TYPE",
-         help="llama.cpp's V cache type (default f16; the ggml-cpu emulation takes one type for K and V)")
+         help="llama.cpp's V cache type (default f16; a q8_0 V needs flash attention, as in llama.cpp)")
     flag(p, "kv_type", choices=KV_TYPES, metavar="TYPE", help="both -ctk and -ctv")
     flag(p, "flash_attn", choices=FLASH_ATTN,
          help=f"llama.cpp's flash attention; auto is on, as llama.cpp decides on the CPU "
@@ -307,13 +309,11 @@ def cache_types(args, default="f16"):  # -> (K type, V type): -ctk, -ctv, else -
     return (args.cache_type_k or args.kv_type or default, args.cache_type_v or args.kv_type or default)
 
 
-def given_cache_type(args):  # -> the one KV type the emulation takes, or None where none was given
+def given_cache_types(args):  # -> (K type, V type where it differs from K's), each None where not given
     if not (args.cache_type_k or args.cache_type_v or args.kv_type):
-        return None
+        return None, None
     k, v = cache_types(args)
-    if k != v:
-        raise UsageError(f"-ctk {k} with -ctv {v}: the ggml-cpu emulation models one cache type for K and V")
-    return k
+    return k, (v if v != k else None)
 
 
 def flash_choice(args, default=None):  # -> True | False | None (the factory's own default) from -fa
@@ -332,6 +332,7 @@ def repack_choice(args):  # -> True | False | None (not given) from --repack and
 def build_of(args, flash_default=None):  # parsed add_numerics_flags (and -t) -> factory.Build
     from .factory import Build
     threads = getattr(args, "threads", None)
-    return Build(args.backend, args.numerics, args.dtype, getattr(args, "tp", 1), given_cache_type(args),
+    k_type, v_type = given_cache_types(args)
+    return Build(args.backend, args.numerics, args.dtype, getattr(args, "tp", 1), k_type,
                  flash_choice(args, flash_default), repack_choice(args), n_threads=threads or Build.n_threads,
-                 cpu=args.cpu)
+                 cpu=args.cpu, v_type=v_type)

@@ -225,11 +225,12 @@ class Speculator:
     """Greedy speculative decoding of a TextModel with a Drafter, over one target cache and one
     drafter cache that always hold the same committed positions."""
 
-    def __init__(self, target, drafter, cache, draft_cache, chunk=2048):
+    def __init__(self, target, drafter, cache, draft_cache, chunk=2048, stop_at_eog=True):
         self.target, self.drafter = target, drafter
         self.cache, self.draft_cache = cache, draft_cache
         self.chunk = chunk
-        self.eog = target.tokenizer.eog_ids if target.tokenizer else frozenset()
+        # stop_at_eog False (a server's ignore_eos): an end-of-generation token is one more token
+        self.eog = target.tokenizer.eog_ids if target.tokenizer and stop_at_eog else frozenset()
 
     def forward(self, token_ids, trace=NO_TRACE):  # [T] after the cache's tokens -> logits [T, V]
         """Target prefill in chunks; each chunk's layer inputs, captured from its trace points, are
@@ -245,25 +246,50 @@ class Speculator:
             return []
         return draft_tokens(self.drafter.block_logits(anchor, pos0, n_max, self.draft_cache), p_min)
 
-    def verify(self, anchor, drafts):  # -> the ids the target emits; both caches rolled back
+    def verify(self, anchor, drafts):  # -> (the ids the target emits, the target's row that chose each); caches rolled back
         pos0 = self.cache.n_past
-        ids = accept_greedy(self.forward([anchor] + drafts), drafts, self.eog)
+        logits = self.forward([anchor] + drafts)
+        ids = accept_greedy(logits, drafts, self.eog)
         n_keep = pos0 + len(ids)  # the anchor and the accepted drafts; the last id is the next anchor
         self.cache.truncate(n_keep)
         self.draft_cache.remove_from(n_keep)
-        return ids
+        return ids, logits[:len(ids)]
 
-    def decode(self, next_logits, n_predict, n_max, p_min=0.0, governor=None, clock=time.perf_counter):
-        """Greedy tokens after a prefill whose last logits are `next_logits`: the same tokens as
-        TextModel.decode_greedy (stop after an end-of-generation token, kept, or n_predict tokens).
-        -> (generated ids, [Step] per verification). With a governor, it decides per step whether
-        to draft and with which floor, from the step times `clock` measures."""
+    def greedy(self, next_logits, n_predict, n_max, p_min=0.0, governor=None, clock=time.perf_counter, steps=None):
+        """Greedy tokens after a prefill whose last logits are `next_logits`, as they are verified: (id, the
+        target's logit row [V] that chose it), the same ids and rows as one decode step per token (stop
+        after an end-of-generation token, kept, or n_predict tokens). `steps` gets a Step per
+        verification. With a governor, it decides per step whether to draft and with which floor, from
+        the step times `clock` measures."""
         n_max = self.drafter.clamp_n_max(n_max)
         if governor is not None:
             governor.reset()
-        generated, steps = [], []
         if n_predict <= 0:
-            return generated, steps
+            return
+        last, n = int(np.argmax(next_logits)), 1
+        yield last, next_logits
+        while n < n_predict and last not in self.eog and self.cache.n_past < self.cache.n_ctx:
+            pos0 = self.cache.n_past
+            # llama.cpp's budget: room in the context and in n_predict (the step adds one token more)
+            budget = max(0, min(self.cache.n_ctx - pos0 - 2, n_predict - n - 1))
+            plan = governor.plan() if governor is not None else Plan(True, p_min)
+            start = clock()
+            drafts = self.draft(last, pos0, n_max, plan.p_min)[:budget] if plan.draft and budget else []
+            ids, rows = self.verify(last, drafts)
+            if governor is not None:
+                governor.record(plan, clock() - start, len(ids))
+            if steps is not None:
+                steps.append(Step(len(drafts), len(ids) - 1, plan.p_min))
+            for last, row in zip(ids, rows):
+                yield last, row
+                n += 1
+                if last in self.eog or n == n_predict:
+                    break
+
+    def decode(self, next_logits, n_predict, n_max, p_min=0.0, governor=None, clock=time.perf_counter):
+        """-> (generated ids, [Step] per verification): greedy's ids."""
+        steps = []
+        return [t for t, _ in self.greedy(next_logits, n_predict, n_max, p_min, governor, clock, steps)], steps
         generated.append(int(np.argmax(next_logits)))
         while len(generated) < n_predict and generated[-1] not in self.eog and self.cache.n_past < self.cache.n_ctx:
             pos0 = self.cache.n_past

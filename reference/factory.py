@@ -19,8 +19,8 @@ import numpy as np
 
 from .backend import NumpyBackend
 from .dflash import Drafter
-from .ggml_cpu import DEFAULT_TARGET, KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences
-from .ggml_cpu import target as cpu_target
+from .ggml_cpu import (DEFAULT_TARGET, KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpuError, host_differences, host_variant,
+                       target as cpu_target)
 from .text import TextModel
 from .tp import TensorParallelBackend, check_tp
 from .vision import NUMERICS, VisionModel
@@ -40,9 +40,9 @@ class FactoryError(Exception):
 
 @dataclass(frozen=True)
 class Build:
-    """What a model computes with. kv_type, flash_attn (None: on for a q8_0 cache, as llama.cpp's
-    "auto"), repack and n_threads are llama.cpp's build under numerics "ggml-cpu"; tp > 1 simulates
-    tensor parallelism on the numpy backend."""
+    """What a model computes with. kv_type (the K cache type, and V's unless v_type), flash_attn
+    (None: on for a q8_0 V cache, as llama.cpp's "auto"), repack and n_threads are llama.cpp's build
+    under numerics "ggml-cpu"; tp > 1 simulates tensor parallelism on the numpy backend."""
     backend: str = "numpy"
     numerics: str = "exact"
     dtype: str = "float32"
@@ -52,6 +52,7 @@ class Build:
     repack: bool | None = None
     n_threads: int = 2
     cpu: str | None = None  # the llama.cpp CPU build emulated under ggml-cpu (None: avx512, with host warnings)
+    v_type: str | None = None  # -ctv where it differs from kv_type (-ctk)
 
     @property
     def ggml_cpu(self):  # -> whether llama.cpp's CPU rounding is emulated
@@ -65,8 +66,8 @@ def check(build):  # -> None; FactoryError for flags that contradict each other
             raise FactoryError(f"unknown {what} {value!r} ({', '.join(known[:-1])} or {known[-1]})")
     if build.ggml_cpu and (build.dtype != "float32" or build.backend not in GGML_CPU_BACKENDS or build.tp != 1):
         raise FactoryError("--numerics ggml-cpu computes in float32 on the numpy or numba backend, without --tp")
-    if not build.ggml_cpu and (build.kv_type or build.flash_attn is not None or build.repack is not None
-                               or build.cpu is not None):
+    if not build.ggml_cpu and (build.kv_type or build.v_type or build.flash_attn is not None
+                               or build.repack is not None or build.cpu is not None):
         raise FactoryError("--kv-type, --flash-attn, --repack/--no-repack and --cpu choose llama.cpp's build "
                            "for --numerics ggml-cpu only")
     if build.cpu is not None:
@@ -74,8 +75,9 @@ def check(build):  # -> None; FactoryError for flags that contradict each other
             cpu_target(build.cpu)
         except GgmlCpuError as e:
             raise FactoryError(f"--cpu {build.cpu}: {e}") from None
-    if build.kv_type is not None and build.kv_type not in KV_TYPES:
-        raise FactoryError(f"--kv-type {build.kv_type}: one of {', '.join(KV_TYPES)}")
+    for flag, cache_type in (("-ctk", build.kv_type), ("-ctv", build.v_type)):
+        if cache_type is not None and cache_type not in KV_TYPES:
+            raise FactoryError(f"{flag} {cache_type}: one of {', '.join(KV_TYPES)}")
     if build.tp != 1 and build.backend != "numpy":
         raise FactoryError("--tp simulates tensor parallelism on the numpy backend only")
     if build.tp < 1:
@@ -94,6 +96,9 @@ def check_tower(build):  # -> None; FactoryError where the tower cannot be built
 
 
 def host_warnings(build):  # -> lines: where this machine's llama.cpp would round unlike the emulated build
+    if build.ggml_cpu and build.cpu == "auto":  # said, not warned: which variant auto took
+        return [f"--cpu auto: llama.cpp's portable build loads libggml-cpu-{host_variant()}.so on this CPU, "
+                f"which rounds as {cpu_target('auto').name}"]
     if not build.ggml_cpu or build.cpu is not None:  # a target named on purpose is no surprise
         return []
     return [f"ggml-cpu models llama.cpp's x86-64 AVX512 build; here {d}" for d in host_differences()]
@@ -113,12 +118,13 @@ def compile_notes(build):  # -> lines: numba's first compilation, which is silen
 def backend(build):  # -> the backend object `build` asks for (FactoryError: unknown, or not here)
     check(build)
     if build.ggml_cpu:
-        kv_type = build.kv_type or "f16"
+        k_type = build.kv_type or "f16"
+        v_type = build.v_type or k_type
         # a quantized V cache needs flash attention: llama.cpp's "auto" turns it on, "off" refuses it
-        flash = kv_type == "q8_0" if build.flash_attn is None else build.flash_attn
+        flash = v_type == "q8_0" if build.flash_attn is None else build.flash_attn
         make = accel_callable("BACKENDS", build) or GgmlCpuBackend
-        return make(kv_type, flash, n_threads=build.n_threads, check_host=False, repack=build.repack is not False,
-                    cpu=build.cpu or DEFAULT_TARGET)
+        return make(k_type, flash, n_threads=build.n_threads, check_host=False, repack=build.repack is not False,
+                    cpu=build.cpu or DEFAULT_TARGET, v_type=v_type)
     if build.tp != 1:
         return TensorParallelBackend(np.dtype(build.dtype), build.tp)
     make = accel_callable("BACKENDS", build) or NumpyBackend

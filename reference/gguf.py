@@ -260,8 +260,10 @@ class GGUFFile:
             if key in self.fields:  # gguf.cpp:575
                 cursor.fail(f"duplicated key {key}")
             self.fields[key] = f
+        self.metadata_end = cursor.pos  # where the tensor infos begin
         self.alignment = _alignment(cursor, self.fields)
         infos = [_read_tensor_info(cursor, i) for i in range(n_tensors)]
+        self.infos_end = cursor.pos  # the data section starts at the next multiple of the alignment
         self.data_offset = -(-cursor.pos // self.alignment) * self.alignment
         self.tensors = [self._tensor(cursor, *info) for info in infos]
         if len({t.name for t in self.tensors}) != len(self.tensors):  # gguf.cpp:665
@@ -513,6 +515,17 @@ def _check_positive(path, key, value):  # an epsilon, a RoPE base, a scale: 0, <
         raise GGUFError(path, f"{key} must be positive and finite, not {value}")
 
 
+# The video extension (tools/video_mmproj.py; docs/vision.md, Video): names fixed for every reader and writer.
+PATCH_EMBD_T1 = "v.patch_embd.weight.t1"  # the second frame's kernel half W1; v.patch_embd.weight keeps W0 + W1
+TEMPORAL_PATCH_SIZE = "clip.vision.temporal_patch_size"
+VIDEO_FPS = "clip.vision.video.fps"
+VIDEO_MAX_FRAMES = "clip.vision.video.max_frames"
+VIDEO_MAX_FRAME_TOKENS = "clip.vision.video.max_frame_tokens"
+VIDEO_TIMESTAMP_FORMAT = "clip.vision.video.timestamp_format"
+# MuseGlimmerVideoProcessor's class defaults (transformers/models/muse_glimmer/video_processing_muse_glimmer.py:96-115)
+VIDEO_DEFAULTS = {"fps": 2.0, "max_frames": 96, "max_frame_tokens": 144, "timestamp_format": "Time: {timestamp:.1f}s"}
+
+
 @dataclass(frozen=True)
 class VisionConfig:
     image_size: int
@@ -528,6 +541,8 @@ class VisionConfig:
     projection_dim: int
     rope_theta: float = 10000.0     # hard-coded in llama.cpp's clip.cpp, not a key
     sparse_factor: int = 4          # every 4th tower layer attends globally (clip.cpp)
+    temporal_patch_size: int = 0    # 0: no video extension
+    video: dict = field(default_factory=lambda: dict(VIDEO_DEFAULTS))  # fps, max_frames, max_frame_tokens, timestamp_format
 
     @property
     def head_dim(self):
@@ -553,7 +568,17 @@ def read_vision_config(meta):  # Metadata -> VisionConfig
         image_mean=tuple(meta.array(v("image_mean"), default=[0.5, 0.5, 0.5])),
         image_std=tuple(meta.array(v("image_std"), default=[0.5, 0.5, 0.5])),
         projection_dim=meta.int(v("projection_dim"), default=0),
+        temporal_patch_size=meta.int(TEMPORAL_PATCH_SIZE, default=0),
+        video={"fps": meta.float(VIDEO_FPS, default=VIDEO_DEFAULTS["fps"]),
+               "max_frames": meta.int(VIDEO_MAX_FRAMES, default=VIDEO_DEFAULTS["max_frames"]),
+               "max_frame_tokens": meta.int(VIDEO_MAX_FRAME_TOKENS, default=VIDEO_DEFAULTS["max_frame_tokens"]),
+               "timestamp_format": meta.str(VIDEO_TIMESTAMP_FORMAT, default=VIDEO_DEFAULTS["timestamp_format"])},
     )
+    if cfg.temporal_patch_size not in (0, 2):
+        raise GGUFError(meta.path, f"{TEMPORAL_PATCH_SIZE} is {cfg.temporal_patch_size}; the tower pairs frames (2)")
+    if not (cfg.video["fps"] > 0 and math.isfinite(cfg.video["fps"]) and cfg.video["max_frames"] > 0
+            and cfg.video["max_frame_tokens"] > 0):
+        raise GGUFError(meta.path, f"implausible video defaults {cfg.video}")
     if not (0 < cfg.n_layer <= 512 and cfg.n_head > 0 and cfg.n_embd % cfg.n_head == 0 and cfg.patch_size > 0):
         raise GGUFError(meta.path, f"implausible vision sizes: layers={cfg.n_layer} width={cfg.n_embd} "
                                    f"heads={cfg.n_head} patch={cfg.patch_size}")
@@ -833,7 +858,10 @@ def load(path, role, cache_bytes=DEFAULT_CACHE_BYTES):  # path, role -> GGUFMode
         elif role == "mmproj":
             tokenizer = None
             config = read_vision_config(meta)
-            check_tensors(weights, vision_tensor_shapes(config, weights))
+            check_tensors(weights, vision_tensor_shapes(config, weights),
+                          {PATCH_EMBD_T1: (config.n_embd, 3, config.patch_size, config.patch_size)})
+            if config.temporal_patch_size and PATCH_EMBD_T1 not in weights:
+                raise GGUFError(path, f"{TEMPORAL_PATCH_SIZE} is set but the tensor {PATCH_EMBD_T1} is missing")
         else:
             tokenizer = read_tokenizer(meta) if "tokenizer.ggml.tokens" in reader.fields else None
             config = read_draft_config(meta)

@@ -100,9 +100,12 @@ def lanczos(x):  # x [...] float64 -> [...]; sinc(x) sinc(x/3) on [-3, 3)
     return np.where((x >= -LANCZOS_SUPPORT) & (x < LANCZOS_SUPPORT), sinc(x) * sinc(x / 3.0), 0.0)
 
 
-def resample_weights(in_size, out_size):  # -> first tap [out], fixed-point weights int64 [out, ksize]
+def resample_weights(in_size, out_size, int16=False):  # -> first tap [out], fixed-point weights int64 [out, ksize], bits
     """Per output pixel: the first input pixel it reads and its taps' weights, normalised to sum 1
-    in float64, then rounded to 22-bit fixed point (+-0.5, truncated toward 0, as Pillow does)."""
+    in float64, then rounded to fixed point (+-0.5, truncated toward 0). Pillow (int16=False) uses 22
+    bits. torch's uint8 antialiased resize (int16=True; aten's _compute_index_ranges_int16_weights)
+    scales the tap offsets by 1/scale rather than dividing by it and takes, per pass, the fewest bits
+    p < 22 at which the largest weight reaches 2^15 in p + 1 bits, so the weights fit int16."""
     scale = in_size / out_size
     filter_scale = max(scale, 1.0)  # downscaling widens the kernel (anti-aliasing)
     support = LANCZOS_SUPPORT * filter_scale
@@ -113,35 +116,41 @@ def resample_weights(in_size, out_size):  # -> first tap [out], fixed-point weig
     xmax = np.minimum(np.trunc(centers + support + 0.5), in_size).astype(np.int64)
     taps = np.arange(ksize)
     live = taps[None, :] < (xmax - xmin)[:, None]
-    w = np.where(live, lanczos((taps[None, :] + xmin[:, None] - centers[:, None] + 0.5) / filter_scale), 0.0)
+    offsets = taps[None, :] + xmin[:, None] - centers[:, None] + 0.5
+    w = np.where(live, lanczos(offsets * (1.0 / filter_scale) if int16 else offsets / filter_scale), 0.0)
     total = w.sum(axis=1, keepdims=True)
     w = np.where(total != 0.0, w / np.where(total != 0.0, total, 1.0), w)
-    fixed = np.trunc(w * (1 << PRECISION_BITS) + np.where(w < 0, -0.5, 0.5)).astype(np.int64)
-    return xmin, fixed
+    bits = PRECISION_BITS
+    if int16:
+        peak = w.max()
+        bits = next((p for p in range(PRECISION_BITS) if int(0.5 + peak * (1 << (p + 1))) >= 1 << 15), PRECISION_BITS)
+    fixed = np.trunc(w * (1 << bits) + np.where(w < 0, -0.5, 0.5)).astype(np.int64)
+    return xmin, fixed, bits
 
 
-def resample_axis(img, out_size, axis):  # uint8 [H, W, 3], axis 0 (rows) or 1 (columns) -> uint8
+def resample_axis(img, out_size, axis, int16=False):  # uint8 [H, W, 3], axis 0 (rows) or 1 (columns) -> uint8
     """One separable pass: integer accumulation from a 0.5 rounding bias, arithmetic shift (a floor),
     clamp to [0, 255]. Values stay below 2^31, so int64 gives exactly C's int32 sums."""
     in_size = img.shape[axis]
-    first, weights = resample_weights(in_size, out_size)
+    first, weights, bits = resample_weights(in_size, out_size, int16)
     src = np.moveaxis(img, axis, 0)
-    acc = np.full((out_size,) + src.shape[1:], 1 << (PRECISION_BITS - 1), np.int64)
+    acc = np.full((out_size,) + src.shape[1:], 1 << (bits - 1), np.int64)
     for k in range(weights.shape[1]):
         idx = np.minimum(first + k, in_size - 1)  # taps past the kernel end have weight 0
         acc += src[idx].astype(np.int64) * weights[:, k].reshape((-1,) + (1,) * (src.ndim - 1))
-    out = np.clip(acc >> PRECISION_BITS, 0, 255).astype(np.uint8)
+    out = np.clip(acc >> bits, 0, 255).astype(np.uint8)
     return np.ascontiguousarray(np.moveaxis(out, 0, axis))
 
 
-def resize_lanczos(img, width, height):  # uint8 [H, W, 3] -> uint8 [height, width, 3]
-    """Horizontal pass first, then vertical, with a uint8 image in between (Pillow 11.3 and
-    llama.cpp; Pillow 13 runs the vertical pass first when the width grows and the height shrinks).
-    A pass whose size does not change is skipped."""
+def resize_lanczos(img, width, height, int16=False):  # uint8 [H, W, 3] -> uint8 [height, width, 3]
+    """Horizontal pass first, then vertical, with a uint8 image in between (Pillow 11.3, llama.cpp
+    and torch's uint8 path; Pillow 13 runs the vertical pass first when the width grows and the
+    height shrinks). A pass whose size does not change is skipped. int16: torch's weights
+    (resample_weights), which transformers' video processor runs through torchvision."""
     if not (0 < width <= 65536 and 0 < height <= 65536):
         raise ValueError(f"resize target {width}x{height} is out of range")
     if img.shape[1] != width:
-        img = resample_axis(img, width, axis=1)
+        img = resample_axis(img, width, 1, int16)
     if img.shape[0] != height:
-        img = resample_axis(img, height, axis=0)
+        img = resample_axis(img, height, 0, int16)
     return img

@@ -149,6 +149,31 @@ def resize_bilinear_border(grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out
     return a * (one - dx) * (one - dy) + b * dx * (one - dy) + c * (one - dx) * dy + d * dx * dy
 
 
+def zero_padded_taps(n_in, n_out):  # -> taps int64 [n_out, 2], float32 weights [n_out, 2]
+    """transformers' bilinear taps (vision_utils.py _interpolation_axis_taps_weights, align_corners
+    False, padding "zeros"), in its float32: a tap outside the table gets weight 0, not the border."""
+    f32 = np.float32
+    src = (np.arange(n_out, dtype=f32) + f32(0.5)) * f32(n_in) / f32(n_out) - f32(0.5)
+    floor = np.floor(src)
+    raw = floor.astype(np.int64)[:, None] + np.arange(2)
+    weights = np.maximum(f32(1) - np.abs(src[:, None] - floor[:, None] - np.arange(2, dtype=f32)), f32(0))
+    weights = weights * ((raw >= 0) & (raw <= n_in - 1))
+    return np.clip(raw, 0, n_in - 1), weights.astype(f32)
+
+
+def resize_bilinear_zeros(grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]; transformers' resize
+    """The four taps' sum, each weight the float32 product of its row and column weights
+    (get_vision_interpolation_indices_and_weights), in the grid's dtype."""
+    ty, wy = zero_padded_taps(grid.shape[0], out_h)
+    tx, wx = zero_padded_taps(grid.shape[1], out_w)
+    out = np.zeros((out_h, out_w, grid.shape[2]), grid.dtype)
+    for a in range(2):
+        for b in range(2):
+            weight = (wy[:, a, None] * wx[None, :, b]).astype(grid.dtype)
+            out += grid[ty[:, a]][:, tx[:, b]] * weight[..., None]
+    return out
+
+
 def window_permutation(rows, cols, side):  # -> perm [rows*cols], window lengths [n_windows]
     """Raster order over side x side windows, raster order inside each; edge windows are clipped.
     perm[i] is the raster index of the i-th token in window order."""

@@ -29,7 +29,7 @@ def numerics_record(build, backend=None):  # factory.Build, the backend made of 
     if build.tp != 1:
         record["tp"] = build.tp
     if build.ggml_cpu and backend is not None:
-        record.update(cache_type_k=backend.kv_type, cache_type_v=backend.kv_type,
+        record.update(cache_type_k=backend.k_type, cache_type_v=backend.v_type,
                       flash_attn="on" if backend.flash_attn else "off", cpu=backend.target.name,
                       repack="on" if backend.repack else "off", threads=backend.n_threads)
     return record

@@ -9,6 +9,7 @@ positions pass through the output head, so a long prompt's golden costs megabyte
 """
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -19,8 +20,8 @@ from functools import partial
 import numpy as np
 from tqdm import tqdm
 
-from . import artifacts, factory, gguf, kv
-from .chat import ChatError, chat_prompt, image_prompt_rows, parse_date, prompt_ids
+from . import artifacts, factory, gguf, kv, video
+from .chat import ChatError, chat_prompt, image_prompt_rows, parse_date, prompt_ids, timestamp_text, video_prompt_rows
 from .cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, MAX_THREADS, OneLineParser, UsageError, add_numerics_flags,
                   add_sampling_flags, build_of, check_greedy, check_output, check_output_dir, check_token_ids,
                   check_train_context, exit_status, flag, float_in, int_in, parse_token_ids)
@@ -35,7 +36,8 @@ from .positions import SUFFIX, clamped, output_rows, parse_positions, write_logi
 from .tokenizer import Tokenizer, TokenizerError, detokenize, llama_text
 from .tp import TPError
 from .trace import OURS as TRACE_OURS, Tracer, TraceError
-from .vision import DEFAULT_MAX_TOKENS, check_compatible
+from .video import VideoError
+from .vision import DEFAULT_MAX_TOKENS, check_compatible, check_video_extension
 
 DEFAULT_PROMPT = "initial value. If it"  # a held-out docstring line (golden/prompts/glimmer-default.jsonl)
 HINT = ("[more: -p TEXT | --chat -p TEXT | -md golden/models/glimmer-default-dflash-f16.gguf"
@@ -69,6 +71,7 @@ def build_parser():  # -> the parser; every number is range-checked as it is par
     add_compute_flags(p)
     add_draft_flags(p)
     add_image_flags(p)
+    add_video_flags(p)
     return p
 
 
@@ -137,6 +140,27 @@ def add_image_flags(p):
                    help="write float32 [n_image_tokens, n_embd]: the raw image projections (a .npy path)")
 
 
+def frame_rate(text):  # argparse type: a positive, finite frame rate
+    x = float_in(0.0, math.inf)(text)
+    if not (0 < x < math.inf):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive, finite frame rate")
+    return x
+
+
+def add_video_flags(p):
+    p.add_argument("--video", action="append", default=[],
+                   help="video (repeatable): a directory of frame images, a .npy uint8 [T, H, W, 3] array, or a "
+                        "video file (PyAV, the [video] extra); each <|video|> in the prompt takes the next, with none "
+                        "they go right after BOS. Needs an mmproj with the video extension (tools.video_mmproj)")
+    p.add_argument("--video-fps", type=frame_rate,
+                   help="the source's frame rate (transformers' VideoMetadata.fps; default: a file's own, else "
+                        "unknown and sampled as 24)")
+    p.add_argument("--video-max-frames", type=int_in(1, video.MAX_FRAMES_READ),
+                   help="frames kept at most (default: the mmproj's clip.vision.video.max_frames, else 96)")
+    p.add_argument("--video-max-frame-tokens", type=int_in(1, MAX_TOKENS),
+                   help="merged tokens per frame pair at most (default: clip.vision.video.max_frame_tokens, else 144)")
+
+
 def add_tower_flags(p):  # the vision tower's (reference.serve's too)
     p.add_argument("--mmproj", help="vision projector GGUF (clip, projector muse-glimmer) for the prompt's images")
     p.add_argument("--image-max-tokens", type=int_in(1, MAX_TOKENS), default=DEFAULT_MAX_TOKENS,
@@ -155,6 +179,7 @@ class Request:
     token_ids: list | None  # --token-ids; their range is checked once the vocabulary is known
     date: Date | None       # --date (None: today)
     images: list            # uint8 [H, W, 3] per --image
+    videos: list            # (video.Prepared, timestamp texts) per --video
 
 
 def check_flags(args, compute):  # args, their factory.Build -> None; UsageError (FactoryError) for contradictions
@@ -162,14 +187,27 @@ def check_flags(args, compute):  # args, their factory.Build -> None; UsageError
     check_prompt_flags(args)
     factory.check(compute)
     check_output_flags(args)
-    if args.image and args.model_draft:
-        raise UsageError("--model-draft with --image is not supported")
-    if not args.image and (args.mmproj or args.embeddings_out):
-        raise UsageError("--mmproj and --embeddings-out need --image")
-    if args.image and not args.mmproj:
-        raise UsageError("--image needs --mmproj")
-    if args.image:
+    media = "--image" if args.image else "--video" if args.video else None
+    if media and args.model_draft:
+        raise UsageError(f"--model-draft with {media} is not supported")
+    if not media and (args.mmproj or args.embeddings_out):
+        raise UsageError("--mmproj and --embeddings-out need --image or --video")
+    if media and not args.mmproj:
+        raise UsageError(f"{media} needs --mmproj")
+    if media:
         factory.check_tower(compute)
+    check_video_flags(args, compute)
+
+
+def check_video_flags(args, compute):
+    given = [f for f, v in (("--video-fps", args.video_fps), ("--video-max-frames", args.video_max_frames),
+                            ("--video-max-frame-tokens", args.video_max_frame_tokens)) if v is not None]
+    if given and not args.video:
+        raise UsageError(f"{given[0]} needs --video")
+    if args.video and args.image:
+        raise UsageError("--video with --image is not supported: one kind of media a prompt")
+    if args.video and compute.numerics != "exact":
+        raise UsageError("--video runs with --numerics exact only: llama.cpp has no video graph to emulate")
 
 
 def check_prompt_flags(args):
@@ -196,7 +234,7 @@ def check_output_flags(args):
     if args.trace is not None:
         check_output_dir(args.trace, "--trace", TRACE_OURS)
     inputs = [("--model", model_path(args)), ("--model-draft", args.model_draft), ("--mmproj", args.mmproj),
-              ("--file", args.file)] + [("--image", image) for image in args.image]
+              ("--file", args.file)] + [("--image", image) for image in args.image] + [("--video", v) for v in args.video]
     artifacts.refuse_overwrite([("--logits-out", args.logits_out), ("--embeddings-out", args.embeddings_out),
                                 ("--trace", args.trace)], inputs, UsageError)
 
@@ -208,7 +246,29 @@ def read_request(args, compute):  # -> Request: every input file read (a GGUF: i
     return Request(compute, factory.cache_layout(compute, args.kv, prefill_chunk(args)), prompt_text(args),
                    parse_token_ids(args.token_ids) if args.token_ids is not None else None,
                    parse_date(args.date) if args.date is not None else None,
-                   [load_rgb(path) for path in args.image])
+                   [load_rgb(path) for path in args.image], read_videos(args))
+
+
+def read_videos(args):  # -> [(video.Prepared, timestamp texts)] per --video, sampled and resized before any model loads
+    if not args.video:
+        return []
+    mmproj = gguf.load(args.mmproj, "mmproj")  # its metadata: the tensors stay in the memory map
+    check_video_extension(args.mmproj, mmproj.config, mmproj.weights)
+    cfg = mmproj.config
+    fps = cfg.video["fps"]
+    max_frames = args.video_max_frames or cfg.video["max_frames"]
+    cap = args.video_max_frame_tokens or cfg.video["max_frame_tokens"]
+    out = []
+    for path in args.video:
+        source = video.load(path, args.video_fps, lambda total, rate: video.sample_indices(total, rate, fps, max_frames))
+        rows, cols = video.smart_resize(source.frames.shape[1], source.frames.shape[2], cfg.patch_size * cfg.merge_size,
+                                        cap)
+        if rows * cols > cap:  # smart_resize rounds when no grid fits under the cap
+            raise VideoError(path, f"frames of {source.frames.shape[2]}x{source.frames.shape[1]} take {rows}x{cols} = "
+                                   f"{rows * cols} tokens a pair, over the cap of {cap} (--video-max-frame-tokens)")
+        prepared = video.prepare(source, fps, max_frames, cap, cfg.patch_size * cfg.merge_size)
+        out.append((prepared, [timestamp_text(cfg.video["timestamp_format"], t) for t in prepared.timestamps]))
+    return out
 
 
 def prompt_text(args):  # -> the text of --prompt or --prompt-file, from their bytes, or None
@@ -263,7 +323,8 @@ def prompt_tokens(args, request, tok, n_ctx_train):  # -> ids from --token-ids, 
     if not args.chat:
         return tokenizer.tokenize(request.text, add_special=True, parse_special=not args.no_special)
     system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt is not None else []
-    images = [{"type": "image"}] * len(args.image)  # before the text, where llama-mtmd-cli puts its markers
+    # before the text, where llama-mtmd-cli puts its markers
+    images = [{"type": "image"}] * len(args.image) + [{"type": "video"}] * len(args.video)
     user = {"role": "user", "content": images + [{"type": "text", "text": request.text}] if images else request.text}
     return prompt_ids(tokenizer, chat_prompt(tok, system + [user], date=request.date))
 
@@ -297,7 +358,32 @@ def check_context(args, request, cfg, n_ctx, what):  # -> whether n_ctx runs pas
     return check_train_context(n_ctx, cfg.n_ctx_train, what, model_path(args), args.beyond_n_ctx_train)
 
 
+def video_embeddings(args, request, lm, tracer):  # -> [[n_v, n_embd] per --video]
+    vision = factory.vision_model(gguf.load(args.mmproj, "mmproj"), request.build, lm.backend)
+    check_compatible(vision, lm.cfg, model_path(args))
+    big = os.path.getsize(args.mmproj) > PROGRESS_BYTES
+    progress = partial(tqdm, desc="tower layers", leave=False) if big else None
+    # one trace directory per frame pair, video-<v>-pair-<g>: each pair runs the tower on its own
+    return [vision.encode_video(prepared, lambda g, v=v: Tracer(f"video-{v}-pair-{g}" if args.trace else None,
+                                                                 parent=tracer), progress)
+            for v, (prepared, _) in enumerate(request.videos)]
+
+
+def video_input(args, request, lm, prompt, timings, tracer):  # -> (embedding rows [T, E], video embeddings)
+    t0 = time.perf_counter()
+    videos = video_embeddings(args, request, lm, tracer)
+    timings["video_encode"] = time.perf_counter() - t0
+    if args.embeddings_out:
+        artifacts.save_npy(args.embeddings_out, np.concatenate(videos).astype(np.float32), UsageError)
+    per_pair = [prepared.grid[0] * prepared.grid[1] for prepared, _ in request.videos]
+    rows = video_prompt_rows(Tokenizer(lm.tokenizer), lm.embed, prompt,
+                             [(stamps, n, e) for (_, stamps), n, e in zip(request.videos, per_pair, videos)])
+    return rows, videos
+
+
 def prompt_input(args, request, lm, prompt, timings, tracer):  # -> (token ids or embedding rows [T, E], image embeddings)
+    if request.videos:
+        return video_input(args, request, lm, prompt, timings, tracer)
     t0 = time.perf_counter()
     images = image_embeddings(args, request, lm, tracer)
     if not images:
@@ -320,9 +406,7 @@ def decode(args, lm, speculator, cache, chunk, next_logits, progress):  # -> (ge
     if not args.n_predict:
         return [], []
     if speculator:
-        p_min, governor = (None, CostGovernor(floors=FloorBandit())) if args.spec_draft_p_min == "auto" else \
-                          (args.spec_draft_p_min, None)
-        return speculator.decode(next_logits, args.n_predict, args.spec_draft_n_max, p_min or 0.0, governor)
+        return speculator.decode(next_logits, args.n_predict, args.spec_draft_n_max, *draft_floor(args.spec_draft_p_min))
     return lm.decode_greedy(next_logits, args.n_predict, cache, chunk, progress), []
 
 
@@ -375,7 +459,8 @@ def traced_generate(args, request, lm, drafter, prompt, timings, tracer):  # -> 
     t0 = time.perf_counter()
     tokens, steps = decode(args, lm, speculator, cache, request.layout[1], logits[-1], progress)
     timings["decode"] = time.perf_counter() - t0
-    return {"tokens": tokens, "image_tokens": [len(e) for e in images], "steps": steps if speculator else None,
+    media = "video_tokens" if request.videos else "image_tokens"  # rows per video or per image
+    return {"tokens": tokens, media: [len(e) for e in images], "steps": steps if speculator else None,
             "timings": timings, "beyond_train": beyond}
 
 
@@ -390,8 +475,9 @@ def run_provenance(args, request, lm):  # -> reference.provenance's record of th
 def json_report(args, request, lm, prompt, result, text):  # -> the --json object
     out = {"model": {"file": os.path.basename(model_path(args)), "path": model_path(args)},
            "provenance": run_provenance(args, request, lm), "prompt_tokens": prompt, "tokens": result["tokens"], "text": text, "timings": result["timings"]}
-    if result["image_tokens"]:
-        out["image_tokens"] = result["image_tokens"]
+    for key in ("image_tokens", "video_tokens"):
+        if result.get(key):
+            out[key] = result[key]
     if result["steps"] is not None:
         out["speculative"] = acceptance(result["steps"])
     if result["beyond_train"]:
@@ -446,11 +532,21 @@ def load_models(args, compute):  # -> (the text GGUFModel, its TextModel, the Dr
     backend = factory.backend(compute)  # numba or CuPy missing: refused before any GGUF loads
     model = gguf.load(model_path(args), "text")
     lm = factory.text_model(model, compute, backend)
-    drafter = factory.drafter(gguf.load(args.model_draft, "dflash"), lm) if args.model_draft else None
-    if drafter and drafter.clamp_n_max(args.spec_draft_n_max) != args.spec_draft_n_max:
+    return model, lm, load_drafter(args, lm, warn)
+
+
+def load_drafter(args, lm, warn):  # -> the Drafter of -md/--model-draft for lm, or None; warn(line) for a lowered n_max
+    if not args.model_draft:
+        return None
+    drafter = factory.drafter(gguf.load(args.model_draft, "dflash"), lm)
+    if drafter.clamp_n_max(args.spec_draft_n_max) != args.spec_draft_n_max:
         warn(f"--spec-draft-n-max {args.spec_draft_n_max} runs as {drafter.clamp_n_max(args.spec_draft_n_max)}, "
              f"the drafter's block_size {drafter.cfg.block_size} - 1")
-    return model, lm, drafter
+    return drafter
+
+
+def draft_floor(p_min):  # --spec-draft-p-min -> (floor, CostGovernor or None): "auto" is a governor's adaptive floor
+    return (0.0, CostGovernor(floors=FloorBandit())) if p_min == "auto" else (p_min, None)
 
 
 def warn(message):  # one line on stderr
@@ -483,8 +579,8 @@ def run(args):  # parsed args -> exit status
 def main(argv=None):
     args = build_parser().parse_args(argv)
     return exit_status("reference.run", lambda: run(args), (gguf.GGUFError, CacheError, TraceError, TPError,
-                                                            TokenizerError, ChatError, ImageError, GgmlCpuError,
-                                                            FactoryError))
+                                                            TokenizerError, ChatError, ImageError, VideoError,
+                                                            GgmlCpuError, FactoryError))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from . import ops
+from . import gguf, ops, video
 from .backend import GRAPH_OPS, NumpyBackend
 from .ggml_cpu import GgmlCpuBackend
 from .gguf import GGUFError
@@ -124,7 +124,10 @@ class VisionModel:
             raise ValueError(f"tower input {resized.shape[1]}x{resized.shape[0]} is not a positive "
                              f"multiple of {self.unit}")
         pixels = normalize(resized, c.image_mean, c.image_std, self.dtype.type)
-        x = self.patch_embed(pixels) + self.position_embed(gh, gw)
+        return self.tower(self.patch_embed(pixels) + self.position_embed(gh, gw), gh, gw, trace, progress)
+
+    def tower(self, x, gh, gw, trace=NO_TRACE, progress=None):  # embedded patches [gh*gw, E] raster -> [gh*gw/4, n_out]
+        c = self.cfg
         trace("after_posemb", x)
         perm, window_lengths = ops.window_permutation(gh, gw, self.pos_side)
         x = x[perm]
@@ -147,6 +150,36 @@ class VisionModel:
         out = self.adapter(z)
         trace("projected", out)
         return out
+
+    def encode_video(self, prepared, pair_trace=lambda g: NO_TRACE, progress=None):  # video.Prepared -> [n_pairs * rows*cols, n_out]
+        """Each frame pair through the image tower on its own, as transformers runs a video
+        (modeling_muse_glimmer.py get_video_features = get_image_features): the pair's patches
+        [f0 | f1] times [W0 | W1] (W1 the extension's tensor, W0 = the summed kernel - W1), plus the
+        position table resized with transformers' zero padding, the same for every pair; RoPE
+        positions, windows and global layers within the pair; pixel shuffle and adapter per pair.
+        pair_trace(g) is pair g's Tracer (reference.run: a directory video-<v>-pair-<g>), closed here."""
+        check_video_extension(self.path, self.cfg, self.weights)
+        if self.numerics != "exact":
+            raise ValueError("video runs in the exact numerics only (llama.cpp has no video graph to model)")
+        c, p = self.cfg, self.cfg.patch_size
+        rows, cols = prepared.grid
+        gh, gw = rows * c.merge_size, cols * c.merge_size
+        table = self.weights.get("v.position_embd.weight", self.dtype).reshape(self.pos_side, self.pos_side, -1)
+        position = ops.resize_bilinear_zeros(table, gh, gw).reshape(gh * gw, -1)
+        kernel = self.pair_kernel()
+        out = []
+        for g, pair in enumerate(prepared.pairs):
+            pixels = video.normalize(pair, c.image_mean, c.image_std).astype(self.dtype)  # float32 first, as transformers
+            patches = video.patchify(pixels[None], p)
+            trace = pair_trace(g)
+            out.append(self.tower(self.backend.matmul(patches, kernel) + position, gh, gw, trace, progress))
+            trace.close()
+        return np.concatenate(out)
+
+    def pair_kernel(self):  # -> float64 [E, 2*3*p*p]: [W0 | W1], transformers' Linear over a pair's patch
+        summed = self.weights.get("v.patch_embd.weight", np.float64).reshape(self.cfg.n_embd, -1)
+        second = self.weights.get(gguf.PATCH_EMBD_T1, np.float64).reshape(self.cfg.n_embd, -1)
+        return np.concatenate([summed - second, second], axis=1)
 
     def is_global(self, il):  # every sparse_factor-th layer and the last attend to the whole image
         return il == self.cfg.n_layer - 1 or (il + 1) % self.cfg.sparse_factor == 0
@@ -223,6 +256,12 @@ class VisionModel:
         a = self.backend.gelu_erf(self.linear(z, "mm.0.weight"))
         a = self.backend.gelu_erf(self.linear(a, "mm.1.weight"))
         return self.linear(a, "mm.2.weight")
+
+
+def check_video_extension(path, cfg, weights):  # an mmproj's -> None; GGUFError naming the tool that adds it
+    if not cfg.temporal_patch_size or gguf.PATCH_EMBD_T1 not in weights:
+        raise GGUFError(path, f"has no video extension ({gguf.PATCH_EMBD_T1}): add it with python -m "
+                                    "tools.video_mmproj --mmproj THIS.gguf --checkpoint HF_DIR -o OUT.gguf")
 
 
 def check_compatible(vision, text_cfg, text_path):  # raise GGUFError when the widths differ

@@ -19,6 +19,7 @@ import numpy as np
 from reference import gguf, run
 from reference.chat import MAX_CHARS, ChatError, render_chat
 from reference.image import ImageError, load_rgb
+from reference.video import VideoError, load as load_video, sample_indices
 from reference.cli import UsageError
 from tools.parity.diff import load_logits
 
@@ -59,6 +60,8 @@ TARGETS = {  # name -> (call on the path, the typed errors of its contract, byte
     "gguf": (lambda p: gguf.load(p, "text"), (gguf.GGUFError,), 0),
     "run": (run_cli, (), 0),  # run.main turns its typed errors into exit status 2 itself
     "image": (load_rgb, (ImageError,), 0),
+    # a video file or array, its frames kept as the tiny mmproj's defaults keep them (PyAV decodes files)
+    "video": (lambda p: load_video(p, None, lambda total, rate: sample_indices(total, rate, 2.0, 8)), (VideoError,), 0),
     "npy": (load_logits, (UsageError,), 0),
     "chat": (chat, (ChatError,), CHAT_ALLOWANCE),
     # the limit's own check: what a loader trusting a header that claims 3 x its file would allocate

@@ -142,9 +142,6 @@ KNOWN_CYCLES = {
     frozenset({"tools.parity.golden", "tools.parity.corpus"}):
         "corpus mode is a library of tools.golden built on its golden files; golden's main imports it only "
         "under --corpus",
-    frozenset({"reference.serve.app", "reference.serve.llama", "reference.serve.openai", "reference.serve.sglang"}):
-        "create_app mounts the three APIs' routes, which take app's request checks; it imports them once app "
-        "has loaded",
 }
 
 

@@ -456,7 +456,9 @@ def test_default_dump_configuration_is_read():
     assert (exact.cache_k, exact.cache_v, exact.flash_attn, exact.exact) == ("f32", "f32", False, True)
     several = dump_parse.LlamaConfig("q8_0", "q8_0", True, [512, 512, 76], None)
     assert several.reference_options()[-2:] == ["-ub", "512"]
-    for bad, message in ((dump_parse.LlamaConfig("f16", "f32", False, [5], None), "the dump's are K f16, V f32"),
+    mixed = dump_parse.LlamaConfig("f16", "f32", False, [5], None)  # K and V types apart, as llama.cpp takes them
+    assert mixed.reference_options()[2:8] == ["-ctk", "f16", "-ctv", "f32", "-fa", "off"]
+    for bad, message in ((dump_parse.LlamaConfig("q4_0", "f16", False, [5], None), "the dump's are K q4_0, V f16"),
                          (dump_parse.LlamaConfig("bf16", "bf16", True, [5], None), "K bf16, V bf16"),
                          (dump_parse.LlamaConfig("f16", "f16", True, [600], None), "at most 512 tokens")):
         with pytest.raises(dump_parse.DumpError, match=message):
@@ -512,9 +514,10 @@ def test_reproduce_bad_input_exits_2_with_one_line(tmp_path):
     cli_error(run_cli("tools.bisect", t32, DEFAULT_DUMP, "--reproduce", "--model", tmp_path / "missing.gguf"),
               "tools.bisect: --reproduce: reference.run failed")
     mixed = tmp_path / "mixed.txt"
-    mixed.write_text(open(DEFAULT_DUMP).read().replace("cache_v_l0 (view) = (f16)", "cache_v_l0 (view) = (f32)"))
+    mixed.write_text(open(REAL_DUMP).read().replace("cache_k_l0 (view) = (f32)", "cache_k_l0 (view) = (q4_0)"))
     cli_error(run_cli("tools.bisect", t32, mixed, "--reproduce", "--model", MODELS),
-              "tools.bisect: --reproduce: reference.run --numerics ggml-cpu models one cache type")
+              "tools.bisect: --reproduce: reference.run --numerics ggml-cpu models the cache types f32, f16, q8_0; "
+              "the dump's are K q4_0, V f32")
     cli_error(run_cli("tools.bisect", DEFAULT_DUMP, mixed, "--reproduce", "--model", MODELS, "--threshold", "0"),
               "tools.bisect: --reproduce needs one llama.cpp dump and one trace")
 
@@ -693,6 +696,32 @@ def test_cpu_target_is_read_from_system_info(tmp_path, target):
     assert config.reference_options()[-2:] == ["--cpu", target]
 
 
+def dump_with_loaded_variant(tmp_path, variant):  # -> DEFAULT_DUMP with the load_backend line a DL build logs first
+    path = tmp_path / f"dump-{variant}.txt"
+    path.write_text(f"load_backend: loaded CPU backend from /opt/llama/libggml-cpu-{variant}.so\n"
+                    + open(DEFAULT_DUMP).read())
+    return str(path)
+
+
+@pytest.mark.parametrize("variant, target", [("haswell", "avx2"), ("alderlake", "avx2"), ("zen4", "avx512")])
+def test_cpu_variant_is_read_from_the_load_line(tmp_path, variant, target):
+    """A GGML_BACKEND_DL build logs the variant it loaded (ggml-backend-reg.cpp:259); it names the
+    build over the system_info line (here the avx512 build's), and --cpu proposes it by llama.cpp's
+    name; --cpu naming the target it rounds as is no mismatch, another target is."""
+    config = dump_parse.load_dump(dump_with_loaded_variant(tmp_path, variant)).config
+    assert config.cpu == variant and config.cpu_note() is None
+    assert config.reference_options()[-2:] == ["--cpu", variant]
+    assert config.cpu_note(target) is None and config.cpu_note(variant) is None
+    other = "avx512" if target == "avx2" else "avx2"
+    assert config.cpu_note(other) == f"--cpu {other}: the dump's load_backend line shows the {variant} build"
+
+
+def test_unmodelled_cpu_variant_is_refused_with_its_reason(tmp_path):
+    config = dump_parse.load_dump(dump_with_loaded_variant(tmp_path, "sandybridge")).config
+    with pytest.raises(dump_parse.DumpError, match="sandybridge variant: its AVX kernels .* are not emulated"):
+        config.reference_options()
+
+
 def test_system_info_of_an_unmodelled_cpu_is_said(tmp_path):
     """An x86 build without AVX2 (SSE3 .. AVX only) is none of the targets: the default, with a line."""
     config = dump_parse.load_dump(dump_with_system_info(tmp_path, "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 |")).config
@@ -830,8 +859,8 @@ def test_a_nonfinite_value_is_the_first_divergence_with_its_kind(real_traces, tm
 
 
 def debug_print(name, a, n, sum_sq):  # [.., ] f32 -> common_debug_print_tensor's lines for it, n values a side
-    """The printing loop of llama.cpp 0c1e570's common/debug.cpp with another n (the value count a
-    verbosity level asks for) and, with sum_sq, the sum of squares newer debug tools print beside sum."""
+    """The printing loop of llama.cpp 0c1e570's common/debug.cpp with another n (as a build printing
+    more or fewer values would) and, with sum_sq, the sum of squares a later llama-debug prints beside sum."""
     ne = list(reversed(a.shape)) + [1] * (4 - a.ndim)
     x = a.reshape(ne[3], ne[2], ne[1], ne[0]).astype(np.float32)
     lines = [f"common_debug_cb_eval: {name:>24} = (f32) {'ADD':>10}(x{{{ne[0]}, 1, 1, 1}}, }}) = "
@@ -883,3 +912,97 @@ def test_dumps_of_any_print_count_and_with_sum_sq(real_traces, tmp_path, n, sum_
         dump.write_text("\n".join(lines) + "\n")
         r = run_cli("tools.bisect", real_traces[0], dump, "--threshold", "1e-9")
         assert r.returncode == 1 and "(sum check failed)" in r.stdout, r.stdout
+
+
+LOG_STAMP = "0.00.010.601 D "  # common_init's log prefix with timestamps, on by default
+
+
+def later_llama_debug(lines):  # debug_print's lines (with sum_sq) -> as a later llama-debug --verbose logs them
+    """examples/debug after 0c1e570 prints a tensor through LOG_DBG, one call per piece ("[", each
+    value, each ", ", "],"), so the log's prefix stands before every piece; its sums read
+    `sum    = ` and `sum_sq = `; its header names ggml_debug."""
+    out = []
+    for line in lines:
+        start = line.find("[")
+        if start >= 0 and line.rstrip().endswith("],") and any(c.isdigit() for c in line):  # a row of values
+            pieces = [line[:start + 1], *(p for p in re.split(r"(, )", line[start + 1:line.rindex("]")]) if p), "],"]
+            out.append("".join(LOG_STAMP + p for p in pieces))
+        else:
+            out.append(LOG_STAMP + line.replace("common_debug_cb_eval:", "ggml_debug:").replace("sum = ", "sum    = "))
+    return out
+
+
+def test_a_later_llama_debug_dump_is_read_with_its_sum_sq(real_traces, tmp_path):
+    """A later llama-debug's output (a prefix before each logged piece, padded sums, sum_sq) of the
+    reference's own trace agrees at every point, both sums checked; a sum_sq changed by 1% fails."""
+    from reference.trace import load_trace
+    trace = load_trace(real_traces[0])
+    names = [name for name in trace if name != "result_output"] + ["result_output"]
+    lines = later_llama_debug([line for name in names for line in debug_print(name, trace[name], 3, True)])
+    dump = tmp_path / "debug.txt"
+    dump.write_text("\n".join(lines) + "\n")
+    points = dump_parse.load_dump(str(dump)).points
+    assert all(points[name].sum_sq is not None and points[name].values.size for name in names)
+    r = run_cli("tools.bisect", real_traces[0], dump, "--threshold", "1e-9", "--json-out", tmp_path / "r.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert len(result["points"]) == len(trace) and all(p["sum_ok"] for p in result["points"])
+    at = max(i for i, line in enumerate(lines) if "sum_sq = " in line)
+    value = float(lines[at].split("=")[1])
+    lines[at] = f"{LOG_STAMP}    sum_sq = {value * 1.01:f}"
+    dump.write_text("\n".join(lines) + "\n")
+    r = run_cli("tools.bisect", real_traces[0], dump, "--threshold", "1e-9")
+    assert r.returncode == 1 and "first divergence: result_output" in r.stdout and "(sum check failed)" in r.stdout
+
+
+def at_verbosity(lines, level):  # the real dump's lines (made at -lv 3, the default) -> as -lv `level` logs them
+    """0c1e570's -lv is the log threshold (common/log.h): tensors are LOG output (level 0, no prefix),
+    kept at every level; I lines (3) go below 3, W (2) below 2, E (1) at 0; at 5 debug lines come,
+    here between tensors and inside a tensor's body."""
+    kept = {"I": 3, "W": 2, "E": 1}
+    out = [line for line in lines
+           if not (dump_parse.LOG_PREFIX.match(line) and kept[line.split(" ")[1]] > level)]
+    if level >= 5:
+        out = [x for line in out for x in (line, f"{LOG_STAMP}ggml_backend_sched: debug line") if x]
+    return out
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3, 4, 5])
+def test_every_verbosity_level_of_eval_callback_bisects_alike(real_traces, tmp_path, level):
+    """The real dump as each -lv level of llama-eval-callback would log it: the same points, the same
+    NMSE at each, the same verdict; below 3 the prompt's token ids are not logged."""
+    lines = open(REAL_DUMP).read().splitlines()
+    dump = tmp_path / f"lv{level}.txt"
+    dump.write_text("\n".join(at_verbosity(lines, level)) + "\n")
+    reference = dump_parse.load_dump(REAL_DUMP)
+    parsed = dump_parse.load_dump(str(dump))
+    assert parsed.config.prompt == (reference.config.prompt if level >= 3 else None)
+    assert list(parsed.points) == list(reference.points)
+    for name, t in parsed.points.items():
+        assert np.array_equal(t.values, reference.points[name].values) and t.sum == reference.points[name].sum, name
+    r = run_cli("tools.bisect", real_traces[0], dump, "--noise-floor", real_traces[1])
+    expected = run_cli("tools.bisect", real_traces[0], REAL_DUMP, "--noise-floor", real_traces[1])
+
+    def verdict(out):  # -> the verdict line of a bisect's output
+        return next(line for line in out.splitlines() if re.match(r"(first|no) divergence", line))
+    assert r.returncode == expected.returncode and verdict(r.stdout) == verdict(expected.stdout)
+    assert ("the dump logs no system_info line" in r.stdout) == (level < 3)  # system_info is an I line
+
+
+@pytest.mark.parametrize("printed, kind", [("nan", "NaN"), ("-nan", "NaN"), ("inf", "Inf"), ("-inf", "Inf")])
+def test_a_nonfinite_value_in_a_dump_is_the_first_divergence_with_its_kind(real_traces, tmp_path, printed, kind):
+    """%12.4f prints a NaN as nan or -nan and an Inf as inf or -inf: read as such, the first point
+    holding one is the first divergence, named with its kind."""
+    lines = open(REAL_DUMP).read().splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("common_debug_cb_eval:")]
+    at = next(i for i in range(heads[30], heads[31]) if lines[i].strip().startswith("[") and "," in lines[i])
+    name = dump_parse.HEADER.match(lines[heads[30]])["name"].strip()
+    first = lines[at].index("[") + 1
+    value = lines[at][first:].split(",")[0]
+    lines[at] = lines[at][:first] + f"{printed:>12}" + lines[at][first + len(value):]
+    dump = tmp_path / "nonfinite.txt"
+    dump.write_text("\n".join(lines) + "\n")
+    r = run_cli("tools.bisect", real_traces[0], dump, "--threshold", "inf")
+    assert r.returncode == 1, r.stdout + r.stderr
+    verdict = next(line for line in r.stdout.splitlines() if line.startswith("first divergence"))
+    assert verdict.startswith(f"first divergence: {name} (") and verdict.endswith(f"{kind} in B (1 values)"), r.stdout

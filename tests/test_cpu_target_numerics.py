@@ -75,14 +75,14 @@ def sha256(a):  # float32 array -> hex digest of its C-order bytes
     return hashlib.sha256(np.ascontiguousarray(a, np.float32).tobytes()).hexdigest()
 
 
-def check_run(run, target, backend_class=GgmlCpuBackend):  # manifest run -> [(prompt id, prefill ok, decode ok)]
+def check_run(run, target, backend_class=GgmlCpuBackend, prompts_file=PROMPTS):  # manifest run -> [(prompt id, prefill ok, decode ok)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = gguf.load(os.path.join(ROOT, run["model"]), "text")
     backend = backend_class(run["kv_type"], flash_attn=run["flash_attn"] == "on", check_host=False,
                             repack=run["repack"] == "on", cpu=target)
     lm = TextModel(model, backend=backend)
-    with open(PROMPTS) as f:
+    with open(prompts_file) as f:
         prompts = {p["id"]: p["token_ids"] for p in map(json.loads, f)}
     results = []
     for p in run["prompts"]:
@@ -113,6 +113,26 @@ def test_target_bit_identical_to_its_llama_cpp(target):
     assert not failed, "\n".join(failed)
 
 
+PORTABLE_CI = ("F32", "F16", "Q5_0")  # the float matmuls, and a preset the RoPE's rounding moved on this prompt
+
+
+def test_avx2_is_the_portable_build():
+    """llama.cpp built `cmake -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=ON` and run through llama-cpp-python
+    (golden/cpu_targets/avx2-portable, tools/regen/make_portable_goldens.py): the F32, F16 and BF16
+    models and 4 presets on a prompt of 70 tokens, repack on and off. Where rotate_pairs' second lane
+    was fused on x1*c, the F32 model missed from its second row on (docs/ggml-cpu-numerics.md).
+    CI: PORTABLE_CI with plain buffers; CPU_TARGET_FULL=1: every run."""
+    m = manifest("avx2-portable")
+    failed = []
+    for run in m["runs"]:
+        if not FULL and (run["preset"] not in PORTABLE_CI or run["repack"] != "off"):
+            continue
+        for prompt, prefill_ok, decode_ok in check_run(run, m["target"], prompts_file=os.path.join(ROOT, m["prompts_file"])):
+            if not (prefill_ok and decode_ok):
+                failed.append(f"{run['preset']} repack {run['repack']} {prompt}: prefill {prefill_ok}, decode {decode_ok}")
+    assert not failed, "\n".join(failed)
+
+
 def test_numba_twin_of_avx2_bit_identical_to_its_llama_cpp():  # the twins take the target too
     require("numba")
     from accel.numba.ggml import GgmlCpuNumbaBackend
@@ -138,3 +158,52 @@ def test_fdlibm_tanhf_unfused_is_this_glibc():
     x = np.concatenate([np.random.default_rng(0).uniform(-3, 3, 100000), [0, -0.0, 1, -1, 22, -23, 1e-30, np.inf]])
     x = x.astype(np.float32)
     np.testing.assert_array_equal(fdlibm_tanhf(x, fused=False).view(np.uint32), libm("tanhf", x).view(np.uint32))
+
+
+HASWELL_FLAGS = ("sse4_2", "avx", "f16c", "fma", "avx2", "bmi2")
+ZEN4_FLAGS = HASWELL_FLAGS + ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512vbmi", "avx512_vnni",
+                              "avx512_bf16")
+
+
+@pytest.mark.parametrize("flags, variant", [
+    ((), "x64"), (("sse4_2",), "sse42"), (("sse4_2", "avx", "f16c"), "ivybridge"), (HASWELL_FLAGS, "haswell"),
+    (HASWELL_FLAGS + ("avx_vnni",), "alderlake"), (ZEN4_FLAGS[:11], "skylakex"), (ZEN4_FLAGS[:12], "cannonlake"),
+    (ZEN4_FLAGS, "zen4"), (ZEN4_FLAGS + ("amx_tile", "amx_int8"), "sapphirerapids"),
+    (HASWELL_FLAGS + ("avx512f",), "haswell"),  # AVX512F alone is no skylakex (CD, VL, DQ and BW are checked too)
+])
+def test_auto_picks_the_variant_llama_cpp_loads(flags, variant):
+    """ggml_backend_cpu_x86_score (cpu-feats.cpp:263-322): 0 where a feature the variant was built with
+    is missing, else the sum of the features' weights; the highest score loads."""
+    from reference.ggml_cpu.target import host_variant
+    assert host_variant(list(flags)) == variant
+
+
+def test_cpu_auto_says_the_variant_and_rounds_as_it(tmp_path):
+    """This machine's flags pick a variant; reference.run says which and rounds as its target: the
+    logits equal those of --cpu <that target>."""
+    from conftest import run_cli
+    from reference.ggml_cpu import VARIANT_TARGET, host_variant
+    variant = host_variant()
+    if variant not in VARIANT_TARGET:
+        pytest.skip(f"this CPU loads the {variant} variant, which is not emulated")
+    model = os.path.join(ROOT, "golden", "presets", "models", "tiny-b-q4_0.gguf")
+    outs, said = {}, {}
+    for cpu in ("auto", VARIANT_TARGET[variant]):
+        out = tmp_path / f"{cpu}.npy"
+        r = run_cli("reference.run", "-m", model, "--token-ids", "497,85,318", "-n", "1", "--numerics", "ggml-cpu",
+                    "--cpu", cpu, "--logits-out", str(out))
+        assert r.returncode == 0, r.stderr
+        outs[cpu], said[cpu] = np.load(out), r.stderr
+    line = (f"--cpu auto: llama.cpp's portable build loads libggml-cpu-{variant}.so on this CPU, which rounds as "
+            f"{VARIANT_TARGET[variant]}")
+    assert line in said["auto"] and "--cpu auto" not in said[VARIANT_TARGET[variant]]
+    np.testing.assert_array_equal(outs["auto"], outs[VARIANT_TARGET[variant]])
+
+
+@pytest.mark.parametrize("variant, reason", [("icelake", "without AVX512_BF16"), ("sandybridge", "AVX kernels"),
+                                             ("sapphirerapids", "AMX buffer type")])
+def test_unmodelled_variant_is_refused_in_one_line(variant, reason):
+    from conftest import cli_error, run_cli
+    model = os.path.join(ROOT, "golden", "presets", "models", "tiny-b-q4_0.gguf")
+    cli_error(run_cli("reference.run", "-m", model, "--token-ids", "497", "--numerics", "ggml-cpu", "--cpu", variant),
+              f"--cpu {variant}: llama.cpp's {variant} variant: ", reason)

@@ -382,9 +382,10 @@ def drafts_of_a_run(monkeypatch, lm, drafter, prompt, n_predict, keep_rejected):
     if keep_rejected:  # verification without the drafter's rollback: rejected rows stay
         def verify(self, anchor, drafts):
             pos0 = self.cache.n_past
-            ids = accept_greedy(self.forward([anchor] + drafts), drafts, self.eog)
+            logits = self.forward([anchor] + drafts)
+            ids = accept_greedy(logits, drafts, self.eog)
             self.cache.truncate(pos0 + len(ids))
-            return ids
+            return ids, logits[:len(ids)]
         monkeypatch.setattr(Speculator, "verify", verify)
     tokens, _, _ = speculative(lm, drafter, prompt, n_predict, 3)
     return tokens, proposed

@@ -65,7 +65,9 @@ def case_files(tmp_path, rgb):  # uint8 image -> (a PNG of it, the --embeddings-
     (Build(tp=0), "--tp 0: at least 1"),
     (Build(backend="tpu"), r"unknown backend 'tpu' \(numpy, numba or cupy\)"),
     (Build(numerics="fast"), r"unknown numerics 'fast' \(exact or ggml-cpu\)"),
-    (Build(numerics="ggml-cpu", kv_type="q4_0"), "--kv-type q4_0: one of"),
+    (Build(numerics="ggml-cpu", kv_type="q4_0"), "-ctk q4_0: one of"),
+    (Build(numerics="ggml-cpu", v_type="q4_0"), "-ctv q4_0: one of"),
+    (Build(v_type="f32"), "choose llama.cpp's build for --numerics ggml-cpu only"),
 ])
 def test_contradicting_flags_are_one_typed_error(build, message):
     with pytest.raises(FactoryError, match=message) as e:
@@ -77,10 +79,10 @@ def test_the_reference_builds_its_own_backends():
     assert type(factory.backend(Build())) is NumpyBackend
     assert isinstance(factory.backend(Build(tp=2)), TensorParallelBackend)
     be = factory.backend(Build(numerics="ggml-cpu"))
-    assert type(be) is GgmlCpuBackend and (be.kv_type, be.flash_attn, be.repack) == ("f16", False, True)
+    assert type(be) is GgmlCpuBackend and (be.k_type, be.v_type, be.flash_attn, be.repack) == ("f16", "f16", False, True)
     q8 = factory.backend(Build(numerics="ggml-cpu", kv_type="q8_0", repack=False, n_threads=3))
     # llama.cpp's flash attention "auto" is on for a quantized V cache
-    assert (q8.kv_type, q8.flash_attn, q8.repack, q8.n_threads) == ("q8_0", True, False, 3)
+    assert (q8.k_type, q8.v_type, q8.flash_attn, q8.repack, q8.n_threads) == ("q8_0", "q8_0", True, False, 3)
 
 
 def test_every_registered_backend_and_model_resolves():

@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 
+import numpy as np
 import pytest
 from conftest import MODELS, ROOT, run_cli
 
@@ -152,10 +153,18 @@ def test_llama_cpp_command_line_runs_and_is_recorded():
     assert len(made["model"]["sha256"]) == 64 and made["software"]["numpy"]
 
 
+def test_k_and_v_cache_types_apart_are_recorded_apart():  # their logits: test_ggml_cpu's mixed-KV goldens
+    r = run_cli("reference.run", "-m", os.path.join(MODELS, "tiny-a-f32.gguf"), "-p", "Hello", "-n", "1",
+                "--numerics", "ggml-cpu", "-ctk", "f16", "-ctv", "q8_0", "--json")  # head_dim 32: one Q8_0 block
+    assert r.returncode == 0, r.stderr
+    made = json.loads(r.stdout)["provenance"]
+    assert (made["cache_type_k"], made["cache_type_v"], made["flash_attn"]) == ("f16", "q8_0", "on")  # -fa auto: on
+
+
 @pytest.mark.parametrize("args, message", [
     (["--temp", "0.8"], "--temp 0.8 samples; the reference decodes greedily only"),
     (["--top-k", "40", "--temp", "0.7"], "--temp 0.7 samples"),
-    (["--numerics", "ggml-cpu", "-ctk", "f32", "-ctv", "f16"], "-ctk f32 with -ctv f16: the ggml-cpu emulation"),
+    (["--numerics", "ggml-cpu", "-ctk", "f16", "-ctv", "q8_0", "-fa", "off"], "a q8_0 V cache needs flash attention"),
 ])
 def test_what_the_reference_cannot_do_is_one_line(args, message):
     r = run_cli("reference.run", "-m", DEFAULT, "-n", "1", *args)
@@ -175,7 +184,7 @@ def test_clamps_say_so_in_one_warning_line(tmp_path):
     r = run_cli("reference.run", "-m", DEFAULT, "-md", DRAFTER, "--spec-draft-n-max", "7", "-n", "2")
     assert r.returncode == 0, r.stderr
     warning = [line for line in r.stderr.splitlines() if "warning" in line]
-    assert len(warning) == 1 and "--spec-draft-n-max 7 runs as" in warning[0], r.stderr
+    assert len(warning) == 1 and "--spec-draft-n-max 7 runs as 3" in warning[0], r.stderr
     r = run_cli("reference.run", "-m", DEFAULT, "--token-ids", "1,2,3,4", "-n", "0", "--logits-positions",
                 "last,0:8", "--logits-out", tmp_path / "clamp.positions.npz")
     assert r.returncode == 0, r.stderr
@@ -186,6 +195,19 @@ def test_clamps_say_so_in_one_warning_line(tmp_path):
     chunks = [line for line in r.stderr.splitlines() if "--chunks 1000" in line]
     assert len(chunks) == 1 and "warning" in chunks[0] and "running" in chunks[0], r.stderr
     assert "seconds per chunk - ETA" in r.stderr
+
+
+def test_golden_positions_past_the_prompt_say_so_in_one_warning_line(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "four", "token_ids": [1, 2, 3, 4]}\n')
+    r = run_cli("tools.golden", "--engine", "reference", "-m", DEFAULT, "--prompts", prompts, "--out", tmp_path / "g",
+                "--logits-positions", "last,0:8")
+    assert r.returncode == 0, r.stderr
+    warning = [line for line in r.stderr.splitlines() if "warning" in line]
+    assert warning == ["tools.golden: warning: prompt four: --logits-positions last,0:8 on 4 tokens: 0:8 runs as 0:4"], \
+        r.stderr
+    kept = np.load(tmp_path / "g" / "four.positions.npz")["positions"]
+    assert kept.tolist() == [0, 1, 2, 3]
 
 
 def test_golden_engine_reference_writes_ggml_cpu_goldens_and_diff_names_the_configuration(tmp_path):

@@ -167,10 +167,21 @@ def npy_bytes(header):  # header text -> a .npy of NPY_ROWS' data with that head
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text + NPY_ROWS.tobytes()
 
 
+def npy_of(array):  # -> np.save's bytes of array
+    import io
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
 NPY = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 16), }")
 TEMPLATE = gguf.load(MODEL, "text").tokenizer.chat_template
+# a raw YUV4MPEG2 video (PyAV's demuxer reads its size and rate from the text header) and a video array
+Y4M = b"YUV4MPEG2 W16 H12 F25:1 Ip A1:1 C420jpeg\n" + b"".join(b"FRAME\n" + bytes([17 * i]) * 288 for i in range(6))
+VIDEO_NPY = npy_of(np.arange(96, dtype=np.uint8).reshape(2, 4, 4, 3))
 VALID = [("gguf", "m.gguf", ORIGINAL), ("run", "m.gguf", ORIGINAL), ("image", "i.png", PNG), ("image", "i.jpg", JPEG),
-         ("npy", "l.npy", NPY), ("chat", "t.jinja", TEMPLATE.encode())]
+         ("npy", "l.npy", NPY), ("chat", "t.jinja", TEMPLATE.encode()), ("video", "v.y4m", Y4M),
+         ("video", "v.npy", VIDEO_NPY)]
 SNIPPETS = ["{{", "}}", "{%", "%}", "{% for m in messages %}", "{% endfor %}", "{% if x %}", "{% endif %}",
             "{{ messages[99] }}", "{{ 1 / 0 }}", "{{ 'ab' * 1000 }}", "{{ 'a' * 10**12 }}", "{{ range(10**12) | list }}",
             "{{ raise_exception('bad') }}", "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",
@@ -184,10 +195,23 @@ SNIPPETS = ["{{", "}}", "{%", "%}", "{% for m in messages %}", "{% endfor %}", "
        flips=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), min_size=1, max_size=4),
        cut=st.none() | st.integers(0, 400))
 def test_image_bytes(worker, tmp_path_factory, fmt, flips, cut):
-    data = bytearray(PNG if fmt == "png" else JPEG)
+    check(worker, "image", tmp_path_factory.getbasetemp() / f"fuzz.{fmt}", flipped(PNG if fmt == "png" else JPEG, flips, cut))
+
+
+def flipped(data, flips, cut):  # -> data with (offset, byte) flips written in, then cut to `cut` bytes (None: whole)
+    data = bytearray(data)
     for offset, value in flips:
         data[offset % len(data)] = value
-    check(worker, "image", tmp_path_factory.getbasetemp() / f"fuzz.{fmt}", bytes(data[:cut] if cut is not None else data))
+    return bytes(data[:cut] if cut is not None else data)
+
+
+@fuzz(120)
+@given(kind=st.sampled_from(["y4m", "npy"]),
+       flips=st.lists(st.tuples(st.integers(0, 120), st.integers(0, 255)), min_size=1, max_size=4),
+       cut=st.none() | st.integers(0, 2000))
+def test_video_bytes(worker, tmp_path_factory, kind, flips, cut):
+    check(worker, "video", tmp_path_factory.getbasetemp() / f"fuzz.{kind}", flipped(Y4M if kind == "y4m" else VIDEO_NPY,
+                                                                                   flips, cut))
 
 
 @fuzz(150)

@@ -36,8 +36,8 @@ def model(rel):  # path under golden/ -> GGUFModel (loaded once per test run)
     return gguf.load(os.path.join(GOLDEN, rel), "text")
 
 
-def ggml_logits(text_model, ids, fed, kv_type, flash_attn, backend=GgmlCpuBackend):  # -> [len(ids) + len(fed), V]
-    lm = TextModel(text_model, backend=backend(kv_type, flash_attn, check_host=False))
+def ggml_logits(text_model, ids, fed, kv_type, flash_attn, backend=GgmlCpuBackend, v_type=None):  # -> [len(ids) + len(fed), V]
+    lm = TextModel(text_model, backend=backend(kv_type, flash_attn, check_host=False, v_type=v_type))
     cache = lm.new_cache(len(ids) + len(fed), "uniform")
     rows = [lm.prefill(ids, cache, UBATCH)] + [lm.prefill([t], cache, UBATCH) for t in fed]
     return np.concatenate(rows)
@@ -54,7 +54,9 @@ def assert_identical(ref, got, what):  # bit-identical logits, with the figures 
 def check_run(run, text_model, backend=GgmlCpuBackend):  # a manifest run: its prompt and decode rows
     ref = np.load(os.path.join(HERE, run["file"]), allow_pickle=False)
     ids, fed = MANIFEST["prompt"]["token_ids"], run["generated"]
-    got = ggml_logits(text_model, ids, fed, run["kv_type"], run["flash_attn"], backend)
+    # a run of one cache type names it kv_type; one of two types, cache_type_k and cache_type_v
+    got = ggml_logits(text_model, ids, fed, run.get("kv_type") or run["cache_type_k"], run["flash_attn"], backend,
+                      run.get("cache_type_v"))
     assert_identical(ref[:len(ids)], got[:len(ids)], f"{run['file']} prefill")
     assert_identical(ref[len(ids):], got[len(ids):], f"{run['file']} decode")
 
@@ -81,11 +83,26 @@ def test_q8_0_kv_rotated_logits_bit_identical(run, tmp_path):  # head sizes 64, 
 
 
 def check_rotated(run, tmp_path, backend=GgmlCpuBackend):  # a synthetic model rebuilt, then its run
+    check_run(run, rebuilt_model(run, tmp_path), backend)
+
+
+def rebuilt_model(run, tmp_path):  # a manifest run on a synthetic model -> its GGUFModel, rebuilt
     path = tmp_path / f"{run['type']}.gguf"
     synthetic_gguf(path, run["fields"], run["seed"])
     assert sha256(path) == run["sha256"], \
         f"{run['type']}: the rebuilt GGUF is not the one llama.cpp ran (tools.make_synthetic or gguf-py changed)"
-    check_run(run, gguf.load(str(path), "text"), backend)
+    return gguf.load(str(path), "text")
+
+
+def mixed_run_id(run):  # -> "tiny-a-f32/ctk-f16_ctv-f32_fa-off"
+    return run["file"][len("logits/"):-len(".npy")]
+
+
+@pytest.mark.parametrize("run", MANIFEST["kv_mixed"]["runs"], ids=mixed_run_id)
+def test_mixed_kv_logits_bit_identical(run, tmp_path):
+    """-ctk and -ctv apart: flash attention off, K.Q in K's type and V^T.P in V's; on, an F32 side cast
+    to F16, a Q8_0 side quantized (and rotated where the head size is 64) alone, the one-chunk kernel."""
+    check_run(run, model(run["model"]) if "model" in run else rebuilt_model(run, tmp_path))
 
 
 SHARED = [  # (model, run directory, prompt id): goldens of golden/logits/llama-cpp, same engine and options
@@ -372,13 +389,25 @@ def test_cli_q8_0_kv_logits_bit_identical(tmp_path):  # --kv-type q8_0 turns fla
     check_cli_run(tmp_path, next(r for r in MANIFEST["kv_q8_0"]["runs"] if r["type"] == "q8_0"), "--kv-type", "q8_0")
 
 
+@pytest.mark.parametrize("k_type, v_type, fa, flash_attn", [
+    ("f16", "q8_0", "auto", True),  # -fa auto is on, as in llama.cpp
+    ("q8_0", "f16", "off", False),  # K.Q a Q8_0 mul_mat
+])
+def test_cli_mixed_kv_logits_bit_identical(tmp_path, k_type, v_type, fa, flash_attn):
+    run = next(r for r in MANIFEST["kv_mixed"]["runs"] if r["type"] == "tiny-a-f32"
+               and (r["cache_type_k"], r["cache_type_v"], r["flash_attn"]) == (k_type, v_type, flash_attn))
+    check_cli_run(tmp_path, run, "-ctk", k_type, "-ctv", v_type, "-fa", fa)
+
+
 @pytest.mark.parametrize("args, message", [
     (("--numerics", "ggml"), "invalid choice: 'ggml'"),
     (("--numerics", "ggml-cpu", "--dtype", "float64"), "computes in float32"),
     (("--kv-type", "q8_0"), "for --numerics ggml-cpu only"),
     (("--flash-attn", "on"), "for --numerics ggml-cpu only"),
     (("--kv-type", "q4_0"), "invalid choice: 'q4_0'"),
-    (("--numerics", "ggml-cpu", "--kv-type", "q8_0", "--flash-attn", "off"), "needs flash attention")])
+    (("--numerics", "ggml-cpu", "--kv-type", "q8_0", "--flash-attn", "off"), "needs flash attention"),
+    (("--numerics", "ggml-cpu", "-ctk", "f16", "-ctv", "q8_0", "-fa", "off"), "a q8_0 V cache needs flash attention"),
+    (("-ctk", "f16", "-ctv", "f32"), "for --numerics ggml-cpu only")])
 
 
 def test_cli_bad_numerics_is_one_line_exit_2(args, message):

@@ -24,7 +24,8 @@ from accel.numba.ggml import GgmlCpuNumbaBackend, block_dots, mul_mat as numba_m
 from accel.numba.ggml import elementwise as numba_elementwise, quantize as numba_quantize  # noqa: E402
 from reference import ggml_cpu  # noqa: E402
 from reference.ggml_cpu.mul_mat import kernel_path  # noqa: E402
-from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,  # noqa: E402
+from test_ggml_cpu import (MANIFEST, OPS, SHARED, assert_identical, check_cli_run, check_rotated, check_run,
+                            rebuilt_model,  # noqa: E402
                            check_shared, fixture, model)
 from test_ggml_presets import text_model as preset_model  # noqa: E402
 from test_ggml_cpu import IQ_KERNELS, check_iq_kernel, iq_block_rows  # noqa: E402
@@ -122,6 +123,11 @@ def test_logits_bit_identical_to_llama_cpp(run):
 @pytest.mark.parametrize("run", MANIFEST["kv_q8_0"]["rotated_runs"], ids=lambda r: r["type"])
 def test_q8_0_kv_rotated_logits_bit_identical(run, tmp_path):  # head sizes 64, 128: the Hadamard rotation
     check_rotated(run, tmp_path, GgmlCpuNumbaBackend)
+
+
+@pytest.mark.parametrize("run", MANIFEST["kv_mixed"]["runs"], ids=run_id)
+def test_mixed_kv_logits_bit_identical(run, tmp_path):  # -ctk and -ctv apart: the one-chunk kernel's two types
+    check_run(run, model(run["model"]) if "model" in run else rebuilt_model(run, tmp_path), GgmlCpuNumbaBackend)
 
 
 @pytest.mark.parametrize("name,run,prompt", SHARED, ids=[f"{m}-{r}-{p}" for m, r, p in SHARED])
@@ -330,7 +336,7 @@ def test_attention_over_several_tiles_and_padded_cells(path):  # 130 rows over 3
     assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
 
 
-@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
 @pytest.mark.parametrize("T", [1, 40])
 def test_attention_leaves_out_unseen_cells_without_changing_a_bit(kv_type, T, monkeypatch):
     """A 300-key window ending a 1300-cell cache (n_kv 1536): its first 768 cells are left out. Every
@@ -425,7 +431,7 @@ def test_bench_ggml_numba_runs_bit_identical(tmp_path):  # numpy and numba in on
 
 @pytest.mark.parametrize("args, words", [
     (("--models", "tiny-b-q4_k_m,nope"), "no model 'nope': neither a GGUF file nor a name in golden/models"),
-    (("--kv-type", "q8_0"), "a q8_0 cache needs -fa on"),
+    (("--kv-type", "q8_0"), "a q8_0 V cache needs -fa on"),
     (("--prompt-len", "0"), "--prompt-len: 0 is out of range"),
     (("--plot", "no/such/dir/x.png"), "no such directory"),
 ])

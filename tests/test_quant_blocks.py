@@ -6,22 +6,23 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as GT, quants
 
 from reference import quant_blocks
-from reference.quant_blocks import BLOCKS, Q6_K, QuantBlock
+from reference.quant_blocks import BLOCKS, Q6_K, QuantBlock, declare
 
 
-def test_every_block_is_gguf_pys_size():
+def test_every_block_is_gguf_pys_size():  # Q2_0, which gguf-py lacks: ggml-common.h:192's sizeof
     for name, block in BLOCKS.items():
-        assert (block.elements, block.size) == GGML_QUANT_SIZES[GT[name]], name
+        expected = GGML_QUANT_SIZES[GT[name]] if name in GT.__members__ else (64, 2 + 64 // 4)
+        assert (block.elements, block.size) == expected, name
 
 
 def test_a_wrong_layout_is_refused_at_declaration():
     with pytest.raises(AssertionError, match="block_q4_k: 256 elements in 143 bytes"):
-        QuantBlock("Q4_K", 256, [("d", 2), ("dmin", 2), ("scales", 11), ("qs", 128)])
+        declare("Q4_K", 256, [("d", 2), ("dmin", 2), ("scales", 11), ("qs", 128)])
 
 
 SCALE_FIELDS = ("d", "dmin", "m")  # the f16 factors every value of a block is linear in
-DEQUANTIZED = sorted(name for name, b in BLOCKS.items() if name not in ("IQ1_M", "Q8_K"))  # IQ1_M's scale is spread
-# over its scales' nibbles; Q8_K is an activation type gguf-py does not dequantize
+DEQUANTIZED = sorted(set(BLOCKS) - {"IQ1_M", "Q8_K", "Q1_0", "Q2_0"})  # IQ1_M's scale is spread over its scales'
+# nibbles; Q8_K is an activation type; gguf-py dequantizes neither it nor Q1_0 and Q2_0
 
 
 @pytest.mark.parametrize("name", DEQUANTIZED)
@@ -58,3 +59,12 @@ def test_q6_k_scales_and_ql_at_their_offsets():
 def test_the_table_is_the_modules_blocks():
     declared = {v.name for v in vars(quant_blocks).values() if isinstance(v, QuantBlock)}
     assert declared == set(BLOCKS)
+
+
+def test_numba_reads_a_block_s_offsets_as_constants():
+    from numba import njit
+
+    @njit
+    def scale_byte(row):  # a Q6_K block's first scale
+        return row[Q6_K.scales] + Q6_K.size
+    assert scale_byte(np.arange(Q6_K.size)) == Q6_K.scales + Q6_K.size == 192 + 210

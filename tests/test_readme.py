@@ -180,7 +180,7 @@ def test_alias_runs_its_tool(name, monkeypatch, capsys):
         assert done.value.code == 0 and "usage:" in out.out, (done.value.code, out.err[-300:])
 
 
-OUTPUT_DESTS = ("out", "trace", "logits_out", "embeddings_out", "json_out", "plot", "table", "md_out")
+OUTPUT_DESTS = ("out", "trace", "logits_out", "embeddings_out", "json_out", "plot", "png", "table", "md_out")
 BASE_DESTS = ("kl_divergence_base", "kl_divergence_base_f32")  # written unless --kl-divergence reads them
 
 

@@ -190,3 +190,22 @@ def test_greedy_continuation(run_id):
         ours = lm.decode_greedy(lm.prefill(e["token_ids"], cache)[-1], checked, cache)
         assert ours == tokens[:len(ours)], e["id"]
         assert len(ours) == checked or ours[-1] in lm.tokenizer.eog_ids, e["id"]
+
+
+GGML_CPU_GOLDENS = os.path.join(GOLDEN, "ggml_cpu")
+MIXED_KV_RUNS = [r for r in json.load(open(os.path.join(GGML_CPU_GOLDENS, "manifest.json")))["kv_mixed"]["runs"]
+                 if {r["cache_type_k"], r["cache_type_v"]} == {"f16", "f32"}]  # F16 on one side, F32 on the other
+
+
+@pytest.mark.parametrize("run", MIXED_KV_RUNS, ids=lambda r: f"ctk-{r['cache_type_k']}_ctv-{r['cache_type_v']}")
+def test_mixed_kv_exact_within_the_f16_kv_gate(run):
+    """llama.cpp with -ctk and -ctv apart (one side F16, the other F32, flash attention off; 18 prompt
+    rows and 8 decodes fed its greedy tokens) against the exact reference: one F16 side rounds less
+    than two, so the F16 KV gate (KV_F16, derived from runs with both sides F16) bounds it."""
+    golden = np.load(os.path.join(GGML_CPU_GOLDENS, run["file"]), allow_pickle=False)
+    ids = json.load(open(os.path.join(GGML_CPU_GOLDENS, "manifest.json")))["prompt"]["token_ids"]
+    prompt, steps = reference_run(os.path.basename(run["model"]), tuple(ids), tuple(run["generated"]))
+    ours = np.concatenate([prompt, steps])
+    assert nmse(golden.ravel(), ours.ravel()) <= KV_F16[0]
+    report = diff.diff_logits(golden, ours, diff.TYPICAL)
+    assert report["summary"]["n_real"] == 0, report["flips"]

@@ -39,6 +39,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from reference import quant_blocks as qb
 from reference.gguf import GgmlType, UnsupportedTensorType
 from .operands import operands
 
@@ -246,30 +247,30 @@ Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL = int(GT.Q4_0), int(GT.Q5_0), int(GT.Q4_1), int(G
 @njit(cache=True)
 def decode_q8_0(qtype, row, start, n, out, tab):  # 34-byte blocks: f16 d, int8 q[32]; w = q * d
     for b in range(n // 32):
-        o = (start // 32 + b) * 34
-        d = tab.halves[u16(row, o)]
+        o = (start // 32 + b) * qb.Q8_0.size
+        d = tab.halves[u16(row, o + qb.Q8_0.d)]
         for j in range(32):
-            out[b * 32 + j] = np.float32(i8(row[o + 2 + j])) * d
+            out[b * 32 + j] = np.float32(i8(row[o + qb.Q8_0.qs + j])) * d
 
 
 @njit(cache=True, fastmath=FAST)
 def row_q8_0(qtype, row, x, xsum16, tab):  # 34-byte blocks: f16 d, int8 q[32]
     nb = x.shape[0] // 32
-    blk, qi, xs = row.reshape(nb, 34), row.view(np.int8).reshape(nb, 34), x.reshape(nb, 32)
+    blk, qi, xs = row.reshape(nb, qb.Q8_0.size), row.view(np.int8).reshape(nb, qb.Q8_0.size), x.reshape(nb, 32)
     acc = 0.0
     for b in range(nb):
-        acc += np.float64(half_at(blk, b, 0, tab.halves)) * dot(qi[b, 2:], xs[b])
+        acc += np.float64(half_at(blk, b, qb.Q8_0.d, tab.halves)) * dot(qi[b, qb.Q8_0.qs:], xs[b])
     return acc
 
 
 @njit(cache=True)
 def decode_nibbles32(qtype, row, start, n, out, tab):  # Q4_0, Q5_0, IQ4_NL: low nibbles are values 0..15
-    size = 22 if qtype == Q5_0 else 18
-    qs_at = 6 if qtype == Q5_0 else 2
+    size = qb.Q5_0.size if qtype == Q5_0 else qb.Q4_0.size  # IQ4_NL's block is Q4_0's
+    qs_at = qb.Q5_0.qs if qtype == Q5_0 else qb.Q4_0.qs
     for b in range(n // 32):
         o = (start // 32 + b) * size
         d = tab.halves[u16(row, o)]
-        qh = u32(row, o + 2) if qtype == Q5_0 else 0
+        qh = u32(row, o + qb.Q5_0.qh) if qtype == Q5_0 else 0
         for j in range(32):
             q = (np.int64(row[o + qs_at + j % 16]) >> (4 * (j // 16))) & 15
             if qtype == Q4_0:
@@ -283,7 +284,7 @@ def decode_nibbles32(qtype, row, start, n, out, tab):  # Q4_0, Q5_0, IQ4_NL: low
 
 @njit(cache=True, fastmath=FAST)
 def row_blocks32(qtype, row, x, xsum16, tab):  # Q4_0, Q5_0, IQ4_NL: f16 d, (Q5_0: u32 qh), 16 bytes: low nibbles first
-    size = 22 if qtype == Q5_0 else 18
+    size = qb.Q5_0.size if qtype == Q5_0 else qb.Q4_0.size
     nb = x.shape[0] // 32
     blk, xs, kv = row.reshape(nb, size), x.reshape(nb, 2, 16), tab.kvalues
     acc = 0.0
@@ -291,31 +292,31 @@ def row_blocks32(qtype, row, x, xsum16, tab):  # Q4_0, Q5_0, IQ4_NL: f16 d, (Q5_
         lo = hi = 0.0
         if qtype == Q4_0:
             for l in range(16):
-                q = np.int64(blk[b, 2 + l])
+                q = np.int64(blk[b, qb.Q4_0.qs + l])
                 lo += np.float64((q & 15) - 8) * xs[b, 0, l]
                 hi += np.float64((q >> 4) - 8) * xs[b, 1, l]
         elif qtype == IQ4_NL:
             for l in range(16):
-                q = np.int64(blk[b, 2 + l])
+                q = np.int64(blk[b, qb.IQ4_NL.qs + l])
                 lo += np.float64(kv[q & 15]) * xs[b, 0, l]
                 hi += np.float64(kv[q >> 4]) * xs[b, 1, l]
         else:
-            qh = u32(blk[b], 2)  # bit j: the fifth bit of value j
+            qh = u32(blk[b], qb.Q5_0.qh)  # bit j: the fifth bit of value j
             for l in range(16):
-                q = np.int64(blk[b, 6 + l])
+                q = np.int64(blk[b, qb.Q5_0.qs + l])
                 lo += np.float64(((q & 15) | (((qh >> l) & 1) << 4)) - 16) * xs[b, 0, l]
                 hi += np.float64(((q >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16) * xs[b, 1, l]
-        acc += np.float64(half_at(blk, b, 0, tab.halves)) * (lo + hi)
+        acc += np.float64(half_at(blk, b, qb.Q4_0.d, tab.halves)) * (lo + hi)
     return acc
 
 
 @njit(cache=True)
 def decode_q45_1(qtype, row, start, n, out, tab):  # Q4_1 20 / Q5_1 24 bytes: f16 d, f16 m, (u32 qh), qs[16]; d q + m
-    size, qs_at = (20, 4) if qtype == Q4_1 else (24, 8)
+    size, qs_at = (qb.Q4_1.size, qb.Q4_1.qs) if qtype == Q4_1 else (qb.Q5_1.size, qb.Q5_1.qs)
     for b in range(n // 32):
         o = (start // 32 + b) * size
-        d, m = tab.halves[u16(row, o)], tab.halves[u16(row, o + 2)]
-        qh = u32(row, o + 4) if qtype == Q5_1 else 0  # bit j: the fifth bit of value j
+        d, m = tab.halves[u16(row, o + qb.Q4_1.d)], tab.halves[u16(row, o + qb.Q4_1.m)]  # Q5_1's at the same bytes
+        qh = u32(row, o + qb.Q5_1.qh) if qtype == Q5_1 else 0  # bit j: the fifth bit of value j
         for j in range(32):
             q = ((np.int64(row[o + qs_at + j % 16]) >> (4 * (j // 16))) & 15) | (((qh >> j) & 1) << 4)
             out[b * 32 + j] = d * np.float32(q) + m
@@ -323,64 +324,64 @@ def decode_q45_1(qtype, row, start, n, out, tab):  # Q4_1 20 / Q5_1 24 bytes: f1
 
 @njit(cache=True, fastmath=FAST)
 def row_q45_1(qtype, row, x, xsum16, tab):  # Q4_1 / Q5_1: sum (d q + m) x = d sum q x + m sum x per block
-    size, qs_at = (20, 4) if qtype == Q4_1 else (24, 8)
+    size, qs_at = (qb.Q4_1.size, qb.Q4_1.qs) if qtype == Q4_1 else (qb.Q5_1.size, qb.Q5_1.qs)
     nb = x.shape[0] // 32
     blk, xs, sums = row.reshape(nb, size), x.reshape(nb, 2, 16), xsum16.reshape(nb, 2)
     acc = 0.0
     for b in range(nb):
-        qh = u32(blk[b], 4) if qtype == Q5_1 else 0
+        qh = u32(blk[b], qb.Q5_1.qh) if qtype == Q5_1 else 0
         s = x.dtype.type(0)
         for l in range(16):
             q = np.int64(blk[b, qs_at + l])
             lo, hi = (q & 15) | (((qh >> l) & 1) << 4), (q >> 4) | (((qh >> (l + 16)) & 1) << 4)
             s += x.dtype.type(lo) * xs[b, 0, l] + x.dtype.type(hi) * xs[b, 1, l]
-        acc += (np.float64(half_at(blk, b, 0, tab.halves)) * s
-                + np.float64(half_at(blk, b, 2, tab.halves)) * (sums[b, 0] + sums[b, 1]))
+        acc += (np.float64(half_at(blk, b, qb.Q4_1.d, tab.halves)) * s
+                + np.float64(half_at(blk, b, qb.Q4_1.m, tab.halves)) * (sums[b, 0] + sums[b, 1]))
     return acc
 
 
 @njit(cache=True)
 def decode_q1_0(qtype, row, start, n, out, tab):  # 18-byte blocks: f16 d, qs[16]; bit j set: w = d, else -d
     for b in range(n // 128):
-        o = (start // 128 + b) * 18
-        d = tab.halves[u16(row, o)]
+        o = (start // 128 + b) * qb.Q1_0.size
+        d = tab.halves[u16(row, o + qb.Q1_0.d)]
         for j in range(128):
-            out[b * 128 + j] = d if (np.int64(row[o + 2 + j // 8]) >> (j % 8)) & 1 else -d
+            out[b * 128 + j] = d if (np.int64(row[o + qb.Q1_0.qs + j // 8]) >> (j % 8)) & 1 else -d
 
 
 @njit(cache=True, fastmath=FAST)
 def row_q1_0(qtype, row, x, xsum16, tab):  # 18-byte blocks: f16 d, 128 sign bits; w = +-d
     nb = x.shape[0] // 128
-    blk, xs = row.reshape(nb, 18), x.reshape(nb, 128)
+    blk, xs = row.reshape(nb, qb.Q1_0.size), x.reshape(nb, 128)
     acc = 0.0
     for b in range(nb):
         s = x.dtype.type(0)
         for j in range(128):
-            s += xs[b, j] if (np.int64(blk[b, 2 + j // 8]) >> (j % 8)) & 1 else -xs[b, j]
-        acc += np.float64(half_at(blk, b, 0, tab.halves)) * s
+            s += xs[b, j] if (np.int64(blk[b, qb.Q1_0.qs + j // 8]) >> (j % 8)) & 1 else -xs[b, j]
+        acc += np.float64(half_at(blk, b, qb.Q1_0.d, tab.halves)) * s
     return acc
 
 
 @njit(cache=True)
 def decode_q2_0(qtype, row, start, n, out, tab):  # 18-byte blocks: f16 d, qs[16] of 2-bit q; w = (q - 1) d
     for b in range(n // 64):
-        o = (start // 64 + b) * 18
-        d = tab.halves[u16(row, o)]
+        o = (start // 64 + b) * qb.Q2_0.size
+        d = tab.halves[u16(row, o + qb.Q2_0.d)]
         for j in range(64):
-            q = (np.int64(row[o + 2 + j // 4]) >> (2 * (j % 4))) & 3
+            q = (np.int64(row[o + qb.Q2_0.qs + j // 4]) >> (2 * (j % 4))) & 3
             out[b * 64 + j] = np.float32(q - 1) * d
 
 
 @njit(cache=True, fastmath=FAST)
 def row_q2_0(qtype, row, x, xsum16, tab):  # 18-byte blocks: f16 d, 64 2-bit q; w = (q - 1) d
     nb = x.shape[0] // 64
-    blk, xs = row.reshape(nb, 18), x.reshape(nb, 64)
+    blk, xs = row.reshape(nb, qb.Q2_0.size), x.reshape(nb, 64)
     acc = 0.0
     for b in range(nb):
         s = x.dtype.type(0)
         for j in range(64):
-            s += x.dtype.type(((np.int64(blk[b, 2 + j // 4]) >> (2 * (j % 4))) & 3) - 1) * xs[b, j]
-        acc += np.float64(half_at(blk, b, 0, tab.halves)) * s
+            s += x.dtype.type(((np.int64(blk[b, qb.Q2_0.qs + j // 4]) >> (2 * (j % 4))) & 3) - 1) * xs[b, j]
+        acc += np.float64(half_at(blk, b, qb.Q2_0.d, tab.halves)) * s
     return acc
 
 
@@ -395,15 +396,15 @@ Q4_K, Q5_K = int(GT.Q4_K), int(GT.Q5_K)
 
 @njit(cache=True)
 def decode_q2_k(qtype, row, start, n, out, tab):  # 84 bytes: scales[16], qs[64], f16 d, f16 dmin
-    sb, blk, w = start // 256, row.reshape(-1, 84), out[:256].reshape(2, 4, 2, 16)
-    d, dmin = half_at(blk, sb, 80, tab.halves), half_at(blk, sb, 82, tab.halves)
+    sb, blk, w = start // 256, row.reshape(-1, qb.Q2_K.size), out[:256].reshape(2, 4, 2, 16)
+    d, dmin = half_at(blk, sb, qb.Q2_K.d, tab.halves), half_at(blk, sb, qb.Q2_K.dmin, tab.halves)
     for h in range(2):
         for s in range(4):
             for part in range(2):
-                sc = np.int64(blk[sb, h * 8 + s * 2 + part])
+                sc = np.int64(blk[sb, qb.Q2_K.scales + h * 8 + s * 2 + part])
                 dl, ml = d * np.float32(sc & 15), dmin * np.float32(sc >> 4)
                 for l in range(16):
-                    q = (np.int64(blk[sb, 16 + h * 32 + part * 16 + l]) >> (2 * s)) & 3
+                    q = (np.int64(blk[sb, qb.Q2_K.qs + h * 32 + part * 16 + l]) >> (2 * s)) & 3
                     w[h, s, part, l] = dl * np.float32(q) - ml
 
 
@@ -411,21 +412,21 @@ def decode_q2_k(qtype, row, start, n, out, tab):  # 84 bytes: scales[16], qs[64]
 def row_q2_k(qtype, row, x, xsum16, tab):  # 84 bytes: scales[16], qs[64], f16 d, f16 dmin
     # value e is 2 bits of qs[e // 128 * 32 + e % 32] at shift 2 * (e % 128 // 32), scale e // 16
     nsb = x.shape[0] // 256
-    blk, xs, sums = row.reshape(nsb, 84), x.reshape(nsb, 2, 4, 2, 16), xsum16.reshape(nsb, 2, 4, 2)
+    blk, xs, sums = row.reshape(nsb, qb.Q2_K.size), x.reshape(nsb, 2, 4, 2, 16), xsum16.reshape(nsb, 2, 4, 2)
     acc = 0.0
     for sb in range(nsb):
-        d, dmin = half_at(blk, sb, 80, tab.halves), half_at(blk, sb, 82, tab.halves)
+        d, dmin = half_at(blk, sb, qb.Q2_K.d, tab.halves), half_at(blk, sb, qb.Q2_K.dmin, tab.halves)
         for h in range(2):
             for part in range(2):  # values 16 * part .. of each 32 group: another scale
                 a0 = a1 = a2 = a3 = 0.0
                 for l in range(16):
-                    q = np.int64(blk[sb, 16 + h * 32 + part * 16 + l])
+                    q = np.int64(blk[sb, qb.Q2_K.qs + h * 32 + part * 16 + l])
                     a0 += np.float64(q & 3) * xs[sb, h, 0, part, l]
                     a1 += np.float64((q >> 2) & 3) * xs[sb, h, 1, part, l]
                     a2 += np.float64((q >> 4) & 3) * xs[sb, h, 2, part, l]
                     a3 += np.float64(q >> 6) * xs[sb, h, 3, part, l]
                 for s, a in ((0, a0), (1, a1), (2, a2), (3, a3)):
-                    sc = np.int64(blk[sb, h * 8 + s * 2 + part])
+                    sc = np.int64(blk[sb, qb.Q2_K.scales + h * 8 + s * 2 + part])
                     acc += (np.float64(d * np.float32(sc & 15)) * a
                             - np.float64(dmin * np.float32(sc >> 4)) * sums[sb, h, s, part])
     return acc
@@ -433,15 +434,15 @@ def row_q2_k(qtype, row, x, xsum16, tab):  # 84 bytes: scales[16], qs[64], f16 d
 
 @njit(cache=True)
 def decode_q3_k(qtype, row, start, n, out, tab):  # 110 bytes: hmask[32], qs[64], scales[12], f16 d
-    o = start // 256 * 110
-    d = tab.halves[u16(row, o + 108)]
+    o = start // 256 * qb.Q3_K.size
+    d = tab.halves[u16(row, o + qb.Q3_K.d)]
     for e in range(256):
         i = e // 16
-        low = (np.int64(row[o + 96 + i % 8]) >> (4 * (i // 8))) & 15
-        high = (np.int64(row[o + 104 + i % 4]) >> (2 * (i // 4))) & 3
+        low = (np.int64(row[o + qb.Q3_K.scales + i % 8]) >> (4 * (i // 8))) & 15
+        high = (np.int64(row[o + qb.Q3_K.scales + 8 + i % 4]) >> (2 * (i // 4))) & 3
         dl = d * np.float32((low | (high << 4)) - 32)
-        q = (np.int64(row[o + 32 + e // 128 * 32 + e % 32]) >> (2 * (e % 128 // 32))) & 3
-        if (np.int64(row[o + e % 32]) >> (e // 32)) & 1 == 0:  # a clear high bit means q - 4
+        q = (np.int64(row[o + qb.Q3_K.qs + e // 128 * 32 + e % 32]) >> (2 * (e % 128 // 32))) & 3
+        if (np.int64(row[o + qb.Q3_K.hmask + e % 32]) >> (e // 32)) & 1 == 0:  # a clear high bit means q - 4
             q -= 4
         out[e] = dl * np.float32(q)
 
@@ -449,24 +450,24 @@ def decode_q3_k(qtype, row, start, n, out, tab):  # 110 bytes: hmask[32], qs[64]
 @njit(cache=True, fastmath=FAST)
 def row_q3_k(qtype, row, x, xsum16, tab):  # 110 bytes: hmask[32], qs[64], scales[12], f16 d; q = 2 low bits - 4 unless the hmask bit
     nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, 110), x.reshape(nsb, 2, 4, 2, 16)
+    blk, xs = row.reshape(nsb, qb.Q3_K.size), x.reshape(nsb, 2, 4, 2, 16)
     acc = 0.0
     for sb in range(nsb):
-        d = half_at(blk, sb, 108, tab.halves)
+        d = half_at(blk, sb, qb.Q3_K.d, tab.halves)
         for h in range(2):
             for part in range(2):
                 a0 = a1 = a2 = a3 = 0.0
                 for l in range(16):
-                    q = np.int64(blk[sb, 32 + h * 32 + part * 16 + l])
-                    m = np.int64(blk[sb, part * 16 + l]) >> (4 * h)
+                    q = np.int64(blk[sb, qb.Q3_K.qs + h * 32 + part * 16 + l])
+                    m = np.int64(blk[sb, qb.Q3_K.hmask + part * 16 + l]) >> (4 * h)
                     a0 += np.float64((q & 3) - 4 + 4 * (m & 1)) * xs[sb, h, 0, part, l]
                     a1 += np.float64(((q >> 2) & 3) - 4 + 2 * (m & 2)) * xs[sb, h, 1, part, l]
                     a2 += np.float64(((q >> 4) & 3) - 4 + (m & 4)) * xs[sb, h, 2, part, l]
                     a3 += np.float64((q >> 6) - 4 + ((m >> 1) & 4)) * xs[sb, h, 3, part, l]
                 for s, a in ((0, a0), (1, a1), (2, a2), (3, a3)):
                     i = h * 8 + s * 2 + part
-                    low = (np.int64(blk[sb, 96 + i % 8]) >> (4 * (i // 8))) & 15
-                    high = (np.int64(blk[sb, 104 + i % 4]) >> (2 * (i // 4))) & 3
+                    low = (np.int64(blk[sb, qb.Q3_K.scales + i % 8]) >> (4 * (i // 8))) & 15
+                    high = (np.int64(blk[sb, qb.Q3_K.scales + 8 + i % 4]) >> (2 * (i // 4))) & 3
                     acc += np.float64(d * np.float32((low | (high << 4)) - 32)) * a
     return acc
 
@@ -481,21 +482,21 @@ def k_scale_min(row, o, j):  # 12 packed bytes at row[o] -> 6-bit (scale, min) o
 
 @njit(cache=True)
 def k_scale_ints(blk, sb):  # Q4_K/Q5_K super-block sb -> (6-bit scales, 6-bit mins) of its 8 sub-blocks
-    b = blk[sb]
-    s0, m0 = k_scale_min(b, 4, 0)
-    s1, m1 = k_scale_min(b, 4, 1)
-    s2, m2 = k_scale_min(b, 4, 2)
-    s3, m3 = k_scale_min(b, 4, 3)
-    s4, m4 = k_scale_min(b, 4, 4)
-    s5, m5 = k_scale_min(b, 4, 5)
-    s6, m6 = k_scale_min(b, 4, 6)
-    s7, m7 = k_scale_min(b, 4, 7)
+    b, at = blk[sb], qb.Q4_K.scales  # Q5_K's at the same byte
+    s0, m0 = k_scale_min(b, at, 0)
+    s1, m1 = k_scale_min(b, at, 1)
+    s2, m2 = k_scale_min(b, at, 2)
+    s3, m3 = k_scale_min(b, at, 3)
+    s4, m4 = k_scale_min(b, at, 4)
+    s5, m5 = k_scale_min(b, at, 5)
+    s6, m6 = k_scale_min(b, at, 6)
+    s7, m7 = k_scale_min(b, at, 7)
     return (s0, s1, s2, s3, s4, s5, s6, s7), (m0, m1, m2, m3, m4, m5, m6, m7)
 
 
 @njit(cache=True)
 def k_scales(blk, sb, tab):  # Q4_K/Q5_K super-block sb -> (d * scale, dmin * min) of its 8 sub-blocks
-    d, dmin = half_at(blk, sb, 0, tab.halves), half_at(blk, sb, 2, tab.halves)
+    d, dmin = half_at(blk, sb, qb.Q4_K.d, tab.halves), half_at(blk, sb, qb.Q4_K.dmin, tab.halves)
     (s0, s1, s2, s3, s4, s5, s6, s7), (m0, m1, m2, m3, m4, m5, m6, m7) = k_scale_ints(blk, sb)
     f = np.float32
     return ((d * f(s0), d * f(s1), d * f(s2), d * f(s3), d * f(s4), d * f(s5), d * f(s6), d * f(s7)),
@@ -512,12 +513,12 @@ def k_mins_term(blk, sb, sums, tab):  # -> sum_j dmin min_j sum(x of sub-block j
              + (m2 * (sums[2, 0] + sums[2, 1]) + m3 * (sums[3, 0] + sums[3, 1]))
              + ((m4 * (sums[4, 0] + sums[4, 1]) + m5 * (sums[5, 0] + sums[5, 1]))
                 + (m6 * (sums[6, 0] + sums[6, 1]) + m7 * (sums[7, 0] + sums[7, 1]))))
-    return np.float64(half_at(blk, sb, 2, tab.halves)) * terms
+    return np.float64(half_at(blk, sb, qb.Q4_K.dmin, tab.halves)) * terms
 
 
 @njit(cache=True)
 def decode_q45_k(qtype, row, start, n, out, tab):  # Q4_K 144 / Q5_K 176 bytes: d, dmin, scales[12], (qh[32]), qs[128]
-    size, qs_at = (144, 16) if qtype == Q4_K else (176, 48)
+    size, qs_at = (qb.Q4_K.size, qb.Q4_K.qs) if qtype == Q4_K else (qb.Q5_K.size, qb.Q5_K.qs)
     sb, blk = start // 256, row.reshape(-1, size)
     dl, ml = k_scales(blk, sb, tab)
     for g in range(4):  # 32 bytes: the low nibbles are sub-block 2g, the high ones 2g + 1
@@ -525,7 +526,7 @@ def decode_q45_k(qtype, row, start, n, out, tab):  # Q4_K 144 / Q5_K 176 bytes: 
         for l in range(32):
             lo, hi = nibbles(np.float32(blk[sb, qs_at + 32 * g + l]))
             if qtype == Q5_K:
-                fifth_lo, fifth_hi = bit_pair(np.float32(blk[sb, 16 + l]), 2 * g)
+                fifth_lo, fifth_hi = bit_pair(np.float32(blk[sb, qb.Q5_K.qh + l]), 2 * g)
                 lo, hi = lo + np.float32(16) * fifth_lo, hi + np.float32(16) * fifth_hi
             out[64 * g + l] = d0 * lo - ml0
             out[64 * g + 32 + l] = d1 * hi - ml1
@@ -556,7 +557,7 @@ def q45_k_block(qs, qh, fifth_bits, dl, xs):  # -> sum_j dl[j] sum_l q[j, l] x[j
 
 @njit(cache=True, fastmath=FAST)
 def row_q45_k(qtype, row, x, xsum16, tab):  # Q4_K 144 / Q5_K 176 bytes: d, dmin, scales[12], (qh[32]), qs[128]
-    size = 144 if qtype == Q4_K else 176
+    size = qb.Q4_K.size if qtype == Q4_K else qb.Q5_K.size
     nsb = x.shape[0] // 256
     blk, xs, sums = row.reshape(nsb, size), x.reshape(nsb, 8, 32), xsum16.reshape(nsb, 8, 2)
     acc = 0.0
@@ -564,32 +565,32 @@ def row_q45_k(qtype, row, x, xsum16, tab):  # Q4_K 144 / Q5_K 176 bytes: d, dmin
         dl = k_scales(blk, sb, tab)[0]
         mins = k_mins_term(blk, sb, sums[sb], tab)
         if qtype == Q4_K:  # fifth_bits a constant at each call: the Q4_K loop reads no qh
-            s = q45_k_block(blk[sb, 16:], blk[sb], 0, dl, xs[sb])
+            s = q45_k_block(blk[sb, qb.Q4_K.qs:], blk[sb], 0, dl, xs[sb])
         else:
-            s = q45_k_block(blk[sb, 48:], blk[sb, 16:48], 1, dl, xs[sb])
+            s = q45_k_block(blk[sb, qb.Q5_K.qs:], blk[sb, qb.Q5_K.qh:qb.Q5_K.qs], 1, dl, xs[sb])
         acc += np.float64(s) - mins
     return acc
 
 
 @njit(cache=True)
 def q6_k_values(blk, sb, h, l):  # Q6_K super-block sb -> values 128 h + l + (0, 32, 64, 96), q - 32
-    lo0, hi0 = nibbles(np.float32(blk[sb, 64 * h + l]))
-    lo1, hi1 = nibbles(np.float32(blk[sb, 64 * h + 32 + l]))
-    f0, f1, f2, f3 = crumbs(np.float32(blk[sb, 128 + 32 * h + l]))
+    lo0, hi0 = nibbles(np.float32(blk[sb, qb.Q6_K.ql + 64 * h + l]))
+    lo1, hi1 = nibbles(np.float32(blk[sb, qb.Q6_K.ql + 64 * h + 32 + l]))
+    f0, f1, f2, f3 = crumbs(np.float32(blk[sb, qb.Q6_K.qh + 32 * h + l]))
     k16, k32 = np.float32(16), np.float32(32)
     return lo0 + k16 * f0 - k32, lo1 + k16 * f1 - k32, hi0 + k16 * f2 - k32, hi1 + k16 * f3 - k32
 
 
 @njit(cache=True)
 def q6_k_scales(blk, sb, h, part, tab):  # -> d * scale of values 128 h + 32 s + 16 part.., s = 0..3
-    d, sc = half_at(blk, sb, 208, tab.halves), 192 + 8 * h + part
+    d, sc = half_at(blk, sb, qb.Q6_K.d, tab.halves), qb.Q6_K.scales + 8 * h + part
     return (d * np.float32(i8(blk[sb, sc])), d * np.float32(i8(blk[sb, sc + 2])),
             d * np.float32(i8(blk[sb, sc + 4])), d * np.float32(i8(blk[sb, sc + 6])))
 
 
 @njit(cache=True)
 def decode_q6_k(qtype, row, start, n, out, tab):  # 210 bytes: ql[128], qh[64], int8 scales[16], f16 d
-    sb, blk = start // 256, row.reshape(-1, 210)
+    sb, blk = start // 256, row.reshape(-1, qb.Q6_K.size)
     for h in range(2):
         for part in range(2):
             d0, d1, d2, d3 = q6_k_scales(blk, sb, h, part, tab)
@@ -611,10 +612,11 @@ def row_q6_k(qtype, row, x, xsum16, tab):  # 210 bytes: ql[128], qh[64], int8 sc
     # half h: values from ql[64 h..], qh[32 h..]; the scale changes at l = 16. Four running sums, one
     # per (half, scale), for the latency as in q45_k_block.
     nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, 210), x.reshape(nsb, 2, 4, 32)
+    blk, xs = row.reshape(nsb, qb.Q6_K.size), x.reshape(nsb, 2, 4, 32)
+    ql, qh = qb.Q6_K.ql, qb.Q6_K.qh
     acc = 0.0
     for sb in range(nsb):
-        ql0, ql1, qh0, qh1 = blk[sb, :64], blk[sb, 64:128], blk[sb, 128:160], blk[sb, 160:192]
+        ql0, ql1, qh0, qh1 = blk[sb, ql:ql + 64], blk[sb, ql + 64:ql + 128], blk[sb, qh:qh + 32], blk[sb, qh + 32:qh + 64]
         a0, b0 = q6_k_scales(blk, sb, 0, 0, tab), q6_k_scales(blk, sb, 0, 1, tab)
         a1, b1 = q6_k_scales(blk, sb, 1, 0, tab), q6_k_scales(blk, sb, 1, 1, tab)
         x0, x1 = xs[sb, 0], xs[sb, 1]
@@ -638,27 +640,27 @@ def dot_lut(qs, shift, lut, x):  # sum lut[(qs >> shift) & 15] * x: IQ4 non-line
 
 @njit(cache=True)
 def decode_iq4_xs(qtype, row, start, n, out, tab):  # 136 bytes: f16 d, u16 scales_h, scales_l[4], qs[128]
-    o = start // 256 * 136
-    d = tab.halves[u16(row, o)]
-    scales_h = u16(row, o + 2)
+    o = start // 256 * qb.IQ4_XS.size
+    d = tab.halves[u16(row, o + qb.IQ4_XS.d)]
+    scales_h = u16(row, o + qb.IQ4_XS.scales_h)
     for j in range(8):
-        ls = ((np.int64(row[o + 4 + j // 2]) >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)
+        ls = ((np.int64(row[o + qb.IQ4_XS.scales_l + j // 2]) >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)
         dl = d * np.float32(ls - 32)
         for l in range(32):
-            q = (np.int64(row[o + 8 + j * 16 + l % 16]) >> (4 * (l // 16))) & 15
+            q = (np.int64(row[o + qb.IQ4_XS.qs + j * 16 + l % 16]) >> (4 * (l // 16))) & 15
             out[j * 32 + l] = dl * tab.kvalues[q]
 
 
 @njit(cache=True, fastmath=FAST)
 def row_iq4_xs(qtype, row, x, xsum16, tab):  # 136 bytes: f16 d, u16 scales_h, scales_l[4], qs[128]
     nsb = x.shape[0] // 256
-    blk, xs, kv = row.reshape(nsb, 136), x.reshape(nsb, 8, 2, 16), tab.kvalues
+    blk, xs, kv = row.reshape(nsb, qb.IQ4_XS.size), x.reshape(nsb, 8, 2, 16), tab.kvalues
     acc = 0.0
     for sb in range(nsb):
-        d, scales_h = half_at(blk, sb, 0, tab.halves), u16(blk[sb], 2)
+        d, scales_h = half_at(blk, sb, qb.IQ4_XS.d, tab.halves), u16(blk[sb], qb.IQ4_XS.scales_h)
         for j in range(8):
-            qs = blk[sb, 8 + j * 16:24 + j * 16]
-            ls = ((np.int64(blk[sb, 4 + j // 2]) >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)
+            qs = blk[sb, qb.IQ4_XS.qs + j * 16:qb.IQ4_XS.qs + 16 + j * 16]
+            ls = ((np.int64(blk[sb, qb.IQ4_XS.scales_l + j // 2]) >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)
             s = dot_lut(qs, 0, kv, xs[sb, j, 0]) + dot_lut(qs, 4, kv, xs[sb, j, 1])
             acc += np.float64(d * np.float32(ls - 32)) * s
     return acc
@@ -681,13 +683,13 @@ def xxs_scale(d, aux, unit):  # f16 d, u32 with the 4-bit scale on top -> d (1/2
 
 @njit(cache=True)
 def decode_iq2_xxs(qtype, row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
-    blk, signed = row.reshape(-1, 66)[start // 256], tab.iq2xxs_signed
-    d = tab.halves[u16(blk, 0)]
+    blk, signed = row.reshape(-1, qb.IQ2_XXS.size)[start // 256], tab.iq2xxs_signed
+    d = tab.halves[u16(blk, qb.IQ2_XXS.d)]
     for ib in range(8):
-        aux = u32(blk, 6 + 8 * ib)
+        aux = u32(blk, qb.IQ2_XXS.qs + 4 + 8 * ib)
         db = xxs_scale(d, aux, 0.25)
         for l in range(4):  # db * (grid * sign) is gguf-py's (db * grid) * sign: a sign flip rounds alike
-            values = signed[np.int64(blk[2 + 8 * ib + l]) * 128 + ((aux >> (7 * l)) & 127)]
+            values = signed[np.int64(blk[qb.IQ2_XXS.qs + 8 * ib + l]) * 128 + ((aux >> (7 * l)) & 127)]
             for j in range(values.shape[0]):
                 out[32 * ib + 8 * l + j] = db * np.float32(values[j])
 
@@ -764,8 +766,8 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
     return intrinsic(xxs_row)
 
 
-iq2_xxs_row = xxs_row_intrinsic("iq2_xxs_row", 66, 2, 6, 8, 1, 0.25)
-iq3_xxs_row = xxs_row_intrinsic("iq3_xxs_row", 98, 2, 66, 4, 2, 0.5)
+iq2_xxs_row = xxs_row_intrinsic("iq2_xxs_row", qb.IQ2_XXS.size, qb.IQ2_XXS.qs, qb.IQ2_XXS.qs + 4, 8, 1, 0.25)
+iq3_xxs_row = xxs_row_intrinsic("iq3_xxs_row", qb.IQ3_XXS.size, qb.IQ3_XXS.qs, qb.IQ3_XXS.scales_and_signs, 4, 2, 0.5)
 
 
 @njit(cache=True)
@@ -775,15 +777,15 @@ def row_iq2_xxs(qtype, row, x, xsum16, tab):  # 66 bytes: f16 d, 8 x (4 grid byt
 
 @njit(cache=True)
 def decode_iq3_xxs(qtype, row, start, n, out, tab):  # 98 bytes: f16 d, grid bytes[64], 8 x u32 signs+scale
-    blk, signed = row.reshape(-1, 98)[start // 256], tab.iq3xxs_signed
-    d = tab.halves[u16(blk, 0)]
+    blk, signed = row.reshape(-1, qb.IQ3_XXS.size)[start // 256], tab.iq3xxs_signed
+    d = tab.halves[u16(blk, qb.IQ3_XXS.d)]
     for ib in range(8):
-        aux = u32(blk, 66 + 4 * ib)
+        aux = u32(blk, qb.IQ3_XXS.scales_and_signs + 4 * ib)
         db = xxs_scale(d, aux, 0.5)
         for l in range(4):  # two grid rows of 4 take the low and the high four of 8 sign bits
             ks = np.int64(tab.ksigns[(aux >> (7 * l)) & 127])
-            lo = signed[np.int64(blk[2 + 8 * ib + 2 * l]) * 16 + (ks & 15)]
-            hi = signed[np.int64(blk[3 + 8 * ib + 2 * l]) * 16 + (ks >> 4)]
+            lo = signed[np.int64(blk[qb.IQ3_XXS.qs + 8 * ib + 2 * l]) * 16 + (ks & 15)]
+            hi = signed[np.int64(blk[qb.IQ3_XXS.qs + 1 + 8 * ib + 2 * l]) * 16 + (ks >> 4)]
             for j in range(lo.shape[0]):
                 out[32 * ib + 8 * l + j] = db * np.float32(lo[j])
                 out[32 * ib + 8 * l + 4 + j] = db * np.float32(hi[j])
@@ -806,25 +808,26 @@ def iq1_delta(bit):  # the sign bit of an IQ1 group -> its float32 shift of the 
 
 @njit(cache=True)
 def iq1_m_d(blk):  # IQ1_M block -> the bits of its f16 d, the top nibbles of its four u16 scales
-    return (u16(blk, 48) >> 12) | ((u16(blk, 50) >> 12) << 4) | ((u16(blk, 52) >> 12) << 8) | (u16(blk, 54) >> 12 << 12)
+    at = qb.IQ1_M.scales
+    return (u16(blk, at) >> 12) | ((u16(blk, at + 2) >> 12) << 4) | ((u16(blk, at + 4) >> 12) << 8) | (u16(blk, at + 6) >> 12 << 12)
 
 
 @njit(cache=True)
 def iq1_group(qtype, blk, g, tab):  # group g of 8 values -> (grid row, dl, delta) of IQ1_S 50 / IQ1_M 56 bytes
     if qtype == IQ1_S:  # f16 d, qs[32], u16 qh[8]: qh of 32-value block ib = 3 high grid bits x 4, scale, sign
-        qh = u16(blk, 34 + 2 * (g // 4))
-        dl = iq1_scale(tab.halves[u16(blk, 0)], (qh >> 12) & 7)
-        return tab.iq1s_grid[np.int64(blk[2 + g]) | (((qh >> (3 * (g % 4))) & 7) << 8)], dl, iq1_delta(qh & 0x8000)
+        qh = u16(blk, qb.IQ1_S.qh + 2 * (g // 4))
+        dl = iq1_scale(tab.halves[u16(blk, qb.IQ1_S.d)], (qh >> 12) & 7)
+        return tab.iq1s_grid[np.int64(blk[qb.IQ1_S.qs + g]) | (((qh >> (3 * (g % 4))) & 7) << 8)], dl, iq1_delta(qh & 0x8000)
     # IQ1_M: qs[32], qh[16] (a nibble per group: 3 high grid bits, sign), u16 scales[4]: 3 bits per 16 values
-    qh = (np.int64(blk[32 + g // 2]) >> (4 * (g % 2))) & 15
-    s = (u16(blk, 48 + 2 * (g // 8)) >> (3 * (g // 2 % 4))) & 7
+    qh = (np.int64(blk[qb.IQ1_M.qh + g // 2]) >> (4 * (g % 2))) & 15
+    s = (u16(blk, qb.IQ1_M.scales + 2 * (g // 8)) >> (3 * (g // 2 % 4))) & 7
     dl = iq1_scale(tab.halves[iq1_m_d(blk)], s)
-    return tab.iq1s_grid[np.int64(blk[g]) | ((qh & 7) << 8)], dl, iq1_delta(qh & 8)
+    return tab.iq1s_grid[np.int64(blk[qb.IQ1_M.qs + g]) | ((qh & 7) << 8)], dl, iq1_delta(qh & 8)
 
 
 @njit(cache=True)
 def decode_iq1(qtype, row, start, n, out, tab):  # IQ1_S, IQ1_M: w = dl (grid + delta)
-    blk = row.reshape(-1, 50 if qtype == IQ1_S else 56)[start // 256]
+    blk = row.reshape(-1, qb.IQ1_S.size if qtype == IQ1_S else qb.IQ1_M.size)[start // 256]
     for g in range(32):
         grid, dl, delta = iq1_group(qtype, blk, g, tab)
         for j in range(8):
@@ -834,7 +837,7 @@ def decode_iq1(qtype, row, start, n, out, tab):  # IQ1_S, IQ1_M: w = dl (grid + 
 @njit(cache=True, fastmath=FAST)
 def row_iq1(qtype, row, x, xsum16, tab):  # IQ1_S 50 / IQ1_M 56 bytes: sum dl (grid + delta) x per 16 values
     nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, 50 if qtype == IQ1_S else 56), x.reshape(nsb, 32, 8)
+    blk, xs = row.reshape(nsb, qb.IQ1_S.size if qtype == IQ1_S else qb.IQ1_M.size), x.reshape(nsb, 32, 8)
     acc = 0.0
     for sb in range(nsb):
         for g in range(0, 32, 2):  # two groups share dl (IQ1_S: four)
@@ -850,19 +853,19 @@ def row_iq1(qtype, row, x, xsum16, tab):  # IQ1_S 50 / IQ1_M 56 bytes: sum dl (g
 @njit(cache=True)
 def iq2_xs_signed(blk, g, tab):  # IQ2_XS group g of 8 values -> its grid row times signs
     # 74 bytes: f16 d, u16 qs[32] (9-bit grid row, 7 sign bits), 4-bit scales[16] (per 16 values)
-    return tab.iq2xs_signed[u16(blk, 2 + 2 * g)]
+    return tab.iq2xs_signed[u16(blk, qb.IQ2_XS.qs + 2 * g)]
 
 
 @njit(cache=True)
 def iq2_s_signed(blk, g, tab):  # IQ2_S group g of 8 values -> its grid row times signs
     # 82 bytes: f16 d, qs[32], signs[32], qh[8] (2 high grid bits per group), 4-bit scales[16]
-    high = (np.int64(blk[66 + g // 4]) >> (2 * (g % 4))) & 3
-    return tab.iq2s_signed[(np.int64(blk[2 + g]) | (high << 8)) * 256 + np.int64(blk[34 + g])]
+    high = (np.int64(blk[qb.IQ2_S.qh + g // 4]) >> (2 * (g % 4))) & 3  # qs: 32 grid bytes, then 32 of signs
+    return tab.iq2s_signed[(np.int64(blk[qb.IQ2_S.qs + g]) | (high << 8)) * 256 + np.int64(blk[qb.IQ2_S.qs + 32 + g])]
 
 
 @njit(cache=True)
 def iq2_scales(blk, scales_at, ib, tab):  # 32-value block ib -> gguf-py's d (1/2 + s) / 4 of its two halves
-    d, scales = tab.halves[u16(blk, 0)], np.int64(blk[scales_at + ib])
+    d, scales = tab.halves[u16(blk, qb.IQ2_XS.d)], np.int64(blk[scales_at + ib])  # IQ2_S's d at the same byte
     return xxs_scale(d, (scales & 15) << 28, 0.25), xxs_scale(d, (scales >> 4) << 28, 0.25)
 
 
@@ -874,16 +877,16 @@ def scaled_group(db, signed, out):  # out[:8] = db * (grid * sign), which is ggu
 
 @njit(cache=True)
 def decode_iq2_xs(qtype, row, start, n, out, tab):  # 74 bytes: w = db grid sign
-    blk = row.reshape(-1, 74)[start // 256]
+    blk = row.reshape(-1, qb.IQ2_XS.size)[start // 256]
     for g in range(32):
-        scaled_group(iq2_scales(blk, 66, g // 4, tab)[g // 2 % 2], iq2_xs_signed(blk, g, tab), out[8 * g:])
+        scaled_group(iq2_scales(blk, qb.IQ2_XS.scales, g // 4, tab)[g // 2 % 2], iq2_xs_signed(blk, g, tab), out[8 * g:])
 
 
 @njit(cache=True)
 def decode_iq2_s(qtype, row, start, n, out, tab):  # 82 bytes: w = db grid sign
-    blk = row.reshape(-1, 82)[start // 256]
+    blk = row.reshape(-1, qb.IQ2_S.size)[start // 256]
     for g in range(32):
-        scaled_group(iq2_scales(blk, 74, g // 4, tab)[g // 2 % 2], iq2_s_signed(blk, g, tab), out[8 * g:])
+        scaled_group(iq2_scales(blk, qb.IQ2_S.scales, g // 4, tab)[g // 2 % 2], iq2_s_signed(blk, g, tab), out[8 * g:])
 
 
 # The IQ2_XS and IQ2_S row helpers are inlined into row_iq2 (inline="always"): as calls behind a
@@ -919,7 +922,7 @@ def iq2_s_block(b, ib, xs, tab):  # IQ2_S super-block b, 32-value block ib . xs 
 @njit(cache=True, fastmath=FAST)
 def row_iq2(qtype, row, x, xsum16, tab):  # IQ2_XS 74 / IQ2_S 82 bytes: sum db grid sign x per 16 values
     nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, 74 if qtype == IQ2_XS else 82), x.reshape(nsb, 8, 4, 8)
+    blk, xs = row.reshape(nsb, qb.IQ2_XS.size if qtype == IQ2_XS else qb.IQ2_S.size), x.reshape(nsb, 8, 4, 8)
     acc = 0.0
     for sb in range(nsb):
         for ib in range(8):
@@ -932,21 +935,22 @@ def row_iq2(qtype, row, x, xsum16, tab):  # IQ2_XS 74 / IQ2_S 82 bytes: sum db g
 
 @njit(cache=True)
 def iq3_s_rows(blk, g, tab):  # IQ3_S group g of 8 values -> grid rows times signs of values 0..3, 4..7
-    qh, signs = np.int64(blk[66 + g // 4]), np.int64(blk[74 + g])  # qh bit i % 8: the ninth bit of row i
-    lo = tab.iq3s_signed[(np.int64(blk[2 + 2 * g]) | (((qh >> (2 * g % 8)) & 1) << 8)) * 16 + (signs & 15)]
-    hi = tab.iq3s_signed[(np.int64(blk[3 + 2 * g]) | (((qh >> (2 * g % 8 + 1)) & 1) << 8)) * 16 + (signs >> 4)]
+    qh, signs = np.int64(blk[qb.IQ3_S.qh + g // 4]), np.int64(blk[qb.IQ3_S.signs + g])  # qh bit i % 8: row i's ninth bit
+    lo = tab.iq3s_signed[(np.int64(blk[qb.IQ3_S.qs + 2 * g]) | (((qh >> (2 * g % 8)) & 1) << 8)) * 16 + (signs & 15)]
+    hi = tab.iq3s_signed[(np.int64(blk[qb.IQ3_S.qs + 1 + 2 * g]) | (((qh >> (2 * g % 8 + 1)) & 1) << 8)) * 16
+                         + (signs >> 4)]
     return lo, hi
 
 
 @njit(cache=True)
 def iq3_s_scale(blk, ib, tab):  # IQ3_S 32-value block ib -> d (1 + 2 s)
-    s = (np.int64(blk[106 + ib // 2]) >> (4 * (ib % 2))) & 15
-    return tab.halves[u16(blk, 0)] * np.float32(1 + 2 * s)
+    s = (np.int64(blk[qb.IQ3_S.scales + ib // 2]) >> (4 * (ib % 2))) & 15
+    return tab.halves[u16(blk, qb.IQ3_S.d)] * np.float32(1 + 2 * s)
 
 
 @njit(cache=True)
 def decode_iq3_s(qtype, row, start, n, out, tab):  # 110 bytes: f16 d, qs[64], qh[8], signs[32], 4-bit scales[8]
-    blk = row.reshape(-1, 110)[start // 256]
+    blk = row.reshape(-1, qb.IQ3_S.size)[start // 256]
     for g in range(32):
         db = iq3_s_scale(blk, g // 4, tab)
         lo, hi = iq3_s_rows(blk, g, tab)
@@ -958,7 +962,7 @@ def decode_iq3_s(qtype, row, start, n, out, tab):  # 110 bytes: f16 d, qs[64], q
 @njit(cache=True, fastmath=FAST)
 def row_iq3_s(qtype, row, x, xsum16, tab):  # 110 bytes: f16 d, qs[64], qh[8], signs[32], 4-bit scales[8]
     nsb = x.shape[0] // 256
-    blk, xs = row.reshape(nsb, 110), x.reshape(nsb, 8, 4, 2, 4)
+    blk, xs = row.reshape(nsb, qb.IQ3_S.size), x.reshape(nsb, 8, 4, 2, 4)
     acc = 0.0
     for sb in range(nsb):
         for ib in range(8):
@@ -985,19 +989,19 @@ def trit(byte, power):  # TQ1_0: a byte holding five base-3 digits -> the digit 
 
 # TQ1_0's 54 bytes: qs[48], qh[4], f16 d. Parts (first byte, bytes, digits): digit k of byte at + l
 # is value 5 at + k nbytes + l (qs[0:32] holds values 0..159, qs[32:48] 160..239, qh 240..255).
-TQ1_0_PARTS = ((0, 32, 5), (32, 16, 5), (48, 4, 4))
+TQ1_0_PARTS = ((qb.TQ1_0.qs, 32, 5), (qb.TQ1_0.qs + 32, 16, 5), (qb.TQ1_0.qh, 4, 4))
 
 
 @njit(cache=True)
 def tq2_0_q(blk, h, k, l):  # TQ2_0 (66 bytes: qs[64], f16 d) -> q - 1 of value 128 h + 32 k + l
-    return ((np.int64(blk[32 * h + l]) >> (2 * k)) & 3) - 1
+    return ((np.int64(blk[qb.TQ2_0.qs + 32 * h + l]) >> (2 * k)) & 3) - 1
 
 
 @njit(cache=True)
 def decode_tq(qtype, row, start, n, out, tab):  # TQ1_0 54 / TQ2_0 66 bytes: w = d (q - 1)
-    size = 54 if qtype == TQ1_0 else 66
+    size, d_at = (qb.TQ1_0.size, qb.TQ1_0.d) if qtype == TQ1_0 else (qb.TQ2_0.size, qb.TQ2_0.d)
     blk = row.reshape(-1, size)[start // 256]
-    d = tab.halves[u16(blk, size - 2)]
+    d = tab.halves[u16(blk, d_at)]
     if qtype == TQ1_0:
         for at, nbytes, digits in TQ1_0_PARTS:
             for k in range(digits):
@@ -1022,7 +1026,7 @@ def trit_dot(qs, xs):  # TQ1_0 bytes [n], x [digits, n] -> sum of (digit k of qs
 
 @njit(cache=True, fastmath=FAST)
 def row_tq(qtype, row, x, xsum16, tab):  # TQ1_0 54 / TQ2_0 66 bytes: w = d (q - 1)
-    size = 54 if qtype == TQ1_0 else 66
+    size, d_at = (qb.TQ1_0.size, qb.TQ1_0.d) if qtype == TQ1_0 else (qb.TQ2_0.size, qb.TQ2_0.d)
     nsb = x.shape[0] // 256
     blk, xs = row.reshape(nsb, size), x.reshape(nsb, 256)
     acc = 0.0
@@ -1036,7 +1040,7 @@ def row_tq(qtype, row, x, xsum16, tab):  # TQ1_0 54 / TQ2_0 66 bytes: w = d (q -
                 for k in range(4):
                     for l in range(32):
                         s += x.dtype.type(tq2_0_q(blk[sb], h, k, l)) * xs[sb, 128 * h + 32 * k + l]
-        acc += np.float64(half_at(blk, sb, size - 2, tab.halves)) * s
+        acc += np.float64(half_at(blk, sb, d_at, tab.halves)) * s
     return acc
 
 

@@ -20,10 +20,11 @@ element-wise hooks rms_norm, rope_norm, sigmoid, swiglu and softcap. Attention r
 llama.cpp's KV cell j (one sequence from position 0, so cell = position) and applies the cache type
 when it reads K and V, which is the same as rounding them when they are stored.
 
-A q8_0 cache (K and V) is llama.cpp's quantized cache: V quantized forces flash attention, K and V
-rows are stored as Q8_0 blocks, Q is converted to Q8_0 for the K dot products, and for head sizes
-that are multiples of 64 q, k, v and the attention output are rotated by Walsh-Hadamard transforms
-(llama-kv-cache.cpp attn_rot_k / attn_rot_v).
+A q8_0 cache is llama.cpp's quantized cache: V quantized forces flash attention, K and V rows are
+stored as Q8_0 blocks, Q is converted to Q8_0 for the K dot products, and for head sizes that are
+multiples of 64 q, k, v and the attention output are rotated by Walsh-Hadamard transforms
+(llama-kv-cache.cpp attn_rot_k / attn_rot_v). K and V types may differ (-ctk, -ctv): each side is
+stored, rotated and read by its own type (a q8_0 K with flash attention off: K.Q a Q8_0 mul_mat).
 
 Not modelled (GgmlCpuError): other quantized KV types, weight types without a decoder below (MXFP4
 among them).
@@ -40,7 +41,8 @@ from .attention import (attention_flash, attention_mul_mat, attention_q8_0, flas
 from .backend import GgmlCpuBackend
 from .blocks import DECODERS, QuantRows, decode
 from .build import BUILD, KV_TYPES, UBATCH, GgmlCpuError
-from .target import CLANG_BUILDS, DEFAULT_TARGET, TARGETS, Target, host_differences, target, target_of_system_info
+from .target import (CLANG_BUILDS, CPU_CHOICES, DEFAULT_TARGET, TARGETS, VARIANT_TARGET, Target, host_differences,
+                     host_variant, target, target_of_system_info)
 from .elementwise import gelu_erf, layer_norm, rms_norm, rope_2d, rope_norm, sigmoid, soft_max, softcap, swiglu
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled, vec_dot_q8_0

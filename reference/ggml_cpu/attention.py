@@ -9,7 +9,7 @@ from .elementwise import soft_max  # noqa: F401 (called through KERNELS)
 from .float_dots import vec_dot_f16, vec_dot_f32  # noqa: F401 (vec_dot_f32 through KERNELS)
 from .int_dots import vec_dot_q8_0
 from .libm import libm, v_expf
-from .mul_mat import float_mul_mat  # noqa: F401 (called through KERNELS)
+from .mul_mat import float_mul_mat, mul_mat  # noqa: F401 (called through KERNELS)
 from .quantize import QuantActs, quantize_q8_0
 from .rounding import F32, F64, fma32, register_sum, round_f16
 from .target import AVX512
@@ -35,22 +35,42 @@ def pad_cells(a, n_kv):  # [S, ...] -> [n_kv, ...], zero cells past the filled o
     return np.concatenate([a, np.zeros((n_kv - len(a),) + a.shape[1:], a.dtype)]) if n_kv > len(a) else a
 
 
-def cells_by_head(k, v, n_kv, kv_type):  # k/v [S, Hkv, D] -> K [Hkv, n_kv, D], V^T [Hkv, D, n_kv]
-    """The cells as the products read them, each kv head's contiguous: in the cache's type (F16
-    values, or F32 as they are) and zero past the filled ones."""
-    if kv_type == "f16":
-        k, v = round_f16(k), round_f16(v)
+def cells_by_head(k, v, n_kv, k_type, v_type):  # k/v [S, Hkv, D] -> K [Hkv, n_kv, D], V^T [Hkv, D, n_kv]
+    """The cells as the products read them, each kv head's contiguous: in each side's cache type (F16
+    values; F32 and Q8_0 cells as they are, the Q8_0 ones quantized by their product) and zero past
+    the filled ones."""
+    k = round_f16(k) if k_type == "f16" else k
+    v = round_f16(v) if v_type == "f16" else v
     k, v = pad_cells(k, n_kv), pad_cells(v, n_kv)
     return np.ascontiguousarray(k.transpose(1, 0, 2)), np.ascontiguousarray(v.transpose(1, 2, 0))
 
 
-def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, kernels=None, cells=True):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
-    """Flash attention off: kq = K.Q (mul_mat), soft_max_ext(kq, F32 mask, scale), kqv = V^T.P.
-    kernels: the module of cells_by_head, float_mul_mat, vec_dot_f32 and soft_max (default this emulation's; the
-    numba twin passes its own). cells: K and V are a KV cache's cells (padded to n_kv_cells), of
-    which those before every query's first visible one are left out (unseen_cells: a sliding
-    window's step reads its window); False: a graph's tensors, as long as they are (attention_graph)."""
+class CacheRows:
+    """One KV head's Q8_0 cells served as mul_mat reads a weight matrix (type_name, raw): K.Q of a
+    Q8_0 K cache is a Q8_0 mul_mat, its rows the cache's cells."""
+
+    def __init__(self, rows):  # QuantActs of the cells: d [n_kv, nb], q [n_kv, nb, 32]
+        d = rows.d.astype(np.float16).view(np.uint8).reshape(*rows.d.shape, 2)  # block_q8_0: f16 d, then 32 int8
+        self.blocks = np.concatenate([d, rows.q.astype(np.int8).view(np.uint8)], axis=-1).reshape(len(d), -1)
+
+    def type_name(self, name):
+        return "Q8_0"
+
+    def raw(self, name):
+        return self.blocks
+
+
+def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, kernels=None, cells=True, v_type=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    """Flash attention off: kq = K.Q (mul_mat), soft_max_ext(kq, F32 mask, scale), kqv = V^T.P (V
+    stored transposed, which changes no value). kv_type: K's cache type, and V's unless v_type (each
+    product takes its own side's type: f16 or f32; K also q8_0, its cells quantized, with q rotated
+    alike where the head size is a multiple of 64). kernels: the module of float_mul_mat, mul_mat,
+    vec_dot_f32, soft_max, fwht and quantize_q8_0 (default this emulation's; the numba twin passes its
+    own; cells_by_head too). cells: K and V are a KV cache's cells (padded to n_kv_cells), of which
+    those before every query's first visible one are left out (unseen_cells: a sliding window's
+    step reads its window); False: a graph's tensors, as long as they are (attention_graph)."""
     kernels = kernels or KERNELS
+    v_type = v_type or kv_type
     T, H, D = q.shape
     group = H // k.shape[1]
     n_kv = n_kv_cells(len(k)) if cells else len(k)
@@ -58,7 +78,12 @@ def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, kernels=N
         skip = unseen_cells(visible, n_kv)
         k, v, visible, n_kv = k[skip:], v[skip:], visible[:, skip:], n_kv - skip
     visible = np.tile(pad_cells(visible.T, n_kv).T, (group, 1))  # the rows of a group's heads, one head after another
-    k_heads, v_heads = kernels.cells_by_head(k, v, n_kv, kv_type)
+    if kv_type == "q8_0" and D % 32:
+        raise GgmlCpuError(f"a q8_0 KV cache needs a head size that is a multiple of 32, not {D}")
+    rotation = hadamard_sizes(D) if kv_type == "q8_0" else None
+    if rotation:  # attn_rot_k: q and k by the largest power-of-two Hadamard dividing the head size
+        q, k = kernels.fwht(q, rotation[0]), kernels.fwht(k, rotation[0])
+    k_heads, v_heads = kernels.cells_by_head(k, v, n_kv, kv_type, v_type)
     out = np.empty_like(q)
     for g in range(len(k_heads)):  # the heads that share a KV head in one product: ggml's mul_mat takes each
         heads = slice(g * group, (g + 1) * group)  # head's T rows as one batch, hence batch_rows=T
@@ -66,10 +91,14 @@ def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, kernels=N
         kg, vg_t = k_heads[g], v_heads[g]
         if kv_type == "f16":  # Q converted to f16 first, then contiguous: the F16 matmul
             kq = kernels.float_mul_mat(round_f16(qg), kg, "F16", target, batch_rows=T)
+        elif kv_type == "q8_0":  # Q converted to Q8_0 (contiguous), each head's T rows one llamafile_sgemm call
+            cache = CacheRows(kernels.quantize_q8_0(kg))
+            kq = np.concatenate([kernels.mul_mat(qg[i:i + T], cache, "cache_k", {}, False, None, target)
+                                 for i in range(0, group * T, T)])
         else:  # the permuted Q is not contiguous, so llamafile refuses it: vec_dot_f32 row by row
             kq = kernels.vec_dot_f32(qg[:, None, :], kg[None], target)
         p = kernels.soft_max(kq, visible, scale, target)
-        kqv = (kernels.float_mul_mat(round_f16(p), vg_t, "F16", target, batch_rows=T) if kv_type == "f16"
+        kqv = (kernels.float_mul_mat(round_f16(p), vg_t, "F16", target, batch_rows=T) if v_type == "f16"
                else kernels.float_mul_mat(p, vg_t, "F32", target, batch_rows=T))
         out[:, heads] = kqv.reshape(group, T, D).transpose(1, 0, 2)
     return out
@@ -98,26 +127,42 @@ def fwht(x, n):  # x [..., D] f32, n a power of two dividing D -> [..., D]: each
     return y.reshape(np.shape(x))
 
 
-def attention_q8_0(q, k, v, visible, scale, target=AVX512, kernels=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
-    """A Q8_0 cache (flash attention on): q, k, v rotated (head sizes multiple of 64), K and V rows
-    stored through quantize_row_q8_0, the one-chunk kernel (tiled and KV-split kernels take only F16/F32
-    caches) with Q in Q8_0 and V dequantized exactly, the output rotated back. kernels: the module of
-    fwht, quantize_q8_0 and flash_chunk."""
+def flash_types(k_type, v_type):  # the cache types -> the types ggml_flash_attn_ext reads
+    """llama-graph.cpp build_attn_mha casts an F32 K or V to F16 before the flash-attention op."""
+    return tuple("f16" if t == "f32" else t for t in (k_type, v_type))
+
+
+def attention_q8_0(q, k, v, visible, scale, target=AVX512, kernels=None, k_type="q8_0", v_type="q8_0"):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    """Flash attention over a cache with a Q8_0 side (k_type, v_type: "q8_0" or "f16", at least one
+    "q8_0"). A quantized side is rotated (llama_kv_cache's attn_rot_k, attn_rot_v: head sizes multiple
+    of 64; K with q, V with the output rotated back) and stored through quantize_row_q8_0. The
+    one-chunk kernel runs (the tiled and KV-split kernels take only equal F16/F32 types): Q in K's
+    vec_dot type (Q8_0 or F16); a Q8_0 V dequantized exactly into an f32 accumulator, an F16 V
+    accumulated in f16. kernels: the module of fwht, quantize_q8_0 and flash_chunk."""
     kernels = kernels or KERNELS
     H, D = q.shape[1:]
     if D % 32:
         raise GgmlCpuError(f"a q8_0 KV cache needs a head size that is a multiple of 32, not {D}")
     rotation = hadamard_sizes(D)
-    if rotation:
-        q, k, v = kernels.fwht(q, rotation[0]), kernels.fwht(k, rotation[0]), kernels.fwht(v, rotation[1])
+    rotate_k, rotate_v = (rotation and k_type == "q8_0"), (rotation and v_type == "q8_0")
+    if rotate_k:
+        q, k = kernels.fwht(q, rotation[0]), kernels.fwht(k, rotation[0])
+    if rotate_v:
+        v = kernels.fwht(v, rotation[1])
     heads = np.arange(H) // (H // k.shape[1])
-    k_rows = kernels.quantize_q8_0(k[:, heads].reshape(-1, D))
-    v_rows = kernels.quantize_q8_0(v[:, heads].reshape(-1, D))
-    # dequantize_row_q8_0: f16 scale times int8 is exact in float32
-    v_values = (v_rows.d[..., None] * v_rows.q.astype(F32)).reshape(len(v), H, D).astype(F32)
-    out = kernels.flash_chunk(q, (k_rows.d.reshape(len(k), H, -1), k_rows.q.reshape(len(k), H, -1, 32)), v_values,
-                              visible, scale, range(len(k)), "q8_0", target)
-    return kernels.fwht(out, rotation[1]) if rotation else out
+    k, v = k[:, heads], v[:, heads]  # [S, H, D]
+    if k_type == "q8_0":
+        k_rows = kernels.quantize_q8_0(k.reshape(-1, D))
+        k = (k_rows.d.reshape(len(k), H, -1), k_rows.q.reshape(len(k), H, -1, 32))
+    else:
+        k = round_f16(k)
+    if v_type == "q8_0":  # dequantize_row_q8_0: f16 scale times int8 is exact in float32
+        v_rows = kernels.quantize_q8_0(v.reshape(-1, D))
+        v = (v_rows.d[..., None] * v_rows.q.astype(F32)).reshape(v.shape).astype(F32)
+    else:
+        v = round_f16(v)
+    out = kernels.flash_chunk(q, k, v, visible, scale, range(len(v)), k_type, target, v_type=v_type)
+    return kernels.fwht(out, rotation[1]) if rotate_v else out
 
 
 FA_TILE = 64  # GGML_FA_TILE_Q = GGML_FA_TILE_KV
@@ -145,22 +190,23 @@ def flash_normalise(s_sum, acc):  # S [T, H], VKQ [T, H, D] -> [T, H, D]: VKQ * 
     return acc * np.where(s_sum == 0, F32(0), F32(1) / np.where(s_sum == 0, F32(1), s_sum))[..., None]
 
 
-def flash_chunk(q, k, v, visible, scale, cells, kv_type, target=AVX512, partial=False):  # q [T, H, D] -> [T, H, D]
+def flash_chunk(q, k, v, visible, scale, cells, kv_type, target=AVX512, partial=False, v_type=None):  # q [T, H, D] -> [T, H, D]
     """The one-chunk kernel over v [n_kv, H, D] (partial: M [T, H], S [T, H] and the unnormalised
     VKQ [T, H, D]). Cells are visited in order skipping masked ones; the score is the K row's
     vec_dot with Q converted to K's vec_dot type, times scale; an online softmax with glibc expf.
-    F16 cache (k [n_kv, H, D]): Q rounded to f16, vec_dot_f16, an f16 V accumulator scaled
-    (vec_scale_f16) and accumulated (vec_mad_f16, fused) with a rounding to f16 at every step.
-    Q8_0 cache (k = (d [n_kv, H, nb], q [n_kv, H, nb, 32])): Q through quantize_row_q8_0,
-    vec_dot_q8_0_q8_0, an f32 accumulator (vec_scale_f32, vec_mad_f32 fused)."""
+    kv_type is K's type, and V's unless v_type. F16 K (k [n_kv, H, D]): Q rounded to f16, vec_dot_f16.
+    Q8_0 K (k = (d [n_kv, H, nb], q [n_kv, H, nb, 32])): Q through quantize_row_q8_0,
+    vec_dot_q8_0_q8_0. F16 V: an f16 accumulator scaled (vec_scale_f16) and accumulated (vec_mad_f16,
+    fused) with a rounding to f16 at every step; another V (its values as float32): an f32
+    accumulator (vec_scale_f32, vec_mad_f32 fused)."""
     T, H, D = q.shape
     if kv_type == "f16":
         q16 = round_f16(q)
-        rounding = round_f16
     else:
         q8 = quantize_q8_0(q.reshape(T * H, D))
         q8 = QuantActs(q8.d.reshape(T, H, -1), q8.q.reshape(T, H, -1, 32))
-        rounding = np.asarray  # the f32 accumulator keeps every FMA's float32 result
+    # the f32 accumulator keeps every FMA's float32 result
+    rounding = round_f16 if (v_type or kv_type) == "f16" else np.asarray
     acc = np.zeros((T, H, v.shape[-1]), F32)
     m = np.full((T, H), -np.inf, F32)
     s_sum = np.zeros((T, H), F32)

@@ -3,7 +3,7 @@ import warnings
 
 import numpy as np
 
-from .attention import attention_flash, attention_graph, attention_mul_mat, attention_q8_0
+from .attention import attention_flash, attention_graph, attention_mul_mat, attention_q8_0, flash_types
 from .elementwise import gelu_erf, interpolate_bilinear, layer_norm, rms_norm, rope_2d, rope_neox, rope_norm, sigmoid, softcap, swiglu
 from .build import BUILD, KV_TYPES, GgmlCpuError
 from .mul_mat import FLOAT_KERNELS, float_mul_mat, mul_mat
@@ -13,9 +13,10 @@ from .target import DEFAULT_TARGET, host_differences, target
 
 class GgmlCpuBackend:
     """The backend interface of reference/backend.py plus the element-wise hooks, computing what
-    llama.cpp's CPU backend computes. kv_type: "f16" (llama.cpp's default), "f32" or "q8_0" (needs
-    flash attention, as in llama.cpp); flash_attn as the llama.cpp context had it (llama-cpp-python's
-    default: off); repack: whether llama.cpp's CPU_REPACK buffer holds the weights (its default;
+    llama.cpp's CPU backend computes. kv_type: the K cache type (-ctk), and V's unless v_type (-ctv)
+    names another: "f16" (llama.cpp's default), "f32" or "q8_0" (a q8_0 V needs flash attention, as in
+    llama.cpp); flash_attn as the llama.cpp context had it (llama-cpp-python's default: off);
+    repack: whether llama.cpp's CPU_REPACK buffer holds the weights (its default;
 off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_threads matters only for the KV-split flash-attention decode;
     cpu: the CPU build of llama.cpp to round as (target.py: "avx2", "avx512", "neon", "neon-i8mm",
     "neon-clang", "neon-i8mm-clang"; the default avx512).
@@ -31,21 +32,23 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
     attention_kernels = None
 
     def __init__(self, kv_type="f16", flash_attn=False, n_threads=2, check_host=True, repack=True, cache_bytes=None,
-                 cpu=DEFAULT_TARGET):
-        if kv_type not in KV_TYPES:
-            raise GgmlCpuError(f"KV cache type {kv_type!r} is not emulated ({', '.join(KV_TYPES)})")
-        if kv_type == "q8_0" and not flash_attn:
-            raise GgmlCpuError("a q8_0 KV cache needs flash attention "
-                               "(llama.cpp refuses a quantized V cache without it)")
+                 cpu=DEFAULT_TARGET, v_type=None):
+        v_type = v_type or kv_type
+        for cache_type in (kv_type, v_type):
+            if cache_type not in KV_TYPES:
+                raise GgmlCpuError(f"KV cache type {cache_type!r} is not emulated ({', '.join(KV_TYPES)})")
+        if v_type == "q8_0" and not flash_attn:
+            raise GgmlCpuError("a q8_0 V cache needs flash attention (llama.cpp refuses a quantized V cache without it)")
         self.target = target(cpu)
-        if kv_type == "q8_0" and self.target.neon:
+        if "q8_0" in (kv_type, v_type) and self.target.neon:
             raise GgmlCpuError(f"a q8_0 KV cache is not emulated on the {cpu} target (its Q8_0 K dot products: "
                                "ggml_vec_dot_q8_0_q8_0's NEON lanes)")
         for difference in host_differences(self.target) if check_host else ():
             warnings.warn(f"ggml-cpu numerics model the {cpu} build of {BUILD}; this machine's llama.cpp differs: "
                           f"{difference}", stacklevel=2)
         self.dtype = np.dtype(F32)
-        self.kv_type, self.flash_attn, self.n_threads, self.repack = kv_type, flash_attn, n_threads, repack
+        self.k_type, self.v_type = kv_type, v_type
+        self.flash_attn, self.n_threads, self.repack = flash_attn, n_threads, repack
         self.decoded = {}  # Weights -> {tensor name: decoded}: a drafter's blk.* names are also its target's
         self.cache_bytes = cache_bytes  # of decoded quantized weights per Weights (None: mul_mat's DECODED_CACHE_BYTES)
 
@@ -65,11 +68,12 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         # scale is used as a float32: llama.cpp's kq_scale is 1.0f/sqrtf(head_dim), computed in float32
         q, k, v = (np.asarray(a, F32) for a in (q, k, v))
-        if self.kv_type == "q8_0":
-            return attention_q8_0(q, k, v, visible, scale, self.target)
-        if self.flash_attn:
+        if not self.flash_attn:
+            return attention_mul_mat(q, k, v, visible, scale, self.k_type, self.target, v_type=self.v_type)
+        k_type, v_type = flash_types(self.k_type, self.v_type)
+        if (k_type, v_type) == ("f16", "f16"):
             return attention_flash(q, k, v, visible, scale, self.n_threads, self.target)
-        return attention_mul_mat(q, k, v, visible, scale, self.kv_type, self.target)
+        return attention_q8_0(q, k, v, visible, scale, self.target, k_type=k_type, v_type=v_type)
 
     def graph_attention(self, q, k, v, visible, scale):  # [T, H, D] x3, [T, T] -> [T, H, D]
         """Attention over a graph's own tensors, no KV cache (mtmd's vision tower)."""

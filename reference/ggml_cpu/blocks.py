@@ -3,6 +3,9 @@ import copy
 
 import numpy as np
 
+from reference.quant_blocks import (BLOCKS, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS,
+                                     Q1_0, Q2_0, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, TQ1_0, TQ2_0)
+
 from .rounding import F32
 
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int64)
@@ -21,12 +24,12 @@ class QuantRows:
         self.sub, self.post, self.unsigned_offset, self.min_lanes = sub, post, unsigned_offset, min_lanes
 
 
-def f16_at(blocks, offset):  # uint8 [..., nbytes] -> f32 [...]: the little-endian half at byte offset
-    return np.ascontiguousarray(blocks[..., offset:offset + 2]).view(np.float16)[..., 0].astype(F32)
+def f16(field):  # uint8 [..., 2] -> f32 [...]: the little-endian half
+    return np.ascontiguousarray(field).view(np.float16)[..., 0].astype(F32)
 
 
-def bits_at(blocks, offset, n_bytes):  # uint8 [..., nbytes] -> uint8 [..., 8*n_bytes]: bit i of the little-endian field
-    return np.unpackbits(blocks[..., offset:offset + n_bytes], axis=-1, bitorder="little")
+def bits(field):  # uint8 [..., n] -> int [..., 8n]: bit i of the little-endian field
+    return np.unpackbits(field, axis=-1, bitorder="little").astype(np.int64)
 
 
 def nibbles(qs):  # uint8 [..., n] -> int [..., 2n]: low nibbles of all bytes, then high nibbles
@@ -52,118 +55,129 @@ def iq_signs(sign_index):  # int [...] (7 bits) -> +-1 [..., 8]: ksigns_iq2xs, b
 
 
 def decode_q8_0(b):  # [O, nb, 34]
-    return QuantRows(f16_at(b, 0), b[..., 2:34].view(np.int8).astype(np.int64))
+    q = Q8_0.of(b)
+    return QuantRows(f16(q.d), q.qs.view(np.int8).astype(np.int64))
 
 
 def decode_q4_0(b):  # [O, nb, 18]
-    return QuantRows(f16_at(b, 0), nibbles(b[..., 2:18]) - 8)
+    q = Q4_0.of(b)
+    return QuantRows(f16(q.d), nibbles(q.qs) - 8)
 
 
 def decode_q5_0(b):  # [O, nb, 22]
-    return QuantRows(f16_at(b, 0), nibbles(b[..., 6:22]) + 16 * bits_at(b, 2, 4) - 16)
+    q = Q5_0.of(b)
+    return QuantRows(f16(q.d), nibbles(q.qs) + 16 * bits(q.qh) - 16)
 
 
 def decode_q5_1(b):  # [O, nb, 24]: w = d * value + m
-    return QuantRows(f16_at(b, 0), nibbles(b[..., 8:24]) + 16 * bits_at(b, 4, 4), m=f16_at(b, 2))
+    q = Q5_1.of(b)
+    return QuantRows(f16(q.d), nibbles(q.qs) + 16 * bits(q.qh), m=f16(q.m))
 
 
 def decode_iq4_nl(b):  # [O, nb, 18]
-    return QuantRows(f16_at(b, 0), KVALUES_IQ4NL[nibbles(b[..., 2:18])])
+    q = IQ4_NL.of(b)
+    return QuantRows(f16(q.d), KVALUES_IQ4NL[nibbles(q.qs)])
 
 
 def decode_q4_k(b):  # [O, nb, 144]: d, dmin, 12 scale bytes, 128 nibble bytes (64 elements per 32 bytes)
-    qs = b[..., 16:144].reshape(b.shape[:-1] + (4, 32))
-    sc, mn = k_scale_min(b[..., 4:16])
-    return QuantRows(f16_at(b, 0), nibbles(qs).reshape(b.shape[:-1] + (256,)), sc, mn, f16_at(b, 2), min_lanes=4)
+    q = Q4_K.of(b)
+    sc, mn = k_scale_min(q.scales)
+    values = nibbles(q.qs.reshape(b.shape[:-1] + (4, 32))).reshape(b.shape[:-1] + (256,))
+    return QuantRows(f16(q.d), values, sc, mn, f16(q.dmin), min_lanes=4)
 
 
 def decode_q5_k(b):  # [O, nb, 176]: as Q4_K plus 32 bytes of fifth bits (bit 2j: low half of chunk j)
-    qs = b[..., 48:176].reshape(b.shape[:-1] + (4, 32))
-    high = np.unpackbits(b[..., 16:48, None], axis=-1, bitorder="little").astype(np.int64)  # [..., 32, 8]
+    q = Q5_K.of(b)
+    high = np.unpackbits(q.qh[..., None], axis=-1, bitorder="little").astype(np.int64)  # [..., 32, 8]
     high = high.transpose(tuple(range(high.ndim - 2)) + (high.ndim - 1, high.ndim - 2))  # [..., 8, 32]
-    sc, mn = k_scale_min(b[..., 4:16])
-    values = nibbles(qs).reshape(b.shape[:-1] + (256,)) + 16 * high.reshape(b.shape[:-1] + (256,))
-    return QuantRows(f16_at(b, 0), values, sc, mn, f16_at(b, 2))
+    sc, mn = k_scale_min(q.scales)
+    values = nibbles(q.qs.reshape(b.shape[:-1] + (4, 32))).reshape(b.shape[:-1] + (256,)) + 16 * high.reshape(
+        b.shape[:-1] + (256,))
+    return QuantRows(f16(q.d), values, sc, mn, f16(q.dmin))
 
 
 def decode_q6_k(b):  # [O, nb, 210]: ql[128], qh[64], int8 scales[16], d; unsigned 6-bit codes, offset 32
-    ql = b[..., 0:128].reshape(b.shape[:-1] + (2, 64)).astype(np.int64)
-    qh = b[..., 128:192].reshape(b.shape[:-1] + (2, 32)).astype(np.int64)
+    q = Q6_K.of(b)
+    ql = q.ql.reshape(b.shape[:-1] + (2, 64)).astype(np.int64)
+    qh = q.qh.reshape(b.shape[:-1] + (2, 32)).astype(np.int64)
     parts = [(ql[..., 0:32] & 15) | ((qh & 3) << 4), (ql[..., 32:64] & 15) | (((qh >> 2) & 3) << 4),
              (ql[..., 0:32] >> 4) | (((qh >> 4) & 3) << 4), (ql[..., 32:64] >> 4) | (((qh >> 6) & 3) << 4)]
     codes = np.concatenate(parts, axis=-1).reshape(b.shape[:-1] + (256,))
-    scales = b[..., 192:208].view(np.int8).astype(np.int64)
-    return QuantRows(f16_at(b, 208), codes, scales, sub=16, unsigned_offset=32)
+    return QuantRows(f16(q.d), codes, q.scales.view(np.int8).astype(np.int64), sub=16, unsigned_offset=32)
 
 
 def decode_q2_k(b):  # [O, nb, 84]: 16 scale bytes (scale | min << 4), 64 bytes of 2-bit codes, d, dmin
-    qs = b[..., 16:80].reshape(b.shape[:-1] + (2, 1, 32)).astype(np.int64)
+    q = Q2_K.of(b)
+    qs = q.qs.reshape(b.shape[:-1] + (2, 1, 32)).astype(np.int64)
     codes = (qs >> (2 * np.arange(4))[:, None]) & 3  # [..., 2, 4, 32]
-    s = b[..., 0:16].astype(np.int64)
-    return QuantRows(f16_at(b, 80), codes.reshape(b.shape[:-1] + (256,)), s & 15, s >> 4, f16_at(b, 82), sub=16)
+    s = q.scales.astype(np.int64)
+    return QuantRows(f16(q.d), codes.reshape(b.shape[:-1] + (256,)), s & 15, s >> 4, f16(q.dmin), sub=16)
 
 
 def decode_q3_k(b):  # [O, nb, 110]: hmask[32], qs[64], 12 scale bytes (6-bit, minus 32), d
-    qs = b[..., 32:96].reshape(b.shape[:-1] + (2, 1, 32)).astype(np.int64)
+    q = Q3_K.of(b)
+    qs = q.qs.reshape(b.shape[:-1] + (2, 1, 32)).astype(np.int64)
     low = (qs >> (2 * np.arange(4))[:, None]) & 3  # [..., 2, 4, 32]
-    high = np.unpackbits(b[..., 0:32, None], axis=-1, bitorder="little").astype(np.int64)  # [..., 32, 8]
+    high = np.unpackbits(q.hmask[..., None], axis=-1, bitorder="little").astype(np.int64)  # [..., 32, 8]
     high = np.moveaxis(high, -1, -2).reshape(b.shape[:-1] + (2, 4, 32))
-    s = b[..., 96:108].astype(np.int64)
+    s = q.scales.astype(np.int64)
     i = np.arange(16)
     low4 = np.where(i < 8, s[..., i % 8] & 15, s[..., i % 8] >> 4)
     scales = (low4 | (((s[..., 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)) - 32
-    return QuantRows(f16_at(b, 108), (low + 4 * high - 4).reshape(b.shape[:-1] + (256,)), scales, sub=16)
+    return QuantRows(f16(q.d), (low + 4 * high - 4).reshape(b.shape[:-1] + (256,)), scales, sub=16)
 
 
 def decode_iq2_xxs(b):  # [O, nb, 66]: per 32: 4 grid bytes, then 4x7 sign bits + 4-bit scale
-    from gguf.quants import IQ2_XXS
-    q = b[..., 2:66].reshape(b.shape[:-1] + (8, 8))
-    aux = np.ascontiguousarray(q[..., 4:8]).view(np.uint32)[..., 0].astype(np.int64)
-    grid = iq_grid(IQ2_XXS)[q[..., 0:4]]  # [..., 8, 4, 8]
+    from gguf import quants
+    q = IQ2_XXS.of(b)
+    chunks = q.qs.reshape(b.shape[:-1] + (8, 8))
+    aux = np.ascontiguousarray(chunks[..., 4:8]).view(np.uint32)[..., 0].astype(np.int64)
+    grid = iq_grid(quants.IQ2_XXS)[chunks[..., 0:4]]  # [..., 8, 4, 8]
     signs = iq_signs((aux[..., None] >> (7 * np.arange(4))) & 127)
     values = (grid * signs).reshape(b.shape[:-1] + (256,))
-    return QuantRows(f16_at(b, 0), values, 2 * (aux >> 28) + 1, post=0.125)
+    return QuantRows(f16(q.d), values, 2 * (aux >> 28) + 1, post=0.125)
 
 
-def decode_iq2_s(b):  # [O, nb, 82]: qs[32] grid low bytes, signs[32], qh[8], scales[8] (two 4-bit per 32)
-    from gguf.quants import IQ2_S
-    qs = b[..., 2:34].reshape(b.shape[:-1] + (8, 4)).astype(np.int64)
-    qh = b[..., 66:74].astype(np.int64)[..., None]
-    index = qs | ((qh << (8 - 2 * np.arange(4))) & 0x300)
-    grid = iq_grid(IQ2_S)[index]  # [..., 8, 4, 8]
-    signs = 1 - 2 * np.unpackbits(b[..., 34:66, None], axis=-1, bitorder="little").astype(np.int64)
+def decode_iq2_s(b):  # [O, nb, 82]: qs[64] (32 grid low bytes, then 32 sign bytes), qh[8], scales[8] (two 4-bit per 32)
+    from gguf import quants
+    q = IQ2_S.of(b)
+    low = q.qs[..., :32].reshape(b.shape[:-1] + (8, 4)).astype(np.int64)
+    index = low | ((q.qh.astype(np.int64)[..., None] << (8 - 2 * np.arange(4))) & 0x300)
+    grid = iq_grid(quants.IQ2_S)[index]  # [..., 8, 4, 8]
+    signs = 1 - 2 * np.unpackbits(q.qs[..., 32:, None], axis=-1, bitorder="little").astype(np.int64)
     values = (grid * signs.reshape(grid.shape)).reshape(b.shape[:-1] + (256,))
-    s = b[..., 74:82].astype(np.int64)
-    scales = np.stack([2 * (s & 15) + 1, 2 * (s >> 4) + 1], axis=-1).reshape(b.shape[:-1] + (16,))
-    return QuantRows(f16_at(b, 0), values, scales, sub=16, post=0.125)
+    return QuantRows(f16(q.d), values, odd_scales(q.scales), sub=16, post=0.125)
 
 
 def decode_iq3_xxs(b):  # [O, nb, 98]: 64 grid bytes (4 values each), then per 32 a word of signs + scale
-    from gguf.quants import IQ3_XXS
-    grid = iq_grid(IQ3_XXS)[b[..., 2:66].reshape(b.shape[:-1] + (8, 8))]  # [..., 8, 8, 4]
-    aux = np.ascontiguousarray(b[..., 66:98]).view(np.uint32).astype(np.int64)  # [..., 8]
+    from gguf import quants
+    q = IQ3_XXS.of(b)
+    grid = iq_grid(quants.IQ3_XXS)[q.qs.reshape(b.shape[:-1] + (8, 8))]  # [..., 8, 8, 4]
+    aux = np.ascontiguousarray(q.scales_and_signs).view(np.uint32).astype(np.int64)  # [..., 8]
     signs = iq_signs((aux[..., None] >> (7 * np.arange(4))) & 127)  # [..., 8, 4, 8]
     values = (grid.reshape(signs.shape) * signs).reshape(b.shape[:-1] + (256,))
-    return QuantRows(f16_at(b, 0), values, 2 * (aux >> 28) + 1, post=0.25)
+    return QuantRows(f16(q.d), values, 2 * (aux >> 28) + 1, post=0.25)
 
 
 def decode_iq4_xs(b):  # [O, nb, 136]: d, scales_h (u16), scales_l[4], qs[128] (16 bytes per 32)
-    sh = np.ascontiguousarray(b[..., 2:4]).view(np.uint16)[..., 0].astype(np.int64)[..., None]
-    sl = b[..., 4:8].astype(np.int64)
+    q = IQ4_XS.of(b)
+    sh = np.ascontiguousarray(q.scales_h).view(np.uint16)[..., 0].astype(np.int64)[..., None]
+    sl = q.scales_l.astype(np.int64)
     j = np.arange(8)
     ls = ((sl[..., j // 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
-    values = KVALUES_IQ4NL[nibbles(b[..., 8:136].reshape(b.shape[:-1] + (8, 16)))].reshape(b.shape[:-1] + (256,))
-    return QuantRows(f16_at(b, 0), values, ls - 32)
+    values = KVALUES_IQ4NL[nibbles(q.qs.reshape(b.shape[:-1] + (8, 16)))].reshape(b.shape[:-1] + (256,))
+    return QuantRows(f16(q.d), values, ls - 32)
 
 
-DECODERS = {  # type -> (bytes per block, decoder)
-    "Q8_0": (34, decode_q8_0), "Q4_0": (18, decode_q4_0), "Q5_0": (22, decode_q5_0),
-    "Q5_1": (24, decode_q5_1), "IQ4_NL": (18, decode_iq4_nl),
-    "Q2_K": (84, decode_q2_k), "Q3_K": (110, decode_q3_k), "Q4_K": (144, decode_q4_k),
-    "Q5_K": (176, decode_q5_k), "Q6_K": (210, decode_q6_k),
-    "IQ2_XXS": (66, decode_iq2_xxs), "IQ2_S": (82, decode_iq2_s),
-    "IQ3_XXS": (98, decode_iq3_xxs), "IQ4_XS": (136, decode_iq4_xs),
-}
+def decoders(*pairs):  # (type, decoder) ... -> {type: (bytes per block, decoder)}
+    return {kind: (BLOCKS[kind].size, decoder) for kind, decoder in pairs}
+
+
+DECODERS = decoders(  # type -> (bytes per block, decoder)
+    ("Q8_0", decode_q8_0), ("Q4_0", decode_q4_0), ("Q5_0", decode_q5_0), ("Q5_1", decode_q5_1),
+    ("IQ4_NL", decode_iq4_nl), ("Q2_K", decode_q2_k), ("Q3_K", decode_q3_k), ("Q4_K", decode_q4_k),
+    ("Q5_K", decode_q5_k), ("Q6_K", decode_q6_k), ("IQ2_XXS", decode_iq2_xxs), ("IQ2_S", decode_iq2_s),
+    ("IQ3_XXS", decode_iq3_xxs), ("IQ4_XS", decode_iq4_xs))
 
 
 DECODE_ROWS = 4096  # rows decoded at a time: the decoders' int64 intermediates stay small for a 202048-row head
@@ -207,16 +221,19 @@ def decode_rows(weights, name, start, stop, decoders=DECODERS):  # GGUF tensor -
 
 
 def decode_q4_1(b):  # [O, nb, 20]: w = d * value + m, as Q5_1 without the fifth bits
-    return QuantRows(f16_at(b, 0), nibbles(b[..., 4:20]), m=f16_at(b, 2))
+    q = Q4_1.of(b)
+    return QuantRows(f16(q.d), nibbles(q.qs), m=f16(q.m))
 
 
 def decode_q1_0(b):  # [O, nb, 18]: 128 sign bits, value j = +1 where bit j of qs is set, else -1
-    return QuantRows(f16_at(b, 0), 2 * bits_at(b, 2, 16).astype(np.int64) - 1)
+    q = Q1_0.of(b)
+    return QuantRows(f16(q.d), 2 * bits(q.qs) - 1)
 
 
 def decode_q2_0(b):  # [O, nb, 18]: 64 2-bit codes (value j in bits 2(j%4) of byte j/4), value = code - 1
-    codes = (b[..., 2:18, None].astype(np.int64) >> (2 * np.arange(4))) & 3
-    return QuantRows(f16_at(b, 0), codes.reshape(b.shape[:-1] + (64,)) - 1)
+    q = Q2_0.of(b)
+    codes = (q.qs[..., None].astype(np.int64) >> (2 * np.arange(4))) & 3
+    return QuantRows(f16(q.d), codes.reshape(b.shape[:-1] + (64,)) - 1)
 
 
 def trits(qs, n):  # uint8 [...] -> int [..., n]: base-3 digits 0..2 of each byte (byte * 3^i mod 256, times 3, >> 8)
@@ -231,23 +248,24 @@ def ternary_rows(d, codes):  # f32 [O, nb], codes 0..2 [O, nb, 256] -> QuantRows
 
 
 def decode_tq1_0(b):  # [O, nb, 54]: qs[48] five trits a byte, qh[4] four trits a byte, d
-    lead = np.moveaxis(trits(b[..., 0:32], 5), -1, -2)  # value 32n + m: trit n of byte m
-    tail = np.moveaxis(trits(b[..., 32:48], 5), -1, -2)  # value 160 + 16n + m
-    high = np.moveaxis(trits(b[..., 48:52], 4), -1, -2)  # value 240 + 4n + j: trit n of qh[j]
+    q = TQ1_0.of(b)
+    lead = np.moveaxis(trits(q.qs[..., 0:32], 5), -1, -2)  # value 32n + m: trit n of byte m
+    tail = np.moveaxis(trits(q.qs[..., 32:48], 5), -1, -2)  # value 160 + 16n + m
+    high = np.moveaxis(trits(q.qh, 4), -1, -2)  # value 240 + 4n + j: trit n of qh[j]
     codes = np.concatenate([part.reshape(b.shape[:-1] + (-1,)) for part in (lead, tail, high)], axis=-1)
-    return ternary_rows(f16_at(b, 52), codes)
+    return ternary_rows(f16(q.d), codes)
 
 
 def decode_tq2_0(b):  # [O, nb, 66]: qs[64] four 2-bit codes a byte (value 128j + 32l + m: bits 2l of byte 32j + m), d
-    qs = b[..., 0:64].reshape(b.shape[:-1] + (2, 1, 32)).astype(np.int64)
+    q = TQ2_0.of(b)
+    qs = q.qs.reshape(b.shape[:-1] + (2, 1, 32)).astype(np.int64)
     codes = (qs >> (2 * np.arange(4))[:, None]) & 3  # [..., 2, 4, 32]
-    return ternary_rows(f16_at(b, 64), codes.reshape(b.shape[:-1] + (256,)))
+    return ternary_rows(f16(q.d), codes.reshape(b.shape[:-1] + (256,)))
 
 
-DECODERS.update({  # Q4_1, the pinned ggml's own Q1_0 and Q2_0, the ternary TQ1_0 and TQ2_0
-    "Q4_1": (20, decode_q4_1), "Q1_0": (18, decode_q1_0), "Q2_0": (18, decode_q2_0),
-    "TQ1_0": (54, decode_tq1_0), "TQ2_0": (66, decode_tq2_0),
-})
+DECODERS.update(decoders(  # Q4_1, the pinned ggml's own Q1_0 and Q2_0, the ternary TQ1_0 and TQ2_0
+    ("Q4_1", decode_q4_1), ("Q1_0", decode_q1_0), ("Q2_0", decode_q2_0), ("TQ1_0", decode_tq1_0),
+    ("TQ2_0", decode_tq2_0)))
 
 
 def odd_scales(scale_bytes):  # uint8 [..., n] -> int [..., 2n]: 2 * nibble + 1, low nibble first
@@ -256,47 +274,50 @@ def odd_scales(scale_bytes):  # uint8 [..., n] -> int [..., 2n]: 2 * nibble + 1,
 
 
 def decode_iq2_xs(b):  # [O, nb, 74]: d, 32 u16 (9-bit grid index | 7 sign bits << 9), scales[8] (two 4-bit per 32)
-    from gguf.quants import IQ2_XS
-    q = np.ascontiguousarray(b[..., 2:66]).view(np.uint16).astype(np.int64)  # [..., 32]: one per 8 values
-    values = (iq_grid(IQ2_XS)[q & 511] * iq_signs(q >> 9)).reshape(b.shape[:-1] + (256,))
-    return QuantRows(f16_at(b, 0), values, odd_scales(b[..., 66:74]), sub=16, post=0.125)
+    from gguf import quants
+    q = IQ2_XS.of(b)
+    words = np.ascontiguousarray(q.qs).view(np.uint16).astype(np.int64)  # [..., 32]: one per 8 values
+    values = (iq_grid(quants.IQ2_XS)[words & 511] * iq_signs(words >> 9)).reshape(b.shape[:-1] + (256,))
+    return QuantRows(f16(q.d), values, odd_scales(q.scales), sub=16, post=0.125)
 
 
 def decode_iq3_s(b):  # [O, nb, 110]: d, qs[64] grid low bytes, qh[8] (their 9th bits), signs[32], scales[4]
-    from gguf.quants import IQ3_S
-    index = b[..., 2:66].astype(np.int64) | (bits_at(b, 66, 8).astype(np.int64) << 8)  # [..., 64]: 4 values each
-    signs = 1 - 2 * bits_at(b, 74, 32).astype(np.int64)  # [..., 256]
-    values = iq_grid(IQ3_S)[index].reshape(b.shape[:-1] + (256,)) * signs
-    return QuantRows(f16_at(b, 0), values, odd_scales(b[..., 106:110]))
+    from gguf import quants
+    q = IQ3_S.of(b)
+    index = q.qs.astype(np.int64) | (bits(q.qh) << 8)  # [..., 64]: 4 values each
+    values = iq_grid(quants.IQ3_S)[index].reshape(b.shape[:-1] + (256,)) * (1 - 2 * bits(q.signs))
+    return QuantRows(f16(q.d), values, odd_scales(q.scales))
 
 
 def iq1_codes(index, negative_delta):  # grid index int [..., g], delta sign bool [..., g] -> int [..., 8g]
     """The tiled kernel's IQ1 codes 8 * grid + delta (grid -1/0/1, delta = +-1 for IQ1S_DELTA = IQ1M_DELTA
     = 1/8, the 8 folded into d by post = 1/8); the vec_dot takes them apart (iq1_vec_dot)."""
-    from gguf.quants import IQ1_S
-    codes = 8 * iq_grid(IQ1_S)[index] + np.where(negative_delta, -1, 1)[..., None]
+    from gguf import quants
+    codes = 8 * iq_grid(quants.IQ1_S)[index] + np.where(negative_delta, -1, 1)[..., None]
     return codes.reshape(index.shape[:-1] + (-1,))
 
 
 def decode_iq1_s(b):  # [O, nb, 50]: d, qs[32] grid low bytes, per 32 a u16: 4x3 index bits, 3-bit scale, delta sign
-    qh = np.ascontiguousarray(b[..., 34:50]).view(np.uint16).astype(np.int64)  # [..., 8]
+    q = IQ1_S.of(b)
+    qh = np.ascontiguousarray(q.qh).view(np.uint16).astype(np.int64)  # [..., 8]
     high = (qh[..., None] >> (3 * np.arange(4))) & 7  # [..., 8, 4]
-    index = (b[..., 2:34].astype(np.int64) | (high << 8).reshape(b.shape[:-1] + (32,)))
+    index = (q.qs.astype(np.int64) | (high << 8).reshape(b.shape[:-1] + (32,)))
     negative = np.repeat(qh >= 0x8000, 4, axis=-1)  # one delta per 32, i.e. per 4 grid entries
-    return QuantRows(f16_at(b, 0), iq1_codes(index, negative), 2 * ((qh >> 12) & 7) + 1, post=0.125)
+    return QuantRows(f16(q.d), iq1_codes(index, negative), 2 * ((qh >> 12) & 7) + 1, post=0.125)
 
 
 def decode_iq1_m(b):  # [O, nb, 56]: qs[32], qh[16] (a nibble per 8: 3 index bits, delta sign), 4 u16 of scales
     """The f16 d is spread over the top nibbles of the four scale words (iq1m_scale_t); the other 12 bits
     of each word are four 3-bit scales, one per 16 values."""
-    nibble = b[..., 32:48].astype(np.int64)[..., None] >> np.array([0, 4])  # [..., 16, 2]
-    index = b[..., 0:32].astype(np.int64) | ((nibble & 7) << 8).reshape(b.shape[:-1] + (32,))
+    q = IQ1_M.of(b)
+    nibble = q.qh.astype(np.int64)[..., None] >> np.array([0, 4])  # [..., 16, 2]
+    index = q.qs.astype(np.int64) | ((nibble & 7) << 8).reshape(b.shape[:-1] + (32,))
     negative = (nibble & 8).reshape(b.shape[:-1] + (32,)) != 0
-    sc = np.ascontiguousarray(b[..., 48:56]).view(np.uint16).astype(np.int64)  # [..., 4]
+    sc = np.ascontiguousarray(q.scales).view(np.uint16).astype(np.int64)  # [..., 4]
     scales = (2 * ((sc[..., None] >> (3 * np.arange(4))) & 7) + 1).reshape(b.shape[:-1] + (16,))
     d = ((sc >> 12) << (4 * np.arange(4))).sum(-1).astype(np.uint16).view(np.float16).astype(F32)
     return QuantRows(d, iq1_codes(index, negative), scales, sub=16, post=0.125)
 
 
-DECODERS.update({"IQ2_XS": (74, decode_iq2_xs), "IQ3_S": (110, decode_iq3_s),
-                 "IQ1_S": (50, decode_iq1_s), "IQ1_M": (56, decode_iq1_m)})
+DECODERS.update(decoders(("IQ2_XS", decode_iq2_xs), ("IQ3_S", decode_iq3_s), ("IQ1_S", decode_iq1_s),
+                         ("IQ1_M", decode_iq1_m)))

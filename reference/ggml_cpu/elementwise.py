@@ -44,18 +44,16 @@ def interpolate_bilinear(grid, out_h, out_w):  # grid [h, w, C] f32 -> [out_h, o
     return fma32(d * dx, dy, val)
 
 
-def rotate(x0, x1, cos, sin, fused, cos_fused, sin_fused=False, tail_fused=False):  # pairs [..., P] x2, cos/sin [..., P] -> (out0, out1)
+def rotate(x0, x1, cos, sin, fused, sin_fused=False, tail_fused=False):  # pairs [..., P] x2, cos/sin [..., P] -> (out0, out1)
     """rotate_pairs' x0*c - x1*s and x0*s + x1*c (llama.cpp/ggml/src/ggml-cpu/ops.cpp:6292-6308) as GCC
     compiles them: the first `fused` pairs contracted, fma(x0, c, -(x1*s)) (or with sin_fused
-    fma(-x1, s, x0*c), NEON's fmls) and fma(x0, s, x1*c), or with cos_fused fma(x1, c, x0*s) (AVX2's
-    vfmaddsub231ps fuses the cos products of both lanes); the pairs after them plain products, or
+    fma(-x1, s, x0*c), NEON's fmls) and fma(x0, s, x1*c) (AVX2's vfmaddsub231ps too: x0 duplicated into
+    both lanes times the cache's (c, s), fused; x1 times (s, c) rounded first); the pairs after them plain products, or
     with tail_fused scalar FMAs, fma(x0, c, -(x1*s)) and the second lane as in the first pairs."""
     out0 = np.empty_like(x0)
     out1 = np.empty_like(x0)
 
     def second(part):  # the x0*s + x1*c lane of the pairs in part, contracted
-        if cos_fused:
-            return fma32(x1[..., part], cos[..., part], x0[..., part] * sin[..., part])
         return fma32(x0[..., part], sin[..., part], x1[..., part] * cos[..., part])
 
     head, tail = (slice(None, fused), slice(fused, None))
@@ -74,8 +72,9 @@ def rotate(x0, x1, cos, sin, fused, cos_fused, sin_fused=False, tail_fused=False
 def rope_norm(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] (ops.rope_angles) -> [T, H, D]; pairs (2i, 2i+1)
     """rotate_pairs with glibc cosf/sinf. The AVX512 build vectorises the loop (8 pairs, then 4) and
     contracts x0*c - x1*s and x0*s + x1*c into one FMA each, the last n_pairs mod 4 pairs without
-    contraction; the AVX2 build takes 4 pairs, then 2, by vfmaddsub (the cos products fused), the last
-    odd pair by vaddsubps, plain (read in its disassembly). The NEON build (ops.cpp compiled by GCC 12 with
+    contraction; the AVX2 build takes 4 pairs, then 2, by vfmaddsub231ps with the x0 products fused, as AVX512
+    (x0*s + x1*c is fma(x0, s, x1*c): llama.cpp's own Qcur_rope of an F32 model agrees in every
+    element), the last odd pair by vaddsubps, plain (read in its disassembly). The NEON build (ops.cpp compiled by GCC 12 with
     its flags) takes 4 pairs at a time by ld2, fmul and fmls/fmla (x0*c - x1*s fused on the sin
     product, x0*s + x1*c on the x0*s one: the Qcur_rope of its eval callback agrees in every element),
     the last pairs mod 4 by scalar FMAs on x0*c and x0*s; its rope cache calls sincosf, which gives
@@ -84,7 +83,7 @@ def rope_norm(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] (ops.rope
     pairs = theta.shape[-1]
     out = np.empty_like(x)
     out[..., 0:2 * pairs:2], out[..., 1:2 * pairs:2] = rotate(
-        x[..., 0:2 * pairs:2], x[..., 1:2 * pairs:2], cos, sin, pairs - pairs % target.rope_group, target.rope_cos_fused,
+        x[..., 0:2 * pairs:2], x[..., 1:2 * pairs:2], cos, sin, pairs - pairs % target.rope_group,
         target.rope_sin_fused, target.rope_tail_fused)
     return out
 
@@ -99,7 +98,7 @@ def rope_neox(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] (ops.rope
     half = theta.shape[-1]
     out = x.copy()
     out[..., :half], out[..., half:2 * half] = rotate(x[..., :half], x[..., half:2 * half], cos, sin,
-                                                      half - half % target.neox_group, False)
+                                                      half - half % target.neox_group)
     return out
 
 

@@ -22,7 +22,6 @@ class Target:
     repacked: tuple  # weight types CPU_REPACK holds (rows a multiple of 8)
     tiled: bool  # the tiled quantized kernel (tiled/) exists: x86 only
     rope_group: int  # rope_norm pairs GCC vectorises together; the last (pairs mod rope_group) are not contracted
-    rope_cos_fused: bool  # rope_norm's x0*s + x1*c fused on the cos product (AVX2's vfmaddsub), else on the sin one
     neox_group: int  # the same for rope_neox
     machine: str  # platform.machine() of the hosts that run this build
     cpu_flags: tuple  # /proc/cpuinfo flags the build needs
@@ -63,7 +62,7 @@ class Target:
 
 
 NEON_REPACKED = ("Q4_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q1_0")
-NEON = Target("neon", 4, False, False, NEON_REPACKED, False, 4, False, 4, "aarch64", ("asimddp", "fphp"),
+NEON = Target("neon", 4, False, False, NEON_REPACKED, False, 4, 4, "aarch64", ("asimddp", "fphp"),
               neon=True, rope_sin_fused=True, rope_tail_fused=True)
 NEON_I8MM = replace(NEON, name="neon-i8mm", cpu_flags=("asimddp", "fphp", "i8mm"), llamafile=False, mmla=True)
 
@@ -78,18 +77,84 @@ def clang_build(gcc_target):  # an ARM Target -> the same build compiled by clan
 
 CLANG_BUILDS = {t.name: clang_build(t) for t in (NEON, NEON_I8MM)}  # GCC target name -> the clang build
 TARGETS = {t.name: t for t in (
-    Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, True, 1, "x86_64",
+    Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, 1, "x86_64",
            ("avx2", "fma", "f16c", "bmi2")),
-    Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, False, 4, "x86_64",
+    Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, 4, "x86_64",
            ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "fma", "f16c")),
     NEON, NEON_I8MM, *CLANG_BUILDS.values(),
 )}
 DEFAULT_TARGET = "avx512"
 
 
-def target(name):  # "avx2" | "avx512" | "neon" | "neon-i8mm" | "neon-clang" | "neon-i8mm-clang" -> Target, or GgmlCpuError
+HASWELL = ("SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2")
+AVX512_BASE = HASWELL + ("AVX512",)
+X86_VARIANTS = {  # llama.cpp's x86 CPU variants (GGML_CPU_ALL_VARIANTS, ggml/src/CMakeLists.txt:494-519) -> ISA features
+    "x64": (), "sse42": ("SSE42",), "sandybridge": ("SSE42", "AVX"), "ivybridge": ("SSE42", "AVX", "F16C"),
+    "piledriver": ("SSE42", "AVX", "F16C", "FMA"), "haswell": HASWELL, "skylakex": AVX512_BASE,
+    "cannonlake": AVX512_BASE + ("AVX512_VBMI",), "cascadelake": AVX512_BASE + ("AVX512_VNNI",),
+    "icelake": AVX512_BASE + ("AVX512_VBMI", "AVX512_VNNI"), "cooperlake": AVX512_BASE + ("AVX512_VNNI", "AVX512_BF16"),
+    "zen4": AVX512_BASE + ("AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16"), "alderlake": HASWELL + ("AVX_VNNI",),
+    "sapphirerapids": AVX512_BASE + ("AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_TILE", "AMX_INT8"),
+}
+# ggml_backend_cpu_x86_score (ggml-cpu/arch/x86/cpu-feats.cpp:263-322): a feature's weight, and the
+# /proc/cpuinfo flags it needs; AMX_TILE is compiled in but not scored
+SCORE = {"FMA": (1, ("fma",)), "F16C": (2, ("f16c",)), "SSE42": (4, ("sse4_2",)), "BMI2": (8, ("bmi2",)),
+         "AVX": (16, ("avx",)), "AVX2": (32, ("avx2",)), "AVX_VNNI": (64, ("avx_vnni",)),
+         "AVX512": (128, ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")),
+         "AVX512_VBMI": (256, ("avx512vbmi",)), "AVX512_BF16": (512, ("avx512_bf16",)),
+         "AVX512_VNNI": (1024, ("avx512_vnni",)), "AMX_INT8": (2048, ("amx_int8",)), "AMX_TILE": (0, ())}
+VARIANT_TARGET = {  # variant -> the modelled build that rounds as it does
+    "haswell": "avx2",  # the same -m flags as the avx2 build (docs/ggml-cpu-numerics.md)
+    "alderlake": "avx2",  # + AVX-VNNI: vpdpbusd gives maddubs+madd's integers (no saturation on ggml's codes)
+    "cooperlake": "avx512", "zen4": "avx512",  # AVX512 with VNNI and BF16, as the avx512 build (VBMI: integer shuffles)
+}
+BF16_LESS = ("without AVX512_BF16 its BF16 products take the AVX512F path (vec.cpp:159-170, sgemm.cpp:3902-3909), "
+             "not emulated; on weights without BF16 it rounds as avx512")
+PRE_AVX2 = "its {isa} kernels (no AVX2: other vec_dot, tinyBLAS and ggml_v_expf arms) are not emulated"
+VARIANT_REFUSED = {
+    **{v: BF16_LESS for v in ("skylakex", "cannonlake", "cascadelake", "icelake")},
+    "sapphirerapids": "its AMX buffer type (ggml-cpu/amx/) takes quantized weights by AMX tiles, not emulated, and needs "
+                      "AMX (absent from the CPUs here); its plain buffers round as avx512",
+    **{v: PRE_AVX2.format(isa=isa) for v, isa in (("x64", "SSE2"), ("sse42", "SSE4.2"), ("sandybridge", "AVX"),
+                                                   ("ivybridge", "AVX+F16C"), ("piledriver", "AVX+F16C+FMA"))},
+}
+CPU_CHOICES = (*TARGETS, *X86_VARIANTS, "auto")  # what --cpu takes: the modelled builds, llama.cpp's variant names, auto
+
+
+def variant_score(variant, flags):  # variant name, the CPU's /proc/cpuinfo flags -> llama.cpp's score (0: cannot load)
+    score = 1
+    for feature in X86_VARIANTS[variant]:
+        weight, needs = SCORE[feature]
+        if not set(needs) <= set(flags):
+            return 0
+        score += weight
+    return score
+
+
+def cpu_flags():  # -> this CPU's /proc/cpuinfo flags ([] where there is none)
+    if not os.path.exists("/proc/cpuinfo"):
+        return []
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
+
+
+def host_variant(flags=None):  # -> the x86 variant ggml_backend_load_best would load on this CPU, or GgmlCpuError
+    """The highest score wins, the first found on a tie (ggml/src/ggml-backend-reg.cpp:504-555)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise GgmlCpuError(f"--cpu auto picks among llama.cpp's x86 variants; this CPU is {platform.machine()}")
+    flags = cpu_flags() if flags is None else flags
+    return max(X86_VARIANTS, key=lambda v: variant_score(v, flags))
+
+
+def target(name):  # a build name (TARGETS), a llama.cpp x86 variant name, or "auto" -> Target, or GgmlCpuError
+    if name == "auto":
+        name = host_variant()
+    if name in VARIANT_TARGET:
+        return TARGETS[VARIANT_TARGET[name]]
+    if name in VARIANT_REFUSED:
+        raise GgmlCpuError(f"llama.cpp's {name} variant: {VARIANT_REFUSED[name]}")
     if name not in TARGETS:
-        raise GgmlCpuError(f"unknown CPU target {name!r} ({', '.join(TARGETS)})")
+        raise GgmlCpuError(f"unknown CPU target {name!r} ({', '.join(CPU_CHOICES)})")
     return TARGETS[name]
 
 
@@ -120,8 +185,7 @@ def host_differences(chosen=AVX512):  # Target -> [str]: how this machine's llam
     if platform.machine() != chosen.machine:
         found.append(f"CPU architecture {platform.machine()}, not {chosen.machine}")
     elif os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
+        flags = cpu_flags()
         missing = [flag for flag in chosen.cpu_flags if flag not in flags]
         if missing:
             found.append(f"CPU lacks {' '.join(missing)}")

@@ -6,7 +6,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from .app import check_greedy, check_top, served_of, stop_strings
+from .served import check_greedy, check_top, json_reply, served_of, stop_strings
 from .oracle import Ask, RequestError, piece_text
 
 router = APIRouter()
@@ -85,21 +85,20 @@ async def completion(body: CompletionBody, request: Request):
     ids = served.oracle.tokenize_mixed(body.prompt)
     ask = Ask(body.n_predict, k, stop_at_eog=not body.ignore_eos, stops=stop_strings(body.stop))
     if body.stream:
-        return served.stream(request, ids, ask, lambda kind, value: stream_events(served, body, kind, value))
+        return served.stream(request, ids, ask, lambda *event: stream_events(served, body, *event))
     done = await served.complete(request, ids, ask)
-    return completion_json(served, body, done)
+    return json_reply(completion_json(served, body, done))
 
 
-def stream_events(served, body, kind, value):  # -> the SSE payloads of one event
+def stream_events(served, body, kind, value, text):  # -> the SSE payloads of one event
     oracle = served.oracle
     if kind == "token":
-        chunk = {"index": 0, "content": oracle.generated_text([value.token]), "tokens": [value.token], "stop": False,
-                 "id_slot": 0}
+        chunk = {"index": 0, "content": text, "tokens": [value.token], "stop": False, "id_slot": 0}
         if body.n_probs:
             chunk["completion_probabilities"] = [probabilities(oracle, value, body.post_sampling_probs)]
         return [chunk]
     final = completion_json(served, body, value)
-    final.update(content="", tokens=[])
+    final.update(content=text, tokens=[])
     final.pop("completion_probabilities", None)
     return [final]
 
@@ -152,7 +151,7 @@ async def props(request: Request):
             "model_ftype": served.props["ftype"], "modalities": {"vision": served.props["vision"], "audio": False},
             "chat_template": oracle.tok.chat_template or "", "bos_token": special(oracle, oracle.tok.bos),
             "eos_token": special(oracle, oracle.tok.eos), "build_info": BUILD_INFO,
-            "numerics": served.props["numerics"]}
+            "numerics": served.props["numerics"], "model_draft": served.props["model_draft"]}
 
 
 def special(oracle, i):  # -> the text of a special token, "" when the vocabulary has none

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from .app import check_greedy, check_top, served_of, stop_strings
+from .served import check_greedy, check_top, json_reply, served_of, stop_strings
 from ..image import ImageError, decode_rgb
 from .llama import BUILD_INFO
 from .oracle import Ask, RequestError, piece_text
@@ -132,20 +132,18 @@ async def completions(body: CompletionsBody, request: Request):
     if body.stream:
         if len(prompts) != 1 or score_prompt or body.echo:
             raise RequestError("stream takes one prompt, without echo or prompt_logprobs")
-        return served.stream(request, prompts[0][0], ask, lambda kind, value: completion_events(oracle, body, head, kind,
-                                                                                                  value))
+        return served.stream(request, prompts[0][0], ask, lambda *event: completion_events(oracle, body, head, *event))
     dones = [await served.complete(request, ids, ask) for ids, _ in prompts]
-    return {**head, "choices": [choice(oracle, body, i, d, text) for i, (d, (_, text)) in enumerate(zip(dones, prompts))],
-            "usage": usage(dones)}
+    return json_reply({**head, "choices": [choice(oracle, body, i, d, text) for i, (d, (_, text)) in
+                                           enumerate(zip(dones, prompts))], "usage": usage(dones)})
 
 
-def completion_events(oracle, body, head, kind, value):  # -> SSE payloads of /v1/completions
+def completion_events(oracle, body, head, kind, value, text):  # -> SSE payloads of /v1/completions
     if kind == "token":
         logprobs = None if body.logprobs is None else \
             legacy_logprobs(oracle, [value.token], [value], body.logprobs, body.return_tokens_as_token_ids, 0)
-        return [{**head, "choices": [{"index": 0, "text": oracle.generated_text([value.token]), "logprobs": logprobs,
-                                      "finish_reason": None}]}]
-    return [{**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": value.finish}],
+        return [{**head, "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None}]}]
+    return [{**head, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": value.finish}],
              "usage": usage([value])}, "[DONE]"]
 
 
@@ -219,20 +217,20 @@ async def chat_completions(body: ChatBody, request: Request):
     head = {"id": f"chatcmpl-{time.time_ns()}", "created": int(time.time()), "model": oracle.name,
             "system_fingerprint": BUILD_INFO}
     if body.stream:
-        return served.stream(request, ids, ask, lambda kind, value: chat_events(oracle, body, head, k, kind, value))
+        return served.stream(request, ids, ask, lambda *event: chat_events(oracle, body, head, k, *event))
     done = await served.complete(request, ids, ask)
     message = {"role": "assistant", "content": oracle.completion_text(done)}
     logprobs = {"content": chat_logprobs(oracle, done.token_scores, k)} if body.logprobs else None
-    return {**head, "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": done.finish}],
-            "usage": usage([done])}
+    choices = [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": done.finish}]
+    return json_reply({**head, "object": "chat.completion", "choices": choices, "usage": usage([done])})
 
 
-def chat_events(oracle, body, head, k, kind, value):  # -> SSE payloads of /v1/chat/completions
+def chat_events(oracle, body, head, k, kind, value, text):  # -> SSE payloads of /v1/chat/completions
     chunk = {**head, "object": "chat.completion.chunk"}
     if kind == "token":
         logprobs = {"content": chat_logprobs(oracle, [value], k)} if body.logprobs else None
-        delta = {"role": "assistant", "content": oracle.generated_text([value.token])}
+        delta = {"role": "assistant", "content": text}
         return [{**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}]}]
-    return [{**chunk, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": value.finish}],
+    delta = {"content": text} if text else {}
+    return [{**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": value.finish}],
              "usage": usage([value])}, "[DONE]"]

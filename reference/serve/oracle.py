@@ -2,9 +2,12 @@
 steps, each position's log-probabilities the float32 logit row's log-softmax (reference.metrics,
 as tools.golden scores a continuation). The forwards are those of tools.golden --engine reference:
 the whole prompt in one prefill (every row through the output head) into a cache sized for prompt +
-generation, then one token per step, so that a reply equals that golden to the last bit. No prefix
-is reused between requests: an answer never depends on the requests before it."""
+generation, then one token per step, so that a reply equals that golden to the last bit. With a
+DFlash drafter (-md), the target verifies drafted tokens several at a time: the exact forward's rows
+do not depend on how many rows a forward takes, so the tokens and every log-probability are the same.
+No prefix is reused between requests: an answer never depends on the requests before it."""
 import asyncio
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,7 +17,11 @@ import numpy as np
 from .. import metrics
 from ..chat import ChatError, chat_prompt, image_prompt_rows, prompt_ids
 from ..cli import check_train_context
+from ..dflash import Speculator
+from ..run import draft_floor
 from ..tokenizer import Tokenizer, TokenizerError, detokenize, token_to_piece
+
+log = logging.getLogger("reference.serve")
 
 
 class RequestError(ValueError):
@@ -72,13 +79,16 @@ def score_row(row, token, k):  # float32 [V], the token it chose, top count -> S
 class Oracle:
     """A text model and its tokenizer behind the endpoints; `complete` runs on the one forward thread."""
 
-    def __init__(self, lm, tok, name, layout, n_ctx, vision=None, image_max_tokens=None):
+    def __init__(self, lm, tok, name, layout, n_ctx, vision=None, image_max_tokens=None, drafter=None, n_max=3,
+                 p_min=0.0):
         # lm: TextModel; tok: TokenizerConfig; layout: (cache kind, prefill chunk); n_ctx: positions a request
-        # may take; vision: the VisionModel of --mmproj (None: text only)
+        # may take; vision: the VisionModel of --mmproj (None: text only); drafter: the Drafter of
+        # -md/--model-draft, drafting n_max tokens a step with the floor p_min (--spec-draft-p-min)
         self.lm, self.tok, self.name = lm, tok, name
         self.kind, self.chunk = layout
         self.n_ctx = n_ctx
         self.vision, self.image_max_tokens = vision, image_max_tokens
+        self.drafter, self.n_max, self.p_min = drafter, n_max, p_min
         self.tokenizer = Tokenizer(tok)
         self.eog = tok.eog_ids
 
@@ -148,7 +158,8 @@ class Oracle:
         """A prefill of ids (each <|patch|> of them one of ask.images, encoded by the vision tower as
         reference.run does), then up to ask.n_predict greedy tokens, each scored with its top ask.k.
         on_token(Scored) is called as each token is chosen (streaming); `cancelled` (deadline passed,
-        client gone) stops the work before its next forward."""
+        client gone) stops the work before its next forward. With a drafter (text prompts), the
+        tokens are verified several at a time: the same tokens and the same rows."""
         def check():
             if cancelled.is_set():
                 raise Expired("cancelled")
@@ -156,27 +167,44 @@ class Oracle:
         rows = self.image_rows(ids, ask.images) if ask.images else None
         n_rows = len(ids) if rows is None else len(rows)
         n_predict = self.check_length(n_rows, ask.n_predict)
-        cache = self.lm.new_cache(n_rows + max(n_predict, 1), self.kind, self.chunk)
-        logits = (self.lm.prefill(ids, cache, self.chunk) if rows is None else
-                  self.lm.prefill_embeddings(rows, cache, self.chunk)).astype(np.float32)
+        n_ctx = n_rows + max(n_predict, 1)
+        cache = self.lm.new_cache(n_ctx, self.kind, self.chunk)
+        speculator = Speculator(self.lm, self.drafter, cache, self.drafter.new_cache(n_ctx), self.chunk,
+                                ask.stop_at_eog) if self.drafter and rows is None else None
+        # llama-server's outputs: the prompt's last row alone unless the prompt is scored (under ggml-cpu
+        # numerics the output matrix's kernel, so the row's last bits, depend on how many rows it takes)
+        out = None if ask.prompt_logprobs else np.array([n_rows - 1])
+        logits = (speculator.forward(ids) if speculator else self.lm.prefill(ids, cache, self.chunk, out_rows=out)
+                  if rows is None else self.lm.prefill_embeddings(rows, cache, self.chunk, out_rows=out)).astype(np.float32)
         prompt_scores = [score_row(logits[p - 1], ids[p], ask.k) for p in range(1, len(ids))] \
             if ask.prompt_logprobs else []
-        row, tokens, scores, finish, word = logits[-1], [], [], "length", ""
-        while len(tokens) < n_predict:
-            scored = score_row(row, int(np.argmax(row)), ask.k)
-            tokens.append(scored.token)
+        steps = []
+        chosen = speculator.greedy(logits[-1], n_predict, self.n_max, *draft_floor(self.p_min), steps=steps) \
+            if speculator else self.greedy(logits[-1], n_predict, cache)
+        tokens, scores, finish, word = [], [], "length", ""
+        for token, row in chosen:
+            scored = score_row(row.astype(np.float32), token, ask.k)
+            tokens.append(token)
             scores.append(scored)
             if on_token is not None:
                 on_token(scored)
             word = stop_word(self.generated_text(tokens), ask.stops) if ask.stops else ""
-            if word or (ask.stop_at_eog and scored.token in self.eog):
+            if word or (ask.stop_at_eog and token in self.eog):
                 finish = "stop"
                 break
-            if len(tokens) == n_predict:
-                break
-            check()
-            row = self.lm.prefill([scored.token], cache, self.chunk)[-1].astype(np.float32)
+            if len(tokens) < n_predict:
+                check()
+        if speculator:
+            log.info("speculative: %d of %d drafts accepted in %d steps", sum(s.accepted for s in steps),
+                     sum(s.drafted for s in steps), len(steps))
         return Completion(list(ids), prompt_scores, tokens, scores, finish, word)
+
+    def greedy(self, row, n_predict, cache):  # -> (id, the row that chose it) per token: one decode step each
+        for n in range(n_predict):
+            token = int(np.argmax(row))
+            yield token, row
+            if n + 1 < n_predict:
+                row = self.lm.prefill([token], cache, self.chunk)[-1]
 
     def image_rows(self, ids, images):  # ids with a <|patch|> per image, [uint8 [H, W, 3]] -> embedding rows [T, E]
         if self.vision is None:
@@ -195,6 +223,42 @@ def stop_word(text, stops):  # -> the stop string that occurs first in text, "" 
 
 def before_stop(text, word):  # -> text up to its stop string (the servers' content leaves it out)
     return text[:text.find(word)] if word else text
+
+
+def held_back(text, stops):  # -> where the tail of text that could begin a stop string starts (len(text): none)
+    """llama-server's string_find_partial_stop over every stop string, the earliest start winning."""
+    cut = len(text)
+    for word in stops:
+        n = next((n for n in range(min(len(text), len(word)), 0, -1) if text.endswith(word[:n])), 0)
+        cut = min(cut, len(text) - n)
+    return cut
+
+
+class Release:
+    """The text a stream sends as its tokens come, as llama-server's process_token releases it: only what
+    no later token can change. An incomplete UTF-8 character at the end, and a tail that could begin a
+    stop string, wait; a completed stop string ends the text before it. The pieces add up to the text
+    of the answer that is not streamed. Only the text not yet released is searched: what was released
+    never ends in the start of a stop string, so no stop string can begin in it."""
+
+    def __init__(self, oracle, stops):
+        self.oracle, self.stops = oracle, stops
+        self.held, self.sent = b"", ""  # generated bytes not released yet; the text released
+
+    def token(self, t):  # -> the text released once t is generated ("" while it could still change)
+        self.held += token_to_piece(self.oracle.tok, t, special=False)
+        if len(valid_utf8(self.held)) < len(self.held):
+            return ""
+        text = self.held.decode("utf-8", errors="replace")
+        word = stop_word(text, self.stops)
+        out = before_stop(text, word) if word else text[:held_back(text, self.stops)]
+        self.held = text[len(out):].encode()
+        self.sent += out
+        return out
+
+    def rest(self, done):  # Completion -> the text still held when generation ended
+        text = self.oracle.completion_text(done)
+        return text[len(self.sent):]
 
 
 class ForwardQueue:
@@ -237,8 +301,12 @@ class ForwardQueue:
 
 
 async def watch_client(gone):  # returns once gone() says the client went away
-    while not await gone():
+    """Asks only after a first poll interval: most requests are answered before it (asking costs a
+    receive on the connection, a tenth of the server's own time per request)."""
+    while True:
         await asyncio.sleep(CLIENT_POLL_S)
+        if await gone():
+            return
 
 
 CLIENT_POLL_S = 0.1  # how often a waiting request asks whether its client is still there

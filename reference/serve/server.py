@@ -1,6 +1,6 @@
 """`python -m reference.serve`: the reference behind the HTTP APIs engines and harnesses speak.
 
-    python -m reference.serve -m M.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY] \\
+    python -m reference.serve -m M.gguf [-md DRAFT.gguf] [--host 127.0.0.1] [--port 8080] [--api-key KEY] \\
         [--backend numpy|numba|cupy] [--numerics exact|ggml-cpu] [--kv-type T] [--flash-attn on|off] ...
 
 llama-server's /completion, /tokenize, /detokenize, /apply-template, /props, /health, /v1/models;
@@ -9,9 +9,11 @@ OpenAI's /v1/completions (echo, logprobs; vLLM's prompt_logprobs, return_tokens_
 that asks for sampling is refused. Every log-probability is the log-softmax of the float32 logit row
 of the exact forward, as tools.golden computes it, and no prefix is reused between requests. One
 forward at a time behind a bounded queue (--queue; past it 503 with Retry-After), each request within
---timeout seconds. SIGINT or SIGTERM finishes the running request and exits 0.
+--timeout seconds. SIGINT or SIGTERM finishes the running request and exits 0. With -md/--model-draft
+(a DFlash drafter) text prompts are decoded speculatively: the same tokens and log-probabilities.
 """
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -55,6 +57,7 @@ def build_parser():  # -> the parser: llama-server's flag names, reference.run's
     p.add_argument("--max-image-bytes", type=int_in(1, 1 << 40), default=DEFAULT_IMAGE_BYTES,
                    help=f"one image's encoded bytes (default {DEFAULT_IMAGE_BYTES})")
     run.add_tower_flags(p)
+    run.add_draft_flags(p)
     run.add_compute_flags(p)  # --ctx (default: the training context) caps prompt + generation
     return p
 
@@ -63,7 +66,9 @@ def load_oracle(args):  # -> (Oracle, what /props says of the model)
     compute = run.build(args)
     factory.check(compute)
     path = run.model_path(args)
-    gguf.check_file(path)
+    for given in (path, args.model_draft):
+        if given is not None:
+            gguf.check_file(given)
     for warning in factory.host_warnings(compute):
         print(f"reference.serve: warning: {warning}", file=sys.stderr)
     backend = factory.backend(compute)
@@ -72,6 +77,7 @@ def load_oracle(args):  # -> (Oracle, what /props says of the model)
     n_ctx = context_size(model.config, args.ctx_size, path, args.beyond_n_ctx_train)
     kv.check_fits(model.config, n_ctx, *layout, args.dtype, f"a context of {n_ctx} tokens (-c/--ctx-size)")
     lm = factory.text_model(model, compute, backend)
+    drafter = run.load_drafter(args, lm, lambda line: print(f"reference.serve: warning: {line}", file=sys.stderr))
     vision = None
     if args.mmproj:
         gguf.check_file(args.mmproj)
@@ -80,19 +86,54 @@ def load_oracle(args):  # -> (Oracle, what /props says of the model)
     props = {"model_path": os.path.basename(path), "size": os.path.getsize(path),
              "ftype": model.meta.int("general.file_type", default=-1),
              "vision": vision is not None, "numerics": {"backend": args.backend, "numerics": args.numerics, "dtype": args.dtype, "kv": layout[0],
-                          "prefill_chunk": layout[1], "kv_type": compute.kv_type, "flash_attn": args.flash_attn,
-                          "cpu": args.cpu}}
-    return Oracle(lm, model.tokenizer, os.path.basename(path), layout, n_ctx, vision, args.image_max_tokens), props
+                          "prefill_chunk": layout[1], "kv_type": compute.kv_type, "cache_type_v": compute.v_type or compute.kv_type,
+                          "flash_attn": args.flash_attn,
+                          "cpu": args.cpu},
+             "model_draft": os.path.basename(args.model_draft) if drafter else None}
+    return Oracle(lm, model.tokenizer, os.path.basename(path), layout, n_ctx, vision, args.image_max_tokens, drafter,
+                  args.spec_draft_n_max, args.spec_draft_p_min), props
+
+
+class OneSendPerTurn:
+    """A transport that joins what is written in one turn of the event loop into one send. uvicorn writes
+    a response's head and its body separately, and each send wakes the client: two wake-ups (on a busy
+    machine, two waits for a core) for one answer."""
+
+    def __init__(self, transport, loop):
+        self.transport, self.loop, self.pending = transport, loop, []
+
+    def write(self, data):
+        if not self.pending:
+            self.loop.call_soon(self.flush)
+        self.pending.append(data)
+
+    def flush(self):
+        if self.pending and not self.transport.is_closing():
+            self.transport.write(b"".join(self.pending))
+        self.pending.clear()
+
+    def close(self):
+        self.flush()
+        self.transport.close()
+
+    def __getattr__(self, name):  # the rest is the transport's
+        return getattr(self.transport, name)
 
 
 def uvicorn_server(app, args):  # -> a uvicorn.Server that exits 0 on SIGINT/SIGTERM once its requests are done
     import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # uvicorn would re-raise the signal after its graceful shutdown
             self.should_exit = True
 
-    return Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=True))
+    class Protocol(H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(OneSendPerTurn(transport, asyncio.get_running_loop()))
+
+    return Server(uvicorn.Config(app, host=args.host, port=args.port, http=Protocol, log_level="info",
+                                 access_log=True))
 
 
 def serve(args):  # -> exit status
@@ -101,7 +142,8 @@ def serve(args):  # -> exit status
         import uvicorn  # noqa: F401
     except ImportError as e:
         raise FactoryError(f"reference.serve needs FastAPI and uvicorn ({e}); install the serve extra") from None
-    from .app import Limits, Served, create_app
+    from .app import create_app
+    from .served import Limits, Served
 
     oracle, props = load_oracle(args)
     limits = Limits(args.queue, args.max_body_bytes, args.max_logprobs, args.timeout, args.max_images,

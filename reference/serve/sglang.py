@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from .app import check_greedy, check_top, served_of, stop_strings
+from .served import check_greedy, check_top, json_reply, served_of, stop_strings
 from .llama import special
 from .oracle import Ask, RequestError, piece_text
 
@@ -67,7 +67,7 @@ async def generate(body: GenerateBody, request: Request):
             "completion_tokens": len(done.tokens), "cached_tokens": 0, "e2e_latency": time.perf_counter() - t0}
     if body.return_logprob:
         meta.update(logprobs(oracle, body, done, start, n_top))
-    return {"text": oracle.completion_text(done), "output_ids": done.tokens, "meta_info": meta}
+    return json_reply({"text": oracle.completion_text(done), "output_ids": done.tokens, "meta_info": meta})
 
 
 def logprobs(oracle, body, done, start, n_top):  # -> meta_info's input/output token and top logprobs

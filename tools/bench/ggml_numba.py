@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from reference import artifacts, factory, gguf
-from reference.cli import OneLineParser, UsageError, add_cache_flags, exit_status, flag, flash_choice, given_cache_type, int_in, output_file
+from reference.cli import OneLineParser, UsageError, add_cache_flags, exit_status, flag, flash_choice, cache_types, int_in, output_file
 from reference.ggml_cpu import UBATCH
 from reference.metrics import max_abs_diff, nmse
 from tools.common import REPO
@@ -40,7 +40,8 @@ def bench_model(name, args):  # -> {engine: (best prefill s, best decode s/token
     ids = [int(i) for i in rng.integers(0, model.config.n_vocab, args.prompt_len)]
     fed = [int(i) for i in rng.integers(0, model.config.n_vocab, args.n_predict)]
     engines = ("numpy", "numba")
-    lms = {e: factory.text_model(model, factory.Build(e, "ggml-cpu", kv_type=kv_type(args),
+    k_type, v_type = cache_types(args)
+    lms = {e: factory.text_model(model, factory.Build(e, "ggml-cpu", kv_type=k_type, v_type=v_type,
                                                       flash_attn=flash_choice(args, "off"))) for e in engines}
     timed_run(lms["numba"], ids[:UBATCH], fed[:2])  # compilation
     best, logits = {e: (np.inf, np.inf) for e in engines}, {}
@@ -68,10 +69,6 @@ def plot(rows, path):  # [(model, prefill speed-up, decode speed-up)] -> PNG bar
     artifacts.save_figure(fig, path, UsageError, dpi=120)
 
 
-def kv_type(args):  # -> the one cache type of -ctk/-ctv/--kv-type (f16 when none is given)
-    return given_cache_type(args) or "f16"
-
-
 def build_parser():  # -> the parser
     p = OneLineParser(prog="python -m tools.bench_ggml_numba", description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--models", default="tiny-b-q4_k_m,tiny-a-f32",
@@ -93,9 +90,10 @@ def main(argv=None):
             if not os.path.isfile(model_file(name)):
                 raise UsageError(f"no model {name!r}: neither a GGUF file nor a name in golden/models")
         flash = flash_choice(args, "off")
-        if kv_type(args) == "q8_0" and not flash:
-            raise UsageError("a q8_0 cache needs -fa on (llama.cpp refuses a quantized V cache without it)")
-        print(f"{args.prompt_len}-token prefill, {args.n_predict} decodes, KV {kv_type(args)}, flash attention "
+        k_type, v_type = cache_types(args)
+        if v_type == "q8_0" and not flash:
+            raise UsageError("a q8_0 V cache needs -fa on (llama.cpp refuses a quantized V cache without it)")
+        print(f"{args.prompt_len}-token prefill, {args.n_predict} decodes, K {k_type} V {v_type}, flash attention "
               f"{'on' if flash else 'off'}, best of {args.repeat}")
         print(f"{'model':16s} {'prefill numpy -> numba':>30s} {'decode/token numpy -> numba':>34s}  "
               "logits numba vs numpy")

@@ -82,7 +82,7 @@ import numpy as np
 
 from reference import artifacts, metrics
 from reference.cli import OneLineParser, UsageError, add_json_out, check_output, fail, flag, float_in
-from reference.ggml_cpu import TARGETS
+from reference.ggml_cpu import CPU_CHOICES
 from reference.trace import INDEX, TraceError, load_trace
 
 from tools.common import check_plot, pyplot, save_figure, write_text
@@ -622,7 +622,7 @@ def build_parser():  # -> the parser
                    help="when a llama.cpp dump's cache type or flash attention could explain a divergence, run "
                         "reference.run with that configuration and bisect the dump against it too")
     flag(p, "model", help="the GGUF the dump was made from (for --reproduce and the printed command)")
-    p.add_argument("--cpu", choices=tuple(TARGETS),
+    p.add_argument("--cpu", choices=CPU_CHOICES, metavar="CPU",
                    help="the CPU build of llama.cpp the dump's reproduction rounds as (default: the one its "
                         "system_info line shows, else avx512)")
     return p

@@ -14,8 +14,13 @@ Both print every graph node through common/debug.cpp (`common_debug_cb_eval`):
         ]
         sum = 12.345678
 
-Older builds wrote `ggml_debug:` in front and no sum; both are read. `{256, 7, 1, 1}` is ggml's ne,
-fastest dimension first: numpy shape [1, 1, 7, 256]. Only the first and last 3 entries of each
+Older builds wrote `ggml_debug:` in front and no sum; a later llama-debug prints `sum    = ` and
+`sum_sq = ` (its tensors through LOG_DBG, so with the log's "0.00.010.542 D " prefix before each
+piece); all are read. eval-callback's `-lv N` (0c1e570: the log's verbosity threshold,
+common/arg.cpp) changes no tensor line: those are LOG output, printed at every level with 3 values
+a side; it drops the prefixed info lines below 3 (the prompt's token ids and system_info:
+--reproduce then has no prompt) and adds debug lines at 5, which are skipped. `{256, 7, 1, 1}` is
+ggml's ne, fastest dimension first: numpy shape [1, 1, 7, 256]. Only the first and last 3 entries of each
 dimension are printed, with `%12.4f` (so a printed value is within 5e-5 of the float), and `sum` is
 a float32 running sum over the whole tensor (printed once per ne3 block, same value each time).
 Quantized tensors get a header and no values.
@@ -36,16 +41,24 @@ from typing import NamedTuple
 import numpy as np
 
 from reference import artifacts, factory
-from reference.ggml_cpu import CLANG_BUILDS, DEFAULT_TARGET, TARGETS, target_of_system_info
+from reference.ggml_cpu import CLANG_BUILDS, DEFAULT_TARGET, TARGETS, VARIANT_TARGET, target_of_system_info
 
 from tools.parity.hf_names import HF_DEBUGGER_MISSING, HF_DEBUGGER_POINTS, HF_TEXT_MODULES, debugger_module, trace_layout
 
-# common_debug_print_tensor prints the first and last n of each dimension (n = 3 in 0c1e570; the value
-# count a verbosity level asks for elsewhere): n is read from each dump as the count before its "..."
+# common_debug_print_tensor prints the first and last n of each dimension (n = 3 in 0c1e570 and in the
+# later debug tools read): n is read from each dump as the count before its "...", whatever a build prints
 HEADER = re.compile(r"^[A-Za-z_]\w*: +(?P<name>\S.*?) = \((?P<type>\w+)\) +(?P<op>[^\s(]+)\(.*\) = \{(?P<ne>[\d, ]+)\}\s*$")
 MAX_ELEMENTS = 2 ** 48  # far beyond any real tensor; keeps a corrupt ne from overflowing index math
-SUM = re.compile(r"^sum = (?P<sum>\S+)$")
-SUM_SQ = re.compile(r"^sum_sq = (?P<sum>\S+)$")  # printed beside sum by newer llama.cpp debug tools
+# llama-debug after 0c1e570 pads them: "sum    = 1.0", "sum_sq = 2.0"
+SUM = re.compile(r"^sum +=\s*(?P<sum>\S+)$")
+SUM_SQ = re.compile(r"^sum_sq +=\s*(?P<sum>\S+)$")  # printed beside sum by newer llama.cpp debug tools
+# common_init turns on the log's prefix and timestamps: "0.00.010.542 I " before every log call of a level
+# other than output. The tensors come through LOG (no prefix) in 0c1e570; a later llama-debug prints
+# them through LOG_DBG, one call per value, so a prefix can stand before each piece of a row, right
+# after a value's 4 decimals ("0.79750.00.010.601 D , "): it starts after those, or after "...", or
+# where no number runs on
+DEBUG_LINE = re.compile(r"\d+\.\d\d\.\d\d\d\.\d\d\d D ")  # a line LOG_DBG began (-lv 5)
+LOG_PREFIX = re.compile(r"(?:(?<=\.\d{4})|(?<=\.\.\.)|(?<![\d.]))\d+\.\d\d\.\d\d\d\.\d\d\d [DIWE] ")
 # the types common_debug_print_tensor prints values of (common/debug.cpp:57-67, 184); quantized ones get a header only
 PRINTED_TYPES = ("f32", "f16", "i64", "i32", "i16", "i8")
 # the last node a text graph names (src/models/muse-glimmer.cpp): the logits, or the normed output of an embedding run
@@ -146,6 +159,7 @@ def read_passes(text, source="dump"):  # text -> ([pass: {name: PartialTensor}],
     has written everything): it is left out, and the caller compares up to the last whole point."""
     blocks = []  # (name, op, type, ne, [(line number, body line)])
     for lineno, line in enumerate(text.splitlines(), 1):
+        line = LOG_PREFIX.sub("", line)
         m = HEADER.match(line.strip())
         if m:
             ne = tuple(int(v) for v in m["ne"].split(",") if v.strip())
@@ -280,9 +294,12 @@ class LlamaConfig:
     prompt: list | None  # the token ids llama-eval-callback logs before its dump
     system_info: str | None = None  # llama.cpp's system_info line (the CPU features built in); None: not logged
     last_whole: str | None = None  # the dump's tail was lost after this point (None: the dump is whole)
+    variant: str | None = None  # the CPU variant a GGML_BACKEND_DL build loaded (its load_backend line); None: not logged
 
     @property
-    def cpu(self):  # -> the CPU target the system_info line shows, or None
+    def cpu(self):  # -> the --cpu the dump shows: the variant it loaded, else the target its system_info shows, or None
+        if self.variant:
+            return self.variant
         return target_of_system_info(self.system_info) if self.system_info else None
 
     @property
@@ -299,8 +316,10 @@ class LlamaConfig:
         default = f"the reference rounds as {DEFAULT_TARGET}, the default"
         clang = CLANG_BUILDS.get(self.cpu)  # an ARM build: its system_info does not show the compiler
         if cpu:
-            shown = self.cpu in (None, cpu) or (clang is not None and clang.name == cpu)
-            return None if shown else f"--cpu {cpu}: the dump's system_info shows the {self.cpu} build"
+            shown = self.cpu is None or same_build(self.cpu, cpu) or (clang is not None and clang.name == cpu)
+            return None if shown else f"--cpu {cpu}: the dump's {self.cpu_source} shows the {self.cpu} build"
+        if self.variant:
+            return None
         if self.system_info is None:
             return f"the dump logs no system_info line (its CPU build): {default}"
         if self.cpu is None:
@@ -309,15 +328,19 @@ class LlamaConfig:
             return f"system_info does not show the compiler: a clang build (as on macOS) is --cpu {clang.name}"
         return None
 
+    @property
+    def cpu_source(self):  # -> which line of the dump names its CPU build
+        return "load_backend line" if self.variant else "system_info"
+
     def reference_options(self, cpu=None):  # --cpu or None -> reference.run options rounding as this configuration
         """DumpError where reference.run cannot round so. The CPU target is `cpu`, else the one the
         system_info line shows, else the default (cpu_note says which)."""
         if None in (self.cache_k, self.cache_v, self.flash_attn):
             raise DumpError("the dump does not show its cache types and whether flash attention ran (printed with "
                             "a --tensor-filter that leaves out cache_k_l*, cache_v_l* and the attention nodes?)")
-        if self.cache_k != self.cache_v or self.cache_k not in CACHE_TYPES:
-            raise DumpError(f"reference.run --numerics ggml-cpu models one cache type of {', '.join(CACHE_TYPES)} "
-                            f"for K and V; the dump's are K {self.cache_k}, V {self.cache_v}")
+        if not {self.cache_k, self.cache_v} <= set(CACHE_TYPES):
+            raise DumpError(f"reference.run --numerics ggml-cpu models the cache types {', '.join(CACHE_TYPES)}; "
+                            f"the dump's are K {self.cache_k}, V {self.cache_v}")
         if max(self.ubatches) > MAX_UBATCH:
             raise DumpError(f"reference.run --numerics ggml-cpu takes ubatches of at most {MAX_UBATCH} tokens; "
                             f"the dump's hold {max(self.ubatches)}")
@@ -326,6 +349,10 @@ class LlamaConfig:
         chunk = ["-ub", str(self.ubatches[0])] if len(self.ubatches) > 1 else []
         return ["--numerics", "ggml-cpu", "-ctk", self.cache_k, "-ctv", self.cache_v,
                 "-fa", ON_OFF[self.flash_attn], "--cpu", target, *chunk]
+
+
+def same_build(a, b):  # two --cpu names -> whether they round alike (a llama.cpp variant and the target it is)
+    return VARIANT_TARGET.get(a, a) == VARIANT_TARGET.get(b, b)
 
 
 def emulated_target(name):  # CPU target name -> name, or DumpError where reference.run --cpu refuses it
@@ -337,13 +364,15 @@ def emulated_target(name):  # CPU target name -> name, or DumpError where refere
 
 
 ON_OFF = {True: "on", False: "off"}
-CACHE_TYPES = ("f32", "f16", "q8_0")  # the cache types reference.run --kv-type rounds as llama.cpp does
+CACHE_TYPES = ("f32", "f16", "q8_0")  # the cache types reference.run -ctk and -ctv round as llama.cpp does
 MAX_UBATCH = 512  # reference.run's ggml-cpu ubatch cap (llama.cpp's default -ub)
 PROMPT_COUNT = re.compile(r"number of input tokens = (?P<n>\d+)\s*$")
 PROMPT_ID = re.compile(r"\s(?P<id>\d+)\s*$")
 DEBUG_PROMPT_COUNT = re.compile(r"^Token ids \((?P<n>\d+)\):\s*$")
 DEBUG_PROMPT_ID = re.compile(r"\((\d+)\) ")  # "<|begin_of_text|>(497) the(319) "
 SYSTEM_INFO = re.compile(r"\bsystem_info: (?P<info>.*?)\s*$", re.M)  # common_params_get_system_info, logged at start
+# ggml_backend_load_best's choice in a GGML_BACKEND_DL build (ggml/src/ggml-backend-reg.cpp:259)
+LOADED_VARIANT = re.compile(r"\bloaded CPU backend from \S*?ggml-cpu-(?P<variant>[\w.]+?)\.(?:so|dll|dylib)\b")
 
 
 def cache_type(passes, prefix):  # [pass], "cache_k_l" -> ggml type of those nodes, or None
@@ -352,8 +381,9 @@ def cache_type(passes, prefix):  # [pass], "cache_k_l" -> ggml type of those nod
 
 def logged_prompt(text):  # dump text -> the prompt's token ids as the tool logged them, or None
     """llama-eval-callback: `number of input tokens = N`, then one id per line, before the tensors;
-    llama-debug: `Token ids (N):`, then one line of `piece(id) ` for each, after them."""
-    lines = text.splitlines()
+    llama-debug: `Token ids (N):`, then one line of `piece(id) ` for each, after them. Debug lines
+    (-lv 5) between them are skipped."""
+    lines = [line for line in text.splitlines() if not DEBUG_LINE.match(line)]
     for i, line in enumerate(lines):
         count = PROMPT_COUNT.search(line)
         if count:
@@ -369,9 +399,10 @@ def logged_prompt(text):  # dump text -> the prompt's token ids as the tool logg
 def read_config(passes, text):  # [pass], dump text -> LlamaConfig
     ops = {t.op for points in passes for t in points.values()}
     flash = True if "FLASH_ATTN_EXT" in ops else False if "SOFT_MAX" in ops else None
-    system_info = SYSTEM_INFO.search(text)
+    system_info, loaded = SYSTEM_INFO.search(text), LOADED_VARIANT.search(text)
     return LlamaConfig(cache_type(passes, "cache_k_l"), cache_type(passes, "cache_v_l"), flash,
-                       [pass_tokens(p) for p in passes], logged_prompt(text), system_info and system_info["info"])
+                       [pass_tokens(p) for p in passes], logged_prompt(text), system_info and system_info["info"],
+                       variant=loaded and loaded["variant"])
 
 
 # --- transformers' model_addition_debugger_context(..., do_prune_layers=False, use_repr=False) -------

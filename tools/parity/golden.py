@@ -66,7 +66,7 @@ from reference.cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, OneLineParser, add_n
                            exit_status, flag, float_in, int_in)
 from reference.factory import GGML_CPU_BACKENDS
 from reference.provenance import software_record
-from reference.positions import POSITIONS_FORMAT, SUFFIX, parse_positions, resolve, sparse_golden
+from reference.positions import POSITIONS_FORMAT, SUFFIX, clamped, parse_positions, resolve, sparse_golden
 from tools.common import GoldenError, save_atomic, save_json, today
 from .engines import ENGINE_NEEDS, ENGINES, Engine, make_engine
 from .engines.base import TOPK_FORMAT, is_token_list
@@ -186,6 +186,10 @@ def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], l
         engine.options["beyond_n_ctx_train"] = True  # the manifest says that some prompt ran past it
     if engine.keep:
         kept_positions(engine, pid, n)
+        cut = clamped(engine.keep[0][1], n)
+        if cut:  # a range past the prompt is cut as a slice is: said once, before the progress bar
+            print(f"tools.golden: warning: prompt {pid}: --logits-positions {engine.keep[0][0]} on {n} tokens: "
+                  f"{', '.join(cut)}", file=sys.stderr)
     return ids, continuation
 
 

@@ -42,7 +42,7 @@ from reference import artifacts, factory, gguf
 from reference.cli import (BEYOND_TRAIN, BEYOND_TRAIN_HELP, MAX_THREADS, OneLineParser, UsageError, add_numerics_flags,
                            build_of, check_output, check_train_context, exit_status, flag, int_in)
 from reference.factory import GGML_CPU_BACKENDS
-from reference.ggml_cpu import TARGETS, GgmlCpuError, libm
+from reference.ggml_cpu import GgmlCpuError, libm, target as cpu_target
 from reference.kv import CacheError
 from reference.provenance import provenance, sidecar
 from reference.tokenizer import Tokenizer, TokenizerError
@@ -557,7 +557,9 @@ def load_model(args):  # -> (TextModel on the backend the options ask for, its n
 def numerics_line(build, backend):  # factory.Build, the backend made of it -> how the reference rounds, one line
     if not build.ggml_cpu:
         return f"numerics exact, {build.dtype}"
-    return (f"numerics ggml-cpu: llama.cpp's {backend.target.name} CPU build, KV cache {backend.kv_type}, "
+    cache = (f"KV cache {backend.k_type}" if backend.k_type == backend.v_type
+             else f"K cache {backend.k_type}, V cache {backend.v_type}")
+    return (f"numerics ggml-cpu: llama.cpp's {backend.target.name} CPU build, {cache}, "
             f"flash attention {'on' if backend.flash_attn else 'off'}, repack {'on' if backend.repack else 'off'}")
 
 
@@ -630,7 +632,7 @@ class BaseWriters:
     def __init__(self, args, n_vocab, tokens, numerics, record):  # tokens [n_chunk * n_ctx], the chunks scored
         self.n_ctx, self.n_vocab, self.tokens, self.f32_rows, self.numerics = args.ctx_size, n_vocab, tokens, [], numerics
         self.record, self.u16_path = record, args.kl_divergence_base
-        self.fused_codes = args.cpu is not None and TARGETS[args.cpu].contracts_across_statements  # GCC on ARM
+        self.fused_codes = args.cpu is not None and cpu_target(args.cpu).contracts_across_statements  # GCC on ARM
         self.f32_path, self.top_k = args.kl_divergence_base_f32, args.kl_top_k
         self.u16 = KldWriter(args.kl_divergence_base, self.n_ctx, n_vocab, tokens) if args.kl_divergence_base else None
 

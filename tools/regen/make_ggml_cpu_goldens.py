@@ -3,6 +3,7 @@
     python -m tools.make_ggml_cpu_goldens --llama-bin LLAMA_CPP/build/bin \\
         --imatrix build/tiny/tiny-b.imatrix.gguf [--out golden/ggml_cpu]
     python -m tools.make_ggml_cpu_goldens --only-q8-0-kv [--out golden/ggml_cpu]
+    python -m tools.make_ggml_cpu_goldens --only-mixed-kv [--out golden/ggml_cpu]
 
 1. models/: the tiny-b types golden/models lacks, quantized from golden/models/tiny-b-f32.gguf with
    llama-quantize: Q4_0, Q5_K_M and IQ3_XXS (with the importance matrix).
@@ -28,6 +29,13 @@
    two synthetic models, end to end through the rotation. The models are not kept: the manifest
    gives their TextDims fields, seed and sha256, and `synthetic_gguf` rebuilds them byte for byte.
    `--only-q8-0-kv` rewrites just these files and the manifest's "kv_q8_0" entry.
+5. K and V caches of different types (-ctk and -ctv): logits/<model>/ctk-<K>_ctv-<V>_fa-<on|off>.npy
+   on the prompt rows and decodes of 2.: tiny-a-f32 with F16 K and F32 V and the reverse, flash
+   attention off (each product takes its own side's type; V stored transposed), and with a Q8_0 K
+   and an F16 V and the reverse, flash attention on (the one-chunk kernel; tiny-a's head_dim 32 is
+   not rotated), and a Q8_0 K with an F16 V, flash attention off (K.Q a Q8_0 mul_mat); the synthetic
+   head_dim 64 model of 4. with the three Q8_0 pairs (only the quantized side rotated). `--only-mixed-kv` rewrites just these files and the manifest's
+   "kv_mixed" entry.
 manifest.json describes every file: model and sha256, engine and version, options, token ids,
 generated tokens, date.
 """
@@ -58,6 +66,10 @@ N_THREADS, N_CTX, N_UBATCH = 2, 1024, 512
 GEOMETRY_HEAD_DIMS = (20, 24)  # RoPE with 2 leftover pairs; a head size whose 1/sqrt is not exact
 Q8_0_KV_TYPES = ("f32", "q8_0")  # tiny-a types run with a q8_0 cache
 Q8_0_KV_HEAD_DIMS = (64, 128)  # rotated heads: K by H_64 / H_128, V by 64-blocks
+# (K type, V type, flash attention): llama.cpp takes a quantized K without flash attention, a quantized V only with it
+MIXED_KV = [("f16", "f32", False), ("f32", "f16", False), ("q8_0", "f16", True), ("f16", "q8_0", True),
+            ("q8_0", "f16", False)]
+MIXED_KV_ROTATED = [c for c in MIXED_KV if "q8_0" in c[:2]]  # on the synthetic head_dim 64 model: one side rotated
 MATMUL_COLUMNS = 32  # columns of a matmul output kept in a fixture
 WIDE_COLUMNS = 64    # columns of swiglu / softcap tensors kept in a fixture
 
@@ -98,8 +110,9 @@ class Recorder:
         return True
 
 
-def run_llama(model, ids, n_decode, kv_type, flash_attn, record=False):
-    """-> (logits [len(ids) + n_decode, n_vocab], generated ids, [graph nodes of each llama_decode])"""
+def run_llama(model, ids, n_decode, kv_type, flash_attn, record=False, v_type=None):
+    """kv_type: the K cache type, and V's unless v_type.
+    -> (logits [len(ids) + n_decode, n_vocab], generated ids, [graph nodes of each llama_decode])"""
     import llama_cpp as lc
 
     silence = lc.llama_log_callback(lambda level, text, user_data: None)
@@ -113,7 +126,7 @@ def run_llama(model, ids, n_decode, kv_type, flash_attn, record=False):
     cparams = lc.llama_context_default_params()
     cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = N_CTX, N_UBATCH, N_UBATCH
     cparams.n_threads = cparams.n_threads_batch = N_THREADS
-    cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
+    cparams.type_k, cparams.type_v = KV_TYPES[kv_type], KV_TYPES[v_type or kv_type]
     cparams.flash_attn_type = 1 if flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / DISABLED
     recorder = Recorder(lc) if record else None
     if recorder:
@@ -344,6 +357,36 @@ def write_q8_0_kv(out, ids, ops_ids):  # -> manifest "kv_q8_0"; logits/{tiny-a,s
             "ops": {"token_ids": ops_ids, "file": "ops/q8_0_kv.npz", "models": models, "keys": sorted(arrays)}}
 
 
+def mixed_config_name(k_type, v_type, flash_attn):  # "q8_0", "f16", True -> "ctk-q8_0_ctv-f16_fa-on"
+    return f"ctk-{k_type}_ctv-{v_type}_fa-{'on' if flash_attn else 'off'}"
+
+
+def write_mixed_kv(out, ids):  # -> manifest "kv_mixed"; logits/{tiny-a-f32,synthetic-hd64}/ctk-*_ctv-*_fa-*.npy
+    runs = []
+
+    def write(path, kind, k_type, v_type, flash_attn, **fields):
+        logits, generated, _ = run_llama(path, ids, N_DECODE, k_type, flash_attn, v_type=v_type)
+        name = f"logits/{kind}/{mixed_config_name(k_type, v_type, flash_attn)}.npy"
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        np.save(out / name, logits, allow_pickle=False)
+        runs.append({"type": kind, **fields, "sha256": sha256(path), "cache_type_k": k_type, "cache_type_v": v_type,
+                     "flash_attn": flash_attn, "file": name, "generated": generated})
+        print(f"{name}: {logits.shape}, generated {generated}", flush=True)
+
+    model = MODELS / "tiny-a-f32.gguf"
+    for k_type, v_type, flash_attn in MIXED_KV:
+        write(model, "tiny-a-f32", k_type, v_type, flash_attn, model=relative(model, out.parent))
+    with tempfile.TemporaryDirectory() as tmp:
+        head_dim = Q8_0_KV_HEAD_DIMS[0]
+        path = Path(tmp) / f"hd{head_dim}.gguf"
+        geometry_model(path, head_dim)
+        for k_type, v_type, flash_attn in MIXED_KV_ROTATED:
+            write(path, f"synthetic-hd{head_dim}", k_type, v_type, flash_attn, head_dim=head_dim,
+                  fields=geometry_fields(head_dim), seed=GEOMETRY_SEED,
+                  made="tools.make_ggml_cpu_goldens.synthetic_gguf(fields, seed) (f32)")
+    return {"date": today(), "runs": runs}
+
+
 def write_geometry_ops(out, ids):  # -> manifest entry; ops/geometry.npz
     arrays, models = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -373,13 +416,17 @@ def main(argv=None):
     ap.add_argument("--imatrix", type=Path, help="tiny-b importance matrix (for IQ3_XXS)")
     ap.add_argument("--out", type=Path, default=REPO / "golden" / "ggml_cpu")
     ap.add_argument("--only-q8-0-kv", action="store_true", help="rewrite only the q8_0 KV cache goldens")
+    ap.add_argument("--only-mixed-kv", action="store_true", help="rewrite only the goldens of K and V types that differ")
     args = ap.parse_args(argv)
 
     prompts = (REPO / "golden" / "prompts" / "text.jsonl").read_text(encoding="utf-8").splitlines()
     base = next(p["token_ids"] for p in map(json.loads, filter(None, prompts)) if p["id"] == "len33")
-    if args.only_q8_0_kv:
+    if args.only_q8_0_kv or args.only_mixed_kv:
         manifest = json.loads((args.out / "manifest.json").read_text(encoding="utf-8"))
-        manifest["kv_q8_0"] = write_q8_0_kv(args.out, base[:N_PROMPT], base[:N_OPS_PROMPT])
+        if args.only_q8_0_kv:
+            manifest["kv_q8_0"] = write_q8_0_kv(args.out, base[:N_PROMPT], base[:N_OPS_PROMPT])
+        if args.only_mixed_kv:
+            manifest["kv_mixed"] = write_mixed_kv(args.out, base[:N_PROMPT])
         (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         return 0
     if not (args.llama_bin and args.imatrix):
@@ -395,7 +442,8 @@ def main(argv=None):
                 "runs": write_logits(args.out, base[:N_PROMPT]),
                 "ops": {"token_ids": base[:N_OPS_PROMPT], "files": write_ops(args.out, base[:N_OPS_PROMPT]),
                         "geometry": write_geometry_ops(args.out, base[:N_OPS_PROMPT])},
-                "kv_q8_0": write_q8_0_kv(args.out, base[:N_PROMPT], base[:N_OPS_PROMPT])}
+                "kv_q8_0": write_q8_0_kv(args.out, base[:N_PROMPT], base[:N_OPS_PROMPT]),
+                "kv_mixed": write_mixed_kv(args.out, base[:N_PROMPT])}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return 0
 

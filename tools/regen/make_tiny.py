@@ -248,6 +248,22 @@ def write_preprocessor_config(out_dir: Path) -> None:
     (out_dir / "preprocessor_config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
 
 
+# MuseGlimmerVideoProcessor's fields (transformers/models/muse_glimmer/video_processing_muse_glimmer.py:96-115),
+# with the frame and token caps cut to the tiny tower's size
+VIDEO_PREPROCESSOR = {
+    "video_processor_type": "MuseGlimmerVideoProcessor", "do_resize": True, "resample": 1, "do_rescale": True,
+    "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "do_convert_rgb": True, "patch_size": VISION["patch_size"], "temporal_patch_size": VISION["patch_temporal"],
+    "merge_size": VISION["merge_size"], "max_video_frame_tokens": 36, "num_frames": 8, "fps": 2.0,
+    "do_sample_frames": True, "frame_timestamp_format": "Time: {timestamp:.1f}s",
+}
+
+
+def write_video_preprocessor_config(out_dir: Path) -> None:  # VIDEO_PREPROCESSOR, by hand as the image one
+    (out_dir / "video_preprocessor_config.json").write_text(json.dumps(VIDEO_PREPROCESSOR, indent=2) + "\n",
+                                                            encoding="utf-8")
+
+
 def peakedness(model, vocab: int, seed: int) -> str:
     """Median and 10th percentile of the top-1 minus top-2 logit margin on a random prompt."""
     import torch
@@ -386,6 +402,7 @@ def build_checkpoints(tok, ids: dict[str, int], template: str, work: Path, out: 
         configs[name] = save_checkpoint(model, work / name, out, name)
         save_tokenizer(tok, template, work / name)
         write_preprocessor_config(work / name)
+        write_video_preprocessor_config(work / name)
     log(f"building {DRAFTER['name']} (transformers)")
     configs[DRAFTER["name"]] = save_checkpoint(drafter_checkpoint(ids), work / DRAFTER["name"], out, DRAFTER["name"])
     return configs
@@ -428,6 +445,19 @@ def quantize_text(runner, catalog: Catalog, name: str, config: dict, work: Path)
         catalog.record(dst, "text", name, config, made)
 
 
+def add_video_extension(catalog: Catalog, hf_dir: Path, config: dict) -> None:
+    """tiny-a-mmproj-video-f32.gguf: the f32 mmproj with tools.video_mmproj's extension."""
+    from tools.regen.video_mmproj import extend
+
+    src, dst = catalog.out / f"{MMPROJ_OF}-mmproj-f32.gguf", catalog.out / f"{MMPROJ_OF}-mmproj-video-f32.gguf"
+    log(f"adding the video extension: {dst.name}")
+    extend(src, hf_dir, dst)
+    made = {"convert": catalog.files.get(src.name, {}).get("made", {}).get("convert"),
+            "extend": ["python", "-m", "tools.video_mmproj", "--mmproj", "{out}/" + src.name,
+                       "--checkpoint", "{work}/" + MMPROJ_OF, "-o", "{out}/" + dst.name]}
+    catalog.record(dst, "mmproj", MMPROJ_OF, config, made)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.make_tiny", description=__doc__.splitlines()[0])
     ap.add_argument("--llama-cpp-dir", required=True, type=Path, help="llama.cpp source tree")
@@ -468,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"converting {dst.name}")
         catalog.converted(runner.convert(work / MMPROJ_OF, dst, t, ["--mmproj"]), dst, "mmproj", MMPROJ_OF,
                           configs[MMPROJ_OF])
+    if "mmproj" in stages:
+        add_video_extension(catalog, work / MMPROJ_OF, configs[MMPROJ_OF])
     if "dflash" in stages:
         dst = out / f"{DRAFTER['name']}-f32.gguf"
         log(f"converting {dst.name}")

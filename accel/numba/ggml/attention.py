@@ -17,6 +17,7 @@ from reference.ggml_cpu.target import AVX512
 from .elementwise import soft_max  # noqa: F401 (KERNELS)
 from .float_dots import dot_f16, float_mul_mat, vec_dot_f32  # noqa: F401 (float_mul_mat, vec_dot_f32: KERNELS)
 from .libm import EXPF, v_expf_lane
+from .mul_mat import mul_mat  # noqa: F401 (KERNELS: K.Q of a Q8_0 K cache)
 from .quantize import quantize_q8_0
 from .rounding import fma32, hsum8, register_sum, round_f16, sqrt32
 from .threads import threaded
@@ -27,7 +28,7 @@ CELL_TILE = 64  # cells a task of head_cells transposes: 32 KB of V at head size
 
 
 @threaded
-def head_cells(k, v, n_kv, f16):  # k/v [S, Hkv, D] -> K [Hkv, n_kv, D], V^T [Hkv, D, n_kv]: reference cells_by_head
+def head_cells(k, v, n_kv, k_f16, v_f16):  # k/v [S, Hkv, D] -> K [Hkv, n_kv, D], V^T [Hkv, D, n_kv]: reference cells_by_head
     """Tasks of CELL_TILE cells of one kv head: V's tile is read whole from L1 for each row of V^T."""
     S, Hkv, D = k.shape
     k_heads, v_heads = np.zeros((Hkv, n_kv, D), F32), np.zeros((Hkv, D, n_kv), F32)
@@ -37,19 +38,20 @@ def head_cells(k, v, n_kv, f16):  # k/v [S, Hkv, D] -> K [Hkv, n_kv, D], V^T [Hk
         s1 = min(s0 + CELL_TILE, S)
         for s in range(s0, s1):
             for d in range(D):
-                k_heads[g, s, d] = round_f16(k[s, g, d]) if f16 else k[s, g, d]
+                k_heads[g, s, d] = round_f16(k[s, g, d]) if k_f16 else k[s, g, d]
         for d in range(D):
             for s in range(s0, s1):
-                v_heads[g, d, s] = round_f16(v[s, g, d]) if f16 else v[s, g, d]
+                v_heads[g, d, s] = round_f16(v[s, g, d]) if v_f16 else v[s, g, d]
     return k_heads, v_heads
 
 
-def cells_by_head(k, v, n_kv, kv_type):  # k/v [S, Hkv, D] -> K [Hkv, n_kv, D], V^T [Hkv, D, n_kv]: one pass over the cells
-    return head_cells(2 * k.size, np.ascontiguousarray(k, F32), np.ascontiguousarray(v, F32), n_kv, kv_type == "f16")
+def cells_by_head(k, v, n_kv, k_type, v_type):  # k/v [S, Hkv, D] -> K [Hkv, n_kv, D], V^T [Hkv, D, n_kv]: one pass over the cells
+    return head_cells(2 * k.size, np.ascontiguousarray(k, F32), np.ascontiguousarray(v, F32), n_kv, k_type == "f16",
+                      v_type == "f16")
 
 
-def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
-    return reference.attention_mul_mat(q, k, v, visible, scale, kv_type, target, KERNELS)
+def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, v_type=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    return reference.attention_mul_mat(q, k, v, visible, scale, kv_type, target, KERNELS, v_type=v_type)
 
 
 @threaded
@@ -110,7 +112,7 @@ def vec_dot_q8_0(kd, kq, qd, qq, lanes):  # K row d [nb], q [nb, 32], Q row the 
 
 
 @threaded
-def chunk_f16(q16, k, v, visible, scale, start, stop, lanes):  # q16 [T, H, D] f16 values -> (M [T, H], S [T, H], VKQ)
+def chunk_f16(q16, k, v, visible, scale, start, stop, lanes, f16_acc):  # q16 [T, H, D] f16 values -> (M [T, H], S [T, H], VKQ)
     T, H, _ = q16.shape
     m, s_sum, acc = np.empty((T, H), F32), np.empty((T, H), F32), np.zeros((T, H, v.shape[-1]), F32)
     for th in numba.prange(T * H):
@@ -120,13 +122,13 @@ def chunk_f16(q16, k, v, visible, scale, start, stop, lanes):  # q16 [T, H, D] f
         for j in range(start, stop):
             if visible[t, j]:
                 s = dot_f16(k[j, h], q16[t, h], scratch, lanes) * scale
-                mt, st = online_step(s, v[j, h], mt, st, acc[t, h], True)
+                mt, st = online_step(s, v[j, h], mt, st, acc[t, h], f16_acc)
         m[t, h], s_sum[t, h] = mt, st
     return m, s_sum, acc
 
 
 @threaded
-def chunk_q8_0(qd, qq, kd, kq, v, visible, scale, start, stop):  # Q and K rows in Q8_0 -> (M, S, VKQ)
+def chunk_q8_0(qd, qq, kd, kq, v, visible, scale, start, stop, f16_acc):  # Q and K rows in Q8_0 -> (M, S, VKQ)
     T, H, _ = qd.shape
     m, s_sum, acc = np.empty((T, H), F32), np.empty((T, H), F32), np.zeros((T, H, v.shape[-1]), F32)
     for th in numba.prange(T * H):
@@ -136,21 +138,22 @@ def chunk_q8_0(qd, qq, kd, kq, v, visible, scale, start, stop):  # Q and K rows 
         for j in range(start, stop):
             if visible[t, j]:
                 s = vec_dot_q8_0(kd[j, h], kq[j, h], qd[t, h], qq[t, h], lanes) * scale
-                mt, st = online_step(s, v[j, h], mt, st, acc[t, h], False)
+                mt, st = online_step(s, v[j, h], mt, st, acc[t, h], f16_acc)
         m[t, h], s_sum[t, h] = mt, st
     return m, s_sum, acc
 
 
-def flash_chunk(q, k, v, visible, scale, cells, kv_type, target=AVX512, partial=False):  # q [T, H, D] -> [T, H, D] (reference)
+def flash_chunk(q, k, v, visible, scale, cells, kv_type, target=AVX512, partial=False, v_type=None):  # q [T, H, D] -> [T, H, D] (reference)
     T, H, D = q.shape
     visible, scale = np.ascontiguousarray(visible, np.bool_), F32(scale)
+    f16_acc = (v_type or kv_type) == "f16"
     if kv_type == "f16":
         m, s_sum, acc = chunk_f16(q.size * len(cells), round_f16_array(q), k, v, visible, scale, cells.start,
-                                  cells.stop, target.lanes)
+                                  cells.stop, target.lanes, f16_acc)
     else:
         q8 = quantize_q8_0(q.reshape(T * H, D))
         m, s_sum, acc = chunk_q8_0(q.size * len(cells), q8.d.reshape(T, H, -1), q8.q.reshape(T, H, -1, 32), k[0],
-                                   k[1], v, visible, scale, cells.start, cells.stop)
+                                   k[1], v, visible, scale, cells.start, cells.stop, f16_acc)
     return (m, s_sum, acc) if partial else flash_normalise(s_sum, acc)
 
 
@@ -255,8 +258,8 @@ def attention_flash(q, k, v, visible, scale, n_threads, target=AVX512):  # [T, H
     return reference.attention_flash(q, k, v, visible, scale, n_threads, target, KERNELS)
 
 
-def attention_q8_0(q, k, v, visible, scale, target=AVX512):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
-    return reference.attention_q8_0(q, k, v, visible, scale, target, KERNELS)
+def attention_q8_0(q, k, v, visible, scale, target=AVX512, k_type="q8_0", v_type="q8_0"):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    return reference.attention_q8_0(q, k, v, visible, scale, target, KERNELS, k_type, v_type)
 
 
-KERNELS = sys.modules[__name__]  # cells_by_head, float_mul_mat, vec_dot_f32, soft_max, fwht, quantize_q8_0, the flash kernels
+KERNELS = sys.modules[__name__]  # cells_by_head, float_mul_mat, mul_mat, vec_dot_f32, soft_max, fwht, quantize_q8_0, the flash kernels

@@ -5,6 +5,7 @@ element-wise ops."""
 import numpy as np
 
 from reference.ggml_cpu import GgmlCpuBackend
+from reference.ggml_cpu.attention import flash_types
 
 from . import attention, elementwise
 from .float_dots import float_mul_mat
@@ -30,11 +31,12 @@ class GgmlCpuNumbaBackend(GgmlCpuBackend):
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         q, k, v = (np.asarray(a, F32) for a in (q, k, v))
-        if self.kv_type == "q8_0":
-            return attention.attention_q8_0(q, k, v, visible, scale, self.target)
-        if self.flash_attn:
+        if not self.flash_attn:
+            return attention.attention_mul_mat(q, k, v, visible, scale, self.k_type, self.target, self.v_type)
+        k_type, v_type = flash_types(self.k_type, self.v_type)
+        if (k_type, v_type) == ("f16", "f16"):
             return attention.attention_flash(q, k, v, visible, scale, self.n_threads, self.target)
-        return attention.attention_mul_mat(q, k, v, visible, scale, self.kv_type, self.target)
+        return attention.attention_q8_0(q, k, v, visible, scale, self.target, k_type, v_type)
 
     def rms_norm(self, x, eps):  # x [..., n] -> [..., n]
         return elementwise.rms_norm(x, eps)

@@ -431,11 +431,8 @@ def q8_0_lanes(typingctx, raw, o, b, aq, t, lanes):  # lanes int32 [8] <- block 
         return types.none(raw, o, b, aq, t, lanes), codegen
 
 
-Q8_0_BYTES, Q8_0_D = Q8_0.size, Q8_0.d  # numba's compiled code takes module-level ints as constants
-
-
 @numba.njit(cache=True, parallel=True)
-def q8_0_vec_dot(raw, aq, ad):  # raw Q8_0 [O, nb * Q8_0_BYTES], Q8_0 acts -> [T, O]: reference q0_lanes, one accumulator
+def q8_0_vec_dot(raw, aq, ad):  # raw Q8_0 [O, nb * Q8_0.size], Q8_0 acts -> [T, O]: reference q0_lanes, one accumulator
     O = raw.shape[0]
     T, nb = ad.shape
     out = np.zeros((T, O), F32)
@@ -446,7 +443,7 @@ def q8_0_vec_dot(raw, aq, ad):  # raw Q8_0 [O, nb * Q8_0_BYTES], Q8_0 acts -> [T
             acc[:] = 0
             for b in range(nb):
                 q8_0_lanes(raw, o, b, aq, t, lanes)
-                scale = f16_at(raw, o, Q8_0_BYTES * b + Q8_0_D) * ad[t, b]
+                scale = f16_at(raw, o, Q8_0.size * b + Q8_0.d) * ad[t, b]
                 for lane in range(8):
                     acc[lane] = fma32(scale, F32(lanes[lane]), acc[lane])
             out[t, o] = hsum8(acc)

@@ -102,7 +102,7 @@ def layer_norm(x, w, b, eps, target=AVX512):  # x [..., n] f32, w [n], b [n] -> 
 
 
 @threaded
-def rotate_pairs(x, cos, sin, first, stride, group, cos_fused):  # x [T, H, D], cos/sin [T, P] -> [T, H, D]
+def rotate_pairs(x, cos, sin, first, stride, group):  # x [T, H, D], cos/sin [T, P] -> [T, H, D]
     """Pair i is (first(i), first(i) + stride): rope_norm has first 2i, stride 1; rope_neox i, P.
     The pairs of whole groups take the contracted FMAs (reference rotate), the last P mod group
     plain products."""
@@ -117,7 +117,7 @@ def rotate_pairs(x, cos, sin, first, stride, group, cos_fused):  # x [T, H, D], 
                 x0, x1, c, s = x[t, h, a], x[t, h, a + stride], cos[t, i], sin[t, i]
                 if i < fused:
                     out[t, h, a] = fma32(x0, c, -(x1 * s))
-                    out[t, h, a + stride] = fma32(x1, c, x0 * s) if cos_fused else fma32(x0, s, x1 * c)
+                    out[t, h, a + stride] = fma32(x0, s, x1 * c)
                 else:
                     out[t, h, a] = x0 * c - x1 * s
                     out[t, h, a + stride] = x0 * s + x1 * c
@@ -126,12 +126,12 @@ def rotate_pairs(x, cos, sin, first, stride, group, cos_fused):  # x [T, H, D], 
 
 def rope_norm(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] -> [T, H, D]: reference rope_norm, pairs (2i, 2i+1)
     return rotate_pairs(np.size(x), np.ascontiguousarray(x, F32), libm("cosf", theta), libm("sinf", theta), 2, 1,
-                        target.rope_group, target.rope_cos_fused)
+                        target.rope_group)
 
 
 def rope_neox(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] -> [T, H, D]: reference rope_neox, pairs (i, i + D/2)
     return rotate_pairs(np.size(x), np.ascontiguousarray(x, F32), libm("cosf", theta), libm("sinf", theta), 1,
-                        theta.shape[-1], target.neox_group, False)
+                        theta.shape[-1], target.neox_group)
 
 
 def rope_2d(x, theta_a, theta_b, target=AVX512):  # x [T, H, D], theta_a/b [T, D/4] -> [T, H, D]: reference rope_2d

@@ -1,6 +1,8 @@
 """--engine llama-server: a running llama-server's POST /completion (top-k log-probabilities, no logits)."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 from pathlib import Path
 
@@ -163,3 +165,59 @@ def llama_server_engine(args) -> Engine:
                  "golden": TOPK_FORMAT},
         tokenize=tokenize, topk=topk, n_vocab=n_vocab,
     )
+
+
+# -------------------------------------------------------------------------------------------------
+# llama-server's own arithmetic on a logit row: get_token_probabilities (tools/server/server-common.cpp)
+# and completion_token_output::logarithm (tools/server/server-task.cpp)
+
+def libm_float32() -> tuple:  # -> (expf, logf) of the C library, the functions llama-server calls
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    for f in (libm.expf, libm.logf):
+        f.restype, f.argtypes = ctypes.c_float, [ctypes.c_float]
+    return libm.expf, libm.logf
+
+
+def partial_sort(items: list, middle: int, before) -> None:
+    """libstdc++'s std::partial_sort(first, first + middle, last, comp) in place: a heap of the first
+    `middle`, every later item that comes before its top swapped in (__heap_select), then the heap
+    sorted (__sort_heap). The items past `middle` are left in the order this leaves them, which fixes
+    the order of llama-server's float32 sum."""
+    def adjust(length, hole, value):  # __adjust_heap, then __push_heap
+        top = child = hole
+        while child < (length - 1) // 2:
+            child = 2 * (child + 1)
+            if before(items[child], items[child - 1]):
+                child -= 1
+            items[hole], hole = items[child], child
+        if length % 2 == 0 and child == (length - 2) // 2:
+            child = 2 * (child + 1)
+            items[hole], hole = items[child - 1], child - 1
+        parent = (hole - 1) // 2
+        while hole > top and before(items[parent], value):
+            items[hole], hole = items[parent], parent
+            parent = (hole - 1) // 2
+        items[hole] = value
+
+    for parent in range((middle - 2) // 2, -1, -1) if middle >= 2 else ():  # __make_heap
+        adjust(middle, parent, items[parent])
+    for i in range(middle, len(items)):  # __pop_heap(first, middle, i) for each that comes first
+        if before(items[i], items[0]):
+            value, items[i] = items[i], items[0]
+            adjust(middle, 0, value)
+    for last in range(middle - 1, 0, -1):  # __sort_heap
+        value, items[last] = items[last], items[0]
+        adjust(last, 0, value)
+
+
+def server_top_logprobs(row: np.ndarray, n: int) -> tuple[list[int], list[float]]:
+    """float32 logits [V] -> the top n (ids, log-probabilities) as llama-server computes and prints them:
+    the n best first (std::partial_sort by logit), p = expf(logit - max) summed in float32 in the order
+    the sort left, p / sum, logf; each a float32 (printed as the double that holds it)."""
+    expf, logf = libm_float32()
+    cur = [(i, np.float32(v)) for i, v in enumerate(np.asarray(row, np.float32))]
+    partial_sort(cur, min(n, len(cur)), lambda a, b: a[1] > b[1])
+    top = cur[0][1]
+    p = np.array([expf(np.float32(v - top)) for _, v in cur], np.float32)
+    total = np.cumsum(p, dtype=np.float32)[-1]  # a running float32 sum, as its loop
+    return [i for i, _ in cur[:n]], [float(np.float32(logf(np.float32(q / total)))) for q in p[:n]]

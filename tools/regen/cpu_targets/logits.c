@@ -14,6 +14,9 @@
  * and prints "<kv>-fa<fa> <id> TOKENS..." on stdout, after one first line: llama_print_system_info().
  * Files are raw little-endian float32, C order. Exit status 2 with one line on bad input. */
 #include "llama.h"
+#ifdef LOAD_ALL_BACKENDS  /* a GGML_BACKEND_DL build: the CPU variant is a module to load (make_variant_goldens) */
+#include "ggml-backend.h"
+#endif
 
 #include <errno.h>
 #include <stdio.h>
@@ -142,6 +145,9 @@ int main(int argc, char ** argv) {
     long n_predict = strtol(argv[3], &end, 10);
     if (*end || n_predict < 1 || n_predict > N_CTX) fail("bad N_PREDICT", argv[3]);
     llama_log_set(quiet, NULL);
+#ifdef LOAD_ALL_BACKENDS
+    ggml_backend_load_all();
+#endif
     llama_backend_init();
     struct prompt * prompts;
     int n_prompts = read_prompts(&prompts);
