@@ -210,7 +210,7 @@ def test_bench_ggml_engine_keeps_the_last_row_over_several_batches(monkeypatch):
     """tools.bench_accel run --logits last feeds a prompt longer than LAST_BATCH in batches whose
     rows all go unread but the last one's."""
     require("numba")
-    from tools.bench import accel as bench
+    from tools.bench import engines as bench
     monkeypatch.setattr(bench, "LAST_BATCH", CHUNK)
     path, ids = os.path.join(MODELS, MODEL_FILES[2]), prompt(2 * CHUNK + 2)
     prefill, _ = bench.ggml_engine(path, 1, last=True)

@@ -15,8 +15,8 @@ import numpy as np
 
 from reference import gguf
 from reference.cli import UsageError, add_json_out, check_output, flag, int_in, names_in
-from tools.bench.accel import (agreement, command_line, ggml_engine, llama_cpp_engine, prompt_ids,
-                               reference_engine, set_threads, text_vocab, timed, warmed)
+from tools.bench.engines import (agreement, command_line, ggml_engine, llama_cpp_engine, prompt_ids,
+                                 reference_engine, set_threads, text_vocab, timed, warmed)
 from tools.bench.forward import MAX_REPEAT, peak_rss_gb
 
 ENGINES = ("llama-cpp", "numba-ggml", "numba")
@@ -114,7 +114,7 @@ def print_progress(name, results):  # one line a test, as its rounds end
 
 
 def markdown(report):  # -> llama-bench's markdown table, a column for the speed and the logits against llama.cpp
-    lines = [f"| model | size | params | engine | threads | test | t/s | x llama.cpp | logits vs llama.cpp |",
+    lines = ["| model | size | params | engine | threads | test | t/s | x llama.cpp | logits vs llama.cpp |",
              "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | --- |"]
     size, params = human(report["size_bytes"], 2**20, ("MiB", "GiB")), human(report["params"], 1e6, ("M", "B"))
     for name in report["tests"]:
