@@ -253,7 +253,7 @@ def read_videos(args):  # -> [(video.Prepared, timestamp texts)] per --video, sa
     if not args.video:
         return []
     mmproj = gguf.load(args.mmproj, "mmproj")  # its metadata: the tensors stay in the memory map
-    check_video_extension(args.mmproj, mmproj.config, mmproj.weights)
+    check_video_extension(args.mmproj, mmproj.config, mmproj.tensors)
     cfg = mmproj.config
     fps = cfg.video["fps"]
     max_frames = args.video_max_frames or cfg.video["max_frames"]

@@ -360,7 +360,7 @@ def test_read_error_while_mapping(monkeypatch, synthetic_gguf):
     # was read, then mapping the file fails
     def refuse(path):
         raise PermissionError(13, "Permission denied", path)
-    monkeypatch.setattr(gguf, "GGUFFile", refuse)
+    monkeypatch.setattr(gguf.reader, "GGUFFile", refuse)
     with pytest.raises(gguf.GGUFError, match=r"cannot read \(Permission denied\)") as e:
         gguf.load(synthetic_gguf, "text")
     assert e.value.path == synthetic_gguf

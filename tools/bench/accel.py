@@ -301,13 +301,13 @@ def blocks(args):  # -> {"types": rows of {type, matrices, gb, kernel_s, floor_s
     kernel_floor.read_floor(words[next(iter(kind))][:2], args.threads)
     for t in set(kind.values()):
         m = next(m for m in kind if kind[m] == t)
-        backend.linear(xs[weights.shape(m)[1]], weights, m)
+        backend.linear(xs[weights.shape(m)[1]], weights.tensor(m))
     kernel_s, floor_s, n_bytes, count = ({t: 0 for t in kind.values()} for _ in range(4))
     for m in kind:
         n_bytes[kind[m]] += data[m].nbytes
         count[kind[m]] += 1
     for m in tqdm(kind, desc="products", unit="matrix"):
-        kernel_s[kind[m]] += timed(backend.linear, xs[weights.shape(m)[1]], weights, m)[1]
+        kernel_s[kind[m]] += timed(backend.linear, xs[weights.shape(m)[1]], weights.tensor(m))[1]
     for m in kind:
         floor_s[kind[m]] += timed(kernel_floor.read_floor, words[m], args.threads)[1]
     rows = [{"type": t, "matrices": count[t], "gb": n_bytes[t] / 1e9, "kernel_s": kernel_s[t], "floor_s": floor_s[t],
@@ -350,7 +350,7 @@ def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, n
             (n_out, n_in), type_name = weights.shape(name), weights.type_name(name)
             for T in args.tokens:
                 x = np.random.default_rng(0).standard_normal((T, n_in)).astype(np.float32)
-                engines = {"numba": lambda: numba.linear(x, weights, name),
+                engines = {"numba": lambda: numba.linear(x, weights.tensor(name)),
                            # rows() dequantizes every call, as the reference does for a matrix too big to cache
                            "numpy": lambda: ops.linear(x, weights.rows(name, slice(None), np.float64))}
                 out, best = {}, {}
@@ -406,7 +406,7 @@ def ceiling_runs(args, rows_path, counts, rng):  # -> ({(what, name): (run, weig
             kernels[weights.type_name(name)] = name, rng.standard_normal((1, weights.shape(name)[1])).astype(np.float32)
     runs = {**{("floor", f"{4 + b}-bit"): (lambda loop=loop: loop(low, high, x, out), args.rows * args.n_in)
                for b, loop in loops.items()},
-            **{("kernel", t): (lambda name=name, xk=xk: numba.linear(xk, weights, name),
+            **{("kernel", t): (lambda name=name, xk=xk: numba.linear(xk, weights.tensor(name)),
                                int(np.prod(weights.shape(name)))) for t, (name, xk) in kernels.items()},
             **q4_k_steps(weights, kernels)}
     return runs, loops, kernels

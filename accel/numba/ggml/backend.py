@@ -24,9 +24,9 @@ class GgmlCpuNumbaBackend(GgmlCpuBackend):
         super().__init__(*args, **kwargs)
         x86_only(self.target)
 
-    def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
-        cache = self.decoded.setdefault(weights, {})
-        return mul_mat(np.ascontiguousarray(x, np.float32), weights, name, cache, self.repack, self.cache_bytes,
+    def linear(self, x, w):  # x [T, in] f32, w a GGUF tensor [out, in] -> [T, out]
+        cache = self.decoded.setdefault(w.weights, {})
+        return mul_mat(np.ascontiguousarray(x, np.float32), w.weights, w.name, cache, self.repack, self.cache_bytes,
                        self.target)
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
