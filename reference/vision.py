@@ -95,7 +95,7 @@ class VisionModel:
         n_pos = self.tensors.position_embd.shape[0]
         self.pos_side = math.isqrt(n_pos)
         if self.pos_side ** 2 != n_pos:
-            raise GGUFError(self.path, f"v.position_embd has {n_pos} rows, not a square grid")
+            raise GGUFError(self.path, f"{self.tensors.position_embd.name} has {n_pos} rows, not a square grid")
         if self.cfg.merge_size != SUPPORTED_MERGE:
             raise GGUFError(self.path, f"clip.vision.spatial_merge_size {self.cfg.merge_size} is not supported "
                                        f"(llama.cpp counts merged tokens with a literal {SUPPORTED_MERGE})")

@@ -14,6 +14,8 @@ import ast
 import os
 import re
 
+import pytest
+
 from conftest import ROOT
 
 PACKAGES = ("reference", "accel", "tools", "tests")
@@ -241,3 +243,31 @@ def test_the_positional_read_finder_finds_one():
               "        tys = signature.args\n        return builder.bitcast(args[0], tys[0])\n")
     assert positional_reads(source) == [4, 4]
     assert positional_reads(source.replace("args[0], tys[0]", "x_, x_ty")) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors are resolved at load (reference/gguf/tensors.py): a forward reads its record's handles
+# (`layer.ffn_up`), and spells no tensor name, whole or in parts
+
+FORWARDS = ("reference/text.py", "reference/dflash.py", "reference/vision.py", "reference/video.py",
+            "accel/cupy/text.py")
+TENSOR_NAME_PART = re.compile(r"\.(weight|bias)\b|(^|\.)blk\.|^v\.|^mm\.\d|^(token_embd|output|output_norm|fc)$")
+
+
+def tensor_name_strings(source):  # -> the string constants (f-strings' constant parts too) that spell tensor names
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr)}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings and TENSOR_NAME_PART.search(n.value)]
+
+
+def test_tensor_name_strings_are_seen():
+    source = 'def f(il, b):\n    "blk.0 in a docstring"\n    return f"blk.{il}.attn_{p}.weight", b + "v.pre_ln", "mm.2.weight", "ln1"\n'
+    assert sorted(tensor_name_strings(source)) == [".weight", "blk.", "mm.2.weight", "v.pre_ln"]
+
+
+@pytest.mark.parametrize("path", FORWARDS)
+def test_forwards_build_no_tensor_name(path):
+    assert tensor_name_strings(read(path)) == []
