@@ -27,7 +27,6 @@ class Blocks:
     DFlash drafter, whose FFN is the text model's without the post-norm."""
 
     def __init__(self, gguf_model, dtype, backend):
-        self.weights = gguf_model.weights
         self.tensors = gguf_model.tensors
         self.layers = gguf_model.tensors.layers
         self.dtype = np.dtype(dtype)

@@ -84,7 +84,6 @@ class VisionModel:
         self.numerics = numerics
         self.path = gguf_model.path
         self.cfg = gguf_model.config
-        self.weights = gguf_model.weights
         self.tensors = gguf_model.tensors
         self.dtype = np.dtype(dtype)
         if numerics == "ggml-cpu":
