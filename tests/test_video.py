@@ -177,6 +177,59 @@ def test_video_prompt_matches_transformers(name, tmp_path):
     assert nmse(golden(entry["files"]["embeddings-float64"]).ravel(), np.load(emb).ravel()) <= 1e-10
 
 
+def golden_video_prompts(folder, videos):  # -> P.jsonl naming each golden video's frames (.npy beside it)
+    with open(folder / "prompts.jsonl", "w") as f:
+        for name in videos:
+            np.save(folder / f"{name}.npy", video_frames(VIDEO_OF[name]))
+            text = MANIFEST["videos"][name]["prompt_text"].removeprefix("<|begin_of_text|>")  # tools.golden adds BOS
+            f.write(json.dumps({"id": name, "text": text,
+                                "videos": [{"path": f"{name}.npy", "fps": VIDEO_OF[name][6]}]}) + "\n")
+    return folder / "prompts.jsonl"
+
+
+@pytest.mark.parity
+def test_golden_tool_prompts_name_videos(tmp_path):
+    # tools.golden --engine reference --mmproj: a prompt naming a video gets transformers' expanded ids
+    # (timestamps, one <|video|> a merged token), and its logits and greedy tokens under the gates of
+    # test_video_prompt_matches_transformers (measured NMSE 1.5e-12..2.9e-12, max |diff| 5.7e-5..8.6e-5)
+    prompts = golden_video_prompts(tmp_path, VIDEO_OF)
+    out = tmp_path / "out"
+    r = run_cli("tools.golden", "--engine", "reference", "--model", TEXT_MODEL, "--mmproj", MMPROJ_VIDEO,
+                "--prompts", str(prompts), "--out", str(out), "-n", "8")
+    assert r.returncode == 0, r.stderr
+    made = json.loads((out / "manifest.json").read_text())
+    assert made["model"]["mmproj"]["file"] == os.path.basename(MMPROJ_VIDEO)
+    for entry in made["entries"]:
+        ref = MANIFEST["videos"][entry["id"]]
+        assert entry["token_ids"] == ref["prompt_ids"]
+        (video_record,) = entry["videos"]
+        assert video_record["indices"] == ref["indices"] and video_record["grid_thw"] == ref["grid_thw"]
+        want, got = golden(ref["files"]["logits"]), np.load(out / entry["file"])
+        assert got.shape == want.shape
+        assert nmse(want.ravel(), got.ravel()) <= 1e-10
+        assert np.array_equal(want.argmax(-1), got.argmax(-1))
+        assert entry["greedy"]["tokens"] == ref["greedy"]
+
+
+@pytest.mark.parametrize("field, extra, expected", [
+    ([], [], "videos must be a non-empty list"),
+    ([{"path": "v.npy", "fps": 0}], [], "fps must be a positive number"),
+    ([{"path": "v.npy", "rate": 2}], [], "a video is a path or"),
+    (["missing.npy"], [], "missing.npy: no such file or directory"),
+    (["v.npy"], ["--mmproj", MMPROJ], "has no video extension"),
+    (["v.npy"], None, "need --engine reference with --mmproj"),
+    (["v.npy", "v.npy"], [], "2 videos"),
+])
+def test_golden_tool_refuses_bad_video_prompts(tmp_path, field, extra, expected):
+    np.save(tmp_path / "v.npy", np.zeros((2, 28, 28, 3), np.uint8))
+    (tmp_path / "p.jsonl").write_text(json.dumps({"id": "a", "text": "<|video|>Hi", "videos": field}) + "\n")
+    mmproj = [] if extra is None else extra or ["--mmproj", MMPROJ_VIDEO]
+    r = run_cli("tools.golden", "--engine", "reference", "--model", TEXT_MODEL, *mmproj,
+                "--prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "out"))
+    cli_error(r, expected)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parity
 def test_video_tower_on_numba_matches_transformers():
     # the numba backend runs the same tower per pair; gate as the float32 numpy run's
