@@ -449,6 +449,31 @@ def test_gigapixel_frames_refused_from_the_header(tmp_path):
     cli_error(run_video(path), "more than 50000000 pixels")
 
 
+def test_millions_of_frames_refused_from_the_header(tmp_path):
+    # an AVI of 4 frames whose main and stream headers claim 5 million (avih dwTotalFrames, strh dwLength):
+    # PyAV reports the claim as the stream's frame count, refused before any frame is decoded
+    av = require("av")
+    path = tmp_path / "claims.avi"
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("mjpeg", rate=10)
+        s.width, s.height, s.pix_fmt = 16, 16, "yuvj420p"
+        for p in [*s.encode(av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), np.uint8), format="rgb24")), *s.encode()]:
+            c.mux(p)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, data.find(b"avih") + 8 + 16, 5_000_000)
+    struct.pack_into("<I", data, data.find(b"strh") + 8 + 32, 5_000_000)
+    path.write_bytes(data)
+    cli_error(run_video(path), "claims 5000000 frames, more than 100000")
+
+
+def test_decode_bounded_in_time(tmp_path, monkeypatch):
+    require("av")
+    write_y4m(tmp_path / "v.y4m", 4, 4, 10)
+    monkeypatch.setattr(video, "DECODE_SECONDS", 0.0)
+    with pytest.raises(video.VideoError, match="decoding took longer than 0 s"):
+        video.load(str(tmp_path / "v.y4m"), None, lambda total, rate: video.sample_indices(total, rate, 2.0, 8))
+
+
 def test_frame_count_bounded_before_decoding(tmp_path, monkeypatch):
     require("av")
     write_y4m(tmp_path / "many.y4m", 4, 4, 30)
