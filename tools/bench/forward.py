@@ -186,7 +186,10 @@ def bench_scale(args):  # -> report dict of one full-size run, with this process
 
 
 def bench_video(vision, n_frames):  # VisionModel -> report entries of one synthetic video through the tower
+    """A line per frame pair on stderr as it ends (its wall and CPU seconds, the peak RSS so far),
+    so that a run stopped early still says what a pair costs."""
     from reference import video
+    from reference.trace import NO_TRACE
     from tools.synthetic import synthetic_image
     width, height = VIDEO_FRAME_SIZE
     frames = np.stack([synthetic_image(width, height, seed, "smooth") for seed in range(n_frames)])
@@ -194,12 +197,25 @@ def bench_video(vision, n_frames):  # VisionModel -> report entries of one synth
     t0 = time.perf_counter()
     prepared = video.prepare(video.Video(frames, VIDEO_SOURCE_FPS, "synthetic"), cfg.video["fps"],
                              cfg.video["max_frames"], cfg.video["max_frame_tokens"], cfg.patch_size * cfg.merge_size)
-    t1 = time.perf_counter()
-    out = vision.encode_video(prepared, progress=LAYER_BAR)
-    t2 = time.perf_counter()
+    starts = [(time.perf_counter(), time.process_time())]
+
+    def pair_started(g):  # encode_video asks for pair g's tracer as pair g - 1 has ended
+        if g:
+            pair_ended(g - 1)
+        return NO_TRACE
+
+    def pair_ended(g):
+        starts.append((time.perf_counter(), time.process_time()))
+        (w0, c0), (w1, c1) = starts[-2:]
+        print(f"pair {g + 1}/{len(prepared.pairs)}: {w1 - w0:.1f} s wall, {c1 - c0:.1f} s CPU, "
+              f"peak RSS {peak_rss_gb():.2f} GB", file=sys.stderr, flush=True)
+    out = vision.encode_video(prepared, pair_started, progress=LAYER_BAR)
+    pair_ended(len(prepared.pairs) - 1)
+    t1, cpu = starts[-1][0], starts[-1][1] - starts[0][1]
     return {"video_frames": n_frames, "frame_size": f"{width}x{height}", "frames_kept": len(prepared.indices),
             "pairs": len(prepared.pairs), "grid": list(prepared.grid), "video_tokens": len(out),
-            "preprocess_s": t1 - t0, "tower_s": t2 - t1, "s_per_pair": (t2 - t1) / len(prepared.pairs)}
+            "preprocess_s": starts[0][0] - t0, "tower_s": t1 - starts[0][0], "tower_cpu_s": cpu,
+            "s_per_pair": (t1 - starts[0][0]) / len(prepared.pairs)}
 
 
 def print_text(report):
