@@ -60,6 +60,9 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
         raise GgmlCpuError(f"{name}: BF16 weights are not emulated on the {target.name} target")
     if kind in FLOAT_KERNELS:
         return "float"
+    if not target.quantized:
+        raise GgmlCpuError(f"{name}: {kind} weights are not emulated on the {target.name} target (its quantized "
+                           "vec_dots take their AVX, SSSE3 or scalar arms; F32, F16 and BF16 weights are)")
     if kind not in DECODERS:
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
     group = 4 if target.neon and kind in NEON_REPACKED_BY_4 else 8  # the repacked layout's rows
@@ -223,7 +226,8 @@ def float_mul_mat(x, w, kind, target=AVX512, batch_rows=None):  # x [T, K] (alre
     head's, where x stacks several heads; None: all of x). Either way each output is its own dot."""
     dpbf16 = kind == "BF16" and target.dpbf16
     step = target.f16_lanes if kind == "F16" else target.lanes * (2 if dpbf16 else 1)
-    if (target.llamafile and (batch_rows or len(x)) >= target.sgemm_min_rows(kind) and len(w) % 4 == 0
+    min_rows = target.sgemm_min_rows(kind)
+    if (target.llamafile and min_rows is not None and (batch_rows or len(x)) >= min_rows and len(w) % 4 == 0
             and w.shape[1] % step == 0):
         product = (lambda rows: tinyblas_bf16(x, rows)) if dpbf16 else \
             (lambda rows: tinyblas(x, rows, target, kind == "F16"))
