@@ -187,12 +187,17 @@ SYSTEM_INFO_FEATURE = re.compile(r"\b([A-Z0-9_]+) = 1\b")
 def target_of_system_info(text):  # llama.cpp's system_info line(s) -> the target name they show, or None
     """ggml_cpu_get_features lists the features the build was compiled with (ggml-cpu.cpp:547-645):
     AVX512 builds also show AVX2, i8mm builds (MATMUL_INT8) also DOTPROD. It does not name the
-    compiler: an ARM line is read as the GCC build (CLANG_BUILDS holds the clang one)."""
+    compiler: an ARM line is read as the GCC build (CLANG_BUILDS holds the clang one). The x64 variant
+    shows no x86 feature at all, which no line can tell from another architecture's: its load line does."""
     on = set(SYSTEM_INFO_FEATURE.findall(text))
     if "AVX512" in on:
         return "avx512"
     if {"AVX2", "FMA", "F16C"} <= on:
         return "avx2"
+    if "AVX" in on:  # below AVX2: llama.cpp's sandybridge, ivybridge and piledriver variants
+        return "piledriver" if {"FMA", "F16C"} <= on else "ivybridge" if "F16C" in on else "sandybridge"
+    if "SSSE3" in on:
+        return "sse42"
     if {"NEON", "DOTPROD"} <= on:
         return "neon-i8mm" if "MATMUL_INT8" in on else "neon"
     return None
