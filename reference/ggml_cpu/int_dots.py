@@ -71,7 +71,7 @@ def q8_0_pre_avx2(w, a, target):  # Q8_0 rows, Q8_0 acts, a pre-AVX2 x86 Target 
     mul_sum_i8_quad_float, quants.c:247-262), the pair's 8 lanes times its two d_w*d_a
     (quad_fp16_delta_float) added into one accumulator, a multiply and an add (fused where the build has
     FMA: GCC contracts the intrinsics), hsum_float_8; then every block left (an odd last one; all of
-    them without AVX) by the scalar loop, sumf += f32(isum) * (d_w*d_a) (quants.c:1362-1370)."""
+    them without AVX) by the scalar loop, sumf += f32(isum) * (d_w*d_a) (quants.c:1363-1371)."""
     sums = int_dot(w.values, a.q, 4)  # [T, O, nb, 8]
     quads = f32_of(sums[..., :4] + sums[..., 4:])  # [T, O, nb, 4]
     scale = w.d[None] * a.d[:, None]  # [T, O, nb]
