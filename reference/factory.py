@@ -96,12 +96,20 @@ def check_tower(build):  # -> None; FactoryError where the tower cannot be built
 
 
 def host_warnings(build):  # -> lines: where this machine's llama.cpp would round unlike the emulated build
-    if build.ggml_cpu and build.cpu == "auto":  # said, not warned: which variant auto took
-        return [f"--cpu auto: llama.cpp's portable build loads libggml-cpu-{host_variant()}.so on this CPU, "
-                f"which rounds as {cpu_target('auto').name}"]
-    if not build.ggml_cpu or build.cpu is not None:  # a target named on purpose is no surprise
+    if not build.ggml_cpu or build.cpu is not None:  # a target named on purpose (or by auto) is no surprise
         return []
     return [f"ggml-cpu models llama.cpp's x86-64 AVX512 build; here {d}" for d in host_differences()]
+
+
+def notes(build):  # -> lines said at start-up, not warnings: which variant --cpu auto took, numba's first compilation
+    return auto_notes(build) + compile_notes(build)
+
+
+def auto_notes(build):  # -> the line that says which llama.cpp variant --cpu auto took, and how it rounds
+    if not (build.ggml_cpu and build.cpu == "auto"):
+        return []
+    return [f"--cpu auto: llama.cpp's portable build loads libggml-cpu-{host_variant()}.so on this CPU, "
+            f"which rounds as {cpu_target('auto').name}"]
 
 
 def compile_notes(build):  # -> lines: numba's first compilation, which is silent for about a minute otherwise

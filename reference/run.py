@@ -562,7 +562,7 @@ def run(args):  # parsed args -> exit status
     request = read_request(args, compute)
     for warning in factory.host_warnings(compute):
         warn(warning)
-    for note in factory.compile_notes(compute):
+    for note in factory.notes(compute):
         print(f"reference.run: {note}", file=sys.stderr)
     t0 = time.perf_counter()
     model, lm, drafter = load_models(args, compute)

@@ -19,7 +19,8 @@ class GgmlCpuBackend:
     repack: whether llama.cpp's CPU_REPACK buffer holds the weights (its default;
 off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_threads matters only for the KV-split flash-attention decode;
     cpu: the CPU build of llama.cpp to round as (target.py: "avx2", "avx512", "neon", "neon-i8mm",
-    "neon-clang", "neon-i8mm-clang"; the default avx512).
+    "neon-clang", "neon-i8mm-clang", the pre-AVX2 x86 variants "sandybridge", "ivybridge", "piledriver",
+    "sse42", "x64", or a llama.cpp variant name that rounds as one; the default avx512).
     cache_bytes bounds the decoded weights kept between calls (the rest are decoded per call). Use a uniform cache
     and prompt chunks of at most UBATCH rows:
 
@@ -40,6 +41,9 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         if v_type == "q8_0" and not flash_attn:
             raise GgmlCpuError("a q8_0 V cache needs flash attention (llama.cpp refuses a quantized V cache without it)")
         self.target = target(cpu)
+        if "q8_0" in (kv_type, v_type) and not self.target.quantized:
+            raise GgmlCpuError(f"a q8_0 KV cache is not emulated on the {cpu} target (its Q8_0 quantizer and "
+                               "vec_dot below AVX2)")
         if "q8_0" in (kv_type, v_type) and self.target.neon:
             raise GgmlCpuError(f"a q8_0 KV cache is not emulated on the {cpu} target (its Q8_0 K dot products: "
                                "ggml_vec_dot_q8_0_q8_0's NEON lanes)")
