@@ -21,7 +21,8 @@ from numba.extending import intrinsic
 from ..operands import operands
 from .elementwise import soft_max_row
 from .int_dots import vector_fma
-from .rounding import hsum16, round_f16
+from .float_dots import dot_f16
+from .rounding import hsum16, round_f16, vec_reduce
 from .threads import threaded
 
 F32 = np.float32
@@ -186,3 +187,119 @@ def tiled_attention(q, k, v, visible, scale, n_kv, target):  # [T, H, D], [S, Hk
     out = block_products(rows * n_kv * D * Hkv, q16, k_tiles, v_t, np.ascontiguousarray(visible, np.bool_), F32(scale),
                          T, target.lanes, target.scalef)
     return out[:, :group * T].reshape(Hkv, group, T, D).transpose(2, 0, 1, 3).reshape(T, H, D)
+
+
+# ---------------------------------------------------------------------------------------------
+# One query row (a decode step): both products are vec_dot_f16 (tinyBLAS takes 2+ rows), over the
+# cache's own cells, rounded to f16 as they are read: no copy of K or V is made.
+
+STEP_CELLS = 4 * LANES  # vec_dot_f16's step: 4 registers of 16 lanes, cell c in register c // 16 % 4, lane c % 16
+ROW_GROUP = 8  # query rows of a V^T.P task: its chains [8, 64, 16] are 32 KB
+
+
+def f16_vec(builder, x):  # <16 x float> -> the nearest-even halves as floats (vcvtps2ph, vcvtph2ps: numpy's astype)
+    return builder.fpext(builder.fptrunc(x, ir.VectorType(ir.HalfType(), LANES)), VEC)
+
+
+@intrinsic
+def f16_row(typingctx, src, dst):  # f32 [n] x2, n a multiple of 16: dst <- src rounded to f16, a register at a time
+    def codegen(context, builder, signature, args):
+        a = operands(f16_row, context, builder, signature, args)
+        intp = ir.IntType(64)
+        x, y = builder.bitcast(a.src.data(), F32P), builder.bitcast(a.dst.data(), F32P)
+        with cgutils.for_range(builder, builder.udiv(a.src.shape(0), ir.Constant(intp, LANES))) as loop:
+            e = builder.mul(loop.index, ir.Constant(intp, LANES))
+            builder.store(f16_vec(builder, load_vec(builder, float_at(builder, x, e))),
+                          builder.bitcast(float_at(builder, y, e), VEC.as_pointer()), align=4)
+        return context.get_dummy_value()
+    if all(isinstance(x, types.Array) and x.dtype == types.float32 and x.ndim == 1 and x.layout == "C" for x in (src, dst)):
+        return types.none(src, dst), codegen
+
+
+@intrinsic
+def cell_fmas(typingctx, p16, h0, h1, cell, v_row, d0, chains, slot):
+    """chains[h - h0, slot] += p16[h, cell] times v_row[d0:d0 + 16] rounded to f16, h0 <= h < h1:
+    one FMA per lane, the cell's step of 16 vec_dot_f16 chains side by side."""
+    def codegen(context, builder, signature, args):
+        a = operands(cell_fmas, context, builder, signature, args)
+        values = f16_vec(builder, load_vec(builder, builder.bitcast(a.v_row.element_at([a.d0.index()]), F32P)))
+        h0_ = a.h0.index()
+        with cgutils.for_range(builder, builder.sub(a.h1.index(), h0_)) as loop:
+            weight = splat(builder, builder.load(builder.bitcast(
+                a.p16.element_at([builder.add(h0_, loop.index), a.cell.index()]), F32P)))
+            home = builder.bitcast(a.chains.element_at([loop.index, a.slot.index()]), VEC.as_pointer())
+            builder.store(vector_fma(builder, weight, values, builder.load(home, align=4)), home, align=4)
+        return context.get_dummy_value()
+    if (all(isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C" for x in (p16, v_row, chains))
+            and p16.ndim == 2 and v_row.ndim == 1 and chains.ndim == 3):
+        return types.none(p16, h0, h1, cell, v_row, d0, chains, slot), codegen
+
+
+@threaded
+def row_scores(q16, k, skip, live, n_kv, group):  # q16 [H, D], cache K [S, Hkv, D] -> K.Q [H, n_kv], 0 past the live cells
+    H, D = q16.shape
+    Hkv = k.shape[1]
+    kq = np.zeros((H, n_kv), F32)
+    n_blocks = (live + CELL_BLOCK - 1) // CELL_BLOCK
+    for task in numba.prange(Hkv * n_blocks):
+        g, c0 = task // n_blocks, task % n_blocks * CELL_BLOCK
+        k_row, scratch = np.empty(D, F32), np.empty((4, 16), F32)
+        for c in range(c0, min(c0 + CELL_BLOCK, live)):
+            f16_row(k[skip + c, g], k_row)
+            for h in range(g * group, (g + 1) * group):
+                kq[h, c] = dot_f16(q16[h], k_row, scratch, LANES)
+    return kq
+
+
+@threaded
+def row_outputs(p16, v, skip, live, group):  # P [H, n_kv] (f16 values), cache V [S, Hkv, D] -> [H, D]
+    """vec_dot_f16 of each P row with each V^T row, its 64 chains kept 16 head dimensions side by
+    side (a task: one kv head, 16 dimensions, ROW_GROUP rows), cell by cell from the cache; the cells
+    past the live ones add zero products, so they are left out."""
+    H, n_kv = p16.shape
+    D, Hkv = v.shape[2], v.shape[1]
+    out = np.empty((H, D), F32)
+    n_dims, n_rows = D // LANES, (group + ROW_GROUP - 1) // ROW_GROUP
+    for task in numba.prange(Hkv * n_dims * n_rows):
+        g, rest = task // (n_dims * n_rows), task % (n_dims * n_rows)
+        d0, h0 = rest // n_rows * LANES, g * group + rest % n_rows * ROW_GROUP
+        h1 = min(h0 + ROW_GROUP, (g + 1) * group)
+        chains = np.zeros((ROW_GROUP, STEP_CELLS, LANES), F32)
+        for c in range(live):
+            cell_fmas(p16, h0, h1, c, v[skip + c, g], d0, chains, c % STEP_CELLS)
+        scratch = np.empty((4, 16), F32)
+        for h in range(h0, h1):
+            for lane in range(LANES):
+                for j in range(4):
+                    scratch[j, :] = chains[h - h0, LANES * j:LANES * (j + 1), lane]
+                out[h, d0 + lane] = vec_reduce(scratch, LANES)
+    return out
+
+
+@threaded
+def row_soft_max(kq, visible, scale, lanes, scalef):  # K.Q [H, n_kv], visible [n_kv] -> P [H, n_kv] f16 values, in place
+    for h in numba.prange(kq.shape[0]):
+        soft_max_row(kq[h], visible, scale, lanes, scalef, np.empty(kq.shape[1], F32), kq[h])
+        for c in range(kq.shape[1]):
+            kq[h, c] = round_f16(kq[h, c])
+    return kq
+
+
+@numba.njit(cache=True)
+def round_f16_rows(x):  # f32 [R, D] -> [R, D] f16 values
+    out = np.empty_like(x)
+    for r in range(x.shape[0]):
+        for d in range(x.shape[1]):
+            out[r, d] = round_f16(x[r, d])
+    return out
+
+
+def row_attention(q, k, v, visible, scale, skip, n_kv, target):  # [1, H, D], cache [S, Hkv, D] x2, [n_kv] -> [1, H, D]
+    """reference attention_mul_mat's F16 products of one query row over the cells skip .. skip + n_kv."""
+    _, H, D = q.shape
+    group = H // k.shape[1]
+    live = min(len(k) - skip, n_kv)
+    q16 = round_f16_rows(np.ascontiguousarray(q[0], F32))
+    kq = row_scores(live * D * H, q16, k, skip, live, n_kv, group)
+    p16 = row_soft_max(kq.size, kq, np.ascontiguousarray(visible, np.bool_), F32(scale), target.lanes, target.scalef)
+    return row_outputs(live * D * H, p16, v, skip, live, group)[None]
