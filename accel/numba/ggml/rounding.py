@@ -73,6 +73,19 @@ def bits_f32(typingctx, u):  # uint32 bit pattern -> the float32
     return types.float32(types.uint32), codegen
 
 
+@intrinsic
+def bits_f64(typingctx, u):  # uint64 bit pattern -> the float64
+    def codegen(context, builder, signature, args):
+        (u_,) = args
+        return builder.bitcast(u_, ir.DoubleType())
+    return types.float64(types.uint64), codegen
+
+
+@numba.njit(cache=True, inline="always")
+def pow2_f64(n):  # f32 holding an integer in [-1022, 1023] -> 2^n in float64, built in its exponent bits (exact)
+    return bits_f64(np.uint64(np.int64(n) + 1023) << np.uint64(52))
+
+
 F16_MAX_BITS = np.uint32(0x477FE000)  # 65504, the largest half
 F16_MIN_NORMAL = np.float32(2.0 ** -14)
 HALF = np.float32(0.5)
