@@ -23,13 +23,14 @@ from .ggml_cpu import (DEFAULT_TARGET, KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpu
                        target as cpu_target)
 from .text import TextModel
 from .tp import TensorParallelBackend, check_tp
-from .vision import NUMERICS, VisionModel
+from .vision import VisionModel
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden")
 DEFAULT_MODEL = os.path.join(GOLDEN, "models", "glimmer-default-f16.gguf")  # trained: tools/regen/train_tiny.py
 ACCEL = "accel"  # the package whose BACKENDS and TEXT_MODELS tables name the faster backends
 BACKENDS = ("numpy", "numba", "cupy")
 DTYPES = ("float32", "float64")
+NUMERICS = ("exact", "ggml-cpu")
 GGML_CPU_BACKENDS = ("numpy", "numba")
 ON_OFF = {None: None, "on": True, "off": False}  # a command line's on|off switch (None: not given) -> Build's
 
@@ -165,7 +166,7 @@ def text_model(gguf_model, build, be=None):  # GGUFModel (text) -> TextModel on 
 
 def vision_model(gguf_model, build, be=None):  # GGUFModel (mmproj) -> VisionModel on `be` (the text model's)
     check_tower(build)
-    return VisionModel(gguf_model, np.dtype(build.dtype), be or backend(build), numerics=build.numerics)
+    return VisionModel(gguf_model, np.dtype(build.dtype), be or backend(build))
 
 
 def drafter(gguf_model, target):  # GGUFModel (dflash), its target TextModel -> Drafter on the target's backend

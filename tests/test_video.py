@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from reference import gguf, video, vision
+from reference import gguf, ops, video, vision
 from reference.chat import expand_videos
 from reference.tokenizer import Tokenizer
 from reference.metrics import nmse
@@ -117,7 +117,7 @@ def test_int16_weights_differ_from_pillows_22_bits():
 @pytest.mark.parametrize("entry", PRE["resize"], ids=lambda e: f"{e['width']}x{e['height']}-cap{e['max_frame_tokens']}")
 def test_patches_equal_transformers(entry):
     prepared = prepared_resize(entry)
-    patches = video.patchify(video.normalize(prepared.pairs, [0.5] * 3, [0.5] * 3), 14)
+    patches = np.concatenate([ops.im2col(pair, 14) for pair in video.normalize(prepared.pairs, [0.5] * 3, [0.5] * 3)])
     rows, cols = prepared.grid
     assert [len(prepared.pairs), rows * 2, cols * 2] == entry["grid_thw"]
     assert list(patches.shape) == entry["patches_shape"] and sha256(patches) == entry["patches_sha256"]
@@ -238,6 +238,15 @@ def test_video_tower_on_numba_matches_transformers():
     model = factory.vision_model(gguf.load(MMPROJ_VIDEO, "mmproj"), factory.Build(backend="numba"))
     ref = golden(MANIFEST["videos"]["odd-11"]["files"]["embeddings-float64"])
     assert nmse(ref.ravel(), model.encode_video(prepared_video("odd-11")).ravel()) <= 1e-10
+
+
+def test_ggml_cpu_backends_refuse_a_pair_in_one_line():
+    # llama.cpp has no video graph: the ggml-cpu backends' convolution takes one image and says so
+    from reference.ggml_cpu import GgmlCpuBackend, GgmlCpuError
+    model = vision.VisionModel(gguf.load(MMPROJ_VIDEO, "mmproj"), backend=GgmlCpuBackend(check_host=False))
+    with pytest.raises(GgmlCpuError, match="^llama.cpp's graph embeds one image, not 2 frames: video runs in the "
+                                           "exact numerics only$"):
+        model.encode_video(prepared_video("odd-11"))
 
 
 def test_pairs_never_attend_to_each_other():
@@ -495,12 +504,12 @@ def test_bisect_names_the_pair_and_the_point_of_a_planted_bug(tmp_path, monkeypa
     from reference.trace import Tracer
     prepared = prepared_video("odd-11")
     tower().encode_video(prepared, lambda g: Tracer(str(tmp_path / f"a-pair-{g}")))
-    patchify, calls = video.patchify, []
+    im2col, calls = ops.im2col, []
 
-    def swapped_in_pair_1(pixels, patch):
+    def swapped_in_pair_1(frames, patch):
         calls.append(len(calls))
-        return patchify(pixels[:, ::-1] if len(calls) == 2 else pixels, patch)
-    monkeypatch.setattr(video, "patchify", swapped_in_pair_1)
+        return im2col(frames[::-1] if len(calls) == 2 else frames, patch)
+    monkeypatch.setattr(ops, "im2col", swapped_in_pair_1)
     tower().encode_video(prepared, lambda g: Tracer(str(tmp_path / f"b-pair-{g}")))
     capsys.readouterr()
     assert bisect_main([str(tmp_path / "a-pair-0"), str(tmp_path / "b-pair-0")]) == 0
