@@ -254,7 +254,7 @@ def test_floor_loops_compute_the_sums_the_ceiling_bound_assumes(high_bits):
 
 def test_ceiling_bound_sums_each_types_time_at_its_floor():
     from tools.bench import kernel_floor
-    from tools.bench.accel import weights_per_type
+    from tools.bench.ceiling import weights_per_type
     # 2e9 4-bit weights at 2 G/s and 1e9 6-bit at 1 G/s: 2 s; IQ2_XXS has no floor and counts as free
     assert kernel_floor.model_bound({"Q4_K": 2 * 10**9, "Q6_K": 10**9, "IQ2_XXS": 5 * 10**9}, {0: 2.0, 2: 1.0}) == 2.0
     path = os.path.join(MODELS, "tiny-a-q4_k_m.gguf")

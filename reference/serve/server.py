@@ -71,6 +71,8 @@ def load_oracle(args):  # -> (Oracle, what /props says of the model)
             gguf.check_file(given)
     for warning in factory.host_warnings(compute):
         print(f"reference.serve: warning: {warning}", file=sys.stderr)
+    for note in factory.auto_notes(compute):
+        print(f"reference.serve: {note}", file=sys.stderr)
     backend = factory.backend(compute)
     model = gguf.load(path, "text")
     layout = factory.cache_layout(compute, args.kv, run.prefill_chunk(args))

@@ -15,6 +15,12 @@ or transformers.
 P.jsonl holds one prompt a line: {"id": ..., "token_ids": [...]} or {"id": ..., "text": ...}, and
 optionally an engine's output to score, "continuation_ids": [...] or "continuation": "text" (text
 is tokenized on its own, without BOS: give ids to score exactly what an engine emitted).
+A prompt may name videos, "videos": ["a.npy", {"path": "frames/", "fps": 30}, ...] (--engine reference
+with --mmproj, an mmproj with the video extension): a directory of frames, a .npy uint8 [T, H, W, 3]
+or a video file, as reference.run --video takes them, a relative path from P.jsonl's directory, "fps"
+the source's frame rate (reference.run's --video-fps). The prompt holds one <|video|> per video; each
+is expanded as transformers' processor does (its timestamps and one <|video|> a merged token), and
+the entry's token_ids are the expanded ids, the rows of the logits.
 
 For every prompt DIR gets <id>.npy, float32 [n_tokens, n_vocab]: the logits of every position of
 one prefill of the prompt, followed by the continuation if there is one (teacher forcing: the whole
@@ -122,6 +128,8 @@ def read_prompts(path: Path) -> list[dict]:
             raise GoldenError(f"{path}:{n}: give continuation_ids or continuation, not both")
         if "images" in p:
             raise GoldenError(f"{path}:{n}: image prompts are not supported by these text engines")
+        if "videos" in p:
+            p["videos"] = read_videos_field(p["videos"], path.parent, f"{path}:{n}")
         if isinstance(p["id"], bool) or not isinstance(p["id"], (str, int)):  # the id names files
             raise GoldenError(f"{path}:{n}: id must be a string or an integer, got {json.dumps(p['id'])[:40]}")
         pid = str(p["id"])
@@ -145,6 +153,24 @@ def read_prompts(path: Path) -> list[dict]:
     return prompts
 
 
+def read_videos_field(value, base: Path, where: str) -> list[dict]:  # -> [{"path", "fps", "file"}]; GoldenError
+    """A prompt's "videos": paths or {"path", "fps"} objects; "file" is the path from `base` (P.jsonl's
+    directory), "path" as it was given (the manifest's)."""
+    if not isinstance(value, list) or not value:
+        raise GoldenError(f"{where}: videos must be a non-empty list of paths or {{\"path\", \"fps\"}} objects")
+    out = []
+    for v in value:
+        entry = {"path": v} if isinstance(v, str) else v
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not entry["path"] \
+                or set(entry) - {"path", "fps"}:
+            raise GoldenError(f"{where}: a video is a path or {{\"path\", \"fps\"}}, not {json.dumps(v)[:60]}")
+        fps = entry.get("fps")
+        if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < float("inf")):
+            raise GoldenError(f"{where}: a video's fps must be a positive number, not {json.dumps(fps)[:40]}")
+        out.append({"path": entry["path"], "fps": fps, "file": str(base / entry["path"])})
+    return out
+
+
 def continuation_score(logits: np.ndarray, n_prompt: int, continuation: list[int]) -> dict:
     """logits [n_prompt + n_cont, V] of prompt + continuation -> per continuation token its
     log-probability and rank (how many tokens have a strictly larger logit) under the row before it."""
@@ -162,9 +188,10 @@ def check_ids(engine: Engine, pid: str, ids: list[int]) -> None:
         raise GoldenError(f"prompt {pid}: token id {bad[0]} is out of range for a vocabulary of {engine.n_vocab}")
 
 
-def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], list[int]]:
-    """-> a prompt's ids and continuation ids (text tokenized), checked against what the engine can
-    run: its vocabulary, its context and batch, whether it scores continuations."""
+def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], list[int], Engine, list[dict]]:
+    """-> a prompt's ids (its videos expanded) and continuation ids (text tokenized), the engine that
+    runs them (bound to the prompt's videos) and what each video became, checked against what the
+    engine can run: its vocabulary, its context and batch, whether it scores continuations."""
     pid = str(p["id"])
     ids = list(p["token_ids"]) if "token_ids" in p else engine.tokenize(p["text"], True)
     if "continuation_ids" in p:
@@ -174,6 +201,11 @@ def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], l
     check_ids(engine, pid, ids + continuation)
     if not ids:  # an empty text without BOS: no position to take logits (or score a continuation) from
         raise GoldenError(f"prompt {pid}: the prompt has no tokens")
+    videos = []
+    if "videos" in p:
+        if engine.with_videos is None:
+            raise GoldenError(f"prompt {pid}: names videos, which need --engine reference with --mmproj")
+        ids, engine, videos = engine.with_videos(pid, ids, p["videos"])
     if continuation and engine.prefill is None:
         raise GoldenError(f"prompt {pid}: {engine.name} only reports generated tokens, it cannot score a continuation")
     n = len(ids) + len(continuation)
@@ -190,18 +222,19 @@ def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], l
         if cut:  # a range past the prompt is cut as a slice is: said once, before the progress bar
             print(f"tools.golden: warning: prompt {pid}: --logits-positions {engine.keep[0][0]} on {n} tokens: "
                   f"{', '.join(cut)}", file=sys.stderr)
-    return ids, continuation
+    return ids, continuation, engine, videos
 
 
-def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int,
-                 tokens: tuple[list[int], list[int]] | None = None) -> dict:
+def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int, tokens: tuple | None = None) -> dict:
     """Runs one prompt and writes its files into `out` -> its manifest entry. `tokens`: what
     prompt_tokens gave for it, when the caller checked every prompt first."""
     pid = str(p["id"])
-    ids, continuation = tokens or prompt_tokens(engine, p, n_predict)
+    ids, continuation, engine, videos = tokens or prompt_tokens(engine, p, n_predict)
     entry = {"id": pid, "token_ids": ids + continuation}
     if "text" in p:
         entry["text"] = p["text"]
+    if videos:
+        entry["videos"] = videos
     if continuation:
         entry.update(n_prompt=len(ids), continuation_ids=continuation)
     if engine.prefill is None:
@@ -235,7 +268,8 @@ OURS = {MANIFEST: artifacts.json_marker(is_manifest, "golden manifest")}
 def refuse_overwrite(args, prompts: list[dict], out: Path, ours: dict = OURS) -> None:
     """No golden written over an input file, nor into a directory of files this project did not write."""
     artifacts.check_output_dir(out, "--out", ours, GoldenError)
-    inputs = [("--prompts", args.prompts), ("--model", args.model)]
+    inputs = [("--prompts", args.prompts), ("--model", args.model), ("--mmproj", args.mmproj)]
+    inputs += [("a prompt's video", v["file"]) for p in prompts for v in p.get("videos", [])]
     if args.checkpoint and Path(args.checkpoint).is_dir():
         inputs += [("--checkpoint", f) for f in Path(args.checkpoint).iterdir()]
     artifacts.refuse_overwrite([("--out", out / name) for name in output_files(prompts)], inputs, GoldenError)
@@ -345,6 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine", required=True, choices=sorted(ENGINES))
     flag(ap, "model", help="GGUF file (reference, llama-cpp; llama-server, openai: the served file, for its sha256)")
     ap.add_argument("--checkpoint", help="HF checkpoint directory (transformers)")
+    ap.add_argument("--mmproj", help="reference: the vision projector GGUF, with the video extension, of prompts "
+                                     "that name videos (tools.video_mmproj)")
     ap.add_argument("--prompts", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
     flag(ap, "n_predict", type=int_in(0, MAX_TOKENS), default=0,
@@ -412,6 +448,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                ("--dtype", args.dtype != "float32"), ("--cpu", args.cpu)) if given]
     if reference_only and args.engine != "reference":
         ap.error(f"{', '.join(reference_only)} choose how --engine reference computes, not --engine {args.engine}")
+    if args.mmproj and args.engine != "reference":
+        ap.error(f"--mmproj is --engine reference's (the tower of prompts that name videos), not --engine {args.engine}'s")
     if args.ubatch_size is None:
         args.ubatch_size = REFERENCE_UBATCH if args.engine == "reference" else LLAMA_UBATCH
     args.corpus = args.corpus or args.ray or bool(args.ray_address)
