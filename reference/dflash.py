@@ -290,20 +290,3 @@ class Speculator:
         """-> (generated ids, [Step] per verification): greedy's ids."""
         steps = []
         return [t for t, _ in self.greedy(next_logits, n_predict, n_max, p_min, governor, clock, steps)], steps
-        generated.append(int(np.argmax(next_logits)))
-        while len(generated) < n_predict and generated[-1] not in self.eog and self.cache.n_past < self.cache.n_ctx:
-            pos0 = self.cache.n_past
-            # llama.cpp's budget: room in the context and in n_predict (the step adds one token more)
-            budget = max(0, min(self.cache.n_ctx - pos0 - 2, n_predict - len(generated) - 1))
-            plan = governor.plan() if governor is not None else Plan(True, p_min)
-            start = clock()
-            drafts = self.draft(generated[-1], pos0, n_max, plan.p_min)[:budget] if plan.draft and budget else []
-            ids = self.verify(generated[-1], drafts)
-            if governor is not None:
-                governor.record(plan, clock() - start, len(ids))
-            steps.append(Step(len(drafts), len(ids) - 1, plan.p_min))
-            for token in ids:
-                generated.append(token)
-                if token in self.eog or len(generated) == n_predict:
-                    break
-        return generated, steps

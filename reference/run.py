@@ -254,21 +254,24 @@ def read_videos(args):  # -> [(video.Prepared, timestamp texts)] per --video, sa
         return []
     mmproj = gguf.load(args.mmproj, "mmproj")  # its metadata: the tensors stay in the memory map
     check_video_extension(args.mmproj, mmproj.config, mmproj.weights)
-    cfg = mmproj.config
+    return [read_video(path, args.video_fps, mmproj.config, args.video_max_frames, args.video_max_frame_tokens)
+            for path in args.video]
+
+
+def read_video(path, source_fps, cfg, max_frames=None, cap=None):  # mmproj config -> (video.Prepared, timestamp texts)
+    """One video sampled, resized and paired as transformers does, under the mmproj's video defaults
+    unless max_frames or cap (merged tokens a pair) say otherwise; VideoError or ChatError in one line."""
     fps = cfg.video["fps"]
-    max_frames = args.video_max_frames or cfg.video["max_frames"]
-    cap = args.video_max_frame_tokens or cfg.video["max_frame_tokens"]
-    out = []
-    for path in args.video:
-        source = video.load(path, args.video_fps, lambda total, rate: video.sample_indices(total, rate, fps, max_frames))
-        rows, cols = video.smart_resize(source.frames.shape[1], source.frames.shape[2], cfg.patch_size * cfg.merge_size,
-                                        cap)
-        if rows * cols > cap:  # smart_resize rounds when no grid fits under the cap
-            raise VideoError(path, f"frames of {source.frames.shape[2]}x{source.frames.shape[1]} take {rows}x{cols} = "
-                                   f"{rows * cols} tokens a pair, over the cap of {cap} (--video-max-frame-tokens)")
-        prepared = video.prepare(source, fps, max_frames, cap, cfg.patch_size * cfg.merge_size)
-        out.append((prepared, [timestamp_text(cfg.video["timestamp_format"], t) for t in prepared.timestamps]))
-    return out
+    max_frames = max_frames or cfg.video["max_frames"]
+    cap = cap or cfg.video["max_frame_tokens"]
+    source = video.load(path, source_fps, lambda total, rate: video.sample_indices(total, rate, fps, max_frames))
+    rows, cols = video.smart_resize(source.frames.shape[1], source.frames.shape[2], cfg.patch_size * cfg.merge_size,
+                                    cap)
+    if rows * cols > cap:  # smart_resize rounds when no grid fits under the cap
+        raise VideoError(path, f"frames of {source.frames.shape[2]}x{source.frames.shape[1]} take {rows}x{cols} = "
+                               f"{rows * cols} tokens a pair, over the cap of {cap} (--video-max-frame-tokens)")
+    prepared = video.prepare(source, fps, max_frames, cap, cfg.patch_size * cfg.merge_size)
+    return prepared, [timestamp_text(cfg.video["timestamp_format"], t) for t in prepared.timestamps]
 
 
 def prompt_text(args):  # -> the text of --prompt or --prompt-file, from their bytes, or None
@@ -555,7 +558,7 @@ def run(args):  # parsed args -> exit status
     request = read_request(args, build)
     for warning in factory.host_warnings(build):
         warn(warning)
-    for note in factory.compile_notes(build):
+    for note in factory.notes(build):
         print(f"reference.run: {note}", file=sys.stderr)
     t0 = time.perf_counter()
     model, lm, drafter = load_models(args, build)

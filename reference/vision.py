@@ -18,14 +18,12 @@ import math
 import numpy as np
 
 from . import gguf, ops, video
-from .backend import GRAPH_OPS, NumpyBackend
-from .ggml_cpu import GgmlCpuBackend
+from .backend import NumpyBackend
 from .gguf import GGUFError
 from .image import resize_lanczos
 from .trace import NO_TRACE, layer_range
 DEFAULT_MAX_TOKENS = 4096    # llama.cpp's set_limit_image_tokens(1, 4096) for this projector
 SUPPORTED_MERGE = 2          # llama.cpp counts merged tokens with a literal 2 (clip.cpp)
-ATTENTION_SCORES_BUDGET = 1 << 25  # float64 scores per attention call (256 MiB): bounds global layers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,29 +65,17 @@ def normalize(rgb, mean, std, dtype):  # uint8 [H, W, 3] -> [H, W, 3]; llama.cpp
 # ---------------------------------------------------------------------------------------------
 # The tower
 
-NUMERICS = ("exact", "ggml-cpu")
-
-
 class VisionModel:
-    """`numerics="ggml-cpu"` computes mtmd's CPU graph on a ggml-cpu backend (reference.ggml_cpu or
-    its numba twin; default GgmlCpuBackend()): ggml_conv_2d's F16 im2col times the kernel converted
-    to F16 (nearly all of what separates it from the exact mode: docs/vision.md, Numerics that
-    matter for tolerances), every product and op as ggml rounds it, and the window attention as
-    clip.cpp builds it: every layer over all patches, the sparse ones through a block-diagonal mask,
-    flash attention as the backend has it."""
+    """The tower on a backend (default NumpyBackend(dtype)). On a ggml-cpu one (reference.ggml_cpu or
+    its numba twin) it is mtmd's CPU graph: the convolution's F16 im2col (nearly all of what separates
+    it from the exact mode: docs/vision.md, Numerics that matter for tolerances), every product and op
+    as ggml rounds it, the window attention over all patches through a block-diagonal mask."""
 
-    def __init__(self, gguf_model, dtype=np.float32, backend=None, numerics="exact"):
-        if numerics not in NUMERICS:
-            raise ValueError(f"numerics must be one of {NUMERICS}")
-        self.numerics = numerics
+    def __init__(self, gguf_model, dtype=np.float32, backend=None):
         self.path = gguf_model.path
         self.cfg = gguf_model.config
         self.weights = gguf_model.weights
         self.dtype = np.dtype(dtype)
-        if numerics == "ggml-cpu":
-            backend = backend or GgmlCpuBackend()
-            if not all(hasattr(backend, op) for op in GRAPH_OPS) or self.dtype != np.float32:
-                raise ValueError("numerics ggml-cpu computes in float32 on a ggml-cpu backend")
         self.backend = backend or NumpyBackend(self.dtype)
         n_pos = self.weights.shape("v.position_embd.weight")[0]
         self.pos_side = math.isqrt(n_pos)
@@ -137,10 +123,9 @@ class VisionModel:
         rows, cols = np.divmod(perm, gw)  # 1-indexed positions of the permuted tokens (clip.cpp)
         theta_w = ops.rope_angles(cols + 1, c.head_dim // 2, c.rope_theta, self.dtype)
         theta_h = ops.rope_angles(rows + 1, c.head_dim // 2, c.rope_theta, self.dtype)
-        windows = np.cumsum([0] + window_lengths)
         for il in layer_range(c.n_layer, progress):
-            spans = [(0, len(perm))] if self.is_global(il) else list(zip(windows[:-1], windows[1:]))
-            x = self.block(il, x, theta_w, theta_h, spans, trace)
+            windows = [len(perm)] if self.is_global(il) else window_lengths
+            x = self.block(il, x, theta_w, theta_h, windows, trace)
         x = self.layer_norm(x, "v.post_ln")
         y = np.empty_like(x)
         y[perm] = x  # the inverse permutation: back to raster order
@@ -159,46 +144,40 @@ class VisionModel:
         positions, windows and global layers within the pair; pixel shuffle and adapter per pair.
         pair_trace(g) is pair g's Tracer (reference.run: a directory video-<v>-pair-<g>), closed here."""
         check_video_extension(self.path, self.cfg, self.weights)
-        if self.numerics != "exact":
-            raise ValueError("video runs in the exact numerics only (llama.cpp has no video graph to model)")
-        c, p = self.cfg, self.cfg.patch_size
+        c = self.cfg
         rows, cols = prepared.grid
         gh, gw = rows * c.merge_size, cols * c.merge_size
         table = self.weights.get("v.position_embd.weight", self.dtype).reshape(self.pos_side, self.pos_side, -1)
+        # transformers' own resize, host-side: no engine has a video graph (a ggml-cpu backend refuses the pair)
         position = ops.resize_bilinear_zeros(table, gh, gw).reshape(gh * gw, -1)
         kernel = self.pair_kernel()
         out = []
         for g, pair in enumerate(prepared.pairs):
             pixels = video.normalize(pair, c.image_mean, c.image_std).astype(self.dtype)  # float32 first, as transformers
-            patches = video.patchify(pixels[None], p)
+            embedded = self.backend.patch_embed(pixels, kernel) + position
             trace = pair_trace(g)
-            out.append(self.tower(self.backend.matmul(patches, kernel) + position, gh, gw, trace, progress))
+            out.append(self.tower(embedded, gh, gw, trace, progress))
             trace.close()
         return np.concatenate(out)
 
-    def pair_kernel(self):  # -> float64 [E, 2*3*p*p]: [W0 | W1], transformers' Linear over a pair's patch
-        summed = self.weights.get("v.patch_embd.weight", np.float64).reshape(self.cfg.n_embd, -1)
-        second = self.weights.get(gguf.PATCH_EMBD_T1, np.float64).reshape(self.cfg.n_embd, -1)
-        return np.concatenate([summed - second, second], axis=1)
+    def pair_kernel(self):  # -> float64 [E, 2, 3, p, p]: [W0 | W1], transformers' Linear over a pair's patch
+        p = self.cfg.patch_size
+        summed = self.weights.get("v.patch_embd.weight", np.float64).reshape(self.cfg.n_embd, 3, p, p)
+        second = self.weights.get(gguf.PATCH_EMBD_T1, np.float64).reshape(self.cfg.n_embd, 3, p, p)
+        return np.stack([summed - second, second], axis=1)
 
     def is_global(self, il):  # every sparse_factor-th layer and the last attend to the whole image
         return il == self.cfg.n_layer - 1 or (il + 1) % self.cfg.sparse_factor == 0
 
     def patch_embed(self, pixels):  # [H, W, 3] -> [gh*gw, E] raster order; a stride-14 conv, no bias
         p = self.cfg.patch_size
-        gh, gw = pixels.shape[0] // p, pixels.shape[1] // p
-        patches = pixels.reshape(gh, p, gw, p, 3).transpose(0, 2, 4, 1, 3).reshape(gh * gw, 3 * p * p)
-        kernel = self.weights.get("v.patch_embd.weight", np.float64).reshape(self.cfg.n_embd, 3 * p * p)
-        if self.numerics == "ggml-cpu":  # the F16 im2col is the mul_mat's src0, the kernel its src1
-            return self.backend.float_matmul(kernel, patches, "F16").T
-        return self.backend.matmul(patches, kernel)
+        kernel = self.weights.get("v.patch_embd.weight", np.float64).reshape(self.cfg.n_embd, 1, 3, p, p)
+        return self.backend.patch_embed(pixels[None], kernel)
 
     def position_embed(self, gh, gw):  # -> [gh*gw, E]; table row y*side + x
         side = self.pos_side
         table = self.weights.get("v.position_embd.weight", self.dtype).reshape(side, side, -1)
-        if self.numerics == "ggml-cpu":
-            return self.backend.interpolate(table, gh, gw).reshape(gh * gw, -1)
-        return ops.resize_bilinear_border(table, gh, gw).reshape(gh * gw, -1)
+        return self.backend.interpolate(table, gh, gw).reshape(gh * gw, -1)
 
     def layer_norm(self, x, prefix):  # x [T, E] -> [T, E]
         weight, bias = (self.weights.get(prefix + part, self.dtype) for part in (".weight", ".bias"))
@@ -212,7 +191,7 @@ class VisionModel:
         out += self.weights.get(name + ".bias", self.dtype)  # in place: a new [5476, 8960] array cost 0.1 s a call
         return out
 
-    def block(self, il, x, theta_w, theta_h, spans, trace):  # x [T, E] (window order) -> [T, E]
+    def block(self, il, x, theta_w, theta_h, windows, trace):  # x [T, E] (window order) -> [T, E]
         c, b = self.cfg, f"v.blk.{il}."
         T, H, D = x.shape[0], c.n_head, c.head_dim
         h = self.layer_norm(x, b + "ln1")
@@ -221,7 +200,7 @@ class VisionModel:
         trace(f"Qcur-{il}", q), trace(f"Kcur-{il}", k), trace(f"Vcur-{il}", v)
         q, k = self.backend.rope_2d(q, theta_w, theta_h), self.backend.rope_2d(k, theta_w, theta_h)
         trace(f"Qcur_pos-{il}", q), trace(f"Kcur_pos-{il}", k)
-        a = self.attend(q, k, v, spans).reshape(T, H * D)
+        a = self.backend.window_attention(q, k, v, windows, 1.0 / math.sqrt(D)).reshape(T, H * D)
         trace(f"kqv_out-{il}", a)
         a = self.dense(a, b + "attn_out")
         trace(f"attn_out-{il}", a)
@@ -234,23 +213,6 @@ class VisionModel:
         x = x + f
         trace(f"layer_out-{il}", x)
         return x
-
-    def attend(self, q, k, v, spans):  # q/k/v [T, H, D], spans [(start, stop)] -> [T, H, D]
-        """Bidirectional attention inside each span; queries go in blocks small enough that one
-        block's scores fit ATTENTION_SCORES_BUDGET (a global layer at 4096 tokens has N = 16384)."""
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        if self.numerics == "ggml-cpu":
-            window = np.repeat(np.arange(len(spans)), [stop - start for start, stop in spans])
-            return self.backend.graph_attention(q, k, v, window[:, None] == window[None, :], scale)
-        out = np.empty_like(q)
-        for start, stop in spans:
-            n = stop - start
-            block = max(1, ATTENTION_SCORES_BUDGET // (q.shape[1] * n))
-            for q0 in range(start, stop, block):
-                q1 = min(q0 + block, stop)
-                visible = np.ones((q1 - q0, n), dtype=bool)
-                out[q0:q1] = self.backend.attention(q[q0:q1], k[start:stop], v[start:stop], visible, scale)
-        return out
 
     def adapter(self, z):  # [N, E*4] -> [N, n_out]; GELU after fc1 and fc2, none after the projection
         a = self.backend.gelu_erf(self.linear(z, "mm.0.weight"))

@@ -501,13 +501,14 @@ def test_decode_kernel_shapes(backend, qtype, n_out, n_in, rows, warps, blocks):
     assert nmse(ref.ravel(), rt.to_host(y).ravel()) <= harness.GATES["linear"][0]
 
 
-def test_attention_of_a_vision_window(backend):
-    """All keys visible and no GQA, as VisionModel.attend calls it per window: the spans kernel."""
+def test_attention_of_vision_windows(backend):
+    """The tower's window_attention: each window's keys all visible and no GQA, the spans kernel."""
     q, k, v = (np.random.default_rng(i).standard_normal((20, 2, 48)).astype(np.float32) for i in range(3))
-    visible = np.ones((20, 20), bool)
-    ref = ops.attention(q, k, v, visible, 48 ** -0.5)
-    got = backend.attention(q, k, v, visible, 48 ** -0.5)
-    assert nmse(ref.ravel(), got.ravel()) <= harness.GATES["attention"][0]
+    got = backend.window_attention(q, k, v, [8, 12], 48 ** -0.5)
+    for window in (slice(0, 8), slice(8, 20)):
+        n = window.stop - window.start
+        ref = ops.attention(q[window], k[window], v[window], np.ones((n, n), bool), 48 ** -0.5)
+        assert nmse(ref.ravel(), got[window].ravel()) <= harness.GATES["attention"][0]
 
 
 def test_float64_is_refused(emulated):

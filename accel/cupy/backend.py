@@ -16,7 +16,7 @@ NumPy reference's product.
 """
 import numpy as np
 
-from reference.backend import NumpyBackend
+from reference.backend import NumpyBackend, attention_by_window
 
 from . import kernels, launch
 
@@ -63,8 +63,8 @@ class CupyBackend:
         launch.linear(self.rt, self.device(x), t, y, self.tables)
         return self.rt.to_host(y)
 
-    def matmul(self, x, w):  # x [T, in], w [out, in] (the vision patch kernel) -> [T, out]
-        return self.fallback.matmul(x, w)  # one product per image, against a kernel no tensor cache holds
+    def patch_embed(self, frames, kernel):  # frames [F, H, W, C], kernel [E, F, C, p, p] -> [(H/p)*(W/p), E]
+        return self.fallback.patch_embed(frames, kernel)  # one product per image, against a kernel no tensor cache holds
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         out = self.rt.empty(q.shape)
@@ -76,6 +76,12 @@ class CupyBackend:
             mask = self.rt.to_device(np.ascontiguousarray(visible, np.uint8))
             launch.attention_mask(self.rt, self.device(q), self.device(k), self.device(v), mask, scale, out)
         return self.rt.to_host(out)
+
+    def window_attention(self, q, k, v, windows, scale):  # [T, H, D] x3, windows [W] -> [T, H, D]
+        return attention_by_window(self.attention, q, k, v, windows, scale)
+
+    def interpolate(self, grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]: the reference's, on the host
+        return self.fallback.interpolate(grid, out_h, out_w)
 
     # -- norms, RoPE, activations (the functions of reference/ops.py) ----------------------
 

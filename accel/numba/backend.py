@@ -14,7 +14,7 @@ A type without a kernel falls back to the numpy reference's product.
 """
 import numpy as np
 
-from reference.backend import NumpyBackend
+from reference.backend import NumpyBackend, attention_by_window
 
 from . import attention as attention_kernels
 from . import pointwise, quant
@@ -51,11 +51,17 @@ class NumbaBackend:
             quant.matmul_tiles(int(qtype), blocks, x[t0:t0 + TOKEN_BLOCK], out[t0:t0 + TOKEN_BLOCK], quant.TABLES)
         return out
 
-    def matmul(self, x, w):  # x [T, in], w [out, in] (the vision patch kernel) -> [T, out]
-        return self.fallback.matmul(x, w)  # one product per image, against a kernel no tensor cache holds
+    def patch_embed(self, frames, kernel):  # frames [F, H, W, C], kernel [E, F, C, p, p] -> [(H/p)*(W/p), E]
+        return self.fallback.patch_embed(frames, kernel)  # one product per image, against a kernel no tensor cache holds
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         return attention_kernels.attention(q, k, v, visible, scale)
+
+    def window_attention(self, q, k, v, windows, scale):  # [T, H, D] x3, windows [W] -> [T, H, D]
+        return attention_by_window(self.attention, q, k, v, windows, scale)
+
+    def interpolate(self, grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]: the reference's, on the host
+        return self.fallback.interpolate(grid, out_h, out_w)
 
     # -- norms, RoPE, activations (the functions of reference/ops.py) ----------------------
 

@@ -71,6 +71,8 @@ def load_oracle(args):  # -> (Oracle, what /props says of the model)
             gguf.check_file(given)
     for warning in factory.host_warnings(build):
         print(f"reference.serve: warning: {warning}", file=sys.stderr)
+    for note in factory.auto_notes(build):
+        print(f"reference.serve: {note}", file=sys.stderr)
     backend = factory.backend(build)
     model = gguf.load(path, "text")
     layout = factory.cache_layout(build, args.kv, run.prefill_chunk(args))

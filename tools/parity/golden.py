@@ -15,6 +15,12 @@ or transformers.
 P.jsonl holds one prompt a line: {"id": ..., "token_ids": [...]} or {"id": ..., "text": ...}, and
 optionally an engine's output to score, "continuation_ids": [...] or "continuation": "text" (text
 is tokenized on its own, without BOS: give ids to score exactly what an engine emitted).
+A prompt may name videos, "videos": ["a.npy", {"path": "frames/", "fps": 30}, ...] (--engine reference
+with --mmproj, an mmproj with the video extension): a directory of frames, a .npy uint8 [T, H, W, 3]
+or a video file, as reference.run --video takes them, a relative path from P.jsonl's directory, "fps"
+the source's frame rate (reference.run's --video-fps). The prompt holds one <|video|> per video; each
+is expanded as transformers' processor does (its timestamps and one <|video|> a merged token), and
+the entry's token_ids are the expanded ids, the rows of the logits.
 
 For every prompt DIR gets <id>.npy, float32 [n_tokens, n_vocab]: the logits of every position of
 one prefill of the prompt, followed by the continuation if there is one (teacher forcing: the whole
@@ -114,6 +120,8 @@ def read_prompts(path: Path) -> list[dict]:
             raise GoldenError(f"{path}:{n}: give continuation_ids or continuation, not both")
         if "images" in p:
             raise GoldenError(f"{path}:{n}: image prompts are not supported by these text engines")
+        if "videos" in p:
+            p["videos"] = read_videos_field(p["videos"], path.parent, f"{path}:{n}")
         if isinstance(p["id"], bool) or not isinstance(p["id"], (str, int)):  # the id names files
             raise GoldenError(f"{path}:{n}: id must be a string or an integer, got {json.dumps(p['id'])[:40]}")
         pid = str(p["id"])
@@ -137,6 +145,24 @@ def read_prompts(path: Path) -> list[dict]:
     return prompts
 
 
+def read_videos_field(value, base: Path, where: str) -> list[dict]:  # -> [{"path", "fps", "file"}]; GoldenError
+    """A prompt's "videos": paths or {"path", "fps"} objects; "file" is the path from `base` (P.jsonl's
+    directory), "path" as it was given (the manifest's)."""
+    if not isinstance(value, list) or not value:
+        raise GoldenError(f"{where}: videos must be a non-empty list of paths or {{\"path\", \"fps\"}} objects")
+    out = []
+    for v in value:
+        entry = {"path": v} if isinstance(v, str) else v
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not entry["path"] \
+                or set(entry) - {"path", "fps"}:
+            raise GoldenError(f"{where}: a video is a path or {{\"path\", \"fps\"}}, not {json.dumps(v)[:60]}")
+        fps = entry.get("fps")
+        if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < float("inf")):
+            raise GoldenError(f"{where}: a video's fps must be a positive number, not {json.dumps(fps)[:40]}")
+        out.append({"path": entry["path"], "fps": fps, "file": str(base / entry["path"])})
+    return out
+
+
 def server_url(text: str) -> str:  # an argparse type: an http(s) URL with a host
     url = urllib.parse.urlsplit(text)
     try:
@@ -156,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine", required=True, choices=sorted(ENGINES))
     flag(ap, "model", help="GGUF file (reference, llama-cpp; llama-server, openai: the served file, for its sha256)")
     ap.add_argument("--checkpoint", help="HF checkpoint directory (transformers)")
+    ap.add_argument("--mmproj", help="reference: the vision projector GGUF, with the video extension, of prompts "
+                                     "that name videos (tools.video_mmproj)")
     ap.add_argument("--prompts", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
     flag(ap, "n_predict", type=int_in(0, MAX_TOKENS), default=0,
@@ -223,6 +251,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                ("--dtype", args.dtype != "float32"), ("--cpu", args.cpu)) if given]
     if reference_only and args.engine != "reference":
         ap.error(f"{', '.join(reference_only)} choose how --engine reference computes, not --engine {args.engine}")
+    if args.mmproj and args.engine != "reference":
+        ap.error(f"--mmproj is --engine reference's (the tower of prompts that name videos), not --engine {args.engine}'s")
     if args.ubatch_size is None:
         args.ubatch_size = REFERENCE_UBATCH if args.engine == "reference" else LLAMA_UBATCH
     args.corpus = args.corpus or args.ray or bool(args.ray_address)

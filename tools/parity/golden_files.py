@@ -43,9 +43,10 @@ def check_ids(engine: Engine, pid: str, ids: list[int]) -> None:
         raise GoldenError(f"prompt {pid}: token id {bad[0]} is out of range for a vocabulary of {engine.n_vocab}")
 
 
-def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], list[int]]:
-    """-> a prompt's ids and continuation ids (text tokenized), checked against what the engine can
-    run: its vocabulary, its context and batch, whether it scores continuations."""
+def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], list[int], Engine, list[dict]]:
+    """-> a prompt's ids (its videos expanded) and continuation ids (text tokenized), the engine that
+    runs them (bound to the prompt's videos) and what each video became, checked against what the
+    engine can run: its vocabulary, its context and batch, whether it scores continuations."""
     pid = str(p["id"])
     ids = list(p["token_ids"]) if "token_ids" in p else engine.tokenize(p["text"], True)
     if "continuation_ids" in p:
@@ -55,6 +56,11 @@ def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], l
     check_ids(engine, pid, ids + continuation)
     if not ids:  # an empty text without BOS: no position to take logits (or score a continuation) from
         raise GoldenError(f"prompt {pid}: the prompt has no tokens")
+    videos = []
+    if "videos" in p:
+        if engine.with_videos is None:
+            raise GoldenError(f"prompt {pid}: names videos, which need --engine reference with --mmproj")
+        ids, engine, videos = engine.with_videos(pid, ids, p["videos"])
     if continuation and engine.prefill is None:
         raise GoldenError(f"prompt {pid}: {engine.name} only reports generated tokens, it cannot score a continuation")
     n = len(ids) + len(continuation)
@@ -71,18 +77,19 @@ def prompt_tokens(engine: Engine, p: dict, n_predict: int) -> tuple[list[int], l
         if cut:  # a range past the prompt is cut as a slice is: said once, before the progress bar
             print(f"tools.golden: warning: prompt {pid}: --logits-positions {engine.keep[0][0]} on {n} tokens: "
                   f"{', '.join(cut)}", file=sys.stderr)
-    return ids, continuation
+    return ids, continuation, engine, videos
 
 
-def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int,
-                 tokens: tuple[list[int], list[int]] | None = None) -> dict:
+def golden_entry(engine: Engine, p: dict, out: Path, n_predict: int, tokens: tuple | None = None) -> dict:
     """Runs one prompt and writes its files into `out` -> its manifest entry. `tokens`: what
     prompt_tokens gave for it, when the caller checked every prompt first."""
     pid = str(p["id"])
-    ids, continuation = tokens or prompt_tokens(engine, p, n_predict)
+    ids, continuation, engine, videos = tokens or prompt_tokens(engine, p, n_predict)
     entry = {"id": pid, "token_ids": ids + continuation}
     if "text" in p:
         entry["text"] = p["text"]
+    if videos:
+        entry["videos"] = videos
     if continuation:
         entry.update(n_prompt=len(ids), continuation_ids=continuation)
     if engine.prefill is None:
@@ -116,7 +123,8 @@ OURS = {MANIFEST: artifacts.json_marker(is_manifest, "golden manifest")}
 def refuse_overwrite(args, prompts: list[dict], out: Path, ours: dict = OURS) -> None:
     """No golden written over an input file, nor into a directory of files this project did not write."""
     artifacts.check_output_dir(out, "--out", ours, GoldenError)
-    inputs = [("--prompts", args.prompts), ("--model", args.model)]
+    inputs = [("--prompts", args.prompts), ("--model", args.model), ("--mmproj", args.mmproj)]
+    inputs += [("a prompt's video", v["file"]) for p in prompts for v in p.get("videos", [])]
     if args.checkpoint and Path(args.checkpoint).is_dir():
         inputs += [("--checkpoint", f) for f in Path(args.checkpoint).iterdir()]
     artifacts.refuse_overwrite([("--out", out / name) for name in output_files(prompts)], inputs, GoldenError)

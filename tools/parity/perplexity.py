@@ -63,7 +63,7 @@ def load_model(args):  # -> (TextModel on the backend the options ask for, its n
     build = build_of(args, FLASH_DEFAULT if args.numerics == "ggml-cpu" else None)
     for warning in factory.host_warnings(build):
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
-    for note in factory.compile_notes(build):
+    for note in factory.notes(build):
         info(f"{PROG}: {note}")
     backend = factory.backend(build)
     numerics = numerics_line(build, backend)

@@ -12,6 +12,7 @@ from reference.ggml_cpu.attention import FA_TILE, AttentionKernels, flash_normal
 from reference.ggml_cpu.rounding import round_f16 as round_f16_array
 from reference.ggml_cpu.target import AVX512
 
+from .attention_tiles import LANES, row_attention, tiled_attention
 from .elementwise import soft_max
 from .float_dots import dot_f16, float_mul_mat, vec_dot_f32
 from .libm import EXPF, v_expf_lane
@@ -49,6 +50,18 @@ def cells_by_head(k, v, n_kv, k_type, v_type):  # k/v [S, Hkv, D] -> K [Hkv, n_k
 
 
 def attention_mul_mat(q, k, v, visible, scale, kv_type, target=AVX512, v_type=None):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+    """An F16 cache's products on 16-lane targets, head size a multiple of 16, in attention_tiles'
+    kernels over the cells reference attention_mul_mat reads: one query row by vec_dot_f16 over the
+    cache in place, more through tinyBLAS in fused blocks; every other case as the reference runs
+    it, with this module's kernels."""
+    T, _, D = q.shape
+    if kv_type == (v_type or kv_type) == "f16" and D % LANES == 0 and target.lanes == LANES:
+        n_kv = reference.n_kv_cells(len(k))
+        skip = reference.unseen_cells(visible, n_kv)
+        visible = reference.pad_cells(np.asarray(visible).T, n_kv).T[:, skip:]
+        if T == 1:
+            return row_attention(q, k, v, visible[0], scale, skip, n_kv - skip, target)
+        return tiled_attention(q, k[skip:], v[skip:], visible, scale, n_kv - skip, target)
     return reference.attention_mul_mat(q, k, v, visible, scale, kv_type, target, KERNELS, v_type=v_type)
 
 

@@ -183,7 +183,7 @@ def iq1_vec_dot(w, a, delta_lanes):  # KernelRows (IQ1_S/IQ1_M), Q8_K acts -> [T
     return int_dots.iq1_vec_dot(w.vs, w.scales, w.sub, w.d, a.q, a.d, delta_lanes)
 
 
-# the twins of reference/ggml_cpu/mul_mat.py's QUANT_KERNELS, x86 only (GgmlCpuNumbaBackend refuses an ARM target)
+# the twins of reference/ggml_cpu/mul_mat.py's QUANT_KERNELS for the AVX2 and AVX512 targets (x86_only refuses others)
 QUANT_PATHS = quant_paths(QuantKernels(
     quantize_q8_0=quantize_q8_0, quantize_q8_k=quantize_q8_k, q0_repacked=q0_repacked, q0_lanes=q0_lanes,
     q5_1_vec_dot=q5_1_vec_dot, wide_block_vec_dot=wide_block_vec_dot, q2_k_vec_dot=q2_k_vec_dot, tiled=tiled,
