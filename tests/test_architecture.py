@@ -138,15 +138,6 @@ def test_the_repository_lines_the_document_cites_exist():
         assert 1 <= int(first) <= int(last or first) <= n_lines, f"{path}:{first}-{last} past its {n_lines} lines"
 
 
-# Import cycles among the repository's modules, by every import a file holds (a function's own
-# imports too: they are the same dependency, only deferred). The ones still here, with why:
-KNOWN_CYCLES = {
-    frozenset({"tools.parity.golden", "tools.parity.corpus"}):
-        "corpus mode is a library of tools.golden built on its golden files; golden's main imports it only "
-        "under --corpus",
-}
-
-
 def module_of(path):  # "accel/cupy/text.py" -> "accel.cupy.text"; tests/x.py -> "x" (tests' modules are top-level)
     parts = os.path.splitext(path)[0].split(os.sep)
     if parts[0] == "tests" and len(parts) == 2:
@@ -198,14 +189,13 @@ def import_cycles(graph):  # {module: {modules}} -> [sorted modules of each cycl
     return cycles
 
 
-def test_no_import_cycles_beyond_the_known_ones():
+def test_no_import_cycles():
+    """Among the repository's modules, by every import a file holds (a function's own imports too:
+    they are the same dependency, only deferred)."""
     paths = [p for package in PACKAGES for p in python_files(package)]
     modules = {module_of(p) for p in paths}
     cycles = import_cycles({module_of(p): module_imports(p, read(p), modules) for p in paths})
-    new = [c for c in cycles if frozenset(c) not in KNOWN_CYCLES]
-    assert not new, f"import cycles: {new}"
-    gone = set(KNOWN_CYCLES) - {frozenset(c) for c in cycles}
-    assert not gone, f"no longer cycles, remove them from KNOWN_CYCLES: {[sorted(c) for c in gone]}"
+    assert not cycles, f"import cycles: {cycles}"
 
 
 def test_the_cycle_finder_finds_a_cycle_through_a_function_s_import():

@@ -620,7 +620,7 @@ def test_cli_backend_cupy_runs_the_device_model(backend, monkeypatch, capsys):
     the prompt and greedy tokens of the numpy backend, through DeviceTextModel's graphs."""
     import accel
     from reference import run
-    monkeypatch.setattr(accel, "cupy_backend", lambda dtype: backend)  # the registry's "accel:cupy_backend"
+    monkeypatch.setattr(accel, "cupy_backend", lambda build: backend)  # the registry's "accel:cupy_backend"
     outputs = []
     for name in ("numpy", "cupy"):
         args = ["--model", os.path.join(MODELS, "tiny-b-f32.gguf"), "--backend", name, "--n-predict", "3", "--json"]

@@ -101,6 +101,10 @@ class NumbaBackend:
         return elementwise(pointwise.gelu_erf_flat, x, x.dtype.type(0.5))
 
 
+def numba_backend(build):  # factory.Build -> NumbaBackend of its dtype (accel.BACKENDS' maker)
+    return NumbaBackend(np.dtype(build.dtype))
+
+
 def kernel_input(x):  # x [T, in] -> whether the kernels give what the reference gives on it
     """float32/float64 activations below 1e30 in magnitude. Larger ones could overflow an unscaled
     product that the reference never forms, and an inf meets a zero weight (NaN) in the factored

@@ -4,6 +4,7 @@ matmuls, attention (both paths, F16/F32/Q8_0 caches), the norms, RoPE, SwiGLU an
 element-wise ops."""
 import numpy as np
 
+from reference.factory import ggml_cpu_options
 from reference.ggml_cpu import GgmlCpuBackend
 from reference.ggml_cpu.attention import flash_types
 
@@ -64,3 +65,7 @@ class GgmlCpuNumbaBackend(GgmlCpuBackend):
 
     def softcap(self, z, cap):  # z [...] -> [...]
         return elementwise.softcap(np.asarray(z, np.float32), cap)
+
+
+def ggml_cpu_numba_backend(build):  # factory.Build -> GgmlCpuNumbaBackend (accel.BACKENDS' maker)
+    return GgmlCpuNumbaBackend(**ggml_cpu_options(build))
