@@ -5,7 +5,7 @@
   ggml-cpu golden of golden/ggml_cpu/manifest.json (prefill and token-by-token decode, KV f16/f32/q8_0,
   flash attention off and on): the same check test_ggml_cpu.py makes of the NumPy emulation;
 - `python -m reference.run --backend numba --numerics ggml-cpu`;
-- the op harness's ggml-cpu cases (accel/ggml_harness.py: attention, norms, RoPE, softmax, SwiGLU,
+- the op harness's ggml-cpu cases (accel/harness.py's ggml-cpu rows: attention, norms, RoPE, softmax, SwiGLU,
   float dots, libm, quantizers, every integer kernel path) against their NumPy twins, every bit, and
   its command line; the drafter on numba; tools.bench_ggml_numba.
 """
@@ -90,7 +90,7 @@ def test_group_rows_of_a_partial_group_are_the_numpy_twins(kind, repack, rows): 
     multiple of 16 pads the last group with zero rows, which must not reach the output. Q4_K with the
     repack (40 rows: whole groups of 8) takes the repacked gemm (4-row groups) and gemv (the rest)."""
     rng = np.random.default_rng(7)
-    weights = ggml_harness.BlockWeights(kind, 40, 768, rng)  # 3 blocks: sums carried across blocks
+    weights = harness.BlockWeights(kind, 40, 768, rng)  # 3 blocks: sums carried across blocks
     x = rng.standard_normal((rows, 768)).astype(np.float32)
     cache = {}
     got = numba_mul_mat.mul_mat(x, weights, "w", cache, repack=repack)
@@ -267,20 +267,19 @@ def test_bounded_cache_logits_bit_identical_to_llama_cpp(run, monkeypatch):  # s
 
 import numba  # noqa: E402
 
-from accel import ggml_harness  # noqa: E402
+from accel import harness  # noqa: E402
 from accel.numba.ggml import attention as numba_attention, float_dots as numba_float_dots  # noqa: E402
 from accel.numba.ggml import rounding as numba_rounding  # noqa: E402
 from conftest import cli_error, run_cli  # noqa: E402
 from reference import ops  # noqa: E402
 from reference.ggml_cpu import attention as ref_attention, elementwise as ref_elementwise  # noqa: E402
 
-GGML_CASES = ggml_harness.ggml_cases(seed=0)
+GGML_CASES = harness.ggml_cases(seed=0)
 
 
 @pytest.mark.parametrize("case", GGML_CASES, ids=[f"{c.op}-{c.name}" for c in GGML_CASES])
 def test_ggml_harness_case(case):  # gate 0: the same float32 operations in the same order
-    with np.errstate(all="ignore"):
-        differing, worst, problem = ggml_harness.compare(*case.run())
+    differing, worst, gate, problem = harness.check(case)
     assert not problem, f"{case.name}: {problem}, max |diff| {worst:.3g}"
 
 
@@ -288,9 +287,9 @@ def test_harness_compare_sees_one_ulp():  # the gate can fail: one ulp in one el
     ref = [np.float32([1.0, np.nan, 3.0])]
     one_ulp = [np.float32([np.nextafter(np.float32(1), np.float32(2)), np.nan, 3.0])]
     other_nan = [np.float32([1.0, -np.float32(np.nan), 3.0])]
-    assert ggml_harness.compare(ref, one_ulp)[:2] == (1, float(np.spacing(np.float32(1))))
-    assert ggml_harness.compare(ref, other_nan)[0] == 1
-    assert ggml_harness.compare([np.int64([1, 2])], [np.int8([1, 3])])[0] == 1
+    assert harness.compare(ref, one_ulp)[:2] == (1, float(np.spacing(np.float32(1))))
+    assert harness.compare(ref, other_nan)[0] == 1
+    assert harness.compare([np.int64([1, 2])], [np.int8([1, 3])])[0] == 1
 
 
 @pytest.mark.parametrize("fn", ["vec_dot_f32", "vec_dot_f16", "vec_dot_bf16", "float_mul_mat"])
@@ -399,7 +398,7 @@ def test_harness_cli_numerics_ggml_cpu():
     (("--numerics", "ggml-cpu", "--backend", "numpy"), "compares the numba ggml kernels, not --backend numpy"),
     (("--numerics", "ggml-cpu", "--ops", "linear"), "linear: not a ggml-cpu kernel file"),
     (("--ops", "quantize"), "quantize: ggml-cpu kernel files, for --numerics ggml-cpu"),
-    (("--numerics", "float"), "invalid choice: 'float'"),
+    (("--numerics", "float"), "unknown numerics 'float'"),
 ])
 
 
@@ -493,7 +492,7 @@ def test_block_dots_on_generic_vectors_are_the_numpy_twins(rows, path, monkeypat
     monkeypatch.setattr(block_dots, "KERNELS", {})
     monkeypatch.setattr(block_dots, "FACTORIES", {p: lambda kind, f=f: numba.njit(parallel=True)(f(kind).py_func)
                                                   for p, f in block_dots.FACTORIES.items()})
-    weights = ggml_harness.BlockWeights("IQ4_XS", 13, 512, np.random.default_rng(rows))
+    weights = harness.BlockWeights("IQ4_XS", 13, 512, np.random.default_rng(rows))
     x = activations(rows, 512, rows)
     ref = getattr(reference_dots, path)(decode(weights, "w"), reference_quantize.quantize_q8_k(x))
     assert_identical(ref, block_dots.mul_mat(x, weights, "w", path), f"block_dots IQ4_XS, {rows} rows, generic vectors")
@@ -546,10 +545,10 @@ def test_block_dots_are_the_numpy_vec_dots(kind, rows, path):  # every tensor of
 def test_block_dots_on_random_blocks_with_rows_past_the_last_band(kind, n_out):
     """row_dot and the tiled kernel's bands on random blocks of every type, against the reference's
     vec_dot and tiled kernel: the last band reads row O - 1 again and its sums are dropped."""
-    from accel import ggml_harness
+    from accel import harness
     from reference.ggml_cpu import int_dots as reference_dots, quantize as reference_quantize
     from reference.ggml_cpu.blocks import decode
-    weights = ggml_harness.BlockWeights(kind, n_out, 512, np.random.default_rng(n_out))
+    weights = harness.BlockWeights(kind, n_out, 512, np.random.default_rng(n_out))
     for rows, path in ((1, "k_vec_dot"), (5, "k_vec_dot"), (8, "tiled"), (21, "tiled")):
         x = activations(rows, 512, rows + n_out)
         ref = getattr(reference_dots, path)(decode(weights, "w"), reference_quantize.quantize_q8_k(x))
@@ -558,9 +557,9 @@ def test_block_dots_on_random_blocks_with_rows_past_the_last_band(kind, n_out):
 
 CACHED_KERNEL_RUN = """
 import numpy as np
-from accel import ggml_harness
+from accel import harness
 from accel.numba.ggml import block_dots, mul_mat
-w = ggml_harness.BlockWeights("IQ2_XXS", 16, 256, np.random.default_rng(0))
+w = harness.BlockWeights("IQ2_XXS", 16, 256, np.random.default_rng(0))
 for rows in (1, 8):  # k_vec_dot, then tiled
     mul_mat.mul_mat(np.ones((rows, 256), np.float32), w, "w", {})
 print(sum(len(k.stats.cache_hits) for k in block_dots.KERNELS.values()), len(block_dots.KERNELS))
