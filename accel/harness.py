@@ -2,10 +2,10 @@
 seeded random inputs, each row with its gate and the gate's reason, run on every backend asked for.
 A backend that cannot run a row refuses it in one line, counted as refused, never as passed.
 
-    python -m accel.harness [-b|--backend numba,numpy,cupy|all] [--numerics exact,ggml-cpu]
+    python -m accel.harness [--backend numba,numpy,cupy|all] [--numerics exact,ggml-cpu]
                             [-o|--ops linear,attention] [--seed 0]
 
-prints one line per row and backend, the gates with their reasons, and exits 1 if any row fails.
+(-b is llama.cpp's batch size here, so --backend has no short form) prints one line per row and backend, the gates with their reasons, and exits 1 if any row fails.
 tests/test_numba.py, test_numba_ggml.py and test_cuda.py run the same rows through `check`.
 
 Two kinds of row. Exact rows (`--numerics exact`, the default) compare a backend's op against
@@ -470,7 +470,7 @@ def run_table(name, numerics, ops, seed):  # -> (rows run, failed, rows refused,
 
 def main(argv=None):
     p = OneLineParser(prog="python -m accel.harness", description=__doc__)
-    p.add_argument("-b", "--backend", type=names_in(BACKENDS + ("all",), "backend"), default=["numba"],
+    p.add_argument("--backend", type=names_in(BACKENDS + ("all",), "backend"), default=["numba"],
                    help="comma-separated backends checked against the reference (all: " + ",".join(BACKENDS) + ")")
     p.add_argument("--numerics", type=names_in(NUMERICS, "numerics"), default=["exact"],
                    help="comma-separated row kinds: exact (ops against reference/ops.py), ggml-cpu (the numba "
