@@ -31,6 +31,7 @@ so products cached in one module would keep running the old kernels of another a
 """
 from collections import namedtuple
 
+import llvmlite.binding as llvm
 import numpy as np
 from gguf import GGMLQuantizationType as GT
 from gguf import quants
@@ -1167,9 +1168,6 @@ def matmul_rows(qtype, blocks, x, xsum16, out, tab):  # blocks [n_out, row_bytes
                 out[t, r] = row_dot(qtype, blocks[r], x[t], xsum16[t], tab)
 
 
-TILE_ROWS, TILE_COLS = 32, 1024  # a tile of decoded weights in x's dtype: 128 KB (float32), held in L2
-
-
 @njit(cache=True, fastmath=FAST)
 def product_4x4(w, r, x, t, k0, n, acc):  # acc[r:r+4, t:t+4] += w[r:r+4, :n] . x[t:t+4, k0:k0+n]
     # 16 sums side by side: each loaded weight and activation serves four products
@@ -1206,28 +1204,96 @@ def tile_product(w, rows, x, k0, n, acc):  # acc[:rows, :T] += w[:rows, :n] . x[
                 acc[r, t] += dot(w[r, :n], x[t, k0:k0 + n])
 
 
+# The GEMM's register blocking, from the host's vector registers: with AVX-512 (32 registers of 64
+# bytes) 12 tokens x 2 vectors of sums, two vectors of weights and a broadcast take 27 registers; with
+# AVX2 (16 of 32 bytes) 6 tokens take 15.
+VECTOR_BYTES = 64 if "+avx512f" in llvm.get_host_cpu_features().flatten() else 32
+GEMM_TOKENS = 12 if VECTOR_BYTES == 64 else 6
+GEMM_DEPTH = CHUNK  # values of a row summed in x's dtype before the float64 sum: what the decoders give at once
+
+
+@intrinsic
+def gemm_tile(typingctx, w, x, depth, acc):  # acc[t, r] += sum_{k < depth} w[k, r] x[k, t], w [K, R], x [K, N], acc [N, R]
+    """The microkernel of matmul_tiles: R = two vectors of weight rows (AVX-512: 32 float32, 16
+    float64) against N = GEMM_TOKENS tokens, all 2 N vector sums in registers for the whole depth.
+    A step loads two vectors of weights (one value of R rows, packed along k) and broadcasts each
+    token's value of x into two FMAs, so each loaded weight serves N products and each value of x
+    R. The sums are in x's dtype over depth steps, then widened and added to acc (float64) once."""
+    def codegen(context, builder, signature, args):
+        a = operands(gemm_tile, context, builder, signature, args)
+        w_, x_, acc_ = a.w.data(), a.x.data(), a.acc.data()
+        f = context.get_value_type(a.x.ty.dtype)
+        size = f.get_abi_size(context.target_data)
+        lanes = VECTOR_BYTES // size
+        f64, i32, i64 = ir.DoubleType(), ir.IntType(32), ir.IntType(64)
+        vec, wide = ir.VectorType(f, lanes), ir.VectorType(f64, lanes)
+        fma = builder.module.declare_intrinsic(f"llvm.fma.v{lanes}{'f32' if size == 4 else 'f64'}",
+                                               fnty=ir.FunctionType(vec, [vec] * 3))
+
+        def at(base, offset, ty):  # the value of type ty at byte offset (an i64 value or a constant) after base
+            offset = offset if isinstance(offset, ir.Value) else ir.Constant(i64, offset)
+            return builder.bitcast(builder.gep(base, [offset]), ty.as_pointer())
+
+        sums = [[cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(2)] for _ in range(GEMM_TOKENS)]
+        with cgutils.for_range(builder, a.depth.index()) as loop:
+            w_step = builder.mul(loop.index, ir.Constant(i64, 2 * VECTOR_BYTES))
+            x_step = builder.mul(loop.index, ir.Constant(i64, GEMM_TOKENS * size))
+            weights = [builder.load(at(w_, builder.add(w_step, ir.Constant(i64, VECTOR_BYTES * h)), vec), align=1) for h in range(2)]
+            for t in range(GEMM_TOKENS):
+                value = builder.load(at(x_, builder.add(x_step, ir.Constant(i64, t * size)), f), align=1)
+                one = builder.insert_element(ir.Constant(vec, None), value, ir.Constant(i32, 0))
+                spread = builder.shuffle_vector(one, ir.Constant(vec, None), ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
+                for h in range(2):
+                    builder.store(builder.call(fma, [weights[h], spread, builder.load(sums[t][h])]), sums[t][h])
+        for t in range(GEMM_TOKENS):
+            for h in range(2):
+                s = builder.load(sums[t][h])
+                s = s if size == 8 else builder.fpext(s, wide)
+                p = at(acc_, (t * 2 * lanes + h * lanes) * 8, wide)
+                builder.store(builder.fadd(builder.load(p, align=1), s), p, align=1)
+        return context.get_dummy_value()
+    if (w.ndim == x.ndim == acc.ndim == 2 and w.dtype == x.dtype and x.dtype in (types.float32, types.float64)
+            and acc.dtype == types.float64 and all(v.layout == "C" for v in (w, x, acc))
+            and isinstance(depth, types.Integer)):
+        return types.none(w, x, depth, acc), codegen
+
+
 @njit(cache=True, parallel=True)
 def matmul_tiles(qtype, blocks, x, out, tab):  # blocks [n_out, row_bytes], x [T, n_in] -> out [T, n_out]
-    """Decode a tile of TILE_ROWS x TILE_COLS exact weights once and multiply it with all T rows of
-    x: the prefill path, where the products, not the weights, are the work. Sums in x's dtype
-    within a tile, in float64 across tiles."""
+    """A GEMM: x is packed once into blocks of 256 values x GEMM_TOKENS tokens; each task decodes
+    its band of R weight rows (two vectors: AVX-512 32 float32 or 16 float64) 256 values at a time,
+    packs them along k and multiplies the band with every token block by the register-blocked
+    microkernel (gemm_tile). Each weight is decoded once per call and each product is one FMA. Sums
+    in x's dtype within 256 values, in float64 across."""
     check_kernel_type(qtype)
     T, n_in = x.shape
-    n_out = blocks.shape[0]
-    for task in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
-        r0 = task * TILE_ROWS
-        rows = min(TILE_ROWS, n_out - r0)
-        w = np.empty((TILE_ROWS, TILE_COLS), x.dtype)
-        acc = np.zeros((TILE_ROWS, T), np.float64)
-        for k0 in range(0, n_in, TILE_COLS):
-            n = min(TILE_COLS, n_in - k0)
+    n_out, R = blocks.shape[0], 2 * VECTOR_BYTES // x.itemsize
+    n_depth, n_groups = (n_in + GEMM_DEPTH - 1) // GEMM_DEPTH, (T + GEMM_TOKENS - 1) // GEMM_TOKENS
+    packed = np.empty((n_depth, n_groups, GEMM_DEPTH, GEMM_TOKENS), x.dtype)
+    for task in prange(n_depth * n_groups):
+        kb, tg = task // n_groups, task % n_groups
+        for k in range(min(GEMM_DEPTH, n_in - kb * GEMM_DEPTH)):
+            for j in range(GEMM_TOKENS):
+                t = tg * GEMM_TOKENS + j
+                packed[kb, tg, k, j] = x[t, kb * GEMM_DEPTH + k] if t < T else 0
+    for task in prange((n_out + R - 1) // R):
+        r0 = task * R
+        rows = min(R, n_out - r0)
+        decoded = np.empty((R, GEMM_DEPTH), x.dtype)
+        w = np.zeros((GEMM_DEPTH, R), x.dtype)  # rows past n_out: multiplied, never stored, kept finite
+        acc = np.zeros((n_groups, GEMM_TOKENS, R), np.float64)
+        for kb in range(n_depth):
+            k0 = kb * GEMM_DEPTH
+            depth = min(GEMM_DEPTH, n_in - k0)
             for i in range(rows):
-                for c in range(k0, k0 + n, CHUNK):
-                    decode_chunk(qtype, blocks[r0 + i], c, min(CHUNK, n_in - c), w[i, c - k0:], tab)
-            tile_product(w, rows, x, k0, n, acc)
-        for i in range(rows):
-            for t in range(T):
-                out[t, r0 + i] = acc[i, t]
+                decode_chunk(qtype, blocks[r0 + i], k0, depth, decoded[i], tab)
+                for k in range(depth):
+                    w[k, i] = decoded[i, k]
+            for tg in range(n_groups):
+                gemm_tile(w, packed[kb, tg], depth, acc[tg])
+        for t in range(T):
+            for i in range(rows):
+                out[t, r0 + i] = acc[t // GEMM_TOKENS, t % GEMM_TOKENS, i]
 
 
 @njit(cache=True, parallel=True)
