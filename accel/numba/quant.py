@@ -2,7 +2,7 @@
 matrix ever exists. The weights are gguf-py's float32 values exactly (Q1_0 and Q2_0, which gguf-py
 lacks: reference/gguf.py's decoders of ggml's dequantize_row_q1_0/q2_0). With float32 activations
 a row sums in float32 within a block of 16 to 256 values (each family's section says which) and
-in float64 across blocks, a tile within 1024 columns and in float64 across tiles; float64
+in float64 across blocks, the GEMM within 256 columns and in float64 across them; float64
 activations sum in float64 everywhere. Against reference/ops.py linear (float64 sums) only the
 summation differs: NMSE <= 3.6e-14 per product in the op harness on random inputs (more where a
 row's sum cancels: the error is relative to sum |w x|), 1.8e-13 .. 8.6e-13 on whole tiny models.
@@ -19,9 +19,11 @@ Two routes:
 - matmul_rows (decode): each weight row is read once per row of x and multiplied block by block
   in factored form, sum_i w_i x_i = sum_blocks scale * sum_j q_j x_j (see the comment above the
   families for why that multiplies the very same weights).
-- matmul_tiles (prefill): a tile of weights is decoded once by the decoders, which reproduce
-  gguf-py's dequantization bit for bit (the same float32 operations in the same order), and
-  multiplied with every row of x by a 4x4 register-blocked kernel.
+- matmul_tiles (prefill): a GEMM. A band of weight rows is decoded 256 values at a time by the
+  decoders, which reproduce gguf-py's dequantization bit for bit (the same float32 operations in
+  the same order), once per call, and multiplied with every row of x by a register-blocked
+  microkernel of vector FMAs (gemm_tile). `python -m tools.bench_accel gemm` measures it against
+  the float32 FMA peak of the same threads.
 
 Block layouts follow ggml-common.h / ggml-quants.c (dequantize_row_*) and gguf-py's quants.py; the
 IQ grids, sign table and non-linear 4-bit values are taken from gguf-py rather than copied.
