@@ -52,8 +52,8 @@ CHUNK = 256  # values decoded per step: one K-quant super-block, or eight 32-val
 # move roundings of products and sums; the weights' own factors are exact.
 FAST = {"reassoc", "contract"}
 
-Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xxs_signed iq2xxs_grid iq3xxs_grid "
-                               "sign_bits iq1s_grid iq2xs_signed iq2s_signed iq3s_signed")
+Tables = namedtuple("Tables", "halves bfloats kvalues iq2xxs_grid iq3xxs_grid sign_bits iq1s_grid iq2xs_signed "
+                               "iq2s_signed iq3s_signed")
 
 
 def lookup_tables():  # -> Tables, every entry a float32/int8/uint8/uint32 array
@@ -62,19 +62,13 @@ def lookup_tables():  # -> Tables, every entry a float32/int8/uint8/uint32 array
     quants.IQ3_XXS.init_grid()
     ksigns = np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8).copy()  # 7 sign bits -> 8 (even parity)
     sign_rows = np.where((ksigns[:, None] >> np.arange(8)) & 1, np.float32(-1), np.float32(1))  # [128, 8] of +-1
-    nibble_signs = np.where((np.arange(16)[:, None] >> np.arange(4)) & 1, np.float32(-1), np.float32(1))  # [16, 4]
     iq2xxs_grid = np.ascontiguousarray(quants.IQ2_XXS.grid.reshape(256, 8), np.float32)
     iq3xxs_grid = np.ascontiguousarray(quants.IQ3_XXS.grid.reshape(256, 4), np.float32)
     return Tables(halves=every_u16.view(np.float16).astype(np.float32),
                   bfloats=(every_u16.astype(np.uint32) << 16).view(np.float32),
-                  ksigns=ksigns, kvalues=np.array(quants.IQ4_NL.kvalues, np.float32),
-                  # every grid row with every sign pattern, as int8 (grid values <= 62): one load
-                  # gives 8 signed values (IQ2_XXS: row 128 * grid byte + 7 sign bits) or 4 (IQ3_XXS:
-                  # row 16 * grid byte + 4 sign bits), and the tables (256 KB, 16 KB) stay in L2
-                  iq2xxs_signed=(iq2xxs_grid[:, None] * sign_rows[None]).reshape(-1, 8).astype(np.int8),
-                  iq3xxs_signed=(iq3xxs_grid[:, None] * nibble_signs[None]).reshape(-1, 4).astype(np.int8),
-                  # the row kernels' (xxs_row): float32 grid rows (8 KB, 4 KB) and each 7-bit ksigns
-                  # index as 8 float sign bits (4 KB), all in L1
+                  kvalues=np.array(quants.IQ4_NL.kvalues, np.float32),
+                  # IQ2_XXS and IQ3_XXS (xxs_intrinsic): float32 grid rows (8 KB, 4 KB) and each 7-bit
+                  # ksigns index as 8 float sign bits (4 KB), all in L1
                   iq2xxs_grid=iq2xxs_grid, iq3xxs_grid=iq3xxs_grid,
                   sign_bits=np.where(sign_rows < 0, np.uint32(1 << 31), np.uint32(0)),
                   **iq_grids())
@@ -673,7 +667,7 @@ def row_iq4_xs(qtype, row, x, xsum16, tab):  # 136 bytes: f16 d, u16 scales_h, s
 # IQ grids: each group of 8 values (IQ3: two groups of 4) is a row of one of gguf-py's grids with
 # signs, times an f16 d and a small integer scale: IQ2_XXS and IQ3_XXS (256-row grids), IQ1_S and
 # IQ1_M (2048 rows, grid + delta = k/8), IQ2_XS (512), IQ2_S (1024) and IQ3_S (512). Rows sum in the
-# activations' dtype within 256 values (IQ2_XXS, IQ3_XXS: the weights themselves in registers, xxs_row),
+# activations' dtype within 256 values (IQ2_XXS, IQ3_XXS: the weights themselves in registers, xxs_intrinsic),
 # 32 (IQ3_S) or 16 (IQ1_S, IQ1_M, IQ2_XS, IQ2_S).
 
 IQ1_S, IQ2_XS = int(GT.IQ1_S), int(GT.IQ2_XS)
@@ -684,34 +678,23 @@ def xxs_scale(d, aux, unit):  # f16 d, u32 with the 4-bit scale on top -> d (1/2
     return d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(unit)
 
 
-@njit(cache=True)
-def decode_iq2_xxs(qtype, row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
-    blk, signed = row.reshape(-1, qb.IQ2_XXS.size)[start // 256], tab.iq2xxs_signed
-    d = tab.halves[u16(blk, qb.IQ2_XXS.d)]
-    for ib in range(8):
-        aux = u32(blk, qb.IQ2_XXS.qs + 4 + 8 * ib)
-        db = xxs_scale(d, aux, 0.25)
-        for l in range(4):  # db * (grid * sign) is gguf-py's (db * grid) * sign: a sign flip rounds alike
-            values = signed[np.int64(blk[qb.IQ2_XXS.qs + 8 * ib + l]) * 128 + ((aux >> (7 * l)) & 127)]
-            for j in range(values.shape[0]):
-                out[32 * ib + 8 * l + j] = db * np.float32(values[j])
-
-
-def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries, unit):
-    """The intrinsic (row, x, grid, sign_bits) -> float64: row [row_bytes] of IQ2_XXS (entries 1: a
-    grid row of 8 values an 8-group, grid byte 2 + 8c + g, aux words after each chunk's 4) or IQ3_XXS
-    (entries 2: two rows of 4, grid bytes 2 + 8c + 2g and + 1, aux words at 66) . x [n_in].
+def xxs_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries, unit, decode):
+    """The intrinsic of IQ2_XXS (entries 1: a grid row of 8 values an 8-group, grid byte 2 + 8c + g,
+    aux words after each chunk's 4) or IQ3_XXS (entries 2: two rows of 4, grid bytes 2 + 8c + 2g
+    and + 1, aux words at 66): with decode, (row, out, grid, sign_bits) writes the weights of every
+    block of row [k blocks] to out [256 k]; without, (row, x, grid, sign_bits) -> float64 is row
+    [row_bytes] . x [n_in].
 
     Each 8-group's weights in one <8 x float> register: scale * grid row (the float32 product
     gguf-py's dequantization makes: scale = d (1/2 + aux >> 28) unit, xxs_scale's order), the
-    sign bits of its ksigns index xored in; then one FMA with x's 8 values. The weights are gguf-py's
-    exactly. Four accumulators (the 8-groups g of every chunk) sum a super-block in x's dtype,
-    added together and widened into a float64 accumulator per super-block; its 8 lanes are summed
-    at the end. The grid and sign tables stay in L1 (the signed int8 table of row_iq2_xxs' first
-    form, 256 KB, did not)."""
-    def xxs_row(typingctx, row, x, grid, sign_bits):
+    sign bits of its ksigns index xored in. The weights are gguf-py's exactly. The product makes one
+    FMA with x's 8 values: four accumulators (the 8-groups g of every chunk) sum a super-block in
+    x's dtype, added together and widened into a float64 accumulator per super-block; its 8 lanes
+    are summed at the end. The grid and sign tables stay in L1 (the signed int8 table of the
+    kernels' first form, 256 KB, did not)."""
+    def xxs(typingctx, row, x, grid, sign_bits):
         def codegen(context, builder, signature, args):
-            a = operands(xxs_row, context, builder, signature, args)
+            a = operands(xxs, context, builder, signature, args)
             row_, x_, grid_, signs_ = (v.data() for v in (a.row, a.x, a.grid, a.sign_bits))
             x_ty = context.get_value_type(a.x.ty.dtype)
             x_bytes = x_ty.get_abi_size(context.target_data)  # 4 or 8
@@ -728,7 +711,10 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
                 one = builder.insert_element(ir.Constant(ty, None), v, ir.Constant(i32, 0))
                 return builder.shuffle_vector(one, ir.Constant(ty, None), ir.Constant(v8i, [0] * 8))
 
-            n_blocks = builder.udiv(a.x.shape(0), ir.Constant(i64, 256))
+            if decode:
+                n_blocks = builder.udiv(a.row.shape(0), ir.Constant(i64, block_bytes))
+            else:
+                n_blocks = builder.udiv(a.x.shape(0), ir.Constant(i64, 256))
             total = cgutils.alloca_once_value(builder, ir.Constant(v8d, None))
             with cgutils.for_range(builder, n_blocks) as loop:
                 block = builder.gep(row_, [builder.mul(loop.index, ir.Constant(i64, block_bytes))])
@@ -751,11 +737,18 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
                         weights = builder.bitcast(builder.xor(builder.bitcast(builder.fmul(values, spread(scale, v8f)), v8i), signs), v8f)
                         if x_ty != f32:
                             weights = builder.fpext(weights, v8x)
-                        xs = at(x_, builder.add(x_block, ir.Constant(i64, (32 * c + 8 * g) * x_bytes)), v8x)
-                        sums[g] = builder.call(fma, [weights, xs, sums[g]])
-                block_sum = builder.fadd(builder.fadd(sums[0], sums[1]), builder.fadd(sums[2], sums[3]))
-                widened = block_sum if x_ty == f64 else builder.fpext(block_sum, v8d)
-                builder.store(builder.fadd(builder.load(total), widened), total)
+                        group = builder.gep(x_, [builder.add(x_block, ir.Constant(i64, (32 * c + 8 * g) * x_bytes))])
+                        if decode:
+                            builder.store(weights, builder.bitcast(group, v8x.as_pointer()), align=1)
+                        else:
+                            xs = builder.load(builder.bitcast(group, v8x.as_pointer()), align=1)
+                            sums[g] = builder.call(fma, [weights, xs, sums[g]])
+                if not decode:
+                    block_sum = builder.fadd(builder.fadd(sums[0], sums[1]), builder.fadd(sums[2], sums[3]))
+                    widened = block_sum if x_ty == f64 else builder.fpext(block_sum, v8d)
+                    builder.store(builder.fadd(builder.load(total), widened), total)
+            if decode:
+                return context.get_dummy_value()
             lanes = builder.load(total)
             out = builder.extract_element(lanes, ir.Constant(i32, 0))
             for k in range(1, 8):
@@ -764,13 +757,21 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
         if (row.ndim == x.ndim == 1 and row.dtype == types.uint8 and x.dtype in (types.float32, types.float64)
                 and grid.ndim == sign_bits.ndim == 2 and grid.dtype == types.float32 and sign_bits.dtype == types.uint32
                 and all(a.layout == "C" for a in (row, x, grid, sign_bits))):
-            return types.float64(row, x, grid, sign_bits), codegen
-    xxs_row.__name__ = xxs_row.__qualname__ = name  # numba tells intrinsics apart by name
-    return intrinsic(xxs_row)
+            return (types.none if decode else types.float64)(row, x, grid, sign_bits), codegen
+    xxs.__name__ = xxs.__qualname__ = name  # numba tells intrinsics apart by name
+    return intrinsic(xxs)
 
 
-iq2_xxs_row = xxs_row_intrinsic("iq2_xxs_row", qb.IQ2_XXS.size, qb.IQ2_XXS.qs, qb.IQ2_XXS.qs + 4, 8, 1, 0.25)
-iq3_xxs_row = xxs_row_intrinsic("iq3_xxs_row", qb.IQ3_XXS.size, qb.IQ3_XXS.qs, qb.IQ3_XXS.scales_and_signs, 4, 2, 0.5)
+IQ2_XXS_LAYOUT = (qb.IQ2_XXS.size, qb.IQ2_XXS.qs, qb.IQ2_XXS.qs + 4, 8, 1, 0.25)
+IQ3_XXS_LAYOUT = (qb.IQ3_XXS.size, qb.IQ3_XXS.qs, qb.IQ3_XXS.scales_and_signs, 4, 2, 0.5)
+iq2_xxs_row, iq2_xxs_decode = (xxs_intrinsic(f"iq2_xxs_{kind}", *IQ2_XXS_LAYOUT, kind == "decode") for kind in ("row", "decode"))
+iq3_xxs_row, iq3_xxs_decode = (xxs_intrinsic(f"iq3_xxs_{kind}", *IQ3_XXS_LAYOUT, kind == "decode") for kind in ("row", "decode"))
+
+
+@njit(cache=True)
+def decode_iq2_xxs(qtype, row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
+    b = start // 256
+    iq2_xxs_decode(row[b * qb.IQ2_XXS.size:(b + 1) * qb.IQ2_XXS.size], out, tab.iq2xxs_grid, tab.sign_bits)
 
 
 @njit(cache=True)
@@ -780,18 +781,8 @@ def row_iq2_xxs(qtype, row, x, xsum16, tab):  # 66 bytes: f16 d, 8 x (4 grid byt
 
 @njit(cache=True)
 def decode_iq3_xxs(qtype, row, start, n, out, tab):  # 98 bytes: f16 d, grid bytes[64], 8 x u32 signs+scale
-    blk, signed = row.reshape(-1, qb.IQ3_XXS.size)[start // 256], tab.iq3xxs_signed
-    d = tab.halves[u16(blk, qb.IQ3_XXS.d)]
-    for ib in range(8):
-        aux = u32(blk, qb.IQ3_XXS.scales_and_signs + 4 * ib)
-        db = xxs_scale(d, aux, 0.5)
-        for l in range(4):  # two grid rows of 4 take the low and the high four of 8 sign bits
-            ks = np.int64(tab.ksigns[(aux >> (7 * l)) & 127])
-            lo = signed[np.int64(blk[qb.IQ3_XXS.qs + 8 * ib + 2 * l]) * 16 + (ks & 15)]
-            hi = signed[np.int64(blk[qb.IQ3_XXS.qs + 1 + 8 * ib + 2 * l]) * 16 + (ks >> 4)]
-            for j in range(lo.shape[0]):
-                out[32 * ib + 8 * l + j] = db * np.float32(lo[j])
-                out[32 * ib + 8 * l + 4 + j] = db * np.float32(hi[j])
+    b = start // 256
+    iq3_xxs_decode(row[b * qb.IQ3_XXS.size:(b + 1) * qb.IQ3_XXS.size], out, tab.iq3xxs_grid, tab.sign_bits)
 
 
 @njit(cache=True)
