@@ -4,6 +4,11 @@ llama.cpp's CPU backend does, tp.TensorParallelBackend sums row-parallel product
 all-reduce, and accel/ provides others (numba, CuPy) that must agree with the reference op by op.
 tests/test_backend.py checks that every backend implements every op declared here.
 
+The vision tower's convolution (its im2col and the product's operand order), the position table's
+resize and the window attention are ops too: they are where llama.cpp's graph rounds unlike the
+exact mode, so the ggml-cpu backends compute them as mtmd does, and refuse in one line what its
+graph has no form of (a video's frame pair).
+
 What stays outside the backend is host-side bookkeeping every engine does on the host too: RoPE
 angles, masks, the vision window permutation and the residual adds and norm-weight products (plain
 float32 element-wise arithmetic, the same on every backend).
@@ -16,18 +21,25 @@ from . import ops
 
 
 STREAM_ROWS = 4096
+ATTENTION_SCORES_BUDGET = 1 << 25  # float64 scores per attention call (256 MiB): bounds global layers
 
 
 class Backend(Protocol):
     name: str
 
-    def linear(self, x, weights, name):  # x [T, in], GGUF tensor name [out, in] -> [T, out]
+    def linear(self, x, w):  # x [T, in], w a GGUF tensor (gguf.Tensor, resolved at load) [out, in] -> [T, out]
         ...
 
-    def matmul(self, x, w):  # x [T, in], w [out, in] (an array, not a GGUF tensor) -> [T, out]
-        ...
+    def patch_embed(self, frames, kernel):  # frames [F, H, W, C], kernel [E, F, C, p, p] -> [(H/p)*(W/p), E]
+        ...  # a stride-p convolution, no bias: the vision tower's patches, raster order
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
+        ...
+
+    def window_attention(self, q, k, v, windows, scale):  # [T, H, D] x3, windows [W] token counts -> [T, H, D]
+        ...  # bidirectional inside each run of `windows` consecutive tokens, no KV cache
+
+    def interpolate(self, grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]: bilinear, border clamp
         ...
 
     def rms_norm(self, x, eps):  # x [..., n] -> [..., n]
@@ -58,25 +70,28 @@ class Backend(Protocol):
         ...
 
 
-class GgmlGraph(Protocol):
-    """What mtmd's CPU graph of the vision tower computes beyond Backend's ops, declared by the
-    ggml-cpu backends only (the tower's numerics "ggml-cpu" needs one of them)."""
-
-    def float_matmul(self, x, w, kind):  # x [T, in], w [out, in] arrays, "F32" | "F16" -> [T, out]
-        ...
-
-    def graph_attention(self, q, k, v, visible, scale):  # [T, H, D] x3, [T, T] -> [T, H, D]: no KV cache
-        ...
-
-    def interpolate(self, grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]: bilinear, border clamp
-        ...
-
 
 def declared(protocol):  # -> the op names a Protocol declares
     return tuple(name for name in vars(protocol) if not name.startswith("_") and callable(vars(protocol)[name]))
 
 
-OPS, GRAPH_OPS = declared(Backend), declared(GgmlGraph)
+def attention_by_window(attention, q, k, v, windows, scale):  # a backend's attention, [T, H, D] x3, [W] -> [T, H, D]
+    """Each window through `attention` on its own, never an N x N mask; queries go in blocks small
+    enough that one block's scores fit ATTENTION_SCORES_BUDGET (a global layer at 4096 tokens has
+    N = 16384)."""
+    out = np.empty_like(q)
+    stops = np.cumsum(windows)
+    for start, stop in zip(stops - windows, stops):
+        n = stop - start
+        block = max(1, ATTENTION_SCORES_BUDGET // (q.shape[1] * n))
+        for q0 in range(start, stop, block):
+            q1 = min(q0 + block, stop)
+            visible = np.ones((q1 - q0, n), dtype=bool)
+            out[q0:q1] = attention(q[q0:q1], k[start:stop], v[start:stop], visible, scale)
+    return out
+
+
+OPS = declared(Backend)
 
 
 class NumpyBackend:
@@ -85,23 +100,29 @@ class NumpyBackend:
     def __init__(self, dtype):
         self.dtype = dtype
 
-    def linear(self, x, weights, name):  # x [T, in], GGUF tensor name [out, in] -> [T, out]
+    def linear(self, x, w):  # x [T, in], w a GGUF tensor (gguf.Tensor) [out, in] -> [T, out]
         # f64 weights because ops.linear accumulates in f64. A matrix too big for the weight cache
         # (the 202048-row output head of the 30B model is 10 GB in f64) is streamed in row blocks.
-        if weights.dense_bytes(name, np.float64) <= weights.cache_bytes // 4:
-            return ops.linear(x, weights.get(name, np.float64))
-        n_out = weights.shape(name)[0]
+        if w.dense_bytes(np.float64) <= w.weights.cache_bytes // 4:
+            return ops.linear(x, w.get(np.float64))
+        n_out = w.shape[0]
         out = np.empty((x.shape[0], n_out), x.dtype)
         for start in range(0, n_out, STREAM_ROWS):
             rows = slice(start, min(start + STREAM_ROWS, n_out))
-            out[:, rows] = ops.linear(x, weights.rows(name, rows, np.float64))
+            out[:, rows] = ops.linear(x, w.rows(rows, np.float64))
         return out
 
-    def matmul(self, x, w):  # x [T, in], w [out, in] -> [T, out]
-        return ops.linear(x, w)
+    def patch_embed(self, frames, kernel):  # frames [F, H, W, C], kernel [E, F, C, p, p] -> [(H/p)*(W/p), E]
+        return ops.linear(ops.im2col(frames, kernel.shape[-1]), kernel.reshape(len(kernel), -1))
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         return ops.attention(q, k, v, visible, scale)
+
+    def window_attention(self, q, k, v, windows, scale):  # [T, H, D] x3, windows [W] -> [T, H, D]
+        return attention_by_window(self.attention, q, k, v, windows, scale)
+
+    def interpolate(self, grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]
+        return ops.resize_bilinear_border(grid, out_h, out_w)
 
     def rms_norm(self, x, eps):  # x [..., n] -> [..., n]
         return ops.rms_norm(x, eps)

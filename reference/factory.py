@@ -7,9 +7,10 @@ backend (numpy, tp, numba, cupy) in a numerics mode (exact, ggml-cpu).
     tower = vision_model(gguf.load(mmproj, "mmproj"), build, lm.backend)   # the text model's backend
     draft = drafter(gguf.load(path, "dflash"), lm)         # computes through lm.backend
 
-The reference's own backends are built here. accel's are found through its registry (the table
-`accel.BACKENDS`, "module:callable" strings), imported only when such a backend is asked for, so
-reference/ runs, and is tested, without numba or CuPy.
+The reference's own backends are built here (own_backend). accel's are found through its registry
+(the table `accel.BACKENDS` of "module:callable" strings, each callable (Build) -> backend, as
+own_backend is), imported only when such a backend is asked for, so reference/ runs, and is tested,
+without numba or CuPy.
 """
 import importlib
 import os
@@ -23,13 +24,14 @@ from .ggml_cpu import (DEFAULT_TARGET, KV_TYPES, UBATCH, GgmlCpuBackend, GgmlCpu
                        target as cpu_target)
 from .text import TextModel
 from .tp import TensorParallelBackend, check_tp
-from .vision import NUMERICS, VisionModel
+from .vision import VisionModel
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden")
 DEFAULT_MODEL = os.path.join(GOLDEN, "models", "glimmer-default-f16.gguf")  # trained: tools/regen/train_tiny.py
 ACCEL = "accel"  # the package whose BACKENDS and TEXT_MODELS tables name the faster backends
 BACKENDS = ("numpy", "numba", "cupy")
 DTYPES = ("float32", "float64")
+NUMERICS = ("exact", "ggml-cpu")
 GGML_CPU_BACKENDS = ("numpy", "numba")
 ON_OFF = {None: None, "on": True, "off": False}  # a command line's on|off switch (None: not given) -> Build's
 
@@ -96,12 +98,20 @@ def check_tower(build):  # -> None; FactoryError where the tower cannot be built
 
 
 def host_warnings(build):  # -> lines: where this machine's llama.cpp would round unlike the emulated build
-    if build.ggml_cpu and build.cpu == "auto":  # said, not warned: which variant auto took
-        return [f"--cpu auto: llama.cpp's portable build loads libggml-cpu-{host_variant()}.so on this CPU, "
-                f"which rounds as {cpu_target('auto').name}"]
-    if not build.ggml_cpu or build.cpu is not None:  # a target named on purpose is no surprise
+    if not build.ggml_cpu or build.cpu is not None:  # a target named on purpose (or by auto) is no surprise
         return []
     return [f"ggml-cpu models llama.cpp's x86-64 AVX512 build; here {d}" for d in host_differences()]
+
+
+def notes(build):  # -> lines said at start-up, not warnings: which variant --cpu auto took, numba's first compilation
+    return auto_notes(build) + compile_notes(build)
+
+
+def auto_notes(build):  # -> the line that says which llama.cpp variant --cpu auto took, and how it rounds
+    if not (build.ggml_cpu and build.cpu == "auto"):
+        return []
+    return [f"--cpu auto: llama.cpp's portable build loads libggml-cpu-{host_variant()}.so on this CPU, "
+            f"which rounds as {cpu_target('auto').name}"]
 
 
 def compile_notes(build):  # -> lines: numba's first compilation, which is silent for about a minute otherwise
@@ -117,18 +127,25 @@ def compile_notes(build):  # -> lines: numba's first compilation, which is silen
 
 def backend(build):  # -> the backend object `build` asks for (FactoryError: unknown, or not here)
     check(build)
+    make = accel_callable("BACKENDS", build) or own_backend  # every maker: (Build) -> backend
+    return make(build)
+
+
+def own_backend(build):  # -> the reference's own backend `build` asks for: numpy, tensor-parallel numpy, ggml-cpu
     if build.ggml_cpu:
-        k_type = build.kv_type or "f16"
-        v_type = build.v_type or k_type
-        # a quantized V cache needs flash attention: llama.cpp's "auto" turns it on, "off" refuses it
-        flash = v_type == "q8_0" if build.flash_attn is None else build.flash_attn
-        make = accel_callable("BACKENDS", build) or GgmlCpuBackend
-        return make(k_type, flash, n_threads=build.n_threads, check_host=False, repack=build.repack is not False,
-                    cpu=build.cpu or DEFAULT_TARGET, v_type=v_type)
+        return GgmlCpuBackend(**ggml_cpu_options(build))
     if build.tp != 1:
         return TensorParallelBackend(np.dtype(build.dtype), build.tp)
-    make = accel_callable("BACKENDS", build) or NumpyBackend
-    return make(np.dtype(build.dtype))
+    return NumpyBackend(np.dtype(build.dtype))
+
+
+def ggml_cpu_options(build):  # -> the keyword arguments of GgmlCpuBackend (and its numba twin) `build` asks for
+    k_type = build.kv_type or "f16"
+    v_type = build.v_type or k_type
+    # a quantized V cache needs flash attention: llama.cpp's "auto" turns it on, "off" refuses it
+    flash = v_type == "q8_0" if build.flash_attn is None else build.flash_attn
+    return {"kv_type": k_type, "flash_attn": flash, "n_threads": build.n_threads, "check_host": False,
+            "repack": build.repack is not False, "cpu": build.cpu or DEFAULT_TARGET, "v_type": v_type}
 
 
 def accel_callable(table, build):  # "BACKENDS" | "TEXT_MODELS", Build -> what accel registers for it, or None
@@ -157,7 +174,7 @@ def text_model(gguf_model, build, be=None):  # GGUFModel (text) -> TextModel on 
 
 def vision_model(gguf_model, build, be=None):  # GGUFModel (mmproj) -> VisionModel on `be` (the text model's)
     check_tower(build)
-    return VisionModel(gguf_model, np.dtype(build.dtype), be or backend(build), numerics=build.numerics)
+    return VisionModel(gguf_model, np.dtype(build.dtype), be or backend(build))
 
 
 def drafter(gguf_model, target):  # GGUFModel (dflash), its target TextModel -> Drafter on the target's backend

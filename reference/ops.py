@@ -126,6 +126,15 @@ def rope_2d(x, theta_a, theta_b):  # x [T, H, D], theta_a/theta_b [T, D/4] -> [T
     return np.concatenate([rope_norm(x[..., :half], theta_a), rope_norm(x[..., half:], theta_b)], axis=-1)
 
 
+def im2col(frames, p):  # frames [F, H, W, C] -> [(H/p)*(W/p), F*C*p*p]; patches raster, columns (f, c, y, x)
+    """The patches a stride-p, p x p convolution multiplies: ggml_im2col's rows for one image (F = 1),
+    transformers' patchify of a video's frame pair (F = 2)."""
+    F, H, W, C = frames.shape
+    gh, gw = H // p, W // p
+    x = frames.reshape(F, gh, p, gw, p, C).transpose(1, 3, 0, 5, 2, 4)  # [gy, gx, f, c, y, x]
+    return x.reshape(gh * gw, F * C * p * p)
+
+
 def bilinear_taps(n_in, n_out, dtype):  # -> lo [n_out], hi [n_out], frac [n_out]
     """ggml_interpolate's bilinear taps without align-corners: half-pixel centres in the input's
     float type, both taps and the fraction clamped to the border (transformers zero-pads instead)."""

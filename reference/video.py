@@ -8,7 +8,7 @@
     stamps   = "Time: {t:.1f}s", t = f32(index of frame 2g) / f32(source fps)
 
 Sources (transformers/models/muse_glimmer/video_processing_muse_glimmer.py): sample_frames :190-230,
-resize :127-150, smart_resize :60-92, patchify :152-188; the timestamps transformers/video_utils.py:101-106;
+resize :127-150, smart_resize :60-92, patchify :152-188 (ops.im2col of a pair); the timestamps transformers/video_utils.py:101-106;
 the fused normalisation transformers/image_processing_backends.py:329-369.
 
 Inputs come as a directory of frame images (sorted by name), a .npy uint8 [T, H, W, 3], or a video
@@ -133,13 +133,6 @@ def prepare(video, fps, max_frames, max_frame_tokens, unit):  # Video -> Prepare
         resized = np.concatenate([resized, resized[-1:].repeat(TEMPORAL_PATCH - len(resized) % TEMPORAL_PATCH, 0)])
     pairs = resized.reshape(-1, TEMPORAL_PATCH, *resized.shape[1:])
     return Prepared(pairs, indices, pair_timestamps(indices, video.fps), (rows, cols))
-
-
-def patchify(pixels, patch):  # float32 [n, 2, h, w, 3] -> [n * gh * gw, 2*3*p*p]; columns (t, c, y, x)
-    n, t, h, w, c = pixels.shape
-    gh, gw = h // patch, w // patch
-    x = pixels.reshape(n, t, gh, patch, gw, patch, c)
-    return x.transpose(0, 2, 4, 1, 6, 3, 5).reshape(n * gh * gw, t * c * patch * patch)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -239,11 +239,12 @@ def test_a_cut_dump_is_truncated_not_a_divergence(tmp_path):
 
 def test_a_base_with_nan_scales_is_refused(tmp_path):
     n_ctx, n_vocab = 8, 512
-    from tools.parity import perplexity as ppl
-    rows = np.zeros((ppl.n_scored(n_ctx), ppl.row_width(n_vocab)), np.uint16)
+    from tools.parity.kld_files import MAGIC
+    from tools.parity.perplexity_arithmetic import n_scored, row_width
+    rows = np.zeros((n_scored(n_ctx), row_width(n_vocab)), np.uint16)
     rows[1, :2] = np.array([np.nan], np.float32).view(np.uint16)  # row 1's scale
     path = tmp_path / "nan.kld"
-    path.write_bytes(ppl.MAGIC + np.uint32(n_ctx).tobytes() + np.array([n_vocab, 1], np.int32).tobytes()
+    path.write_bytes(MAGIC + np.uint32(n_ctx).tobytes() + np.array([n_vocab, 1], np.int32).tobytes()
                      + np.zeros(n_ctx, np.int32).tobytes() + rows.tobytes())
     cli_error(run_cli("tools.perplexity", "-m", TINY_A, "--kl-divergence-base", path, "--kl-divergence"),
               "chunk 0 row 1 has scale nan")

@@ -36,9 +36,22 @@ CI = {"avx2": {"on": SUBSET, "off": SUBSET}, "avx512": {"on": SUBSET, "off": SUB
 CLANG = {"neon-clang": "neon", "neon-i8mm-clang": "neon-i8mm"}  # clang target -> the GCC one whose manifest has its runs
 CI.update({clang: CI[gcc] for clang, gcc in CLANG.items()})  # the same kernels, with clang's contractions
 FULL_RUNS = {target: {"on": None, "off": None} for target in CI}  # None: every preset
+# llama.cpp's variants below AVX2 (golden/cpu_targets/<variant>, tools/regen/make_variant_goldens.py): repack off
+# only (no CPU_REPACK layout exists there); the mode emulates their F32, F16 and BF16 weights and Q8_0 (the
+# manifests' other presets are refused, test_pre_avx2_refuses_other_quantized_weights)
+PRE_AVX2 = ("sandybridge", "ivybridge", "piledriver", "sse42", "x64")
+PRE_AVX2_EMULATED = ("F32", "F16", "BF16", "Q8_0")
+# CI: F16 weights with an F16 cache (tinyBLAS F16 where F16C is, else vec_dot_f16; the F16 P.V) and Q8_0 with
+# flash attention (tinyBLAS_Q0_AVX or the vec_dot's AVX or scalar arm, the quantizer, the tiled and one-chunk
+# flash kernels' madds, the SSE2 soft_max)
+PRE_AVX2_CI = (("F16", "f16", "off"), ("Q8_0", "f32", "on"))
 
 
 def checked(run, target):  # manifest run -> whether the test checks it for target
+    if target in PRE_AVX2:
+        if FULL:
+            return run["preset"] in PRE_AVX2_EMULATED
+        return (run["preset"], run["kv_type"], run["flash_attn"]) in PRE_AVX2_CI
     presets = (FULL_RUNS if FULL else CI)[target].get(run["repack"], ())
     return presets is None or run["preset"] in presets
 
@@ -107,10 +120,24 @@ def failures(target, backend_class=GgmlCpuBackend):  # -> one line per run and p
     return failed
 
 
-@pytest.mark.parametrize("target", ["avx2", "avx512", "neon", "neon-i8mm", *CLANG])
+@pytest.mark.parametrize("target", ["avx2", "avx512", "neon", "neon-i8mm", *CLANG, *PRE_AVX2])
 def test_target_bit_identical_to_its_llama_cpp(target):
     failed = failures(target)
     assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("target", PRE_AVX2)
+def test_pre_avx2_refuses_other_quantized_weights(target):
+    """The variants' manifests hold presets the mode does not emulate there (their Q4_K, Q6_K, ... vec_dots
+    take the AVX, SSSE3 or scalar arms): each is refused with a typed error naming the weight type, never
+    run with another target's arithmetic. A q8_0 cache likewise."""
+    others = [run for run in manifest(target)["runs"] if run["preset"] not in PRE_AVX2_EMULATED]
+    assert others, "the manifest records a preset the mode refuses"
+    for run in others[:1]:
+        with pytest.raises(GgmlCpuError, match=f"weights are not emulated on the {target} target"):
+            check_run(run, target)
+    with pytest.raises(GgmlCpuError, match=f"q8_0 KV cache is not emulated on the {target} target"):
+        GgmlCpuBackend("q8_0", flash_attn=True, cpu=target, check_host=False)
 
 
 PORTABLE_CI = ("F32", "F16", "Q5_0")  # the float matmuls, and a preset the RoPE's rounding moved on this prompt
@@ -179,8 +206,8 @@ def test_auto_picks_the_variant_llama_cpp_loads(flags, variant):
 
 
 def test_cpu_auto_says_the_variant_and_rounds_as_it(tmp_path):
-    """This machine's flags pick a variant; reference.run says which and rounds as its target: the
-    logits equal those of --cpu <that target>."""
+    """This machine's flags pick a variant; reference.run says which (an info line, not a warning) and
+    rounds as its target: the logits equal those of --cpu <that target>."""
     from conftest import run_cli
     from reference.ggml_cpu import VARIANT_TARGET, host_variant
     variant = host_variant()
@@ -194,16 +221,20 @@ def test_cpu_auto_says_the_variant_and_rounds_as_it(tmp_path):
                     "--cpu", cpu, "--logits-out", str(out))
         assert r.returncode == 0, r.stderr
         outs[cpu], said[cpu] = np.load(out), r.stderr
-    line = (f"--cpu auto: llama.cpp's portable build loads libggml-cpu-{variant}.so on this CPU, which rounds as "
+    line = (f"reference.run: --cpu auto: llama.cpp's portable build loads libggml-cpu-{variant}.so on this CPU, which rounds as "
             f"{VARIANT_TARGET[variant]}")
-    assert line in said["auto"] and "--cpu auto" not in said[VARIANT_TARGET[variant]]
+    assert line in said["auto"].splitlines() and "--cpu auto" not in said[VARIANT_TARGET[variant]]
     np.testing.assert_array_equal(outs["auto"], outs[VARIANT_TARGET[variant]])
 
 
-@pytest.mark.parametrize("variant, reason", [("icelake", "without AVX512_BF16"), ("sandybridge", "AVX kernels"),
-                                             ("sapphirerapids", "AMX buffer type")])
-def test_unmodelled_variant_is_refused_in_one_line(variant, reason):
+@pytest.mark.parametrize("variant, expected", [
+    ("icelake", ("--cpu icelake: llama.cpp's icelake variant: ", "without AVX512_BF16")),
+    ("sapphirerapids", ("--cpu sapphirerapids: llama.cpp's sapphirerapids variant: ", "AMX buffer type")),
+    # modelled for F32/F16/BF16 and Q8_0 weights: a Q4_0 matrix is refused by its type
+    ("sandybridge", ("Q4_0 weights are not emulated on the sandybridge target", "AVX, SSSE3 or scalar arms")),
+])
+def test_unmodelled_variant_is_refused_in_one_line(variant, expected):
     from conftest import cli_error, run_cli
     model = os.path.join(ROOT, "golden", "presets", "models", "tiny-b-q4_0.gguf")
     cli_error(run_cli("reference.run", "-m", model, "--token-ids", "497", "--numerics", "ggml-cpu", "--cpu", variant),
-              f"--cpu {variant}: llama.cpp's {variant} variant: ", reason)
+              *expected)

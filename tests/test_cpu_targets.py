@@ -167,19 +167,26 @@ def test_variants_are_their_targets_builds():
     (GGML_BACKEND_DL, all variants), each variant forced by loading only its library, on every preset x
     repack x KV type x flash attention x prompt. Each one's hashes are, line for line, those of the
     target it is compared with: haswell's the avx2 build's, zen4's the avx512 build's, skylakex's too
-    (its BF16 arithmetic, absent from the presets, is not). The load line shows the variant loaded."""
+    (its BF16 arithmetic, absent from the presets, is not). The variants below AVX2 are targets of their
+    own, their runs golden/cpu_targets/<variant> (checked by tests/test_cpu_target_numerics.py). The
+    load line shows the variant loaded."""
     from reference.ggml_cpu.target import VARIANT_TARGET, X86_VARIANTS
-    from tools.regen.make_variant_goldens import COMPARED, run_lines, runs_sha256
+    from tools.regen.make_variant_goldens import COMPARED, OWN_TARGETS, run_lines, runs_sha256
     with open(os.path.join(TARGET_DIR, "variants", "manifest.json")) as f:
         m = json.load(f)
     assert m["llama_cpp_commit"] == common.LLAMA_CPP_COMMIT and "-DGGML_CPU_ALL_VARIANTS=ON" in m["cmake_flags"]
-    assert {"haswell", "zen4"} <= set(m["variants"])
+    assert {"haswell", "zen4", *OWN_TARGETS} <= set(m["variants"])
     for variant, e in m["variants"].items():
         target = COMPARED[variant]
         assert e["compared_with"] == target and VARIANT_TARGET.get(variant, target) == target
         assert e["features"] == list(X86_VARIANTS[variant])
         assert e["load_line"].endswith(f"/libggml-cpu-{variant}.so") and "loaded CPU backend" in e["load_line"]
-        assert target_of_system_info(e["system_info"]) == target, (variant, e["system_info"])
-        runs = manifest(target)["runs"]
+        # x64 shows no x86 feature: only its load line tells it
+        assert target_of_system_info(e["system_info"]) == (None if variant == "x64" else target), variant
+        if variant in OWN_TARGETS:
+            own = manifest(variant)
+            assert (own["target"], own["load_line"], own["system_info"]) == (variant, e["load_line"], e["system_info"])
+            assert {r["repack"] for r in own["runs"]} == {"off"}
+        runs = [r for r in manifest(target)["runs"] if r["preset"] in e.get("presets", [r["preset"]])]
         assert e["runs"] == len(runs) and e["identical_to_target"] == e["prompt_records"] == len(run_lines(runs))
         assert e["runs_sha256"] == runs_sha256(runs), variant

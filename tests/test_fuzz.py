@@ -251,7 +251,8 @@ from reference.trace import Tracer, load_trace  # noqa: E402
 from tools import common  # noqa: E402
 from tools.parity.engines import openai  # noqa: E402
 from tools.parity.engines import http as server_http  # noqa: E402
-from tools.parity import perplexity as ppl  # noqa: E402
+from tools.parity.kld_files import KldWriter, read_kld  # noqa: E402
+from tools.parity.perplexity_arithmetic import n_scored, row_width  # noqa: E402
 
 CHUNKS = 6  # pieces each writer below writes; a signal comes before piece `cut` (cut = CHUNKS: none)
 OLD = b"the older artifact"
@@ -277,11 +278,11 @@ def write_npy(path, tick):  # the writers of the module, each feeding its output
 
 def write_kld(path, tick):  # tools.perplexity's base writer, a chunk of rows at a time
     n_ctx, n_vocab = 8, 4
-    writer = ppl.KldWriter(path, n_ctx, n_vocab, np.zeros(n_ctx * CHUNKS, np.int32))
+    writer = KldWriter(path, n_ctx, n_vocab, np.zeros(n_ctx * CHUNKS, np.int32))
     try:
         for _ in range(CHUNKS):
             tick()
-            writer.write(np.zeros((ppl.n_scored(n_ctx), ppl.row_width(n_vocab)), np.uint16))
+            writer.write(np.zeros((n_scored(n_ctx), row_width(n_vocab)), np.uint16))
         writer.close()
     finally:
         writer.discard()
@@ -335,7 +336,7 @@ def test_a_signal_anywhere_leaves_the_old_artifact_or_the_new_one_whole(tmp_path
         if writer is write_trace:
             assert sorted(load_trace(str(path))) == sorted(f"l_out-{i}" for i in range(CHUNKS))
         elif writer is write_kld:
-            ppl.read_kld(str(path))  # whole: its size matches its header
+            read_kld(str(path))  # whole: its size matches its header
         else:
             assert path.read_bytes() == new
     assert os.listdir(folder) == ["artifact"]  # nothing half-made beside it

@@ -344,13 +344,6 @@ def test_rope_2d_against_float64():  # the first half of each head by theta_a, t
     assert np.all(np.abs(got - want) <= 4 * U * pair)
 
 
-def test_backend_has_the_vision_hooks_of_numpy_backend():  # the tower calls them on any backend
-    import inspect
-    from reference.backend import NumpyBackend
-    for hook in ("layer_norm", "rope_2d", "gelu_erf"):
-        assert inspect.signature(getattr(GgmlCpuBackend, hook)) == inspect.signature(getattr(NumpyBackend, hook))
-
-
 # ---------------------------------------------------------------------------------------------
 # Wiring, CLI and bad input
 

@@ -171,7 +171,7 @@ def test_type_without_kernel_falls_back_to_the_reference(tmp_path):
     weights = Weights(gguf.open_reader(path), path)
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
     assert GT.MXFP4 not in quant.KERNEL_TYPES
-    assert np.array_equal(NumbaBackend(np.float32).linear(x, weights, "w"), ops.linear(x, weights.get("w", np.float64)))
+    assert np.array_equal(NumbaBackend(np.float32).linear(x, weights.tensor("w")), ops.linear(x, weights.get("w", np.float64)))
 
 
 @pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan, 3e38])
@@ -186,7 +186,7 @@ def test_activations_the_kernels_do_not_take_get_the_reference_product(special):
         x[0, 7] = special
         for t in types:
             with np.errstate(over="ignore"):  # the reference's float64 sum of 3e38 rounds to inf in float32
-                ours = NumbaBackend(np.float32).linear(x, weights, t.name)
+                ours = NumbaBackend(np.float32).linear(x, weights.tensor(t.name))
                 ref = ops.linear(x, weights.get(t.name, np.float64))
             assert np.array_equal(ours, ref, equal_nan=True), t.name
 
@@ -194,7 +194,7 @@ def test_activations_the_kernels_do_not_take_get_the_reference_product(special):
 def test_float16_activations_get_the_reference_product():
     weights = harness.TensorFile([("Q4_K", GT.Q4_K, 8, 512)], np.random.default_rng(5)).weights
     x = np.random.default_rng(6).standard_normal((1, 512)).astype(np.float16)
-    assert np.array_equal(NumbaBackend(np.float32).linear(x, weights, "Q4_K"), ops.linear(x, weights.get("Q4_K", np.float64)))
+    assert np.array_equal(NumbaBackend(np.float32).linear(x, weights.tensor("Q4_K")), ops.linear(x, weights.get("Q4_K", np.float64)))
 
 
 def test_the_factory_builds_the_numba_backend():
@@ -254,7 +254,7 @@ def test_floor_loops_compute_the_sums_the_ceiling_bound_assumes(high_bits):
 
 def test_ceiling_bound_sums_each_types_time_at_its_floor():
     from tools.bench import kernel_floor
-    from tools.bench.accel import weights_per_type
+    from tools.bench.ceiling import weights_per_type
     # 2e9 4-bit weights at 2 G/s and 1e9 6-bit at 1 G/s: 2 s; IQ2_XXS has no floor and counts as free
     assert kernel_floor.model_bound({"Q4_K": 2 * 10**9, "Q6_K": 10**9, "IQ2_XXS": 5 * 10**9}, {0: 2.0, 2: 1.0}) == 2.0
     path = os.path.join(MODELS, "tiny-a-q4_k_m.gguf")

@@ -16,7 +16,8 @@ from conftest import GOLDEN, MODELS, ROOT, cli_error, run_cli
 from reference import gguf
 from reference.ggml_cpu import DEFAULT_TARGET, target_of_system_info
 from reference.tokenizer import Tokenizer
-from tools.parity import perplexity as ppl
+from tools.parity import kld_files, perplexity as ppl
+from tools.parity.perplexity_arithmetic import expf, n_scored, row_width
 
 FIX = os.path.join(ROOT, "tests", "fixtures", "perplexity")
 TEXT = os.path.join(FIX, "text-crlf.txt")
@@ -123,7 +124,7 @@ def test_ggml_cpu_base_in_two_batches_per_chunk(tmp_path, capsys):
     out = str(tmp_path / "ref.kld")
     assert run_tool(capsys, "-m", F32_MODEL, "-f", TEXT, "-c", "128", "-b", "64", "--chunks", "2",
                     "--numerics", "ggml-cpu", "--kl-divergence-base", out)[0] == 0
-    ref, lcpp = ppl.read_kld(out), ppl.read_kld(fixture("lcpp-tiny-a-f32.kld"))
+    ref, lcpp = kld_files.read_kld(out), kld_files.read_kld(fixture("lcpp-tiny-a-f32.kld"))
     assert ref.n_chunk == 2 and np.array_equal(ref.tokens, lcpp.tokens[:2])
     assert np.array_equal(ref.rows, lcpp.rows[:2])
 
@@ -140,7 +141,7 @@ def test_exact_base_against_llama_perplexity_f32_kv(tmp_path, capsys):
     out = str(tmp_path / "ref.kld")
     status, stdout, stderr = run_tool(capsys, "-m", F32_MODEL, "-f", TEXT, *N_CTX, "--kl-divergence-base", out)
     assert status == 0
-    ref, lcpp = ppl.read_kld(out), ppl.read_kld(fixture("lcpp-tiny-a-f32-kvf32.kld"))
+    ref, lcpp = kld_files.read_kld(out), kld_files.read_kld(fixture("lcpp-tiny-a-f32-kvf32.kld"))
     assert np.array_equal(ref.tokens, lcpp.tokens)  # the CRLF text tokenized as llama.cpp did
     same, total, largest = ppl.code_agreement(ref, lcpp)
     assert total == 4 * 63 * 512
@@ -239,7 +240,7 @@ def test_expf_is_glibcs():
     10000 values, which can move a float32 log-sum-exp and so a u16 code."""
     from reference.ggml_cpu import libm
     x = np.random.default_rng(0).uniform(-40, 0, 20000).astype(np.float32)
-    assert np.array_equal(ppl.expf(x), libm("expf", x))
+    assert np.array_equal(expf(x), libm("expf", x))
     assert not np.array_equal(np.exp(x.astype(np.float64)).astype(np.float32), libm("expf", x))  # the check can fail
 
 
@@ -248,7 +249,7 @@ def test_text_is_read_as_bytes():
     base are the tokenization of the bytes; the same text with universal newlines tokenizes to
     other ids."""
     tok = Tokenizer(gguf.load(F32_MODEL, "text").tokenizer)
-    stored = ppl.read_kld(fixture("lcpp-tiny-a-f32.kld")).tokens.ravel().tolist()
+    stored = kld_files.read_kld(fixture("lcpp-tiny-a-f32.kld")).tokens.ravel().tolist()
     assert tok.tokenize(ppl.read_text(TEXT))[:len(stored)] == stored
     with open(TEXT, encoding="utf-8") as f:
         assert tok.tokenize(f.read().rstrip("\n"))[:len(stored)] != stored
@@ -379,7 +380,7 @@ def write_bytes(path, data):  # -> path
 
 
 def kld_header(n_ctx, n_vocab, n_chunk):  # -> the 20 header bytes of a .kld file
-    return ppl.MAGIC + np.array([n_ctx], np.uint32).tobytes() + np.array([n_vocab, n_chunk], np.int32).tobytes()
+    return kld_files.MAGIC + np.array([n_ctx], np.uint32).tobytes() + np.array([n_vocab, n_chunk], np.int32).tobytes()
 
 
 def good_kld_bytes():  # -> the committed llama-perplexity base
@@ -405,7 +406,7 @@ def test_bad_kld(tmp_path, name, data, expected):
 
 
 def small_kld(tmp_path, n_vocab):  # -> a valid one-chunk .kld of n_ctx 8 over n_vocab tokens
-    rows = np.zeros((ppl.n_scored(8), ppl.row_width(n_vocab)), np.uint16)
+    rows = np.zeros((n_scored(8), row_width(n_vocab)), np.uint16)
     return write_bytes(tmp_path / "small.kld", kld_header(8, n_vocab, 1) + np.zeros(8, np.int32).tobytes() + rows.tobytes())
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 from gguf import GGUFValueType
 
@@ -418,6 +419,7 @@ def test_cuda_harness_without_cupy(paths):
     (("{tmp}/out.gguf", "--seed", "-1"), "--seed: -1 is out of range"),
     (("{tmp}/out.gguf", "--vocab", "3"), "--vocab: 3 is out of range"),
     (("{tmp}/out.gguf", "--role", "mmproj", "--vocab", "600"), "--vocab is the text role's"),
+    (("{tmp}/out.gguf", "--video"), "--video is the mmproj role's"),
     (("{tmp}/out.gguf", "--role", "foo"), "invalid choice: 'foo'"),
 ))
 def test_make_synthetic_refuses(paths, args, words):
@@ -433,6 +435,22 @@ def test_make_synthetic_writes_what_the_loader_takes(tmp_path, role, layers, qty
     r = run_cli("tools.make_synthetic", out, "--role", role, "--layers", layers, "--type", qtype)
     assert r.returncode == 0, r.stderr
     assert gguf.load(out, role).config.n_layer == int(layers)
+
+
+def test_make_synthetic_video_extension(tmp_path):
+    # --video: the extension tools.video_mmproj adds (the temporal key, W1 in F32 shaped as the kernel),
+    # so that encode_video runs; the tower is random, so only the shape of its output is checked
+    from reference import vision
+    from reference.video import Video, prepare
+    out = tmp_path / "out.gguf"
+    r = run_cli("tools.make_synthetic", out, "--role", "mmproj", "--type", "F16", "--video")
+    assert r.returncode == 0, r.stderr
+    m = gguf.load(out, "mmproj")
+    assert m.config.temporal_patch_size == 2
+    assert (m.weights.type_name(gguf.PATCH_EMBD_T1), m.weights.shape(gguf.PATCH_EMBD_T1)) == \
+        ("F32", m.weights.shape("v.patch_embd.weight"))
+    prepared = prepare(Video(np.zeros((4, 56, 84, 3), np.uint8), 2.0, "v"), 2.0, 96, 144, 28)
+    assert vision.VisionModel(m).encode_video(prepared).shape == (2 * 2 * 3, 256)
 
 
 def test_make_synthetic_vocab_sets_the_vocabulary(tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from reference import gguf, video, vision
+from reference import gguf, ops, video, vision
 from reference.chat import expand_videos
 from reference.tokenizer import Tokenizer
 from reference.metrics import nmse
@@ -117,7 +117,7 @@ def test_int16_weights_differ_from_pillows_22_bits():
 @pytest.mark.parametrize("entry", PRE["resize"], ids=lambda e: f"{e['width']}x{e['height']}-cap{e['max_frame_tokens']}")
 def test_patches_equal_transformers(entry):
     prepared = prepared_resize(entry)
-    patches = video.patchify(video.normalize(prepared.pairs, [0.5] * 3, [0.5] * 3), 14)
+    patches = np.concatenate([ops.im2col(pair, 14) for pair in video.normalize(prepared.pairs, [0.5] * 3, [0.5] * 3)])
     rows, cols = prepared.grid
     assert [len(prepared.pairs), rows * 2, cols * 2] == entry["grid_thw"]
     assert list(patches.shape) == entry["patches_shape"] and sha256(patches) == entry["patches_sha256"]
@@ -136,7 +136,7 @@ def test_odd_frame_counts_repeat_the_last_frame():
 @pytest.mark.parametrize("name", [v[0] for v in VIDEOS])
 def test_video_embeddings_match_transformers(name):
     # the float64 tower agrees with transformers' float64 run to the golden's float32 storage and
-    # W0 = S - W1 rebuilt from the float32 sum (measured 4.5e-15..6.3e-15; gate 1e-13 as the image
+    # W0 = S - W1 rebuilt from the float32 sum (measured 4.0e-15..5.9e-15; gate 1e-13 as the image
     # goldens'); float32 adds its own rounding (4.0e-14..5.2e-14; gate 1e-10 as the image goldens')
     entry = MANIFEST["videos"][name]
     prepared = prepared_video(name)
@@ -177,6 +177,59 @@ def test_video_prompt_matches_transformers(name, tmp_path):
     assert nmse(golden(entry["files"]["embeddings-float64"]).ravel(), np.load(emb).ravel()) <= 1e-10
 
 
+def golden_video_prompts(folder, videos):  # -> P.jsonl naming each golden video's frames (.npy beside it)
+    with open(folder / "prompts.jsonl", "w") as f:
+        for name in videos:
+            np.save(folder / f"{name}.npy", video_frames(VIDEO_OF[name]))
+            text = MANIFEST["videos"][name]["prompt_text"].removeprefix("<|begin_of_text|>")  # tools.golden adds BOS
+            f.write(json.dumps({"id": name, "text": text,
+                                "videos": [{"path": f"{name}.npy", "fps": VIDEO_OF[name][6]}]}) + "\n")
+    return folder / "prompts.jsonl"
+
+
+@pytest.mark.parity
+def test_golden_tool_prompts_name_videos(tmp_path):
+    # tools.golden --engine reference --mmproj: a prompt naming a video gets transformers' expanded ids
+    # (timestamps, one <|video|> a merged token), and its logits and greedy tokens under the gates of
+    # test_video_prompt_matches_transformers (measured NMSE 1.5e-12..2.9e-12, max |diff| 5.7e-5..8.6e-5)
+    prompts = golden_video_prompts(tmp_path, VIDEO_OF)
+    out = tmp_path / "out"
+    r = run_cli("tools.golden", "--engine", "reference", "--model", TEXT_MODEL, "--mmproj", MMPROJ_VIDEO,
+                "--prompts", str(prompts), "--out", str(out), "-n", "8")
+    assert r.returncode == 0, r.stderr
+    made = json.loads((out / "manifest.json").read_text())
+    assert made["model"]["mmproj"]["file"] == os.path.basename(MMPROJ_VIDEO)
+    for entry in made["entries"]:
+        ref = MANIFEST["videos"][entry["id"]]
+        assert entry["token_ids"] == ref["prompt_ids"]
+        (video_record,) = entry["videos"]
+        assert video_record["indices"] == ref["indices"] and video_record["grid_thw"] == ref["grid_thw"]
+        want, got = golden(ref["files"]["logits"]), np.load(out / entry["file"])
+        assert got.shape == want.shape
+        assert nmse(want.ravel(), got.ravel()) <= 1e-10
+        assert np.array_equal(want.argmax(-1), got.argmax(-1))
+        assert entry["greedy"]["tokens"] == ref["greedy"]
+
+
+@pytest.mark.parametrize("field, extra, expected", [
+    ([], [], "videos must be a non-empty list"),
+    ([{"path": "v.npy", "fps": 0}], [], "fps must be a positive number"),
+    ([{"path": "v.npy", "rate": 2}], [], "a video is a path or"),
+    (["missing.npy"], [], "missing.npy: no such file or directory"),
+    (["v.npy"], ["--mmproj", MMPROJ], "has no video extension"),
+    (["v.npy"], None, "need --engine reference with --mmproj"),
+    (["v.npy", "v.npy"], [], "2 videos"),
+])
+def test_golden_tool_refuses_bad_video_prompts(tmp_path, field, extra, expected):
+    np.save(tmp_path / "v.npy", np.zeros((2, 28, 28, 3), np.uint8))
+    (tmp_path / "p.jsonl").write_text(json.dumps({"id": "a", "text": "<|video|>Hi", "videos": field}) + "\n")
+    mmproj = [] if extra is None else extra or ["--mmproj", MMPROJ_VIDEO]
+    r = run_cli("tools.golden", "--engine", "reference", "--model", TEXT_MODEL, *mmproj,
+                "--prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "out"))
+    cli_error(r, expected)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parity
 def test_video_tower_on_numba_matches_transformers():
     # the numba backend runs the same tower per pair; gate as the float32 numpy run's
@@ -185,6 +238,15 @@ def test_video_tower_on_numba_matches_transformers():
     model = factory.vision_model(gguf.load(MMPROJ_VIDEO, "mmproj"), factory.Build(backend="numba"))
     ref = golden(MANIFEST["videos"]["odd-11"]["files"]["embeddings-float64"])
     assert nmse(ref.ravel(), model.encode_video(prepared_video("odd-11")).ravel()) <= 1e-10
+
+
+def test_ggml_cpu_backends_refuse_a_pair_in_one_line():
+    # llama.cpp has no video graph: the ggml-cpu backends' convolution takes one image and says so
+    from reference.ggml_cpu import GgmlCpuBackend, GgmlCpuError
+    model = vision.VisionModel(gguf.load(MMPROJ_VIDEO, "mmproj"), backend=GgmlCpuBackend(check_host=False))
+    with pytest.raises(GgmlCpuError, match="^llama.cpp's graph embeds one image, not 2 frames: video runs in the "
+                                           "exact numerics only$"):
+        model.encode_video(prepared_video("odd-11"))
 
 
 def test_pairs_never_attend_to_each_other():
@@ -396,11 +458,32 @@ def test_gigapixel_frames_refused_from_the_header(tmp_path):
     cli_error(run_video(path), "more than 50000000 pixels")
 
 
-def test_frame_count_bounded_before_decoding(tmp_path, monkeypatch):
+def test_millions_of_frames_refused_from_the_header(tmp_path):
+    # an AVI of 4 frames whose main and stream headers claim 5 million (avih dwTotalFrames, strh dwLength):
+    # PyAV reports the claim as the stream's frame count, refused before any frame is decoded
+    av = require("av")
+    path = tmp_path / "claims.avi"
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("mjpeg", rate=10)
+        s.width, s.height, s.pix_fmt = 16, 16, "yuvj420p"
+        for p in [*s.encode(av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), np.uint8), format="rgb24")), *s.encode()]:
+            c.mux(p)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, data.find(b"avih") + 8 + 16, 5_000_000)
+    struct.pack_into("<I", data, data.find(b"strh") + 8 + 32, 5_000_000)
+    path.write_bytes(data)
+    cli_error(run_video(path), "claims 5000000 frames, more than 100000")
+
+
+@pytest.mark.parametrize("bound, value, expected", [
+    ("MAX_FRAMES_READ", 20, "more than 20"),                   # counted before decoding: 30 frames
+    ("DECODE_SECONDS", 0.0, "decoding took longer than 0 s"),  # the wall-clock bound on one file
+])
+def test_decode_bounded(tmp_path, monkeypatch, bound, value, expected):
     require("av")
     write_y4m(tmp_path / "many.y4m", 4, 4, 30)
-    monkeypatch.setattr(video, "MAX_FRAMES_READ", 20)
-    with pytest.raises(video.VideoError, match="more than 20"):
+    monkeypatch.setattr(video, bound, value)
+    with pytest.raises(video.VideoError, match=expected):
         video.load(str(tmp_path / "many.y4m"), None, lambda total, rate: video.sample_indices(total, rate, 2.0, 8))
 
 
@@ -421,12 +504,12 @@ def test_bisect_names_the_pair_and_the_point_of_a_planted_bug(tmp_path, monkeypa
     from reference.trace import Tracer
     prepared = prepared_video("odd-11")
     tower().encode_video(prepared, lambda g: Tracer(str(tmp_path / f"a-pair-{g}")))
-    patchify, calls = video.patchify, []
+    im2col, calls = ops.im2col, []
 
-    def swapped_in_pair_1(pixels, patch):
+    def swapped_in_pair_1(frames, patch):
         calls.append(len(calls))
-        return patchify(pixels[:, ::-1] if len(calls) == 2 else pixels, patch)
-    monkeypatch.setattr(video, "patchify", swapped_in_pair_1)
+        return im2col(frames[::-1] if len(calls) == 2 else frames, patch)
+    monkeypatch.setattr(ops, "im2col", swapped_in_pair_1)
     tower().encode_video(prepared, lambda g: Tracer(str(tmp_path / f"b-pair-{g}")))
     capsys.readouterr()
     assert bisect_main([str(tmp_path / "a-pair-0"), str(tmp_path / "b-pair-0")]) == 0

@@ -51,7 +51,7 @@ def ggml_backend(engine, flash_attn):  # "numpy" | "numba" -> the ggml-cpu emula
 @functools.lru_cache(maxsize=None)
 def tower(mmproj="f32", numerics="exact", dtype="float32", flash_attn=False, engine="numpy"):
     backend = ggml_backend(engine, flash_attn) if numerics == "ggml-cpu" else None
-    return vision.VisionModel(gguf.load(MMPROJ[mmproj], "mmproj"), np.dtype(dtype), backend, numerics)
+    return vision.VisionModel(gguf.load(MMPROJ[mmproj], "mmproj"), np.dtype(dtype), backend)
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,12 +211,6 @@ def test_numba_tower_is_the_numpy_tower(name, mmproj):
     numba_tower = vision.VisionModel(gguf.load(MMPROJ[mmproj], "mmproj"), backend=NumbaBackend(np.float32))
     ref, out = embeddings(name, mmproj), numba_tower.forward(resized(name))
     assert nmse(ref.ravel(), out.ravel()) <= 1e-12
-
-
-def test_ggml_cpu_numerics_needs_a_ggml_cpu_backend():
-    with pytest.raises(ValueError, match="ggml-cpu backend"):
-        vision.VisionModel(gguf.load(MMPROJ["f32"], "mmproj"), backend=vision.NumpyBackend(np.float32),
-                           numerics="ggml-cpu")
 
 
 @pytest.mark.parity

@@ -14,6 +14,7 @@ from gguf import GGUFWriter, GGMLQuantizationType, GGML_QUANT_SIZES
 from gguf import quants
 from tqdm import tqdm
 
+from reference.gguf import PATCH_EMBD_T1, TEMPORAL_PATCH_SIZE
 from reference.random_blocks import F16_SCALE_OFFSETS, block_scale_for_unit_std, random_rows
 
 ARCH = "muse-glimmer"
@@ -312,11 +313,29 @@ def vision_keys(v):  # VisionDims -> add_keys(writer): the keys the converter wr
     return add_keys
 
 
-def write_mmproj_gguf(path, dims=None, qtype="F32", seed=0, progress=False):  # -> path
+def video_extension(v):  # VisionDims -> (add_keys, shapes) of the video extension (docs/vision.md, Video)
+    def add_keys(w):
+        w.add_uint32(TEMPORAL_PATCH_SIZE, 2)
+    return add_keys, [(PATCH_EMBD_T1, (v.n_embd, 3, v.patch, v.patch))]  # F32: its name is not *.weight
+
+
+def write_mmproj_gguf(path, dims=None, qtype="F32", seed=0, progress=False, video=False):  # -> path
+    """video: with the extension tools.video_mmproj adds, a random second-frame half W1."""
     v = dims or VisionDims()
-    specs = [random_spec(name, shape, Q[qtype], seed + i) for i, (name, shape) in enumerate(vision_shapes(v))]
-    stream_gguf(str(path), "clip", vision_keys(v), specs, progress)
+    add_keys, shapes = vision_keys(v), vision_shapes(v)
+    if video:
+        add_video_keys, video_shapes = video_extension(v)
+        add_keys, shapes = chain(add_keys, add_video_keys), shapes + video_shapes
+    specs = [random_spec(name, shape, Q[qtype], seed + i) for i, (name, shape) in enumerate(shapes)]
+    stream_gguf(str(path), "clip", add_keys, specs, progress)
     return str(path)
+
+
+def chain(*add_keys):  # add_keys functions -> one that calls each in turn
+    def add_all(w):
+        for add in add_keys:
+            add(w)
+    return add_all
 
 
 @dataclass

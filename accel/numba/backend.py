@@ -1,10 +1,10 @@
-"""NumbaBackend: the interface of reference/backend.py NumpyBackend (linear on GGUF tensor names,
+"""NumbaBackend: the interface of reference/backend.py NumpyBackend (linear on GGUF tensors,
 attention over cache rows, norms, RoPE, activations), computed by numba kernels straight from the
 memory-mapped quantized blocks.
 
 linear multiplies the same exact float32 weights as the reference, with sums in float32 inside a
-super-block or tile and in float64 across them (quant.py says which types and why), by one of two
-routes:
+super-block (the GEMM: within 256 columns) and in float64 across them (quant.py says which types
+and why), by one of two routes:
 - few rows of x (decode, a draft verification): every weight row is read once per row of x
   straight from its blocks (quant.matmul_rows), nothing is dequantized;
 - many rows (prefill): a GEMM; 256 values of a band of weight rows are decoded at a time into a
@@ -14,7 +14,7 @@ A type without a kernel falls back to the numpy reference's product.
 """
 import numpy as np
 
-from reference.backend import NumpyBackend
+from reference.backend import NumpyBackend, attention_by_window
 
 from . import attention as attention_kernels
 from . import pointwise, quant
@@ -35,12 +35,12 @@ class NumbaBackend:
 
     # -- products --------------------------------------------------------------------------
 
-    def linear(self, x, weights, name):  # x [T, in], GGUF tensor name [out, in] -> [T, out]
-        qtype = weights.tensors[name].tensor_type
+    def linear(self, x, w):  # x [T, in], w a GGUF tensor (gguf.Tensor) [out, in] -> [T, out]
+        qtype = w.tensor_type
         if qtype not in quant.KERNEL_TYPES or not kernel_input(x):
-            return self.fallback.linear(x, weights, name)
-        n_out, n_in = weights.shape(name)
-        blocks = quant.as_blocks(weights.raw(name), n_out)
+            return self.fallback.linear(x, w)
+        n_out, n_in = w.shape
+        blocks = quant.as_blocks(w.raw, n_out)
         x = np.ascontiguousarray(x)
         out = np.empty((len(x), n_out), x.dtype)
         if len(x) <= FUSED_MAX_ROWS:
@@ -50,11 +50,17 @@ class NumbaBackend:
             quant.matmul_tiles(int(qtype), blocks, x[t0:t0 + TOKEN_BLOCK], out[t0:t0 + TOKEN_BLOCK], quant.TABLES)
         return out
 
-    def matmul(self, x, w):  # x [T, in], w [out, in] (the vision patch kernel) -> [T, out]
-        return self.fallback.matmul(x, w)  # one product per image, against a kernel no tensor cache holds
+    def patch_embed(self, frames, kernel):  # frames [F, H, W, C], kernel [E, F, C, p, p] -> [(H/p)*(W/p), E]
+        return self.fallback.patch_embed(frames, kernel)  # one product per image, against a kernel no tensor cache holds
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         return attention_kernels.attention(q, k, v, visible, scale)
+
+    def window_attention(self, q, k, v, windows, scale):  # [T, H, D] x3, windows [W] -> [T, H, D]
+        return attention_by_window(self.attention, q, k, v, windows, scale)
+
+    def interpolate(self, grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]: the reference's, on the host
+        return self.fallback.interpolate(grid, out_h, out_w)
 
     # -- norms, RoPE, activations (the functions of reference/ops.py) ----------------------
 
@@ -92,6 +98,10 @@ class NumbaBackend:
 
     def gelu_erf(self, x):  # [...] -> [...]
         return elementwise(pointwise.gelu_erf_flat, x, x.dtype.type(0.5))
+
+
+def numba_backend(build):  # factory.Build -> NumbaBackend of its dtype (accel.BACKENDS' maker)
+    return NumbaBackend(np.dtype(build.dtype))
 
 
 def kernel_input(x):  # x [T, in] -> whether the kernels give what the reference gives on it

@@ -6,7 +6,8 @@ with GCC, llamafile tinyBLAS and CPU repack on, glibc 2.36 libm, 2 threads, for 
 `avx512` (the default: x86-64 AVX512 F/BW/DQ/VL/VNNI/BF16, what GGML_NATIVE makes on this kind of
 machine) or `avx2` (AVX2 + FMA + F16C + BMI2, most prebuilt x86 builds), or the ARM builds `neon` and
 `neon-i8mm` with CPU_REPACK off and on, and the same ARM builds compiled by clang (`neon-clang`,
-`neon-i8mm-clang`, as macOS builds are). The emulation itself runs anywhere; `host_differences` says where this
+`neon-i8mm-clang`, as macOS builds are), or llama.cpp's portable x86 variants below AVX2
+(`sandybridge`, `ivybridge`, `piledriver`, `sse42`, `x64`: F32, F16, BF16 and Q8_0 weights). The emulation itself runs anywhere; `host_differences` says where this
 machine could not run the modelled build.
 
 Each llama.cpp kernel is one function doing the same float32 operations in the same order: every
@@ -36,19 +37,23 @@ block decoders), `quantize` (the activation quantizers), `int_dots` (the integer
 float epilogues), `mul_mat` (the kernel dispatch), `attention` and `backend`. accel/numba/ggml
 mirrors it with the same file and function names.
 """
-from .attention import (attention_flash, attention_mul_mat, attention_q8_0, flash_chunk, flash_split, flash_tiled,
-                        fwht, hadamard_sizes, n_kv_cells, pad_cells)
+from .attention import fwht
 from .backend import GgmlCpuBackend
-from .blocks import DECODERS, QuantRows, decode
-from .build import BUILD, KV_TYPES, UBATCH, GgmlCpuError
-from .target import (CLANG_BUILDS, CPU_CHOICES, DEFAULT_TARGET, TARGETS, VARIANT_TARGET, Target, host_differences,
-                     host_variant, target, target_of_system_info)
+from .blocks import DECODERS, decode
+from .build import KV_TYPES, UBATCH, GgmlCpuError
 from .elementwise import gelu_erf, layer_norm, rms_norm, rope_2d, rope_norm, sigmoid, soft_max, softcap, swiglu
-from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
-from .int_dots import k_repacked_rows, k_vec_dot, q0_lanes, q0_repacked, q5_1_vec_dot, tiled, vec_dot_q8_0
-from .int_dots import q2_k_vec_dot, wide_block_vec_dot
-from .int_dots import iq1_vec_dot
-from .libm import libm, silu_rows, v_expf, v_silu
-from .mul_mat import float_mul_mat, mul_mat
-from .quantize import QuantActs, quantize_q8_0, quantize_q8_k
-from .rounding import fma32, hsum4, hsum8, hsum16, register_sum, round_bf16, round_f16, vec_reduce
+from .libm import libm
+from .mul_mat import mul_mat
+from .quantize import quantize_q8_0, quantize_q8_k
+from .rounding import fma32, round_f16
+from .target import (CLANG_BUILDS, CPU_CHOICES, DEFAULT_TARGET, TARGETS, VARIANT_TARGET, host_differences, host_variant,
+                     target, target_of_system_info)
+
+__all__ = [  # what the package's users import from it; every other name from the module that defines it
+    "GgmlCpuBackend", "GgmlCpuError", "KV_TYPES", "UBATCH",  # the backend and its build
+    "CLANG_BUILDS", "CPU_CHOICES", "DEFAULT_TARGET", "TARGETS", "VARIANT_TARGET", "host_differences", "host_variant",
+    "target", "target_of_system_info",  # the CPU builds modelled
+    "DECODERS", "decode", "mul_mat", "quantize_q8_0", "quantize_q8_k",  # the weight products
+    "fma32", "round_f16", "libm", "fwht",  # the rounding primitives
+    "gelu_erf", "layer_norm", "rms_norm", "rope_2d", "rope_norm", "sigmoid", "soft_max", "softcap", "swiglu",
+]

@@ -1,17 +1,17 @@
 """Attention over the KV cells (llama-graph.cpp build_attn_mha, ops.cpp flash_attn_ext): the
 mul_mat path, the flash-attention kernels, and the Q8_0 cache with its Hadamard rotation."""
-import sys
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from .build import GgmlCpuError
-from .elementwise import soft_max  # noqa: F401 (called through KERNELS)
-from .float_dots import vec_dot_f16, vec_dot_f32  # noqa: F401 (vec_dot_f32 through KERNELS)
+from .elementwise import block_sums, soft_max
+from .float_dots import vec_dot_f16, vec_dot_f32
 from .int_dots import vec_dot_q8_0
 from .libm import libm, v_expf
-from .mul_mat import float_mul_mat, mul_mat  # noqa: F401 (called through KERNELS)
+from .mul_mat import float_mul_mat, mul_mat
 from .quantize import QuantActs, quantize_q8_0
-from .rounding import F32, F64, fma32, register_sum, round_f16
+from .rounding import F32, F64, madd, round_f16
 from .target import AVX512
 
 
@@ -225,8 +225,8 @@ def flash_chunk(q, k, v, visible, scale, cells, kv_type, target=AVX512, partial=
             vs = np.where(grow, libm("expf", np.where(grow, s - m, 0)), F32(1))
         m = np.where(new_max, s, m)
         acc = np.where(new_max[..., None], rounding(acc * ms[..., None]), acc)
-        acc = np.where(live[..., None], rounding(fma32(v[j][None], vs[..., None], acc)), acc)
-        s_sum = np.where(live, fma32(s_sum, ms, vs), s_sum)
+        acc = np.where(live[..., None], rounding(madd(v[j][None], vs[..., None], acc, target.fma)), acc)
+        s_sum = np.where(live, madd(s_sum, ms, vs, target.fma), s_sum)
     return (m, s_sum, acc) if partial else flash_normalise(s_sum, acc)
 
 
@@ -246,8 +246,8 @@ def flash_split(q, k, v, visible, scale, n_threads, target=AVX512):  # one query
         with np.errstate(invalid="ignore"):
             old = libm("expf", np.where(use, m_all - m_new, 0))
             new = libm("expf", np.where(use, m - m_new, 0))
-        acc_all = np.where(use[..., None], fma32(acc_all, old[..., None], acc * new[..., None]), acc_all)
-        s_all = np.where(use, fma32(s_all, old, s_sum * new), s_all)
+        acc_all = np.where(use[..., None], madd(acc_all, old[..., None], acc * new[..., None], target.fma), acc_all)
+        s_all = np.where(use, madd(s_all, old, s_sum * new, target.fma), s_all)
         m_all = np.where(use, m_new, m_all)
     return acc_all * np.where(s_all != 0, F32(1) / np.where(s_all != 0, s_all, F32(1)), F32(1))[..., None]
 
@@ -268,7 +268,7 @@ def flash_tiled(q, k, v, visible, scale, target=AVX512):  # [T, H, D], [n_kv, H,
             continue
         kq = np.zeros((T, H, FA_TILE), F32)
         for dk in range(D):
-            kq = fma32(k[tile, :, dk].T[None], q[:, :, dk, None], kq)
+            kq = madd(k[tile, :, dk].T[None], q[:, :, dk, None], kq, target.fma)
         kq = np.where(live[:, None, :], kq * F32(scale), F32(-np.inf))
         tile_max = kq.max(-1)
         rows = tile_max > -np.inf
@@ -280,12 +280,11 @@ def flash_tiled(q, k, v, visible, scale, target=AVX512):  # [T, H, D], [n_kv, H,
         s_sum = np.where(grow, s_sum * ms, s_sum)
         m = m_new
         with np.errstate(invalid="ignore"):
-            p = v_expf(kq - np.where(rows, m, 0)[..., None], target.scalef)
-        block_sums = register_sum(p.reshape(T, H, -1, target.lanes)).astype(F64)
-        total = np.cumsum(block_sums, axis=-1)[..., -1]
+            p = v_expf(kq - np.where(rows, m, 0)[..., None], target.scalef, target.fma)
+        total = np.cumsum(block_sums(p, target).astype(F64), axis=-1)[..., -1]
         s_sum = np.where(rows, (s_sum.astype(F64) + total).astype(F32), s_sum)
         for kk in range(FA_TILE):
-            acc = np.where(rows[..., None], fma32(v[start + kk][None], p[:, :, kk, None], acc), acc)
+            acc = np.where(rows[..., None], madd(v[start + kk][None], p[:, :, kk, None], acc, target.fma), acc)
     return flash_normalise(s_sum, acc)
 
 
@@ -320,4 +319,22 @@ def attention_graph(q, k, v, visible, scale, flash_attn, target=AVX512, kernels=
     return out
 
 
-KERNELS = sys.modules[__name__]  # the kernels the attention functions call unless given others
+class AttentionKernels(NamedTuple):
+    """The kernels the attention functions call: this module's NumPy ones (KERNELS, unless given
+    others), or the numba twins (accel/numba/ggml/attention.py)."""
+    cells_by_head: Callable
+    fwht: Callable
+    quantize_q8_0: Callable
+    mul_mat: Callable
+    float_mul_mat: Callable
+    vec_dot_f32: Callable
+    soft_max: Callable
+    flash_chunk: Callable
+    flash_split: Callable
+    flash_tiled: Callable
+
+
+KERNELS = AttentionKernels(
+    cells_by_head=cells_by_head, fwht=fwht, quantize_q8_0=quantize_q8_0, mul_mat=mul_mat,
+    float_mul_mat=float_mul_mat, vec_dot_f32=vec_dot_f32, soft_max=soft_max, flash_chunk=flash_chunk,
+    flash_split=flash_split, flash_tiled=flash_tiled)

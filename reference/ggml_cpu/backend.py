@@ -3,6 +3,7 @@ import warnings
 
 import numpy as np
 
+from .. import ops
 from .attention import attention_flash, attention_graph, attention_mul_mat, attention_q8_0, flash_types
 from .elementwise import gelu_erf, interpolate_bilinear, layer_norm, rms_norm, rope_2d, rope_neox, rope_norm, sigmoid, softcap, swiglu
 from .build import BUILD, KV_TYPES, GgmlCpuError
@@ -19,7 +20,8 @@ class GgmlCpuBackend:
     repack: whether llama.cpp's CPU_REPACK buffer holds the weights (its default;
 off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_threads matters only for the KV-split flash-attention decode;
     cpu: the CPU build of llama.cpp to round as (target.py: "avx2", "avx512", "neon", "neon-i8mm",
-    "neon-clang", "neon-i8mm-clang"; the default avx512).
+    "neon-clang", "neon-i8mm-clang", the pre-AVX2 x86 variants "sandybridge", "ivybridge", "piledriver",
+    "sse42", "x64", or a llama.cpp variant name that rounds as one; the default avx512).
     cache_bytes bounds the decoded weights kept between calls (the rest are decoded per call). Use a uniform cache
     and prompt chunks of at most UBATCH rows:
 
@@ -28,7 +30,7 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
 
     With check_host it warns when this machine could not run that build as modelled."""
     name = "ggml-cpu"
-    float_product = staticmethod(float_mul_mat)  # the kernels matmul and graph_attention call (the numba twin's its own)
+    float_product = staticmethod(float_mul_mat)  # the float kernels patch_embed calls (the numba twin's its own)
     attention_kernels = None
 
     def __init__(self, kv_type="f16", flash_attn=False, n_threads=2, check_host=True, repack=True, cache_bytes=None,
@@ -40,6 +42,9 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         if v_type == "q8_0" and not flash_attn:
             raise GgmlCpuError("a q8_0 V cache needs flash attention (llama.cpp refuses a quantized V cache without it)")
         self.target = target(cpu)
+        if "q8_0" in (kv_type, v_type) and not self.target.quantized:
+            raise GgmlCpuError(f"a q8_0 KV cache is not emulated on the {cpu} target (its Q8_0 quantizer and "
+                               "vec_dot below AVX2)")
         if "q8_0" in (kv_type, v_type) and self.target.neon:
             raise GgmlCpuError(f"a q8_0 KV cache is not emulated on the {cpu} target (its Q8_0 K dot products: "
                                "ggml_vec_dot_q8_0_q8_0's NEON lanes)")
@@ -52,18 +57,20 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         self.decoded = {}  # Weights -> {tensor name: decoded}: a drafter's blk.* names are also its target's
         self.cache_bytes = cache_bytes  # of decoded quantized weights per Weights (None: mul_mat's DECODED_CACHE_BYTES)
 
-    def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
-        cache = self.decoded.setdefault(weights, {})
-        return mul_mat(np.ascontiguousarray(x, F32), weights, name, cache, self.repack, self.cache_bytes, self.target)
+    def linear(self, x, w):  # x [T, in] f32, w a GGUF tensor [out, in] -> [T, out]
+        cache = self.decoded.setdefault(w.weights, {})
+        return mul_mat(np.ascontiguousarray(x, F32), w.weights, w.name, cache, self.repack, self.cache_bytes, self.target)
 
-    def matmul(self, x, w):  # x [T, in], w [out, in] f32 arrays -> [T, out]: an F32 GGML_OP_MUL_MAT
-        return self.float_matmul(x, w, "F32")
-
-    def float_matmul(self, x, w, kind):  # x [T, in], w [out, in] arrays -> [T, out]: a GGML_OP_MUL_MAT of kind
-        """Both operands converted to kind ("F32", or "F16": ggml_conv_2d's F16 im2col times its kernel)."""
-        rounding = FLOAT_KERNELS[kind][0]
-        return self.float_product(rounding(np.asarray(x, F32)), np.ascontiguousarray(rounding(np.asarray(w, F32))), kind,
-                                  self.target)
+    def patch_embed(self, frames, kernel):  # frames [1, H, W, C], kernel [E, 1, C, p, p] -> [(H/p)*(W/p), E]
+        """ggml_conv_2d: the im2col in F16 is the mul_mat's src0, the kernel converted to F16 its src1
+        (docs/vision.md, Numerics that matter for tolerances)."""
+        if len(frames) != 1:
+            raise GgmlCpuError(f"llama.cpp's graph embeds one image, not {len(frames)} frames: "
+                               "video runs in the exact numerics only")
+        to_f16 = FLOAT_KERNELS["F16"][0]
+        patches = to_f16(ops.im2col(np.asarray(frames, F32), kernel.shape[-1]))
+        w = np.ascontiguousarray(to_f16(np.asarray(kernel, F32).reshape(len(kernel), -1)))
+        return self.float_product(w, np.ascontiguousarray(patches), "F16", self.target).T
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
         # scale is used as a float32: llama.cpp's kq_scale is 1.0f/sqrtf(head_dim), computed in float32
@@ -75,10 +82,12 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
             return attention_flash(q, k, v, visible, scale, self.n_threads, self.target)
         return attention_q8_0(q, k, v, visible, scale, self.target, k_type=k_type, v_type=v_type)
 
-    def graph_attention(self, q, k, v, visible, scale):  # [T, H, D] x3, [T, T] -> [T, H, D]
-        """Attention over a graph's own tensors, no KV cache (mtmd's vision tower)."""
-        return attention_graph(*(np.asarray(a, F32) for a in (q, k, v)), visible, scale, self.flash_attn,
-                               self.target, self.attention_kernels)
+    def window_attention(self, q, k, v, windows, scale):  # [T, H, D] x3, windows [W] -> [T, H, D]
+        """As clip.cpp builds it: over all T tokens of the graph, no KV cache, the windows through a
+        block-diagonal mask."""
+        window = np.repeat(np.arange(len(windows)), windows)
+        return attention_graph(*(np.asarray(a, F32) for a in (q, k, v)), window[:, None] == window[None, :], scale,
+                               self.flash_attn, self.target, self.attention_kernels)
 
     def interpolate(self, grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]: bilinear ggml_interpolate
         return interpolate_bilinear(np.asarray(grid, F32), out_h, out_w)

@@ -5,7 +5,7 @@ from ..ops import bilinear_corners
 
 from .build import GgmlCpuError
 from .libm import fdlibm_tanhf, libm, silu_rows, v_expf
-from .rounding import F32, F64, fma32, register_sum
+from .rounding import F32, F64, fma32, movehl_sum, register_sum
 from .target import AVX512
 
 
@@ -17,17 +17,25 @@ def rms_norm(x, eps):  # x [..., n] f32 -> [..., n]: ggml_compute_forward_rms_no
     return x * scale[..., None]
 
 
+def block_sums(v, target=AVX512):  # [..., n] f32, n a multiple of target.blocks -> [..., n / blocks] f32
+    """The horizontal sum of each register of the soft_max and cvar loops (vec.cpp:531-599, 469-518):
+    _mm512_reduce_add_ps, the __m256 one's movehl/movehdup, vaddvq_f32, and the SSE2 loop's (below
+    AVX2): movehl then movehdup on an AVX build, (0+1) + (2+3) by shuffles without AVX (vec.cpp:565-574)."""
+    regs = v.reshape(v.shape[:-1] + (-1, target.blocks))
+    return movehl_sum(regs) if target.blocks == 4 and target.avx and not target.neon else register_sum(regs)
+
+
 def layer_norm(x, w, b, eps, target=AVX512):  # x [..., n] f32, w [n], b [n] -> [..., n]: ggml_norm, ggml_mul, ggml_add
     """ggml_compute_forward_norm_f32: the mean from a double sum rounded to float and divided in float;
     the variance (ggml_vec_cvar_f32, llama.cpp/ggml/src/ggml-cpu/vec.cpp:316-390) sums the f32 squares
     of x - mean per register (its horizontal sum) and one by one on the tail in double, divided in
     double then rounded; scale = 1/sqrtf(var + eps). The weight and the bias are separate ops."""
-    n, lanes = x.shape[-1], target.lanes
+    n = x.shape[-1]
     mean = (np.cumsum(x.astype(F64), axis=-1)[..., -1].astype(F32) / F32(n)).astype(F32)
     centered = x - mean[..., None]
-    whole = n - n % lanes
+    whole = n - n % target.blocks
     squares = centered * centered
-    blocks = register_sum(squares[..., :whole].reshape(x.shape[:-1] + (-1, lanes))).astype(F64)
+    blocks = block_sums(squares[..., :whole], target).astype(F64)
     total = np.cumsum(np.concatenate([blocks, squares[..., whole:].astype(F64)], axis=-1), axis=-1)[..., -1]
     scale = F32(1) / np.sqrt((total / n).astype(F32) + F32(eps))
     return (centered * scale[..., None]) * np.asarray(w, F32) + np.asarray(b, F32)
@@ -69,6 +77,10 @@ def rotate(x0, x1, cos, sin, fused, sin_fused=False, tail_fused=False):  # pairs
     return out0, out1
 
 
+def contracted(pairs, group, target):  # -> how many of the pairs GCC contracts (none without FMA)
+    return pairs - pairs % group if target.fma else 0
+
+
 def rope_norm(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] (ops.rope_angles) -> [T, H, D]; pairs (2i, 2i+1)
     """rotate_pairs with glibc cosf/sinf. The AVX512 build vectorises the loop (8 pairs, then 4) and
     contracts x0*c - x1*s and x0*s + x1*c into one FMA each, the last n_pairs mod 4 pairs without
@@ -78,13 +90,14 @@ def rope_norm(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] (ops.rope
     its flags) takes 4 pairs at a time by ld2, fmul and fmls/fmla (x0*c - x1*s fused on the sin
     product, x0*s + x1*c on the x0*s one: the Qcur_rope of its eval callback agrees in every element),
     the last pairs mod 4 by scalar FMAs on x0*c and x0*s; its rope cache calls sincosf, which gives
-    glibc's cosf and sinf."""
+    glibc's cosf and sinf. A build without FMA rounds each product (the pre-AVX2 variants but piledriver,
+    which GCC compiles as the AVX2 build: the same vfmaddsub231ps loop)."""
     cos, sin = libm("cosf", theta)[:, None, :], libm("sinf", theta)[:, None, :]
     pairs = theta.shape[-1]
     out = np.empty_like(x)
     out[..., 0:2 * pairs:2], out[..., 1:2 * pairs:2] = rotate(
-        x[..., 0:2 * pairs:2], x[..., 1:2 * pairs:2], cos, sin, pairs - pairs % target.rope_group,
-        target.rope_sin_fused, target.rope_tail_fused)
+        x[..., 0:2 * pairs:2], x[..., 1:2 * pairs:2], cos, sin, contracted(pairs, target.rope_group, target),
+        target.rope_sin_fused, target.rope_tail_fused and target.fma)
     return out
 
 
@@ -98,7 +111,7 @@ def rope_neox(x, theta, target=AVX512):  # x [T, H, D], theta [T, D/2] (ops.rope
     half = theta.shape[-1]
     out = x.copy()
     out[..., :half], out[..., half:2 * half] = rotate(x[..., :half], x[..., half:2 * half], cos, sin,
-                                                      half - half % target.neox_group)
+                                                      contracted(half, target.neox_group, target))
     return out
 
 
@@ -138,13 +151,14 @@ def softcap(z, cap, target=AVX512):  # z [...] -> [...]: ggml_scale(1/cap), glib
 def soft_max(scores, visible, scale, target=AVX512):  # scores [R, S] f32, visible [R, S] -> [R, S]: soft_max_ext
     """x*scale + the F32 mask, ggml_vec_soft_max_f32 (llama.cpp/ggml/src/ggml-cpu/vec.cpp:531-599):
     ggml_v_expf(x - max) a register at a time, each register's f32 horizontal sum added to a double,
-    scalar glibc expf on a tail; then times (float)(1/sum)."""
+    scalar glibc expf on a tail; then times (float)(1/sum). Below AVX2 the SSE2 loop: 4 lanes, its own
+    ggml_v_expf (unfused without FMA) and sum (block_sums)."""
     w = np.where(visible, scores * F32(scale), F32(-np.inf)).astype(F32)
     m = np.max(w, axis=-1, keepdims=True)
-    lanes = target.lanes
-    whole = w.shape[-1] - w.shape[-1] % lanes
+    whole = w.shape[-1] - w.shape[-1] % target.blocks
     with np.errstate(invalid="ignore"):
-        e = np.concatenate([v_expf(w[:, :whole] - m, target.scalef), libm("expf", w[:, whole:] - m)], axis=-1)
-    blocks = register_sum(e[:, :whole].reshape(len(e), -1, lanes)).astype(F64)
+        e = np.concatenate([v_expf(w[:, :whole] - m, target.scalef, target.fma), libm("expf", w[:, whole:] - m)],
+                           axis=-1)
+    blocks = block_sums(e[:, :whole], target).astype(F64)
     total = np.cumsum(np.concatenate([blocks, e[:, whole:].astype(F64)], axis=-1), axis=-1)[:, -1]
     return e * (1.0 / total).astype(F32)[:, None]

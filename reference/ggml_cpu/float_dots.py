@@ -2,7 +2,7 @@
 register width and reduction tree of the CPU target (target.py)."""
 import numpy as np
 
-from .rounding import F32, F64, fma32, hsum4, hsum16, register_sum, vec_reduce
+from .rounding import F32, F64, fma32, hsum4, hsum16, madd, register_sum, vec_reduce
 from .target import AVX512
 
 
@@ -19,7 +19,7 @@ def tinyblas(x, w, target=AVX512, f16=False):  # x [T, K], w [O, K] f32 (values 
     xs, ws = x.reshape(T, 1, K // lanes, lanes), w.reshape(1, len(w), K // lanes, lanes)
     acc = np.zeros((T, len(w), lanes), F32)
     for s in range(K // lanes):
-        acc = fma16(xs[:, :, s], ws[:, :, s], acc) if half else fma32(xs[:, :, s], ws[:, :, s], acc)
+        acc = fma16(xs[:, :, s], ws[:, :, s], acc) if half else madd(xs[:, :, s], ws[:, :, s], acc, target.fma)
     return hsum4(acc[..., :4] + acc[..., 4:]) if half else register_sum(acc)
 
 
@@ -50,14 +50,26 @@ def dpbf16(acc, a, b):  # acc [..., 16], a/b [..., 16, 2] bf16 values -> acc + a
     return acc + a[..., 0] * b[..., 0]
 
 
-def vec_body(x, y, lanes):  # x, y [..., n] f32, n a multiple of 4*lanes -> [...] f32
-    """The SIMD body of ggml_vec_dot_f32/f16: GGML_F32_ARR = 4 accumulators of `lanes` FMA lanes over
-    steps of 4*lanes (GGML_F32_STEP), then GGML_F32_VEC_REDUCE."""
-    acc = np.zeros(x.shape[:-1] + (4, lanes), F32)
-    xs, ys = x.reshape(acc.shape[:-2] + (-1, 4, lanes)), y.reshape(acc.shape[:-2] + (-1, 4, lanes))
+def vec_body(x, y, target):  # x, y [..., n] f32, n a multiple of the target's step -> [...] f32
+    """The SIMD body of ggml_vec_dot_f32/f16: GGML_F32_ARR accumulators (target.accumulators) of
+    `lanes` lanes over steps of GGML_F32_STEP, each GGML_F32_VEC_FMA (a multiply and an add without
+    FMA, llama.cpp/ggml/src/ggml-cpu/simd-mappings.h:595-599, 914-918), then GGML_F32_VEC_REDUCE."""
+    arr, lanes = target.accumulators, target.lanes
+    acc = np.zeros(x.shape[:-1] + (arr, lanes), F32)
+    xs, ys = x.reshape(acc.shape[:-2] + (-1, arr, lanes)), y.reshape(acc.shape[:-2] + (-1, arr, lanes))
     for s in range(xs.shape[-3]):
-        acc = fma32(xs[..., s, :, :], ys[..., s, :, :], acc)
+        acc = madd(xs[..., s, :, :], ys[..., s, :, :], acc, target.fma)
     return vec_reduce(acc)
+
+
+def double_sum(x, y, total=0.0):  # x, y [..., n] f32, total [...] -> [...] f64: the f32 products added one by one to a double
+    """The scalar loops of ggml_vec_dot_f32 without GGML_SIMD (x64: SSE3 is needed for it,
+    llama.cpp/ggml/src/ggml-cpu/vec.cpp:110-115) and of every leftover of vec_dot_f16/bf16."""
+    products = (x * y).astype(F64)
+    total = np.broadcast_to(np.asarray(total, F64), x.shape[:-1])
+    for i in range(x.shape[-1]):
+        total = total + products[..., i]
+    return total
 
 
 def half_body(x, y, lanes):  # x, y [..., n] f32 (f16 values), n a multiple of 4*lanes -> [...] f32
@@ -77,19 +89,22 @@ def vec_dot_f32(x, y, target=AVX512):  # x [..., n], y [..., n] f32 -> [...]: gg
     GCC vectorises the leftover loop as products added one by one in order, a register and then half
     a register at a time, and fuses the last (fewer than lanes/2) into FMAs: the AVX512 build's
     16 + 8 then < 8, the AVX2 build's 8 + 4 then < 4 (both read in their disassembly); the NEON
-    build 4 at a time, then < 4 fused (vec.cpp compiled with its flags by GCC 12). clang 14 makes it
+    build 4 at a time, then < 4 fused (vec.cpp compiled with its flags by GCC 12); a build without FMA
+    adds every product rounded, and one without GGML_SIMD (x64) sums them in double. clang 14 makes it
     an ordered reduction of two registers of products at a time, the last < 8 by FMA (the
     disassembly of its neon-i8mm build's libggml-cpu.so; llama.cpp/ggml/src/ggml-cpu/vec.cpp:124-126)."""
     x, y = np.broadcast_arrays(x, y)
-    n, step = x.shape[-1], 4 * target.lanes
+    if not target.lanes:
+        return double_sum(x, y).astype(F32)
+    n, step = x.shape[-1], target.accumulators * target.lanes
     whole = n - n % step
-    total = vec_body(x[..., :whole], y[..., :whole], target.lanes)
+    total = vec_body(x[..., :whole], y[..., :whole], target)
     rest = n - whole
     if target.compiler == "clang":
         group = 2 * target.lanes
     else:
         group = target.lanes if target.neon else target.lanes // 2
-    plain = rest - rest % group
+    plain = rest - rest % group if target.fma else rest
     products = x[..., whole:whole + plain] * y[..., whole:whole + plain]
     for i in range(plain):
         total = total + products[..., i]
@@ -99,27 +114,33 @@ def vec_dot_f32(x, y, target=AVX512):  # x [..., n], y [..., n] f32 -> [...]: gg
 
 
 def vec_dot_f16(x, y, target=AVX512):  # x [..., n], y [..., n] f32 (f16 values) -> [...]: ggml_vec_dot_f16
-    """Whole steps of 4*lanes through the SIMD body (llama.cpp/ggml/src/ggml-cpu/vec.cpp:345-367, F16
-    loaded as f32: GGML_F32Cx16 / GGML_F32Cx8; on NEON the half body below); the leftover products
-    (exact in f32) are added to a double sum that is rounded to float at the end."""
+    """Whole steps through the SIMD body (llama.cpp/ggml/src/ggml-cpu/vec.cpp:345-367, F16 loaded as
+    f32: GGML_F32Cx16 / GGML_F32Cx8 / GGML_F32Cx4, converted by F16C or by ggml's own conversion, the
+    same values; on NEON the half body above); the leftover products (exact in f32) are added to a
+    double sum that is rounded to float at the end, as are all of them without GGML_SIMD (x64)."""
     x, y = np.broadcast_arrays(x, y)
-    n, step = x.shape[-1], 4 * target.f16_lanes
-    whole = n - n % step
-    body = half_body if target.neon else vec_body
-    total = body(x[..., :whole], y[..., :whole], target.f16_lanes).astype(F64)
-    products = (x[..., whole:] * y[..., whole:]).astype(F64)
-    for i in range(n - whole):
-        total = total + products[..., i]
-    return total.astype(F32)
+    if not target.lanes:
+        return double_sum(x, y).astype(F32)
+    n = x.shape[-1]
+    if target.neon:
+        whole = n - n % (4 * target.f16_lanes)
+        total = half_body(x[..., :whole], y[..., :whole], target.f16_lanes)
+    else:
+        whole = n - n % (target.accumulators * target.lanes)
+        total = vec_body(x[..., :whole], y[..., :whole], target)
+    return double_sum(x[..., whole:], y[..., whole:], total.astype(F64)).astype(F32)
 
 
 def vec_dot_bf16(x, y, target=AVX512):  # x [..., n], y [..., n] f32 (bf16 values) -> [...]: ggml_vec_dot_bf16
     """AVX512_BF16 (llama.cpp/ggml/src/ggml-cpu/vec.cpp:148-157): two vdpbf16ps accumulators over
     64-element steps, each _mm512_reduce_add_ps into a double. AVX2 (vec.cpp:172-195): four 8-lane
     accumulators over 32-element steps (mul then add; exact products), folded (0+2) + (1+3), then
-    movehl/movehdup. The leftover products go into the double sum."""
+    movehl/movehdup; AVX without AVX2 (vec.cpp:175-180) loads the same values. The leftover products go
+    into the double sum; without AVX (sse42, x64) all of them."""
     x, y = np.broadcast_arrays(x, y)
     n = x.shape[-1]
+    if not target.avx:
+        return double_sum(x, y).astype(F32)
     step = 64 if target.dpbf16 else 32
     whole = n - n % step
     xs, ys = x[..., :whole], y[..., :whole]

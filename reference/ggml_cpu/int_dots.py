@@ -4,7 +4,7 @@ import numpy as np
 
 from .blocks import QuantRows
 from .build import GgmlCpuError
-from .rounding import F32, F64, fma32, hsum4, hsum8
+from .rounding import F32, F64, fma32, hsum4, hsum8, madd
 from .target import AVX512
 
 
@@ -53,7 +53,7 @@ def q0_accumulate(lanes, scale, accumulators=1, target=AVX512):  # lanes [..., n
     nb = lanes.shape[-2]
     paired = nb - nb % accumulators
     acc = np.zeros((accumulators,) + lanes.shape[:-2] + (lanes.shape[-1],), F32)
-    fused = target.mla_fused or not target.neon  # x86: the FMA intrinsics
+    fused = target.mla_fused if target.neon else target.fma  # x86: madd, FMA where the build has it
     for b in range(paired):
         acc[b % accumulators] = multiply_add(acc[b % accumulators], f32_of(lanes[..., b, :]), scale[..., b, None], fused)
     if target.neon:
@@ -61,7 +61,30 @@ def q0_accumulate(lanes, scale, accumulators=1, target=AVX512):  # lanes [..., n
     else:
         out = hsum8(acc[0] + acc[1] if accumulators == 2 else acc[0])
     for b in range(paired, nb):
-        out = fma32(scale[..., b], f32_of(lanes[..., b, :].sum(-1)), out)
+        out = madd(scale[..., b], f32_of(lanes[..., b, :].sum(-1)), out, target.neon or target.fma)
+    return out
+
+
+def q8_0_pre_avx2(w, a, target):  # Q8_0 rows, Q8_0 acts, a pre-AVX2 x86 Target -> [T, O]: ggml_vec_dot_q8_0_q8_0
+    """The __AVX__ arm (llama.cpp/ggml/src/ggml-cpu/arch/x86/quants.c:1343-1360): blocks in pairs, each
+    block 4 int32 lanes of SSE maddubs/madd (lane l: elements 4l..4l+3 and 16+4l..16+4l+3,
+    mul_sum_i8_quad_float, quants.c:247-262), the pair's 8 lanes times its two d_w*d_a
+    (quad_fp16_delta_float) added into one accumulator, a multiply and an add (fused where the build has
+    FMA: GCC contracts the intrinsics), hsum_float_8; then every block left (an odd last one; all of
+    them without AVX) by the scalar loop, sumf += f32(isum) * (d_w*d_a) (quants.c:1363-1371)."""
+    sums = int_dot(w.values, a.q, 4)  # [T, O, nb, 8]
+    quads = f32_of(sums[..., :4] + sums[..., 4:])  # [T, O, nb, 4]
+    scale = w.d[None] * a.d[:, None]  # [T, O, nb]
+    nb = sums.shape[2]
+    paired = nb - nb % 2 if target.avx else 0
+    acc = np.zeros(sums.shape[:2] + (8,), F32)
+    for b in range(0, paired, 2):
+        lanes = np.concatenate([quads[:, :, b], quads[:, :, b + 1]], axis=-1)
+        deltas = np.repeat(scale[:, :, b:b + 2], 4, axis=-1)
+        acc = madd(deltas, lanes, acc, target.fma)
+    out = hsum8(acc)
+    for b in range(paired, nb):
+        out = madd(f32_of(sums[:, :, b].sum(-1)), scale[:, :, b], out, target.fma)
     return out
 
 

@@ -1,6 +1,6 @@
 """Which kernel a matmul takes (ggml_compute_forward_mul_mat and the CPU extra buffer types)."""
 import copy
-import sys
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -8,9 +8,9 @@ from .blocks import DECODERS, decode_rows, row_block
 from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, neon_k_repacked_rows, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
-from .int_dots import q2_k_vec_dot, wide_block_vec_dot
-from .int_dots import iq1_vec_dot, neon_iq4_nl_vec_dot, neon_k_vec_dot, neon_q1_vec_dot, neon_wide_block_vec_dot  # noqa: F401
-from .int_dots import MMLA_TYPES, mmla_vec_dot  # noqa: F401 (mmla_vec_dot through QUANT_PATHS)
+from .int_dots import q2_k_vec_dot, q8_0_pre_avx2, wide_block_vec_dot
+from .int_dots import iq1_vec_dot, neon_iq4_nl_vec_dot, neon_k_vec_dot, neon_q1_vec_dot, neon_wide_block_vec_dot
+from .int_dots import MMLA_TYPES, mmla_vec_dot
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import F32, round_bf16, round_f16
 from .target import AVX512
@@ -60,6 +60,11 @@ def kernel_path(kind, n_rows, weights, name, repack=True, target=AVX512):  # -> 
         raise GgmlCpuError(f"{name}: BF16 weights are not emulated on the {target.name} target")
     if kind in FLOAT_KERNELS:
         return "float"
+    if not target.quantized and kind == "Q8_0":  # tinyBLAS_Q0_AVX (AVX, 2+ rows), else the vec_dot's AVX or scalar arm
+        return "q0_lanes" if target.avx and target.llamafile and n_rows >= 2 else "q8_0_pre_avx2"
+    if not target.quantized:
+        raise GgmlCpuError(f"{name}: {kind} weights are not emulated on the {target.name} target (its quantized "
+                           "vec_dots take their AVX, SSSE3 or scalar arms; F32, F16, BF16 and Q8_0 weights are)")
     if kind not in DECODERS:
         raise GgmlCpuError(f"{name}: {kind} weights are not emulated")
     group = 4 if target.neon and kind in NEON_REPACKED_BY_4 else 8  # the repacked layout's rows
@@ -115,16 +120,41 @@ def mmla_chunks(n_rows0, n_rows1, name):  # weight rows, batch rows -> whether t
     return modes.pop()
 
 
-def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel path: (x, type, Target) -> product}
-    """The call each path makes; the numba twin (accel/numba/ggml/mul_mat.py) passes its own module.
-    A path quantizes the activations x [T, K] once and returns product(rows) -> [T, O], which any
-    block of weight rows can take."""
+class QuantKernels(NamedTuple):
+    """The activation quantizers and integer kernels the kernel paths call (quant_paths): this
+    module's NumPy ones (QUANT_KERNELS), or the numba twins (accel/numba/ggml/mul_mat.py). The
+    kernels of the ARM and pre-AVX2 targets are None in a set for the AVX2 and AVX512 ones only."""
+    quantize_q8_0: Callable
+    quantize_q8_k: Callable
+    q0_repacked: Callable
+    q0_lanes: Callable
+    q5_1_vec_dot: Callable
+    wide_block_vec_dot: Callable
+    q2_k_vec_dot: Callable
+    tiled: Callable
+    k_vec_dot: Callable
+    k_repacked_rows: Callable
+    iq1_vec_dot: Callable
+    q8_0_pre_avx2: Callable | None = None
+    mmla_vec_dot: Callable | None = None
+    neon_wide_block_vec_dot: Callable | None = None
+    neon_iq4_nl_vec_dot: Callable | None = None
+    neon_q1_vec_dot: Callable | None = None
+    neon_k_vec_dot: Callable | None = None
+    neon_k_repacked_rows: Callable | None = None
+
+
+def quant_paths(kernels):  # QuantKernels -> {kernel path: (x, type, Target) -> product}
+    """The call each path makes, on this module's kernels or the numba twin's. A path quantizes the
+    activations x [T, K] once and returns product(rows) -> [T, O], which any block of weight rows
+    can take."""
     k = kernels
     return {
         "k_repacked": lambda x, kind, target: k_repacked(x, REPACK_GEMM_ELEMENTS[kind], k),
         "q0_repacked": lambda x, kind, target: bind(k.q0_repacked, k.quantize_q8_0(x)),
         "q0_lanes": lambda x, kind, target: bind(k.q0_lanes, k.quantize_q8_0(x, target),
                                                  q0_accumulators(kind, len(x), target), target),
+        "q8_0_pre_avx2": lambda x, kind, target: bind(k.q8_0_pre_avx2, k.quantize_q8_0(x, target), target),
         "q5_1_vec_dot": lambda x, kind, target: bind(k.q5_1_vec_dot, k.quantize_q8_0(x)),
         "mmla_vec_dot": lambda x, kind, target: bind(
             k.mmla_vec_dot,
@@ -223,7 +253,8 @@ def float_mul_mat(x, w, kind, target=AVX512, batch_rows=None):  # x [T, K] (alre
     head's, where x stacks several heads; None: all of x). Either way each output is its own dot."""
     dpbf16 = kind == "BF16" and target.dpbf16
     step = target.f16_lanes if kind == "F16" else target.lanes * (2 if dpbf16 else 1)
-    if (target.llamafile and (batch_rows or len(x)) >= target.sgemm_min_rows(kind) and len(w) % 4 == 0
+    min_rows = target.sgemm_min_rows(kind)
+    if (target.llamafile and min_rows is not None and (batch_rows or len(x)) >= min_rows and len(w) % 4 == 0
             and w.shape[1] % step == 0):
         product = (lambda rows: tinyblas_bf16(x, rows)) if dpbf16 else \
             (lambda rows: tinyblas(x, rows, target, kind == "F16"))
@@ -234,7 +265,7 @@ def float_mul_mat(x, w, kind, target=AVX512, batch_rows=None):  # x [T, K] (alre
 
 def k_repacked(x, gemm_elements, kernels):  # x [T, K] f32 -> product(Q4_K/Q2_K rows, repacked) -> [T, O]
     """Rows in groups of 4 take the gemm (activations through the 4x8 quantizer), the last T mod 4
-    rows the gemv (activations through quantize_row_q8_K); kernels: the module of both."""
+    rows the gemv (activations through quantize_row_q8_K); kernels: QuantKernels."""
     n4 = len(x) - len(x) % 4
     parts = []
     if n4:
@@ -244,7 +275,14 @@ def k_repacked(x, gemm_elements, kernels):  # x [T, K] f32 -> product(Q4_K/Q2_K 
     return stacked(parts)
 
 
-QUANT_PATHS = quant_paths(sys.modules[__name__])
+QUANT_KERNELS = QuantKernels(
+    quantize_q8_0=quantize_q8_0, quantize_q8_k=quantize_q8_k, q0_repacked=q0_repacked, q0_lanes=q0_lanes,
+    q5_1_vec_dot=q5_1_vec_dot, wide_block_vec_dot=wide_block_vec_dot, q2_k_vec_dot=q2_k_vec_dot, tiled=tiled,
+    k_vec_dot=k_vec_dot, k_repacked_rows=k_repacked_rows, iq1_vec_dot=iq1_vec_dot, q8_0_pre_avx2=q8_0_pre_avx2,
+    mmla_vec_dot=mmla_vec_dot, neon_wide_block_vec_dot=neon_wide_block_vec_dot,
+    neon_iq4_nl_vec_dot=neon_iq4_nl_vec_dot, neon_q1_vec_dot=neon_q1_vec_dot, neon_k_vec_dot=neon_k_vec_dot,
+    neon_k_repacked_rows=neon_k_repacked_rows)
+QUANT_PATHS = quant_paths(QUANT_KERNELS)
 
 
 # Decoded weights kept between calls: the mid-size benchmark models (4.5 GiB decoded) fit, and beside the

@@ -16,13 +16,20 @@ class QuantActs:
 def quantize_q8_0(x, target=AVX512):  # x [T, K] f32 -> QuantActs: quantize_row_q8_0 and its 4x8 repack twin
     """d = amax/127 stored as f16, q = round-half-even(x * inverse): the scale that rounds the values
     is not the stored one. The inverse is 127/amax on x86 (AVX2), 1/d on NEON
-    (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:63-64, vcvtnq_s32_f32 rounding to nearest even too)."""
+    (llama.cpp/ggml/src/ggml-cpu/arch/arm/quants.c:63-64, vcvtnq_s32_f32 rounding to nearest even too).
+    x86 without AVX takes quantize_row_q8_0_ref (llama.cpp/ggml/src/ggml-cpu/arch/x86/quants.c:393-396,
+    llama.cpp/ggml/src/ggml-quants.c): 1/d and roundf, halves away from zero."""
     blocks = x.reshape(len(x), -1, 32)
     amax = np.max(np.abs(blocks), axis=-1)
     d = amax / F32(127)
+    reference = not (target.neon or target.avx)  # quantize_row_q8_0_ref: x86 without AVX (sse42, x64)
     with np.errstate(divide="ignore"):
-        inv = np.where(amax != 0, F32(1) / d if target.neon else F32(127) / amax, F32(0)).astype(F32)
-    q = np.rint(blocks * inv[..., None]).astype(np.int64)
+        inv = np.where(amax != 0, F32(1) / d if target.neon or reference else F32(127) / amax, F32(0)).astype(F32)
+    scaled = blocks * inv[..., None]
+    if reference:  # roundf: halves away from zero (the float32 product plus 0.5 is exact in float64)
+        q = (np.sign(scaled) * np.floor(np.abs(scaled).astype(np.float64) + 0.5)).astype(np.int64)
+    else:
+        q = np.rint(scaled).astype(np.int64)
     return QuantActs(round_f16(d), q, s=round_f16(d * q.sum(-1).astype(F32)))
 
 

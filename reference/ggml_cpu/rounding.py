@@ -33,6 +33,10 @@ def fma32(a, b, c):  # f32 arrays (broadcast) -> f32 a*b + c rounded once, as vf
     return s.astype(F32)
 
 
+def madd(a, b, c, fused=True):  # f32 arrays (broadcast) -> a*b + c: one FMA, or (without FMA) a rounded product, then the add
+    return fma32(a, b, c) if fused else (np.multiply(a, b, dtype=F32) + np.asarray(c, F32)).astype(F32)
+
+
 def hsum8(v):  # [..., 8] f32 -> [...]: hsum_float_8 / tinyBLAS hsum(__m256): (0+4, 1+5, ...) then pairs
     t = v[..., 4:] + v[..., :4]
     return (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
@@ -52,9 +56,17 @@ def register_sum(v):  # [..., lanes] f32 -> [...]: one register's horizontal sum
     return {16: hsum16, 8: hsum8, 4: hsum4}[v.shape[-1]](v)
 
 
-def vec_reduce(acc):  # [..., 4, lanes] f32 -> [...]: GGML_F32_VEC_REDUCE of the GGML_F32_ARR = 4 accumulators
-    """(0+2, 1+3), then (0+1) (llama.cpp/ggml/src/ggml-cpu/simd-mappings.h:349-364,464-481,602-620);
+def movehl_sum(v):  # [..., 4] f32 -> [...]: the SSE2 soft_max/cvar loops' sum on an AVX build, movehl then movehdup
+    return (v[..., 0] + v[..., 2]) + (v[..., 1] + v[..., 3])
+
+
+def vec_reduce(acc):  # [..., ARR, lanes] f32 -> [...]: GGML_F32_VEC_REDUCE of the GGML_F32_ARR accumulators
+    """The upper half added to the lower until one is left: 4 accumulators (0+2, 1+3), then (0+1), 8 (SSE)
+    (0+4 .. 3+7) first (llama.cpp/ggml/src/ggml-cpu/simd-mappings.h:349-364,464-481,602-620,922-938);
     the register then as AVX512's _mm512_reduce_add_ps, NEON's vaddvq_f32, or, on AVX, low plus high
-    half and two haddps: (0+1) + (2+3), not hsum_float_8's (0+2) + (1+3)."""
-    v = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+    half and two haddps: (0+1) + (2+3), not hsum_float_8's (0+2) + (1+3); SSE's two haddps alike."""
+    while acc.shape[-2] > 1:
+        half = acc.shape[-2] // 2
+        acc = acc[..., :half, :] + acc[..., half:, :]
+    v = acc[..., 0, :]
     return hsum4(v[..., :4] + v[..., 4:]) if v.shape[-1] == 8 else register_sum(v)

@@ -3,8 +3,9 @@ differently (docs/ggml-cpu-numerics.md, a section per target). A target is a par
 families, never a copy of them: the register width of the float kernels, which ggml_v_expf, which
 weight types the CPU_REPACK buffer takes, whether the tiled kernel exists, the ARM kernels, and for
 the ARM builds the compiler, whose contractions round differently (GCC 12 or clang 14, as macOS
-builds). The NEON targets emulate every weight type with CPU_REPACK off and on
-(mul_mat.NEON_REPACKED_EPILOGUES)."""
+builds), and below AVX2 whether FMA exists at all. The NEON targets emulate every weight type with
+CPU_REPACK off and on (mul_mat.NEON_REPACKED_EPILOGUES); the pre-AVX2 x86 variants the float weights
+and Q8_0."""
 import os
 import platform
 import re
@@ -31,6 +32,20 @@ class Target:
     rope_sin_fused: bool = False  # rope_norm's vectorised x0*c - x1*s fused on the sin product (NEON's fmls)
     rope_tail_fused: bool = False  # the last (pairs mod rope_group) pairs by scalar FMAs rather than plain
     compiler: str = "gcc"  # the build's compiler: "gcc" (Debian's GCC 12) or "clang" (clang 14, ARM targets)
+    fma: bool = True  # FMA compiled in: the FMA intrinsics and GCC's contractions (without: a*b + c rounds twice)
+    avx: bool = True  # x86 only: AVX compiled in (the SSE2 soft_max/cvar loops reduce their registers by movehl then)
+    block_width: int = 0  # soft_max/silu/cvar register width where it is not `lanes` (their SSE2 loops below AVX2: 4)
+    float_sgemm: tuple = ("F32", "F16", "BF16")  # the float weight types llamafile_sgemm takes on this build
+    quantized: bool = True  # the quantized kernels are emulated (the pre-AVX2 x86 targets: F32/F16/BF16 weights only)
+
+    @property
+    def blocks(self):  # float32 lanes of the soft_max, silu/swiglu and cvar loops (vec.cpp)
+        return self.block_width or self.lanes
+
+    @property
+    def accumulators(self):  # GGML_F32_ARR = GGML_F32_STEP / GGML_F32_EPR: vec_dot_f32/f16's registers
+        """AVX512 64/16, AVX 32/8, NEON 16/4: 4; SSE 32/4: 8 (llama.cpp/ggml/src/ggml-cpu/simd-mappings.h:905-906)."""
+        return 8 if self.lanes == 4 and not self.neon else 4
 
     @property
     def mla_fused(self):  # vmlaq_f32 / vmlaq_n_f32 / vmlsq_f32 as one FMA rather than a multiply and an add
@@ -53,9 +68,11 @@ class Target:
         (llama.cpp/ggml/src/ggml-cpu/simd-mappings.h:378-400); x86 converts to the float32 lanes."""
         return 8 if self.neon else self.lanes
 
-    def sgemm_min_rows(self, kind):  # F32/F16/BF16 -> the fewest batch rows llamafile_sgemm takes for that type
-        """n < 2 is refused everywhere (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:3819-3822); the NEON
+    def sgemm_min_rows(self, kind):  # F32/F16/BF16 -> the fewest batch rows llamafile_sgemm takes for that type, or None
+        """None where the build's tinyBLAS has no kernel for it (float_sgemm); n < 2 is refused everywhere (llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp:3819-3822); the NEON
         float kernels want n >= 4 (F32, sgemm.cpp:3845-3846) and n >= 8 (F16, sgemm.cpp:3974-3975)."""
+        if kind not in self.float_sgemm:
+            return None
         if not self.neon:
             return 2
         return {"F32": 4, "F16": 8}.get(kind, 2)
@@ -76,12 +93,21 @@ def clang_build(gcc_target):  # an ARM Target -> the same build compiled by clan
 
 
 CLANG_BUILDS = {t.name: clang_build(t) for t in (NEON, NEON_I8MM)}  # GCC target name -> the clang build
+AVX2 = Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, 1, "x86_64", ("avx2", "fma", "f16c", "bmi2"))
+# llama.cpp's x86 variants below AVX2 (docs/ggml-cpu-numerics.md, "Below AVX2"): no CPU_REPACK layout (x86's need
+# AVX2), no tiled kernel, the SSE2 soft_max/silu loops; FMA only on piledriver, tinyBLAS for F16 only with F16C
+SANDYBRIDGE = replace(AVX2, name="sandybridge", repacked=(), tiled=False, cpu_flags=("avx",), fma=False,
+                      block_width=4, float_sgemm=("F32",), quantized=False)
+IVYBRIDGE = replace(SANDYBRIDGE, name="ivybridge", cpu_flags=("avx", "f16c"), float_sgemm=("F32", "F16"))
+PILEDRIVER = replace(IVYBRIDGE, name="piledriver", cpu_flags=("avx", "f16c", "fma"), fma=True)
+SSE42 = replace(SANDYBRIDGE, name="sse42", lanes=4, cpu_flags=("sse4_2",), avx=False, float_sgemm=())
+X64 = replace(SSE42, name="x64", lanes=0, cpu_flags=())  # no GGML_SIMD (it needs SSE3): scalar vec_dots
+PRE_AVX2 = (SANDYBRIDGE, IVYBRIDGE, PILEDRIVER, SSE42, X64)
 TARGETS = {t.name: t for t in (
-    Target("avx2", 8, False, False, ("Q4_0", "IQ4_NL", "Q4_K"), True, 2, 1, "x86_64",
-           ("avx2", "fma", "f16c", "bmi2")),
+    AVX2,
     Target("avx512", 16, True, True, ("Q4_0", "IQ4_NL", "Q4_K", "Q2_K"), True, 4, 4, "x86_64",
            ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "fma", "f16c")),
-    NEON, NEON_I8MM, *CLANG_BUILDS.values(),
+    NEON, NEON_I8MM, *CLANG_BUILDS.values(), *PRE_AVX2,
 )}
 DEFAULT_TARGET = "avx512"
 
@@ -107,18 +133,16 @@ VARIANT_TARGET = {  # variant -> the modelled build that rounds as it does
     "haswell": "avx2",  # the same -m flags as the avx2 build (docs/ggml-cpu-numerics.md)
     "alderlake": "avx2",  # + AVX-VNNI: vpdpbusd gives maddubs+madd's integers (no saturation on ggml's codes)
     "cooperlake": "avx512", "zen4": "avx512",  # AVX512 with VNNI and BF16, as the avx512 build (VBMI: integer shuffles)
+    **{t.name: t.name for t in PRE_AVX2},  # each a class of its own
 }
 BF16_LESS = ("without AVX512_BF16 its BF16 products take the AVX512F path (vec.cpp:159-170, sgemm.cpp:3902-3909), "
              "not emulated; on weights without BF16 it rounds as avx512")
-PRE_AVX2 = "its {isa} kernels (no AVX2: other vec_dot, tinyBLAS and ggml_v_expf arms) are not emulated"
 VARIANT_REFUSED = {
     **{v: BF16_LESS for v in ("skylakex", "cannonlake", "cascadelake", "icelake")},
     "sapphirerapids": "its AMX buffer type (ggml-cpu/amx/) takes quantized weights by AMX tiles, not emulated, and needs "
                       "AMX (absent from the CPUs here); its plain buffers round as avx512",
-    **{v: PRE_AVX2.format(isa=isa) for v, isa in (("x64", "SSE2"), ("sse42", "SSE4.2"), ("sandybridge", "AVX"),
-                                                   ("ivybridge", "AVX+F16C"), ("piledriver", "AVX+F16C+FMA"))},
 }
-CPU_CHOICES = (*TARGETS, *X86_VARIANTS, "auto")  # what --cpu takes: the modelled builds, llama.cpp's variant names, auto
+CPU_CHOICES = tuple(dict.fromkeys((*TARGETS, *X86_VARIANTS, "auto")))  # what --cpu takes: the modelled builds, llama.cpp's variant names, auto
 
 
 def variant_score(variant, flags):  # variant name, the CPU's /proc/cpuinfo flags -> llama.cpp's score (0: cannot load)
@@ -164,12 +188,17 @@ SYSTEM_INFO_FEATURE = re.compile(r"\b([A-Z0-9_]+) = 1\b")
 def target_of_system_info(text):  # llama.cpp's system_info line(s) -> the target name they show, or None
     """ggml_cpu_get_features lists the features the build was compiled with (ggml-cpu.cpp:547-645):
     AVX512 builds also show AVX2, i8mm builds (MATMUL_INT8) also DOTPROD. It does not name the
-    compiler: an ARM line is read as the GCC build (CLANG_BUILDS holds the clang one)."""
+    compiler: an ARM line is read as the GCC build (CLANG_BUILDS holds the clang one). The x64 variant
+    shows no x86 feature at all, which no line can tell from another architecture's: its load line does."""
     on = set(SYSTEM_INFO_FEATURE.findall(text))
     if "AVX512" in on:
         return "avx512"
     if {"AVX2", "FMA", "F16C"} <= on:
         return "avx2"
+    if "AVX" in on:  # below AVX2: llama.cpp's sandybridge, ivybridge and piledriver variants
+        return "piledriver" if {"FMA", "F16C"} <= on else "ivybridge" if "F16C" in on else "sandybridge"
+    if "SSSE3" in on:
+        return "sse42"
     if {"NEON", "DOTPROD"} <= on:
         return "neon-i8mm" if "MATMUL_INT8" in on else "neon"
     return None

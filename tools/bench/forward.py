@@ -5,6 +5,7 @@
     python -m tools.bench vision [--layers 4 --json-out out.json]
     python -m tools.bench scale --model 30B.gguf [--backend numba --prompt-len 64 --n-predict 8 --logits last]
     python -m tools.bench scale --mmproj MMPROJ.gguf [--image-size 1024]
+    python -m tools.bench scale --mmproj MMPROJ.gguf --video-frames 96 --backend numba
 
 `text`: prefill and decode tokens/s of this reference vs transformers eager (CPU, float32) on the
 same weights; the checkpoint is the transformers directory the GGUF was converted from
@@ -13,8 +14,11 @@ same weights; the checkpoint is the transformers directory the GGUF was converte
 tower), for 1, 4 and 9 windows and for a 1024 x 1024 image (1369 tokens) window-local vs with every
 layer global: window-local layers cost the same per window, an N x N mask would not.
 `scale`: one run at full size (the 30B layout from tools.make_synthetic): a prompt prefill and
-greedy tokens on the text model, or one image through the tower; seconds per token, peak RSS of
-this process, a progress bar per layer.
+greedy tokens on the text model, or one image through the tower, or with --video-frames one video
+(synthetic 1280 x 720 frames at 2 fps, all kept up to the mmproj's max_frames; 16:9 at the release's
+cap of 144 tokens a pair is a 9 x 16 grid, the cap exactly) through the tower pair by pair, on an
+mmproj with the video extension (tools.make_synthetic --video); seconds, peak RSS of this process,
+a progress bar per layer.
 """
 import json
 import os
@@ -44,6 +48,10 @@ MAX_DECODE = 4096
 MAX_IMAGE_SIDE = 4096
 # The release tower has 50 layers (tools.make_synthetic.RELEASE_MMPROJ); a bench tower is never deeper.
 MAX_VISION_LAYERS = 50
+# scale --video-frames: the frames are 1280 x 720 (2.8 MB each), the release's max_frames is 96.
+VIDEO_FRAME_SIZE = (1280, 720)
+VIDEO_SOURCE_FPS = 2.0  # the release's sampling rate: every frame is kept, up to max_frames
+MAX_VIDEO_FRAMES = 1024
 MAX_REPEAT = 100  # the best of more rounds than this measures the machine's noise, not the engine
 LAYER_BAR = partial(tqdm, desc="layers", leave=False)  # the progress wrapper the model forwards take
 
@@ -166,13 +174,48 @@ def bench_scale(args):  # -> report dict of one full-size run, with this process
         report.update(model=args.model, prompt_len=args.prompt_len, logits=args.logits, generated=len(tokens),
                       s_per_prefill_token=(t1 - t0) / args.prompt_len,
                       s_per_decoded_token=(t2 - t1) / max(len(tokens) - 1, 1))  # the last token is not fed
-    if vision is not None:
+    if vision is not None and args.video_frames:
+        report.update(mmproj=args.mmproj, **bench_video(vision, args.video_frames))
+    elif vision is not None:
         t0 = time.perf_counter()
         out = vision.encode(synthetic_image(args.image_size, args.image_size, 0, "smooth"), progress=LAYER_BAR)
         report.update(mmproj=args.mmproj, image_size=args.image_size, image_tokens=len(out),
                       image_s=time.perf_counter() - t0)
     report["peak_rss_gb"] = peak_rss_gb()
     return report
+
+
+def bench_video(vision, n_frames):  # VisionModel -> report entries of one synthetic video through the tower
+    """A line per frame pair on stderr as it ends (its wall and CPU seconds, the peak RSS so far),
+    so that a run stopped early still says what a pair costs."""
+    from reference import video
+    from reference.trace import NO_TRACE
+    from tools.synthetic import synthetic_image
+    width, height = VIDEO_FRAME_SIZE
+    frames = np.stack([synthetic_image(width, height, seed, "smooth") for seed in range(n_frames)])
+    cfg = vision.cfg
+    t0 = time.perf_counter()
+    prepared = video.prepare(video.Video(frames, VIDEO_SOURCE_FPS, "synthetic"), cfg.video["fps"],
+                             cfg.video["max_frames"], cfg.video["max_frame_tokens"], cfg.patch_size * cfg.merge_size)
+    starts = [(time.perf_counter(), time.process_time())]
+
+    def pair_started(g):  # encode_video asks for pair g's tracer as pair g - 1 has ended
+        if g:
+            pair_ended(g - 1)
+        return NO_TRACE
+
+    def pair_ended(g):
+        starts.append((time.perf_counter(), time.process_time()))
+        (w0, c0), (w1, c1) = starts[-2:]
+        print(f"pair {g + 1}/{len(prepared.pairs)}: {w1 - w0:.1f} s wall, {c1 - c0:.1f} s CPU, "
+              f"peak RSS {peak_rss_gb():.2f} GB", file=sys.stderr, flush=True)
+    out = vision.encode_video(prepared, pair_started, progress=LAYER_BAR)
+    pair_ended(len(prepared.pairs) - 1)
+    t1, cpu = starts[-1][0], starts[-1][1] - starts[0][1]
+    return {"video_frames": n_frames, "frame_size": f"{width}x{height}", "frames_kept": len(prepared.indices),
+            "pairs": len(prepared.pairs), "grid": list(prepared.grid), "video_tokens": len(out),
+            "preprocess_s": starts[0][0] - t0, "tower_s": t1 - starts[0][0], "tower_cpu_s": cpu,
+            "s_per_pair": (t1 - starts[0][0]) / len(prepared.pairs)}
 
 
 def print_text(report):
@@ -214,6 +257,8 @@ def build_parser():  # subparsers are made with the parent's class: their errors
                     help="the prompt positions whose logits the prefill computes")
     flag(sc, "n_predict", type=int_in(1, MAX_DECODE), default=8)
     sc.add_argument("--image-size", type=int_in(1, MAX_IMAGE_SIDE), default=1024)
+    sc.add_argument("--video-frames", type=int_in(1, MAX_VIDEO_FRAMES),
+                    help="one synthetic video of this many frames in place of the image (needs the video extension)")
     add_json_out(sc, "the report")
     return p
 

@@ -5,6 +5,7 @@
     python -m tools.make_synthetic OUT.gguf --layout 30b --mix q8_0 --layers 2   # real widths, 2 layers
     python -m tools.make_synthetic OUT.gguf --type Q8_0 --vocab 202048  # the release's vocabulary size, small tensors
     python -m tools.make_synthetic OUT.gguf --role mmproj --layout 30b --type F16  # the 50-layer tower
+    python -m tools.make_synthetic OUT.gguf --role mmproj --layout 30b --type F16 --video  # with the video extension
     python -m tools.make_synthetic OUT.gguf --role dflash --layout 30b --type Q8_0 # the 5-layer drafter
 """
 import argparse
@@ -38,6 +39,8 @@ def write(a):  # parsed arguments -> None; UsageError for a combination no loade
     if a.layers == 1 and a.role == "text":  # HF's rule makes the one layer full attention
         raise UsageError("a text model needs at least 2 layers: with one it has no sliding-window layer, "
                          "which the loader refuses (llama.cpp aborts on it)")
+    if a.video and a.role != "mmproj":
+        raise UsageError(f"--video is the mmproj role's ({a.role} has no vision tower)")
     if a.vocab is not None and a.role != "text":
         raise UsageError(f"--vocab is the text role's ({a.role} has no vocabulary)")
     sizes = {} if a.layers is None else {"n_layer": a.layers}
@@ -59,7 +62,7 @@ def write(a):  # parsed arguments -> None; UsageError for a combination no loade
     if problem:
         raise UsageError(f"--type {a.type.name}: {problem}")
     if a.role == "mmproj":
-        write_mmproj_gguf(a.out, dims, a.type.name, a.seed, release)
+        write_mmproj_gguf(a.out, dims, a.type.name, a.seed, release, a.video)
     elif a.role == "dflash":
         write_draft_gguf(a.out, dims, a.type.name, a.seed, release)
     else:
@@ -76,6 +79,8 @@ def main(argv=None):
                    help="GGML type of the 2-D weights (small text; mmproj; dflash)")
     p.add_argument("--layers", type=int_in(1, MAX_LAYERS), help="override the layer count")
     p.add_argument("--vocab", type=int_in(4, MAX_VOCAB), help="override the vocabulary size (text)")
+    p.add_argument("--video", action="store_true",
+                   help="mmproj: add the video extension (clip.vision.temporal_patch_size, v.patch_embd.weight.t1)")
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0, help="numpy seeds are non-negative")
     a = p.parse_args(argv)
     try:

@@ -1,6 +1,7 @@
 """llama.cpp's portable x86 build, one CPU variant at a time, on every preset: golden/cpu_targets/variants.
 
     python -m tools.regen.make_variant_goldens --llama-src LLAMA_CPP --build-root DIR [--variants haswell,zen4]
+        [--presets Q8_0,Q4_K_M]
 
 1. Builds llama.cpp (commit 0c1e570) as the release does, `GGML_BACKEND_DL=ON GGML_CPU_ALL_VARIANTS=ON`
    (VARIANT_FLAGS, every other option at its default) in DIR/build-variants, and
@@ -9,13 +10,19 @@
    libggml-cpu-<variant>.so only; ggml_backend_load_all loads it, and the directory's check program
    prints llama.cpp's own `load_backend: loaded CPU backend from .../libggml-cpu-<variant>.so` line,
    which the manifest keeps.
-3. Runs the driver as tools/regen/make_cpu_target_goldens.py does (every preset, repack on/off, F32/F16
+3. Runs the driver as tools/regen/make_cpu_target_goldens.py does (the presets, repack on/off, F32/F16
    KV, flash attention on/off, the prompts of golden/prompts/text-short.jsonl) and compares every hash
    with the manifest of the target the variant rounds as (reference/ggml_cpu/target.py VARIANT_TARGET),
    or for skylakex, cannonlake, cascadelake and icelake, avx512's (they differ on BF16 weights only).
-4. manifest.json: per variant its features, system_info, load line, how many runs are identical to
-   that target's, and runs_sha256, the sha256 of its sorted "preset repack kv fa prompt prefill decode"
-   lines (tests/test_cpu_targets.py recomputes it from the target's manifest).
+   The variants below AVX2 (sandybridge, ivybridge, piledriver, sse42, x64) are targets of their own:
+   for them it runs the F32, F16 and BF16 models too (FLOAT_MODELS; the mode emulates only float
+   weights there), repack off only (no CPU_REPACK layout exists below AVX2: x86's all need it), and
+   writes golden/cpu_targets/<variant>/manifest.json, the runs tests/test_cpu_target_numerics.py checks.
+4. variants/manifest.json: per variant its features, system_info, load line, how many runs are
+   identical to that target's, and runs_sha256, the sha256 of its sorted "preset repack kv fa prompt
+   prefill decode" lines (tests/test_cpu_targets.py recomputes it from the target's manifest, restricted
+   to the entry's "presets" where --presets ran a subset); entries of variants not run this time are
+   kept; a variant this CPU scores 0 is skipped and said so.
 
 Needs cmake and gcc, and a CPU that scores each variant above 0 (cpu-feats.cpp). Not needed by CI.
 """
@@ -30,12 +37,13 @@ import sys
 from pathlib import Path
 
 from reference.cli import OneLineParser, UsageError, exit_status
-from reference.ggml_cpu.target import VARIANT_TARGET, X86_VARIANTS, cpu_flags, variant_score
+from reference.ggml_cpu.target import PRE_AVX2, VARIANT_TARGET, X86_VARIANTS, cpu_flags, variant_score
 
 from tools import common
 from tools.common import REPO
 from tools.parity import golden
-from tools.regen.make_cpu_target_goldens import (DRIVER, PRESETS, first_line, preset_runs, run_key, run_tool,
+from tools.regen import make_cpu_target_goldens as targets
+from tools.regen.make_cpu_target_goldens import (CONFIGS, DRIVER, PRESETS, first_line, preset_runs, run_key, run_tool,
                                                  save_manifest)
 
 VARIANT_FLAGS = ["-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=ON", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON"]
@@ -43,6 +51,8 @@ VARIANT_FLAGS = ["-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=ON", "-DGGML_BACKEND_
 # which differ from avx512 on BF16 weights only (none among the presets)
 COMPARED = {**VARIANT_TARGET, **{v: "avx512" for v in ("skylakex", "cannonlake", "cascadelake", "icelake")}}
 CHECK = '#include "ggml-backend.h"\nint main(void) { ggml_backend_load_all(); return 0; }\n'  # prints the load line
+OWN_TARGETS = tuple(t.name for t in PRE_AVX2)  # variants that are targets of their own: golden/cpu_targets/<variant>
+FLOAT_MODELS = ("F32", "F16", "BF16")  # golden/models/tiny-b-<name>.gguf: the weights the mode emulates below AVX2
 
 
 def run_lines(runs: list[dict]) -> list[str]:  # manifest runs -> one sorted line per run and prompt
@@ -82,18 +92,61 @@ def forced(bin_dir: Path, variant: str, args) -> tuple[Path, str]:  # -> (the dr
     return d / "cpu-target-logits", line
 
 
+def float_models() -> list[dict]:  # -> preset-like entries of the float models (file under golden/models)
+    models = []
+    for name in FLOAT_MODELS:
+        path = REPO / "golden" / "models" / f"tiny-b-{name.lower()}.gguf"
+        models.append({"preset": name, "file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+    return models
+
+
+def variant_runs(driver: Path, variant: str, args, prompts: list[dict], presets: list[dict]) -> tuple[str, list]:
+    """-> (system_info, runs): below AVX2 the float models first and repack off only."""
+    own = variant in OWN_TARGETS
+    repacks, targets.REPACK = targets.REPACK, ("off",) if own else targets.REPACK
+    try:
+        runs, info = [], ""
+        for preset in (float_models() if own else []) + presets:
+            info, more = preset_runs([str(driver)], preset, prompts, 8, None, args.build_root / "work")
+            runs += more
+        return info, runs
+    finally:
+        targets.REPACK = repacks
+
+
 def variant_entry(variant: str, bin_dir: Path, args, prompts: list[dict], presets: list[dict]) -> dict:
     driver, line = forced(bin_dir, variant, args)
+    line = line.replace(str(driver.parent), "DIR")
     target = COMPARED[variant]
+    info, runs = variant_runs(driver, variant, args, prompts, presets)
+    if variant in OWN_TARGETS:
+        save_own_target(variant, info, line, runs, args)
     expected = json.loads((REPO / "golden" / "cpu_targets" / target / "manifest.json").read_text())["runs"]
-    runs, info = [], ""
-    for preset in presets:
-        info, more = preset_runs([str(driver)], preset, prompts, 8, None, args.build_root / "work")
-        runs += more
-    ours, theirs = set(run_lines(runs)), set(run_lines(expected))
+    ours = set(run_lines(runs))
+    ran = sorted({r["preset"] for r in runs})
+    theirs = set(run_lines([r for r in expected if r["preset"] in ran]))
     return {"features": list(X86_VARIANTS[variant]), "compared_with": target, "system_info": info, "load_line": line,
-            "runs": len(runs), "prompt_records": len(ours), "identical_to_target": len(ours & theirs),
-            "runs_sha256": runs_sha256(runs)}
+            **({"presets": ran} if args.presets else {}), "runs": len(runs), "prompt_records": len(ours),
+            "identical_to_target": len(ours & theirs), "runs_sha256": runs_sha256(runs)}
+
+
+def save_own_target(variant: str, info: str, line: str, runs: list[dict], args) -> None:
+    """golden/cpu_targets/<variant>/manifest.json: the runs of a variant that is a target of its own,
+    in make_cpu_target_goldens' run format (hashes and argmax rows, no arrays)."""
+    out = args.out.parent / variant
+    out.mkdir(parents=True, exist_ok=True)
+    save_manifest(out / "manifest.json", {
+        "target": variant, "build": "GGML_BACKEND_DL=ON GGML_CPU_ALL_VARIANTS=ON, this variant forced",
+        "llama_cpp_commit": common.LLAMA_CPP_COMMIT, "cmake_flags": VARIANT_FLAGS,
+        "compiler": first_line(["gcc", "--version"]), "driver": str(DRIVER.relative_to(REPO)) + " -DLOAD_ALL_BACKENDS",
+        "system_info": info, "load_line": line,
+        "options": {"n_ctx": targets.N_CTX, "n_batch": targets.N_UBATCH, "n_ubatch": targets.N_UBATCH,
+                    "n_threads": targets.N_THREADS, "n_predict": 8, "repack": "off (no CPU_REPACK layout below AVX2)",
+                    "configs": [{"kv_type": kv, "flash_attn": fa} for kv, fa in CONFIGS]},
+        "prompts_file": "golden/prompts/text-short.jsonl",
+        "logits": "sha256 of float32 C-order bytes: prefill [n_tokens, n_vocab], decode [n_predict - 1, n_vocab] "
+                  "(row i after feeding greedy token i); argmax per row; no arrays",
+        "runs": runs})
 
 
 def build_parser() -> OneLineParser:
@@ -102,6 +155,7 @@ def build_parser() -> OneLineParser:
     p.add_argument("--llama-src", type=Path, required=True, help="llama.cpp sources (llama-cpp-python 0.3.36's vendor/llama.cpp)")
     p.add_argument("--build-root", type=Path, required=True, help="directory for the build and the variant directories")
     p.add_argument("--variants", default=",".join(COMPARED), help="the variants to run (comma-separated)")
+    p.add_argument("--presets", help="the presets to run (comma-separated; default: every one)")
     p.add_argument("--out", type=Path, default=REPO / "golden" / "cpu_targets" / "variants", help="manifest directory")
     return p
 
@@ -114,18 +168,27 @@ def main(argv=None) -> int:
         unknown = [v for v in variants if v not in COMPARED]
         if unknown:
             raise UsageError(f"--variants: {', '.join(unknown)} has no target to compare with (one of {', '.join(COMPARED)})")
-        unloadable = [v for v in variants if variant_score(v, cpu_flags()) == 0]
-        if unloadable:
-            raise UsageError(f"--variants: this CPU cannot load {', '.join(unloadable)} (llama.cpp scores it 0)")
+        for v in [v for v in variants if variant_score(v, cpu_flags()) == 0]:
+            print(f"{build_parser().prog}: {v} skipped: this CPU cannot load it (llama.cpp scores it 0)", file=sys.stderr)
+            variants.remove(v)
+        presets = json.loads((PRESETS / "manifest.json").read_text())["presets"]
+        if args.presets:
+            names = args.presets.split(",")
+            missing = sorted(set(names) - {p["preset"] for p in presets})
+            if missing:
+                raise UsageError(f"--presets: no such preset {', '.join(missing)}")
+            presets = [p for p in presets if p["preset"] in names]
         bin_dir = build(args)
         prompts = golden.read_prompts(REPO / "golden" / "prompts" / "text-short.jsonl")
-        presets = json.loads((PRESETS / "manifest.json").read_text())["presets"]
-        entries = {v: variant_entry(v, bin_dir, args, prompts, presets) for v in variants}
+        path = args.out / "manifest.json"
+        entries = json.loads(path.read_text())["variants"] if path.exists() else {}
+        entries.update({v: variant_entry(v, bin_dir, args, prompts, presets) for v in variants})
         args.out.mkdir(parents=True, exist_ok=True)
-        save_manifest(args.out / "manifest.json", {
+        save_manifest(path, {
             "llama_cpp_commit": common.LLAMA_CPP_COMMIT, "cmake_flags": VARIANT_FLAGS,
             "compiler": first_line(["gcc", "--version"]), "driver": str(DRIVER.relative_to(REPO)) + " -DLOAD_ALL_BACKENDS",
             "forced_by": "a directory holding libggml, libggml-base, libllama, the driver and only libggml-cpu-<variant>.so",
+            "built": "cmake --build --target llama: ggml depends on every ggml-cpu-<variant> module of a DL build",
             "prompts_file": "golden/prompts/text-short.jsonl", "runs_sha256": "sha256 of the sorted lines "
             "'preset repack kv_type flash_attn prompt prefill_sha256 decode_sha256', joined by newlines",
             "variants": entries})

@@ -144,31 +144,38 @@ def swiglu(gate, up, target=AVX512):  # gate [T, F], up [T, F] -> [T, F]: silu(g
     return silu_rows(gate, target) * np.asarray(up, F32)
 
 
+@numba.njit(cache=True, inline="always")
+def soft_max_row(scores, visible, scale, lanes, scalef, w, e):  # f32 [S], bool [S], f32, scratch [S] -> e [S] in place
+    """One row of reference soft_max: masked scaled scores, their max (np.max's: a NaN wins),
+    v_expf of each minus it (glibc expf on the tail past whole registers), the sum register by
+    register in double, then each weight times the float32 reciprocal."""
+    S = scores.size
+    whole = S - S % lanes
+    m = NEG_INF
+    for i in range(S):
+        w[i] = scores[i] * scale if visible[i] else NEG_INF
+        if w[i] > m or w[i] != w[i]:
+            m = w[i]
+    for i in range(whole):
+        e[i] = v_expf_lane(w[i] - m, scalef)
+    for i in range(whole, S):
+        e[i] = EXPF(w[i] - m)
+    total = 0.0
+    for s in range(0, whole, lanes):
+        total += F64(register_sum(e[s:s + lanes]))
+    for i in range(whole, S):
+        total += F64(e[i])
+    inv = F32(1.0 / total)
+    for i in range(S):
+        e[i] *= inv
+
+
 @threaded
 def soft_max_rows(scores, visible, scale, lanes, scalef):  # f32 [R, S], bool [R, S], f32 -> [R, S]: reference soft_max
     R, S = scores.shape
-    whole = S - S % lanes
     out = np.empty_like(scores)
     for r in numba.prange(R):
-        w = np.empty(S, F32)
-        m = NEG_INF
-        for i in range(S):
-            w[i] = scores[r, i] * scale if visible[r, i] else NEG_INF
-            if w[i] > m or w[i] != w[i]:  # np.max: a NaN wins
-                m = w[i]
-        e = out[r]
-        for i in range(whole):
-            e[i] = v_expf_lane(w[i] - m, scalef)
-        for i in range(whole, S):
-            e[i] = EXPF(w[i] - m)
-        total = 0.0
-        for s in range(0, whole, lanes):
-            total += F64(register_sum(e[s:s + lanes]))
-        for i in range(whole, S):
-            total += F64(e[i])
-        inv = F32(1.0 / total)
-        for i in range(S):
-            e[i] *= inv
+        soft_max_row(scores[r], visible[r], scale, lanes, scalef, np.empty(S, F32), out[r])
     return out
 
 

@@ -62,7 +62,7 @@ def libm(name, x):  # as reference libm: "expf" | "cosf" | "sinf" | "tanhf" | "e
 from reference.ggml_cpu.libm import (C1, C2, C3, C4, C5, C_LN2_HI, C_LN2_LO, C_LOG2E, EXP_R,  # noqa: E402
                                      ONE_BITS, SCALE_BITS, SCALE_SIGN)
 
-from .rounding import bits_f32, f32_bits, fma32  # noqa: E402
+from .rounding import bits_f32, f32_bits, fma32, pow2_f64  # noqa: E402
 
 ONE, INF = np.float32(1), np.float32(np.inf)
 LOW32 = np.uint64(0xFFFFFFFF)
@@ -77,9 +77,10 @@ def v_expf_lane(x, scalef):  # f32, bool -> f32: one lane of reference v_expf
     poly = fma32(fma32(C5, b, C4), u, fma32(C3, b, C2))
     if scalef:  # the __m512 variant
         j = fma32(poly, u, fma32(C1, b, ONE))
-        if not abs(n) <= 192:  # NaN too, as the reference's ~(|n| <= 192)
-            return np.float32(0) if n <= 0 else INF
-        return np.float32(np.float64(j) * 2.0 ** np.float64(n))  # vscalefps: exact in float64, rounded once
+        scaled = abs(n) <= 192  # not for a NaN either, as the reference's ~(|n| <= 192)
+        # vscalefps: exact in float64, rounded once; selects, not branches, so that a loop of lanes vectorises
+        res = np.float32(np.float64(j) * pow2_f64(n if scaled else np.float32(0)))
+        return res if scaled else (np.float32(0) if n <= 0 else INF)
     if x != x:  # the reference's rule for a NaN
         return x
     j = fma32(poly, u, C1 * b)  # the __m256 / float32x4_t variant: 2^n in the exponent bits, fma(j, k, k)

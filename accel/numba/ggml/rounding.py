@@ -57,20 +57,23 @@ def vec_reduce(acc, lanes):  # scratch f32 [4, >= lanes] -> f32: reference vec_r
     return register_sum(acc[0, :lanes])
 
 
-@intrinsic
-def f32_bits(typingctx, x):  # float32 -> its uint32 bit pattern
-    def codegen(context, builder, signature, args):
-        (x_,) = args
-        return builder.bitcast(x_, ir.IntType(32))
-    return types.uint32(types.float32), codegen
+def bitcast_intrinsic(name, source, result, llvm_result):  # -> intrinsic: a `source` scalar -> its bits as `result`
+    def cast(typingctx, x):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], llvm_result)
+        return result(source), codegen
+    cast.__name__ = cast.__qualname__ = name  # numba tells intrinsics apart by name
+    return intrinsic(cast)
 
 
-@intrinsic
-def bits_f32(typingctx, u):  # uint32 bit pattern -> the float32
-    def codegen(context, builder, signature, args):
-        (u_,) = args
-        return builder.bitcast(u_, ir.FloatType())
-    return types.float32(types.uint32), codegen
+f32_bits = bitcast_intrinsic("f32_bits", types.float32, types.uint32, ir.IntType(32))  # float32 -> its bit pattern
+bits_f32 = bitcast_intrinsic("bits_f32", types.uint32, types.float32, ir.FloatType())  # bit pattern -> the float32
+bits_f64 = bitcast_intrinsic("bits_f64", types.uint64, types.float64, ir.DoubleType())  # bit pattern -> the float64
+
+
+@numba.njit(cache=True, inline="always")
+def pow2_f64(n):  # f32 holding an integer in [-1022, 1023] -> 2^n in float64, built in its exponent bits (exact)
+    return bits_f64(np.uint64(np.int64(n) + 1023) << np.uint64(52))
 
 
 F16_MAX_BITS = np.uint32(0x477FE000)  # 65504, the largest half

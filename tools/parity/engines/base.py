@@ -38,6 +38,10 @@ class Engine:
     n_ctx_train: int | None = None  # the model's training context: longer sequences need --beyond-n-ctx-train
     beyond_train: bool = False      # --beyond-n-ctx-train, set by make_engine
     max_batch: int | None = None  # tokens one forward may take
+    # prompt id, ids holding one <|video|> per video, the prompt's "videos" (tools.golden read_videos_field)
+    # -> (the ids with each video expanded, the engine whose prefill, rows and greedy run those ids with
+    # the videos' rows, a record of each video); None: the engine takes no videos
+    with_videos: Callable[[str, list[int], list[dict]], tuple[list[int], "Engine", list[dict]]] | None = None
     extra: dict = field(default_factory=dict)
 
 
