@@ -1232,7 +1232,8 @@ def gemm_tile(typingctx, w, x, depth, acc):  # acc[t, r] += sum_{k < depth} w[k,
         with cgutils.for_range(builder, a.depth.index()) as loop:
             w_step = builder.mul(loop.index, ir.Constant(i64, 2 * VECTOR_BYTES))
             x_step = builder.mul(loop.index, ir.Constant(i64, GEMM_TOKENS * size))
-            weights = [builder.load(at(w_, builder.add(w_step, ir.Constant(i64, VECTOR_BYTES * h)), vec), align=1) for h in range(2)]
+            weights = [builder.load(at(w_, builder.add(w_step, ir.Constant(i64, VECTOR_BYTES * h)), vec), align=1)
+                       for h in range(2)]
             for t in range(GEMM_TOKENS):
                 value = builder.load(at(x_, builder.add(x_step, ir.Constant(i64, t * size)), f), align=1)
                 one = builder.insert_element(ir.Constant(vec, None), value, ir.Constant(i32, 0))
