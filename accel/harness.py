@@ -2,16 +2,18 @@
 seeded random inputs, each row with its gate and the gate's reason, run on every backend asked for.
 A backend that cannot run a row refuses it in one line, counted as refused, never as passed.
 
-    python -m accel.harness [--backend numba,numpy,cupy|all] [--numerics exact,ggml-cpu]
+    python -m accel.harness [--backend numba,numpy,cupy,cupy-emulated|all] [--numerics exact,ggml-cpu]
                             [-o|--ops linear,attention] [--seed 0]
 
-(-b is llama.cpp's batch size here, so --backend has no short form) prints one line per row and backend, the gates with their reasons, and exits 1 if any row fails.
+prints one line per row and backend, the gates with their reasons, and exits 1 if any row fails
+(-o is test-backend-ops' op flag; its -b is the batch size in llama.cpp's other tools, so no -b).
 tests/test_numba.py, test_numba_ggml.py and test_cuda.py run the same rows through `check`.
 
 Two kinds of row. Exact rows (`--numerics exact`, the default) compare a backend's op against
 reference/ops.py by NMSE (sum((ref - x)^2) / sum(ref^2), test-backend-ops' convention) under a
-gate per op, plus a NaN/inf check; numpy, numba and cupy run them (cupy has no float64 kernels and
-refuses those rows). ggml-cpu rows (`--numerics ggml-cpu`) compare each accel/numba/ggml kernel
+gate per op, plus a NaN/inf check; numpy, numba, cupy and cupy-emulated (the CUDA kernels
+compiled for the CPU, accel/cupy/emulated.py) run them; the two cupys have no float64 kernels and
+refuse those rows. ggml-cpu rows (`--numerics ggml-cpu`) compare each accel/numba/ggml kernel
 against its twin of the same name in reference/ggml_cpu, which is their reference as
 reference/ops.py is the exact rows': numba runs them; numpy, whose kernels those are, refuses them.
 
@@ -79,7 +81,7 @@ LINEAR_TYPES = (GT.F32, GT.F16, GT.BF16) + tuple(F16_SCALE_OFFSETS) + (GT.IQ1_M,
 F32 = np.float32
 TWIN_GATE = (0, "the same float32 operations in the same order (integer sums exact in any order): every bit equal")
 NUMERICS = ("exact", "ggml-cpu")
-BACKENDS = ("numpy", "numba", "cupy")  # --backend all
+BACKENDS = ("numpy", "numba", "cupy", "cupy-emulated")  # --backend all; cupy-emulated: accel/cupy/emulated.py
 
 
 @dataclass
@@ -440,6 +442,12 @@ def make_backend(name, numerics):  # -> (backend or None, refusal or ""): what r
         except ImportError as e:
             return None, f"--numerics ggml-cpu needs numba ({e}); install the accel extra"
         return None, ""  # the twins are module functions: the row names them
+    if name == "cupy-emulated":  # the CUDA kernels compiled for the CPU (g++, Linux)
+        from accel.cupy.emulated import emulated_backend
+        try:
+            return emulated_backend(), ""
+        except RuntimeError as e:
+            return None, str(e)
     from reference import factory
     try:
         return factory.backend(factory.Build(backend=name)), ""
@@ -454,9 +462,9 @@ def run_table(name, numerics, ops, seed):  # -> (rows run, failed, rows refused,
         return 0, 0, 0, 1
     dtypes = getattr(backend, "dtypes", ("float32", "float64"))  # cupy computes in float32 only
     rows, failed, refused = table_rows(numerics, ops, seed), 0, 0
-    print(f"{'backend':6s} {'op':11s} {'case':60s} {'dtype':7s} {'error':>9s} {'gate':>7s} {'max|diff|':>10s}  result")
+    print(f"{'backend':13s} {'op':11s} {'case':60s} {'dtype':7s} {'error':>9s} {'gate':>7s} {'max|diff|':>10s}  result")
     for row in rows:
-        head = f"{name:6s} {row.op:11s} {row.name:60s} {row.dtype:7s}"
+        head = f"{name:13s} {row.op:11s} {row.name:60s} {row.dtype:7s}"
         if row.dtype not in dtypes:
             refused += 1
             print(f"{head} {'':>9s} {'':>7s} {'':>10s}  refused: {name} has no {row.dtype} kernels")
@@ -495,7 +503,7 @@ def main(argv=None):
     totals = [run_table(name, numerics, ops, args.seed) for numerics in args.numerics for name in backends]
     ran, failed, refused, tables_refused = (sum(column) for column in zip(*totals))
     print(f"{ran} rows run" + (f", {refused} rows refused" if refused else "")
-          + (f", {tables_refused} backends refused every row" if tables_refused else "") + ": "
+          + (f", every row refused by {tables_refused} backend(s)" if tables_refused else "") + ": "
           + (f"{failed} failed" if failed else "all passed"))
     return 1 if failed else 0
 
