@@ -132,8 +132,8 @@ def linear_cases(rng):
         for dtype in (np.float32, np.float64) if qtype in (GT.Q4_K, GT.IQ2_XXS, GT.F16) else (np.float32,):
             x = rng.standard_normal((T, n_in)).astype(dtype)
             cases.append(Row("linear", f"{qtype.name} x[{T},{n_in}] w[{n_out},{n_in}]", np.dtype(dtype).name, "exact",
-                              lambda be, x=x, name=name: (ops.linear(x, tensors.weights.get(name, np.float64)),
-                                                          be.linear(x, tensors.weights.tensor(name)))))
+                             lambda be, x=x, name=name: (ops.linear(x, tensors.weights.get(name, np.float64)),
+                                                         be.linear(x, tensors.weights.tensor(name)))))
     return cases
 
 
@@ -167,7 +167,7 @@ def attention_cases(rng):
             q, k, v = attention_inputs(rng, T, S, H, Hkv, D, dtype)
             scale = 1.0 / np.sqrt(D)
             cases.append(Row("attention", f"{name} q[{T},{H},{D}] kv[{S},{Hkv}]", np.dtype(dtype).name, "exact",
-                              lambda be, a=(q, k, v, visible, scale): (ops.attention(*a), be.attention(*a))))
+                             lambda be, a=(q, k, v, visible, scale): (ops.attention(*a), be.attention(*a))))
     return cases
 
 
@@ -493,11 +493,11 @@ def main(argv=None):
     backends = BACKENDS if "all" in args.backend else args.backend
     table_ops = {"exact": tuple(GATES), "ggml-cpu": GGML_OPS}
     ops = args.ops or [op for numerics in args.numerics for op in table_ops[numerics]]
-    unknown = sorted(set(ops) - {op for numerics in args.numerics for op in table_ops[numerics]})
+    unknown = ", ".join(sorted(set(ops) - {op for numerics in args.numerics for op in table_ops[numerics]}))
+    if unknown and args.numerics == ["ggml-cpu"]:
+        return fail("accel.harness", f"{unknown}: not a ggml-cpu kernel file ({', '.join(GGML_OPS)})")
     if unknown:
-        return fail("accel.harness", f"{', '.join(unknown)}: " + ("not a ggml-cpu kernel file (" + ", ".join(GGML_OPS)
-                                     + ")" if args.numerics == ["ggml-cpu"] else "ggml-cpu kernel files, for "
-                                     "--numerics ggml-cpu"))
+        return fail("accel.harness", f"{unknown}: ggml-cpu kernel files, for --numerics ggml-cpu")
     if args.numerics == ["ggml-cpu"] and backends == ["numpy"]:  # the one table asked for is numpy's own
         return fail("accel.harness", "--numerics ggml-cpu compares the numba ggml kernels, not --backend numpy")
     totals = [run_table(name, numerics, ops, args.seed) for numerics in args.numerics for name in backends]
