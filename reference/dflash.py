@@ -106,7 +106,7 @@ class Drafter(Blocks):
 
     def __init__(self, draft_model, target):  # GGUFModel (role dflash), TextModel
         check_pairing(draft_model, target)
-        super().__init__(draft_model.weights, target.dtype, target.backend)
+        super().__init__(draft_model, target.dtype, target.backend)
         self.cfg = draft_model.config
         self.target = target
 
@@ -125,26 +125,23 @@ class Drafter(Blocks):
 
     def encode(self, features, trace=NO_TRACE):  # [T, n_target_layers * E] -> g [T, E]
         trace("inp_target_features", features)
-        g = self.norm(self.linear(features, "fc.weight"), "enc.output_norm.weight", self.cfg.rms_eps)
+        g = self.norm(self.linear(features, self.tensors.fc), self.tensors.enc_output_norm, self.cfg.rms_eps)
         trace("inp_g_embeddings", g)
         return g
 
-    def heads(self, il, x, which):  # x [T, E] -> [T, H, D] ("q") or [T, Hkv, D] ("k", "v")
-        return self.linear(x, f"blk.{il}.attn_{which}.weight").reshape(len(x), -1, self.cfg.head_dim)
+    def heads(self, x, w):  # x [T, E], w attn_q | attn_k | attn_v -> [T, H, D] or [T, Hkv, D]
+        return self.linear(x, w).reshape(len(x), -1, self.cfg.head_dim)
 
     def rope(self, x, positions):  # x [T, H, D] -> [T, H, D]; NeoX pairs (j, j + D/2)
         theta = ops.rope_angles(positions, self.cfg.head_dim, self.cfg.rope_base, self.dtype)
         return self.backend.rope_neox(x, theta)
 
-    def head_norm(self, il, x, which):  # x [T, H, D] -> [T, H, D], per-head RMSNorm
-        return self.norm(x, f"blk.{il}.attn_{which}_norm.weight", self.cfg.rms_eps)
-
     def inject(self, g, positions, cache, trace=NO_TRACE):  # g [T, E], positions [T] -> None
         """Context K/V of every drafter layer from the same g, at the target positions."""
         cells = cache.allocate(positions)
-        for il in range(self.cfg.n_layer):
-            k = self.rope(self.head_norm(il, self.heads(il, g, "k"), "k"), positions)
-            v = self.heads(il, g, "v")
+        for il, layer in enumerate(self.layers):
+            k = self.rope(self.norm(self.heads(g, layer.attn_k), layer.attn_k_norm, self.cfg.rms_eps), positions)
+            v = self.heads(g, layer.attn_v)
             trace(point("Kcur_injected", il), k)
             trace(point("Vcur_injected", il), v)
             cache.store(il, cells, k, v)
@@ -164,19 +161,19 @@ class Drafter(Blocks):
             h = h + self.ffn(il, h, c.rms_eps, trace)  # the text model's FFN, without its post-norm
             trace(point("l_out", il), h)
         cache.remove_from(pos0)
-        z = self.norm(h, "output_norm.weight", c.rms_eps)
+        z = self.norm(h, self.tensors.output_norm, c.rms_eps)
         trace("result_norm", z)
-        logits = self.backend.linear(z, self.target.weights, "output.weight")
+        logits = self.linear(z, self.target.tensors.output)
         trace("result_output", logits)
         return logits
 
     def attention_block(self, il, h, positions, cells, cache, trace):  # h [T, E] -> [T, E] (to add)
-        c = self.cfg
-        x = self.norm(h, f"blk.{il}.attn_norm.weight", c.rms_eps)
+        c, layer = self.cfg, self.layers[il]
+        x = self.norm(h, layer.attn_norm, c.rms_eps)
         trace(point("noise_norm", il), x)
-        q = self.rope(self.head_norm(il, self.heads(il, x, "q"), "q"), positions)
-        k = self.rope(self.head_norm(il, self.heads(il, x, "k"), "k"), positions)
-        v = self.heads(il, x, "v")
+        q = self.rope(self.norm(self.heads(x, layer.attn_q), layer.attn_q_norm, c.rms_eps), positions)
+        k = self.rope(self.norm(self.heads(x, layer.attn_k), layer.attn_k_norm, c.rms_eps), positions)
+        v = self.heads(x, layer.attn_v)
         trace(point("Qcur", il), q)
         trace(point("Kcur", il), k)
         trace(point("Vcur", il), v)
@@ -189,7 +186,7 @@ class Drafter(Blocks):
         # scale moves their worst-row NMSE (len1-n3 1.888e-13 -> 1.847e-13, len7-n3 1.361e-13 -> 1.443e-13).
         # Under ggml-cpu the backend rounds the scale to float32 either way (reference/ggml_cpu/backend.py).
         o = self.backend.attention(q, k_rows, v_rows, visible, 1.0 / np.sqrt(c.head_dim))
-        return self.linear(o.reshape(len(h), -1), f"blk.{il}.attn_output.weight")
+        return self.linear(o.reshape(len(h), -1), layer.attn_output)
 
 
 def check_pairing(draft_model, target):  # raise GGUFError (naming the drafter) if it cannot serve target
