@@ -75,7 +75,7 @@ class TextModel(Blocks):
         x = self.backend.rms_norm(embeddings.astype(self.dtype, copy=False), c.rms_eps)
         trace("embd_norm", x)
         for il in layer_range(c.n_layer, progress):
-            a = self.attention_block(il, x, positions, cache, trace)
+            a = self.attention_sublayer(il, x, positions, cache, trace)
             if il == c.n_layer - 1 and out_rows is not None:
                 # llama.cpp's inp_out_ids: the last FFN runs on the kept rows alone, and ggml's kernels
                 # choose their path by row count, so the rows are kept where llama.cpp keeps them
@@ -84,7 +84,7 @@ class TextModel(Blocks):
                 break
             x = x + a
             trace(point("ffn_inp", il), x)
-            x = x + self.ffn_block(il, x, trace)
+            x = x + self.ffn_sublayer(il, x, trace)
             trace(point("l_out", il), x)
         cache.n_past = max(cache.n_past, int(np.max(positions)) + 1)
         return self.output_head(x, trace) if len(x) else np.zeros((0, c.n_vocab), self.dtype)
@@ -97,7 +97,7 @@ class TextModel(Blocks):
         trace("result_output", logits)
         return logits
 
-    def attention_block(self, il, x, positions, cache, trace):  # x [T, E] -> [T, E] (to add to x)
+    def attention_sublayer(self, il, x, positions, cache, trace):  # x [T, E] -> [T, E] (to add to x)
         c, layer = self.cfg, self.layers[il]
         h = self.norm(x, layer.attn_norm, c.rms_eps)
         trace(point("attn_norm", il), h)
@@ -127,7 +127,7 @@ class TextModel(Blocks):
         trace(point("attn_post_norm", il), a)
         return a
 
-    def ffn_block(self, il, x, trace):  # x [T, E] -> [T, E] (to add to x)
+    def ffn_sublayer(self, il, x, trace):  # x [T, E] -> [T, E] (to add to x)
         c = self.cfg
         f = self.norm(self.ffn(il, x, c.rms_eps, trace), self.layers[il].post_ffw_norm, c.post_norm_eps)
         trace(point("ffn_post_norm", il), f)

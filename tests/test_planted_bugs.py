@@ -54,11 +54,11 @@ class NormWeightOff(TextModel):
 
 
 class AttentionCopy(TextModel):
-    """TextModel.attention_block copied, with two switches for the bugs planted in it."""
+    """TextModel.attention_sublayer copied, with two switches for the bugs planted in it."""
     gate_after_o_proj = False
     rope_on_full_layers = False
 
-    def attention_block(self, il, x, positions, cache, trace):  # x [T, E] -> [T, E] (to add to x)
+    def attention_sublayer(self, il, x, positions, cache, trace):  # x [T, E] -> [T, E] (to add to x)
         c, layer = self.cfg, self.layers[il]
         T, swa = x.shape[0], c.swa_layers[il]
         h = ops.rms_norm(x, c.rms_eps) * self.norm_weight(layer.attn_norm)

@@ -3,12 +3,12 @@ attention over cache rows, norms, RoPE, activations), computed by numba kernels 
 memory-mapped quantized blocks.
 
 linear multiplies the same exact float32 weights as the reference, with sums in float32 inside a
-super-block or tile and in float64 across them (quant.py says which types and why), by one of two
-routes:
+super-block (the GEMM: within 256 columns) and in float64 across them (quant.py says which types
+and why), by one of two routes:
 - few rows of x (decode, a draft verification): every weight row is read once per row of x
   straight from its blocks (quant.matmul_rows), nothing is dequantized;
-- many rows (prefill): tiles of weights are decoded once into a small buffer and multiplied with
-  every row of x (quant.matmul_tiles).
+- many rows (prefill): a GEMM; 256 values of a band of weight rows are decoded at a time into a
+  small buffer and multiplied with every row of x (quant.matmul_tiles).
 No BLAS call: one thread pool (numba's) does all the work, and sums do not depend on a BLAS build.
 A type without a kernel falls back to the numpy reference's product.
 """
@@ -22,9 +22,8 @@ from . import pointwise, quant
 LARGEST_KERNEL_INPUT = 1e30  # the kernels multiply x by unscaled integer weights (up to 127) in float32
 FUSED_MAX_ROWS = 2   # rows of x up to which the row route is used: it beats the tiles up to 2 rows of x
                      # (Q4_K, Q5_K, IQ2_XXS) or 3 (Q6_K), measured on 4096x6656 matrices
-TOKEN_BLOCK = 1024   # rows of x per tiled product: each tile of weights is decoded once per block;
-                     # a 5476-token F16 product (the vision tower's ffn_up) ran at 134 GFLOP/s
-                     # against 119 with 256 rows (measured, 2 threads), the block's 4 MB in L3
+TOKEN_BLOCK = 1024   # rows of x per GEMM: each weight is decoded once per block; a block's
+                     # packed x (4 MB at width 1024 float32) stays in L3
 
 
 class NumbaBackend:
