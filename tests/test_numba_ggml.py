@@ -385,7 +385,7 @@ def test_float_mul_mat_on_a_model_weight():  # tiny-b's F16 and BF16 ffn_up, 1 a
         x = activations(5, w.shape[1], 3)
         for rows in (1, 5):
             ref = ggml_cpu.mul_mat(x[:rows], weights, "blk.0.ffn_up.weight", {})
-            got = GgmlCpuNumbaBackend(check_host=False).linear(x[:rows], weights, "blk.0.ffn_up.weight")
+            got = GgmlCpuNumbaBackend(check_host=False).linear(x[:rows], weights.tensor("blk.0.ffn_up.weight"))
             assert_identical(ref, got, f"{kind} {rows} rows")
 
 

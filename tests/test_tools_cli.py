@@ -174,6 +174,10 @@ def test_bench_scale_last_position_lifts_the_prompt_cap(tmp_path):
     (("table", "{tiny}", "--engines", "numpy"), "unknown engine 'numpy'"),
     (("table", "{mmproj}", "--engines", "numba"), "expected a muse-glimmer text model"),
     (("table", "{tiny}", "--md-out", "{tmp}/none/t.md"), "no such directory"),
+    (("gemm", "{missing}"), "no such file"),
+    (("gemm", "{mmproj}"), "expected a muse-glimmer text model"),
+    (("gemm", "{q4}", "--tokens", "2"), "--tokens: 2 is out of range"),
+    (("gemm", "{q4}", "--rows", "0"), "--rows: 0 is out of range"),
     (("vision",), "required: mmproj"),
     (("vision", "{missing}"), "no such file"),
     (("vision", "{trunc}"), "corrupt header"),
@@ -253,6 +257,26 @@ def test_bench_accel_blocks_times_every_matrix_of_a_forward(tmp_path):
     assert {row["type"]: row["matrices"] for row in report["types"]} == dict(Counter(t.tensor_type.name for t in matrices))
     assert report["total"]["gb"] * 1e9 == sum(int(t.n_bytes) for t in matrices)
     assert all(row["kernel_s"] > 0 and row["floor_s"] > 0 for row in report["types"])
+
+
+def test_bench_accel_gemm_times_each_weight_types_largest_matrix_against_the_fma_peak(tmp_path):
+    pytest.importorskip("numba")
+    out = tmp_path / "gemm.json"
+    r = run_cli("tools.bench_accel", "gemm", TINY_Q4, "--tokens", "13", "--rows", "40", "--threads", "1",
+                "--repeat", "1", "--json", out)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    from gguf import GGUFReader  # gguf-py's reader names the types and their largest matrices' widths
+    matrices = [t for t in GGUFReader(TINY_Q4).tensors if len(t.shape) == 2 and t.name != "token_embd.weight"]
+    largest = {}
+    for t in matrices:
+        if t.tensor_type.name not in largest or t.n_elements > largest[t.tensor_type.name].n_elements:
+            largest[t.tensor_type.name] = t
+    assert {row["type"]: (row["matrix"], row["n_in"]) for row in report["types"]} == \
+        {kind: (t.name, int(t.shape[0])) for kind, t in largest.items()}
+    assert all(row["rows"] == min(40, int(largest[row["type"]].shape[1])) for row in report["types"])
+    assert report["peak_gflop_s"] > 0
+    assert all(row["share"] == pytest.approx(row["gflop_s"] / report["peak_gflop_s"]) for row in report["types"])
 
 
 def test_bench_accel_run_last_position_agrees_with_llama_cpp(tmp_path):

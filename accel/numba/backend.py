@@ -1,14 +1,14 @@
-"""NumbaBackend: the interface of reference/backend.py NumpyBackend (linear on GGUF tensor names,
+"""NumbaBackend: the interface of reference/backend.py NumpyBackend (linear on GGUF tensors,
 attention over cache rows, norms, RoPE, activations), computed by numba kernels straight from the
 memory-mapped quantized blocks.
 
 linear multiplies the same exact float32 weights as the reference, with sums in float32 inside a
-super-block or tile and in float64 across them (quant.py says which types and why), by one of two
-routes:
+super-block (the GEMM: within 256 columns) and in float64 across them (quant.py says which types
+and why), by one of two routes:
 - few rows of x (decode, a draft verification): every weight row is read once per row of x
   straight from its blocks (quant.matmul_rows), nothing is dequantized;
-- many rows (prefill): tiles of weights are decoded once into a small buffer and multiplied with
-  every row of x (quant.matmul_tiles).
+- many rows (prefill): a GEMM; 256 values of a band of weight rows are decoded at a time into a
+  small buffer and multiplied with every row of x (quant.matmul_tiles).
 No BLAS call: one thread pool (numba's) does all the work, and sums do not depend on a BLAS build.
 A type without a kernel falls back to the numpy reference's product.
 """
@@ -22,9 +22,8 @@ from . import pointwise, quant
 LARGEST_KERNEL_INPUT = 1e30  # the kernels multiply x by unscaled integer weights (up to 127) in float32
 FUSED_MAX_ROWS = 2   # rows of x up to which the row route is used: it beats the tiles up to 2 rows of x
                      # (Q4_K, Q5_K, IQ2_XXS) or 3 (Q6_K), measured on 4096x6656 matrices
-TOKEN_BLOCK = 1024   # rows of x per tiled product: each tile of weights is decoded once per block;
-                     # a 5476-token F16 product (the vision tower's ffn_up) ran at 134 GFLOP/s
-                     # against 119 with 256 rows (measured, 2 threads), the block's 4 MB in L3
+TOKEN_BLOCK = 1024   # rows of x per GEMM: each weight is decoded once per block; a block's
+                     # packed x (4 MB at width 1024 float32) stays in L3
 
 
 class NumbaBackend:
@@ -36,12 +35,12 @@ class NumbaBackend:
 
     # -- products --------------------------------------------------------------------------
 
-    def linear(self, x, weights, name):  # x [T, in], GGUF tensor name [out, in] -> [T, out]
-        qtype = weights.tensors[name].tensor_type
+    def linear(self, x, w):  # x [T, in], w a GGUF tensor (gguf.Tensor) [out, in] -> [T, out]
+        qtype = w.tensor_type
         if qtype not in quant.KERNEL_TYPES or not kernel_input(x):
-            return self.fallback.linear(x, weights, name)
-        n_out, n_in = weights.shape(name)
-        blocks = quant.as_blocks(weights.raw(name), n_out)
+            return self.fallback.linear(x, w)
+        n_out, n_in = w.shape
+        blocks = quant.as_blocks(w.raw, n_out)
         x = np.ascontiguousarray(x)
         out = np.empty((len(x), n_out), x.dtype)
         if len(x) <= FUSED_MAX_ROWS:
@@ -99,6 +98,10 @@ class NumbaBackend:
 
     def gelu_erf(self, x):  # [...] -> [...]
         return elementwise(pointwise.gelu_erf_flat, x, x.dtype.type(0.5))
+
+
+def numba_backend(build):  # factory.Build -> NumbaBackend of its dtype (accel.BACKENDS' maker)
+    return NumbaBackend(np.dtype(build.dtype))
 
 
 def kernel_input(x):  # x [T, in] -> whether the kernels give what the reference gives on it

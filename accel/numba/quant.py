@@ -1,12 +1,13 @@
 """Products with GGUF weights straight from their quantized blocks, in numba. No dequantized
 matrix ever exists. The weights are gguf-py's float32 values exactly (Q1_0 and Q2_0, which gguf-py
-lacks: reference/gguf.py's decoders of ggml's dequantize_row_q1_0/q2_0). With float32 activations
+lacks: reference/gguf/weights.py's decoders of ggml's dequantize_row_q1_0/q2_0). With float32 activations
 a row sums in float32 within a block of 16 to 256 values (each family's section says which) and
-in float64 across blocks, a tile within 1024 columns and in float64 across tiles; float64
+in float64 across blocks, the GEMM within 256 columns and in float64 across them; float64
 activations sum in float64 everywhere. Against reference/ops.py linear (float64 sums) only the
-summation differs: NMSE <= 3.6e-14 per product in the op harness on random inputs (more where a
-row's sum cancels: the error is relative to sum |w x|), 1.8e-13 .. 8.6e-13 on whole tiny models.
-The float32 lanes follow the CPU's vector width, so the last bits may differ between machines.
+summation differs: NMSE <= 9.1e-14 per product in the op harness on random inputs (more where a
+row's sum cancels: the error is relative to sum |w x|), 9.7e-13 .. 4.6e-12 on whole tiny models.
+The row kernels' float32 lanes follow the CPU's vector width, so the last bits may differ between
+machines; the GEMM sums each output's 256 products in order on any vector width.
 
 The file goes by family, each type's decoder next to its row kernel: floats (F32, F16, BF16),
 legacy blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, and ggml's Q1_0, Q2_0), K-quants (Q2_K ..
@@ -19,9 +20,11 @@ Two routes:
 - matmul_rows (decode): each weight row is read once per row of x and multiplied block by block
   in factored form, sum_i w_i x_i = sum_blocks scale * sum_j q_j x_j (see the comment above the
   families for why that multiplies the very same weights).
-- matmul_tiles (prefill): a tile of weights is decoded once by the decoders, which reproduce
-  gguf-py's dequantization bit for bit (the same float32 operations in the same order), and
-  multiplied with every row of x by a 4x4 register-blocked kernel.
+- matmul_tiles (prefill): a GEMM. A band of weight rows is decoded 256 values at a time by the
+  decoders, which reproduce gguf-py's dequantization bit for bit (the same float32 operations in
+  the same order), once per call, and multiplied with every row of x by a register-blocked
+  microkernel of vector FMAs (gemm_tile). `python -m tools.bench_accel gemm` measures it against
+  the float32 FMA peak of the same threads.
 
 Block layouts follow ggml-common.h / ggml-quants.c (dequantize_row_*) and gguf-py's quants.py; the
 IQ grids, sign table and non-linear 4-bit values are taken from gguf-py rather than copied.
@@ -31,6 +34,7 @@ so products cached in one module would keep running the old kernels of another a
 """
 from collections import namedtuple
 
+import llvmlite.binding as llvm
 import numpy as np
 from gguf import GGMLQuantizationType as GT
 from gguf import quants
@@ -49,8 +53,8 @@ CHUNK = 256  # values decoded per step: one K-quant super-block, or eight 32-val
 # move roundings of products and sums; the weights' own factors are exact.
 FAST = {"reassoc", "contract"}
 
-Tables = namedtuple("Tables", "halves bfloats ksigns kvalues iq2xxs_signed iq3xxs_signed iq2xxs_grid iq3xxs_grid "
-                               "sign_bits iq1s_grid iq2xs_signed iq2s_signed iq3s_signed")
+Tables = namedtuple("Tables", "halves bfloats kvalues iq2xxs_grid iq3xxs_grid sign_bits iq1s_grid iq2xs_signed "
+                               "iq2s_signed iq3s_signed")
 
 
 def lookup_tables():  # -> Tables, every entry a float32/int8/uint8/uint32 array
@@ -59,19 +63,13 @@ def lookup_tables():  # -> Tables, every entry a float32/int8/uint8/uint32 array
     quants.IQ3_XXS.init_grid()
     ksigns = np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8).copy()  # 7 sign bits -> 8 (even parity)
     sign_rows = np.where((ksigns[:, None] >> np.arange(8)) & 1, np.float32(-1), np.float32(1))  # [128, 8] of +-1
-    nibble_signs = np.where((np.arange(16)[:, None] >> np.arange(4)) & 1, np.float32(-1), np.float32(1))  # [16, 4]
     iq2xxs_grid = np.ascontiguousarray(quants.IQ2_XXS.grid.reshape(256, 8), np.float32)
     iq3xxs_grid = np.ascontiguousarray(quants.IQ3_XXS.grid.reshape(256, 4), np.float32)
     return Tables(halves=every_u16.view(np.float16).astype(np.float32),
                   bfloats=(every_u16.astype(np.uint32) << 16).view(np.float32),
-                  ksigns=ksigns, kvalues=np.array(quants.IQ4_NL.kvalues, np.float32),
-                  # every grid row with every sign pattern, as int8 (grid values <= 62): one load
-                  # gives 8 signed values (IQ2_XXS: row 128 * grid byte + 7 sign bits) or 4 (IQ3_XXS:
-                  # row 16 * grid byte + 4 sign bits), and the tables (256 KB, 16 KB) stay in L2
-                  iq2xxs_signed=(iq2xxs_grid[:, None] * sign_rows[None]).reshape(-1, 8).astype(np.int8),
-                  iq3xxs_signed=(iq3xxs_grid[:, None] * nibble_signs[None]).reshape(-1, 4).astype(np.int8),
-                  # the row kernels' (xxs_row): float32 grid rows (8 KB, 4 KB) and each 7-bit ksigns
-                  # index as 8 float sign bits (4 KB), all in L1
+                  kvalues=np.array(quants.IQ4_NL.kvalues, np.float32),
+                  # IQ2_XXS and IQ3_XXS (xxs_intrinsic): float32 grid rows (8 KB, 4 KB) and each 7-bit
+                  # ksigns index as 8 float sign bits (4 KB), all in L1
                   iq2xxs_grid=iq2xxs_grid, iq3xxs_grid=iq3xxs_grid,
                   sign_bits=np.where(sign_rows < 0, np.uint32(1 << 31), np.uint32(0)),
                   **iq_grids())
@@ -670,7 +668,7 @@ def row_iq4_xs(qtype, row, x, xsum16, tab):  # 136 bytes: f16 d, u16 scales_h, s
 # IQ grids: each group of 8 values (IQ3: two groups of 4) is a row of one of gguf-py's grids with
 # signs, times an f16 d and a small integer scale: IQ2_XXS and IQ3_XXS (256-row grids), IQ1_S and
 # IQ1_M (2048 rows, grid + delta = k/8), IQ2_XS (512), IQ2_S (1024) and IQ3_S (512). Rows sum in the
-# activations' dtype within 256 values (IQ2_XXS, IQ3_XXS: the weights themselves in registers, xxs_row),
+# activations' dtype within 256 values (IQ2_XXS, IQ3_XXS: the weights themselves in registers, xxs_intrinsic),
 # 32 (IQ3_S) or 16 (IQ1_S, IQ1_M, IQ2_XS, IQ2_S).
 
 IQ1_S, IQ2_XS = int(GT.IQ1_S), int(GT.IQ2_XS)
@@ -681,34 +679,23 @@ def xxs_scale(d, aux, unit):  # f16 d, u32 with the 4-bit scale on top -> d (1/2
     return d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(unit)
 
 
-@njit(cache=True)
-def decode_iq2_xxs(qtype, row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
-    blk, signed = row.reshape(-1, qb.IQ2_XXS.size)[start // 256], tab.iq2xxs_signed
-    d = tab.halves[u16(blk, qb.IQ2_XXS.d)]
-    for ib in range(8):
-        aux = u32(blk, qb.IQ2_XXS.qs + 4 + 8 * ib)
-        db = xxs_scale(d, aux, 0.25)
-        for l in range(4):  # db * (grid * sign) is gguf-py's (db * grid) * sign: a sign flip rounds alike
-            values = signed[np.int64(blk[qb.IQ2_XXS.qs + 8 * ib + l]) * 128 + ((aux >> (7 * l)) & 127)]
-            for j in range(values.shape[0]):
-                out[32 * ib + 8 * l + j] = db * np.float32(values[j])
-
-
-def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries, unit):
-    """The intrinsic (row, x, grid, sign_bits) -> float64: row [row_bytes] of IQ2_XXS (entries 1: a
-    grid row of 8 values an 8-group, grid byte 2 + 8c + g, aux words after each chunk's 4) or IQ3_XXS
-    (entries 2: two rows of 4, grid bytes 2 + 8c + 2g and + 1, aux words at 66) . x [n_in].
+def xxs_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries, unit, decode):
+    """The intrinsic of IQ2_XXS (entries 1: a grid row of 8 values an 8-group, grid byte 2 + 8c + g,
+    aux words after each chunk's 4) or IQ3_XXS (entries 2: two rows of 4, grid bytes 2 + 8c + 2g
+    and + 1, aux words at 66): with decode, (row, out, grid, sign_bits) writes the weights of every
+    block of row [k blocks] to out [256 k]; without, (row, x, grid, sign_bits) -> float64 is row
+    [row_bytes] . x [n_in].
 
     Each 8-group's weights in one <8 x float> register: scale * grid row (the float32 product
     gguf-py's dequantization makes: scale = d (1/2 + aux >> 28) unit, xxs_scale's order), the
-    sign bits of its ksigns index xored in; then one FMA with x's 8 values. The weights are gguf-py's
-    exactly. Four accumulators (the 8-groups g of every chunk) sum a super-block in x's dtype,
-    added together and widened into a float64 accumulator per super-block; its 8 lanes are summed
-    at the end. The grid and sign tables stay in L1 (the signed int8 table of row_iq2_xxs' first
-    form, 256 KB, did not)."""
-    def xxs_row(typingctx, row, x, grid, sign_bits):
+    sign bits of its ksigns index xored in. The weights are gguf-py's exactly. The product makes one
+    FMA with x's 8 values: four accumulators (the 8-groups g of every chunk) sum a super-block in
+    x's dtype, added together and widened into a float64 accumulator per super-block; its 8 lanes
+    are summed at the end. The grid and sign tables stay in L1 (the signed int8 table of the
+    kernels' first form, 256 KB, did not)."""
+    def xxs(typingctx, row, x, grid, sign_bits):
         def codegen(context, builder, signature, args):
-            a = operands(xxs_row, context, builder, signature, args)
+            a = operands(xxs, context, builder, signature, args)
             row_, x_, grid_, signs_ = (v.data() for v in (a.row, a.x, a.grid, a.sign_bits))
             x_ty = context.get_value_type(a.x.ty.dtype)
             x_bytes = x_ty.get_abi_size(context.target_data)  # 4 or 8
@@ -725,7 +712,10 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
                 one = builder.insert_element(ir.Constant(ty, None), v, ir.Constant(i32, 0))
                 return builder.shuffle_vector(one, ir.Constant(ty, None), ir.Constant(v8i, [0] * 8))
 
-            n_blocks = builder.udiv(a.x.shape(0), ir.Constant(i64, 256))
+            if decode:
+                n_blocks = builder.udiv(a.row.shape(0), ir.Constant(i64, block_bytes))
+            else:
+                n_blocks = builder.udiv(a.x.shape(0), ir.Constant(i64, 256))
             total = cgutils.alloca_once_value(builder, ir.Constant(v8d, None))
             with cgutils.for_range(builder, n_blocks) as loop:
                 block = builder.gep(row_, [builder.mul(loop.index, ir.Constant(i64, block_bytes))])
@@ -748,11 +738,18 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
                         weights = builder.bitcast(builder.xor(builder.bitcast(builder.fmul(values, spread(scale, v8f)), v8i), signs), v8f)
                         if x_ty != f32:
                             weights = builder.fpext(weights, v8x)
-                        xs = at(x_, builder.add(x_block, ir.Constant(i64, (32 * c + 8 * g) * x_bytes)), v8x)
-                        sums[g] = builder.call(fma, [weights, xs, sums[g]])
-                block_sum = builder.fadd(builder.fadd(sums[0], sums[1]), builder.fadd(sums[2], sums[3]))
-                widened = block_sum if x_ty == f64 else builder.fpext(block_sum, v8d)
-                builder.store(builder.fadd(builder.load(total), widened), total)
+                        group = builder.gep(x_, [builder.add(x_block, ir.Constant(i64, (32 * c + 8 * g) * x_bytes))])
+                        if decode:
+                            builder.store(weights, builder.bitcast(group, v8x.as_pointer()), align=1)
+                        else:
+                            xs = builder.load(builder.bitcast(group, v8x.as_pointer()), align=1)
+                            sums[g] = builder.call(fma, [weights, xs, sums[g]])
+                if not decode:
+                    block_sum = builder.fadd(builder.fadd(sums[0], sums[1]), builder.fadd(sums[2], sums[3]))
+                    widened = block_sum if x_ty == f64 else builder.fpext(block_sum, v8d)
+                    builder.store(builder.fadd(builder.load(total), widened), total)
+            if decode:
+                return context.get_dummy_value()
             lanes = builder.load(total)
             out = builder.extract_element(lanes, ir.Constant(i32, 0))
             for k in range(1, 8):
@@ -761,13 +758,21 @@ def xxs_row_intrinsic(name, block_bytes, grid_byte, aux_byte, aux_step, entries,
         if (row.ndim == x.ndim == 1 and row.dtype == types.uint8 and x.dtype in (types.float32, types.float64)
                 and grid.ndim == sign_bits.ndim == 2 and grid.dtype == types.float32 and sign_bits.dtype == types.uint32
                 and all(a.layout == "C" for a in (row, x, grid, sign_bits))):
-            return types.float64(row, x, grid, sign_bits), codegen
-    xxs_row.__name__ = xxs_row.__qualname__ = name  # numba tells intrinsics apart by name
-    return intrinsic(xxs_row)
+            return (types.none if decode else types.float64)(row, x, grid, sign_bits), codegen
+    xxs.__name__ = xxs.__qualname__ = name  # numba tells intrinsics apart by name
+    return intrinsic(xxs)
 
 
-iq2_xxs_row = xxs_row_intrinsic("iq2_xxs_row", qb.IQ2_XXS.size, qb.IQ2_XXS.qs, qb.IQ2_XXS.qs + 4, 8, 1, 0.25)
-iq3_xxs_row = xxs_row_intrinsic("iq3_xxs_row", qb.IQ3_XXS.size, qb.IQ3_XXS.qs, qb.IQ3_XXS.scales_and_signs, 4, 2, 0.5)
+IQ2_XXS_LAYOUT = (qb.IQ2_XXS.size, qb.IQ2_XXS.qs, qb.IQ2_XXS.qs + 4, 8, 1, 0.25)
+IQ3_XXS_LAYOUT = (qb.IQ3_XXS.size, qb.IQ3_XXS.qs, qb.IQ3_XXS.scales_and_signs, 4, 2, 0.5)
+iq2_xxs_row, iq2_xxs_decode = (xxs_intrinsic(f"iq2_xxs_{kind}", *IQ2_XXS_LAYOUT, kind == "decode") for kind in ("row", "decode"))
+iq3_xxs_row, iq3_xxs_decode = (xxs_intrinsic(f"iq3_xxs_{kind}", *IQ3_XXS_LAYOUT, kind == "decode") for kind in ("row", "decode"))
+
+
+@njit(cache=True)
+def decode_iq2_xxs(qtype, row, start, n, out, tab):  # 66 bytes: f16 d, 8 x (4 grid bytes, u32: 4 x 7 sign bits, 4-bit scale)
+    b = start // 256
+    iq2_xxs_decode(row[b * qb.IQ2_XXS.size:(b + 1) * qb.IQ2_XXS.size], out, tab.iq2xxs_grid, tab.sign_bits)
 
 
 @njit(cache=True)
@@ -777,18 +782,8 @@ def row_iq2_xxs(qtype, row, x, xsum16, tab):  # 66 bytes: f16 d, 8 x (4 grid byt
 
 @njit(cache=True)
 def decode_iq3_xxs(qtype, row, start, n, out, tab):  # 98 bytes: f16 d, grid bytes[64], 8 x u32 signs+scale
-    blk, signed = row.reshape(-1, qb.IQ3_XXS.size)[start // 256], tab.iq3xxs_signed
-    d = tab.halves[u16(blk, qb.IQ3_XXS.d)]
-    for ib in range(8):
-        aux = u32(blk, qb.IQ3_XXS.scales_and_signs + 4 * ib)
-        db = xxs_scale(d, aux, 0.5)
-        for l in range(4):  # two grid rows of 4 take the low and the high four of 8 sign bits
-            ks = np.int64(tab.ksigns[(aux >> (7 * l)) & 127])
-            lo = signed[np.int64(blk[qb.IQ3_XXS.qs + 8 * ib + 2 * l]) * 16 + (ks & 15)]
-            hi = signed[np.int64(blk[qb.IQ3_XXS.qs + 1 + 8 * ib + 2 * l]) * 16 + (ks >> 4)]
-            for j in range(lo.shape[0]):
-                out[32 * ib + 8 * l + j] = db * np.float32(lo[j])
-                out[32 * ib + 8 * l + 4 + j] = db * np.float32(hi[j])
+    b = start // 256
+    iq3_xxs_decode(row[b * qb.IQ3_XXS.size:(b + 1) * qb.IQ3_XXS.size], out, tab.iq3xxs_grid, tab.sign_bits)
 
 
 @njit(cache=True)
@@ -1167,9 +1162,6 @@ def matmul_rows(qtype, blocks, x, xsum16, out, tab):  # blocks [n_out, row_bytes
                 out[t, r] = row_dot(qtype, blocks[r], x[t], xsum16[t], tab)
 
 
-TILE_ROWS, TILE_COLS = 32, 1024  # a tile of decoded weights in x's dtype: 128 KB (float32), held in L2
-
-
 @njit(cache=True, fastmath=FAST)
 def product_4x4(w, r, x, t, k0, n, acc):  # acc[r:r+4, t:t+4] += w[r:r+4, :n] . x[t:t+4, k0:k0+n]
     # 16 sums side by side: each loaded weight and activation serves four products
@@ -1206,28 +1198,97 @@ def tile_product(w, rows, x, k0, n, acc):  # acc[:rows, :T] += w[:rows, :n] . x[
                 acc[r, t] += dot(w[r, :n], x[t, k0:k0 + n])
 
 
+# The GEMM's register blocking, from the host's vector registers: with AVX-512 (32 registers of 64
+# bytes) 12 tokens x 2 vectors of sums, two vectors of weights and a broadcast take 27 registers; with
+# AVX2 (16 of 32 bytes) 6 tokens take 15.
+VECTOR_BYTES = 64 if "+avx512f" in llvm.get_host_cpu_features().flatten() else 32
+GEMM_TOKENS = 12 if VECTOR_BYTES == 64 else 6
+GEMM_DEPTH = CHUNK  # values of a row summed in x's dtype before the float64 sum: what the decoders give at once
+
+
+@intrinsic
+def gemm_tile(typingctx, w, x, depth, acc):  # acc[t, r] += sum_{k < depth} w[k, r] x[k, t], w [K, R], x [K, N], acc [N, R]
+    """The microkernel of matmul_tiles: R = two vectors of weight rows (AVX-512: 32 float32, 16
+    float64) against N = GEMM_TOKENS tokens, all 2 N vector sums in registers for the whole depth.
+    A step loads two vectors of weights (one value of R rows, packed along k) and broadcasts each
+    token's value of x into two FMAs, so each loaded weight serves N products and each value of x
+    R. The sums are in x's dtype over depth steps, then widened and added to acc (float64) once."""
+    def codegen(context, builder, signature, args):
+        a = operands(gemm_tile, context, builder, signature, args)
+        w_, x_, acc_ = a.w.data(), a.x.data(), a.acc.data()
+        f = context.get_value_type(a.x.ty.dtype)
+        size = f.get_abi_size(context.target_data)
+        lanes = VECTOR_BYTES // size
+        f64, i32, i64 = ir.DoubleType(), ir.IntType(32), ir.IntType(64)
+        vec, wide = ir.VectorType(f, lanes), ir.VectorType(f64, lanes)
+        fma = builder.module.declare_intrinsic(f"llvm.fma.v{lanes}{'f32' if size == 4 else 'f64'}",
+                                               fnty=ir.FunctionType(vec, [vec] * 3))
+
+        def at(base, offset, ty):  # the value of type ty at byte offset (an i64 value or a constant) after base
+            offset = offset if isinstance(offset, ir.Value) else ir.Constant(i64, offset)
+            return builder.bitcast(builder.gep(base, [offset]), ty.as_pointer())
+
+        sums = [[cgutils.alloca_once_value(builder, ir.Constant(vec, None)) for _ in range(2)] for _ in range(GEMM_TOKENS)]
+        with cgutils.for_range(builder, a.depth.index()) as loop:
+            w_step = builder.mul(loop.index, ir.Constant(i64, 2 * VECTOR_BYTES))
+            x_step = builder.mul(loop.index, ir.Constant(i64, GEMM_TOKENS * size))
+            weights = [builder.load(at(w_, builder.add(w_step, ir.Constant(i64, VECTOR_BYTES * h)), vec), align=1)
+                       for h in range(2)]
+            for t in range(GEMM_TOKENS):
+                value = builder.load(at(x_, builder.add(x_step, ir.Constant(i64, t * size)), f), align=1)
+                one = builder.insert_element(ir.Constant(vec, None), value, ir.Constant(i32, 0))
+                spread = builder.shuffle_vector(one, ir.Constant(vec, None), ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
+                for h in range(2):
+                    builder.store(builder.call(fma, [weights[h], spread, builder.load(sums[t][h])]), sums[t][h])
+        for t in range(GEMM_TOKENS):
+            for h in range(2):
+                s = builder.load(sums[t][h])
+                s = s if size == 8 else builder.fpext(s, wide)
+                p = at(acc_, (t * 2 * lanes + h * lanes) * 8, wide)
+                builder.store(builder.fadd(builder.load(p, align=1), s), p, align=1)
+        return context.get_dummy_value()
+    if (w.ndim == x.ndim == acc.ndim == 2 and w.dtype == x.dtype and x.dtype in (types.float32, types.float64)
+            and acc.dtype == types.float64 and all(v.layout == "C" for v in (w, x, acc))
+            and isinstance(depth, types.Integer)):
+        return types.none(w, x, depth, acc), codegen
+
+
 @njit(cache=True, parallel=True)
 def matmul_tiles(qtype, blocks, x, out, tab):  # blocks [n_out, row_bytes], x [T, n_in] -> out [T, n_out]
-    """Decode a tile of TILE_ROWS x TILE_COLS exact weights once and multiply it with all T rows of
-    x: the prefill path, where the products, not the weights, are the work. Sums in x's dtype
-    within a tile, in float64 across tiles."""
+    """A GEMM: x is packed once into blocks of 256 values x GEMM_TOKENS tokens; each task decodes
+    its band of R weight rows (two vectors: AVX-512 32 float32 or 16 float64) 256 values at a time,
+    packs them along k and multiplies the band with every token block by the register-blocked
+    microkernel (gemm_tile). Each weight is decoded once per call and each product is one FMA. Sums
+    in x's dtype within 256 values, in float64 across."""
     check_kernel_type(qtype)
     T, n_in = x.shape
-    n_out = blocks.shape[0]
-    for task in prange((n_out + TILE_ROWS - 1) // TILE_ROWS):
-        r0 = task * TILE_ROWS
-        rows = min(TILE_ROWS, n_out - r0)
-        w = np.empty((TILE_ROWS, TILE_COLS), x.dtype)
-        acc = np.zeros((TILE_ROWS, T), np.float64)
-        for k0 in range(0, n_in, TILE_COLS):
-            n = min(TILE_COLS, n_in - k0)
+    n_out, R = blocks.shape[0], 2 * VECTOR_BYTES // x.itemsize
+    n_depth, n_groups = (n_in + GEMM_DEPTH - 1) // GEMM_DEPTH, (T + GEMM_TOKENS - 1) // GEMM_TOKENS
+    packed = np.empty((n_depth, n_groups, GEMM_DEPTH, GEMM_TOKENS), x.dtype)
+    for task in prange(n_depth * n_groups):
+        kb, tg = task // n_groups, task % n_groups
+        for k in range(min(GEMM_DEPTH, n_in - kb * GEMM_DEPTH)):
+            for j in range(GEMM_TOKENS):
+                t = tg * GEMM_TOKENS + j
+                packed[kb, tg, k, j] = x[t, kb * GEMM_DEPTH + k] if t < T else 0
+    for task in prange((n_out + R - 1) // R):
+        r0 = task * R
+        rows = min(R, n_out - r0)
+        decoded = np.empty((R, GEMM_DEPTH), x.dtype)
+        w = np.zeros((GEMM_DEPTH, R), x.dtype)  # rows past n_out: multiplied, never stored, kept finite
+        acc = np.zeros((n_groups, GEMM_TOKENS, R), np.float64)
+        for kb in range(n_depth):
+            k0 = kb * GEMM_DEPTH
+            depth = min(GEMM_DEPTH, n_in - k0)
             for i in range(rows):
-                for c in range(k0, k0 + n, CHUNK):
-                    decode_chunk(qtype, blocks[r0 + i], c, min(CHUNK, n_in - c), w[i, c - k0:], tab)
-            tile_product(w, rows, x, k0, n, acc)
-        for i in range(rows):
-            for t in range(T):
-                out[t, r0 + i] = acc[i, t]
+                decode_chunk(qtype, blocks[r0 + i], k0, depth, decoded[i], tab)
+                for k in range(depth):
+                    w[k, i] = decoded[i, k]
+            for tg in range(n_groups):
+                gemm_tile(w, packed[kb, tg], depth, acc[tg])
+        for t in range(T):
+            for i in range(rows):
+                out[t, r0 + i] = acc[t // GEMM_TOKENS, t % GEMM_TOKENS, i]
 
 
 @njit(cache=True, parallel=True)

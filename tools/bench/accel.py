@@ -23,6 +23,9 @@ and llama.cpp (llama-cpp-python) with the same number of threads, as ratios from
         llama-bench's pp and tg tests for llama.cpp, numba ggml-cpu and numba exact in turns, as a
         markdown table with each engine's speed over llama.cpp's and its logits against llama.cpp's
         (tools/bench/table.py)
+    python -m tools.bench_accel gemm build/bench/mid-ud-iq2_xxs.gguf [--tokens 512 --rows 4096 --threads 2]
+        the exact mode's prefill product on each weight type's largest matrix against the float32
+        FMA peak of the same threads, in turns (tools/bench/gemm.py)
     python -m tools.bench_accel vision build/bench/30b-mmproj-f16.gguf [--image-size 1024 --llama-bin DIR
         --model build/bench/30b-ud-iq2_xxs.gguf --plot out.png]
         one synthetic image through the tower on numba (exact numerics), and with --llama-bin through
@@ -42,7 +45,7 @@ import sys
 from reference import factory, gguf
 from reference.cli import OneLineParser, UsageError, add_json_out, exit_status, flag, int_in, names_in, write_json
 from reference.provenance import args_record
-from tools.bench import blocks, ceiling, kernels, make, run, table, vision
+from tools.bench import blocks, ceiling, gemm, kernels, make, run, table, vision
 from tools.bench.forward import MAX_IMAGE_SIDE, MAX_REPEAT
 
 # Bounds of the size arguments, checked as they are parsed.
@@ -122,6 +125,7 @@ def build_parser():  # subparsers are made with the parent's class: their errors
     add_json_out(v, "the report")
     v.add_argument("--plot", help="an image of the engines' seconds (PNG unless the extension says otherwise)")
     table.add_parser(sub, threads, add_model)
+    gemm.add_parser(sub, threads, add_model)
     c = sub.add_parser("ceiling", help="decode tokens/s no numba kernel exceeds here (floor loops), beside llama.cpp")
     add_model(c)
     flag(c, "threads", type=threads, default=2)
@@ -143,7 +147,7 @@ def add_model(p):  # the GGUF: a positional argument as before, or llama.cpp's -
 
 
 def check_args(args):  # what the argument types cannot see alone -> UsageError
-    if args.what in ("run", "kernels", "blocks", "ceiling", "table"):
+    if args.what in ("run", "kernels", "blocks", "ceiling", "table", "gemm"):
         if args.model and args.model_path and args.model != args.model_path:
             raise UsageError(f"two models: {args.model_path} and -m {args.model}")
         args.model = args.model or args.model_path
@@ -182,7 +186,7 @@ def shown(report, show, plot):  # -> a subcommand that prints its report and plo
 def main(argv=None):
     args = build_parser().parse_args(argv)
     reports = {"run": shown(run.run, run.print_ratios, run.plot_run), "kernels": kernels.kernels,
-               "blocks": blocks.blocks, "table": table.main, "ceiling": ceiling.ceiling,
+               "blocks": blocks.blocks, "table": table.main, "gemm": gemm.gemm, "ceiling": ceiling.ceiling,
                "vision": shown(vision.vision, vision.print_vision, vision.plot_vision)}  # subcommand -> its report
 
     def work():

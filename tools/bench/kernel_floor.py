@@ -5,6 +5,10 @@ structure, so a real kernel of a b-bit type does all of this and more. Their spe
 streamed from memory (the decode case) bounds what any numba kernel of that width can reach here;
 `python -m tools.bench_accel ceiling` turns the bounds into tokens/s of a whole model.
 
+The prefill's floor is arithmetic instead: fma_loop runs the float32 FMA peak of the threads, the
+vector FMAs the exact mode's GEMM microkernel (quant.gemm_tile) issues with nothing else;
+`python -m tools.bench_accel gemm` measures the GEMM against it.
+
 A field is (low >> low_shift) & 15, with (high >> high_shift) & (2^high_bits - 1) above it: 4-bit
 values (Q4_K, IQ4_XS, ...) have high_bits 0, 5-bit ones (Q5_K) 1, 6-bit ones (Q6_K) 2, as in
 ggml's block layouts. The fields are taken in int8 arithmetic by the decode kernels' own LLVM
@@ -16,7 +20,10 @@ import operator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from accel.numba import quant
 from accel.numba.quant import FAST, field_value
@@ -95,3 +102,44 @@ FLOOR_BITS = {"Q4_0": 0, "Q4_1": 0, "Q4_K": 0, "IQ4_NL": 0, "IQ4_XS": 0, "Q5_0":
 
 def model_bound(weights_per_type, floor_gw_s):  # -> seconds per decoded token at least; floor_gw_s: high_bits -> G/s
     return sum(n / (floor_gw_s[FLOOR_BITS[t]] * 1e9) for t, n in weights_per_type.items() if t in FLOOR_BITS)
+
+
+FMA_CHAINS = 2 * quant.GEMM_TOKENS  # the vector sums quant.gemm_tile keeps in registers
+
+
+@intrinsic
+def fma_chains(typingctx, steps, seed):  # -> float32: 2 GEMM_TOKENS vector FMA chains of `steps` steps each
+    """The float32 FMA peak: as many independent chains of vector FMAs on registers as
+    quant.gemm_tile keeps sums (AVX-512: 24 of 16 lanes), no loads or stores; x <- x c + seed
+    stays finite (c < 1). Their sum is returned, so no chain is dropped as unused."""
+    def codegen(context, builder, signature, args):
+        n, s = args
+        f32, i32 = ir.FloatType(), ir.IntType(32)
+        lanes = quant.VECTOR_BYTES // 4
+        vec = ir.VectorType(f32, lanes)
+        fma = builder.module.declare_intrinsic(f"llvm.fma.v{lanes}f32", fnty=ir.FunctionType(vec, [vec] * 3))
+        one = builder.insert_element(ir.Constant(vec, None), s, ir.Constant(i32, 0))
+        spread = builder.shuffle_vector(one, ir.Constant(vec, None), ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
+        factor = ir.Constant(vec, [0.999] * lanes)
+        chains = [cgutils.alloca_once_value(builder, builder.fadd(spread, ir.Constant(vec, [float(i)] * lanes)))
+                  for i in range(FMA_CHAINS)]
+        with cgutils.for_range(builder, n):
+            for c in chains:
+                builder.store(builder.call(fma, [builder.load(c), factor, spread]), c)
+        total = builder.load(chains[0])
+        for c in chains[1:]:
+            total = builder.fadd(total, builder.load(c))
+        return builder.extract_element(total, ir.Constant(i32, 0))
+    if isinstance(steps, types.Integer) and seed == types.float32:
+        return types.float32(types.int64, types.float32), codegen
+
+
+
+@njit(parallel=True)
+def fma_loop(steps, out):  # out [n_threads] -> one thread's chains each
+    for i in prange(out.shape[0]):
+        out[i] = fma_chains(steps, np.float32(i))
+
+
+def fma_peak_flops(steps, n_threads):  # -> float32 flops of one fma_loop call on n_threads
+    return n_threads * steps * FMA_CHAINS * (quant.VECTOR_BYTES // 4) * 2

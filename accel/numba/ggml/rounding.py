@@ -60,7 +60,8 @@ def vec_reduce(acc, lanes):  # scratch f32 [4, >= lanes] -> f32: reference vec_r
 def bitcast_intrinsic(name, source, result, llvm_result):  # -> intrinsic: a `source` scalar -> its bits as `result`
     def cast(typingctx, x):
         def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], llvm_result)
+            (value,) = args
+            return builder.bitcast(value, llvm_result)
         return result(source), codegen
     cast.__name__ = cast.__qualname__ = name  # numba tells intrinsics apart by name
     return intrinsic(cast)

@@ -11,7 +11,8 @@ import numpy as np
 from tools.common import REPO, GoldenError, sha256
 from .base import Engine, greedy_steps, load_text_gguf
 
-TEXT_SOURCES = ("gguf", "ops", "kv", "text", "backend", "trace", "tokenizer")  # what a reference golden runs
+TEXT_SOURCES = ("gguf/__init__", "gguf/reader", "gguf/configs", "gguf/weights", "gguf/tensors", "ops", "kv", "text",
+                "backend", "trace", "tokenizer")  # what a reference golden runs
 VIDEO_SOURCES = ("vision", "video", "image", "chat")  # and, with --mmproj, its video path
 
 
@@ -49,10 +50,11 @@ def reference_engine(args) -> Engine:
     prefill, rows, greedy = runs(lm, new_cache, chunk, lambda ids: ids)
     with_videos = video_binding(args, lm, tokenizer, build, new_cache, chunk)
     sources = [REPO / "reference" / f"{name}.py" for name in TEXT_SOURCES + (VIDEO_SOURCES if with_videos else ())]
-    source_hash = hashlib.sha256(b"".join(s.name.encode() + s.read_bytes() for s in sources)).hexdigest()
+    names = [str(s.relative_to(REPO / "reference").with_suffix("")) for s in sources]
+    source_hash = hashlib.sha256(b"".join(n.encode() + s.read_bytes() for n, s in zip(names, sources))).hexdigest()
     engine = Engine(
         name="reference",
-        version=f"muse-glimmer reference (sha256 of reference/{{{','.join(s.stem for s in sources)}}}.py "
+        version=f"muse-glimmer reference (sha256 of reference/{{{','.join(names)}}}.py "
                 f"{source_hash[:16]})",
         model={"file": path.name, "sha256": sha256(path)},
         options={"dtype": build.dtype, "kv": kind, "prefill_chunk": chunk, "backend": build.backend,
@@ -108,7 +110,7 @@ def video_binding(args, lm, tokenizer, build, new_cache, chunk):  # -> with_vide
         raise GoldenError("--mmproj: videos run with --numerics exact only (llama.cpp has no video graph to model)")
     try:
         mmproj = gguf.load(args.mmproj, "mmproj")
-        check_video_extension(args.mmproj, mmproj.config, mmproj.weights)
+        check_video_extension(args.mmproj, mmproj.config, mmproj.tensors)
         vision = factory.vision_model(mmproj, build, lm.backend)
         check_compatible(vision, lm.cfg, args.model)
         placeholder = token_id(lm.tokenizer, VIDEO_PLACEHOLDER)
