@@ -363,6 +363,20 @@ def test_f16_attention_kernels_at_the_release_grouping(T, D):
     assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
 
 
+def test_f16_attention_reads_every_cell_where_v_is_not_finite():
+    """Rows that see only part of the cells read only those; a V cell of 1e6 (infinity in f16) among
+    the cells read that no row sees (258: the first 256 are left out, the rows see 264 on) still makes
+    the reference's products NaN (0 times inf) in its dimension, and the kernels' too."""
+    q, k, v, _, scale = long_prompt(37, 600, 32, 2, 64, 18)
+    visible = ops.causal_visible(np.arange(563, 600), np.arange(600), 300)
+    v[258, 1, 5] = 1e6
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = ref_attention.attention_mul_mat(q, k, v, visible, scale, "f16")
+    got = numba_attention.attention_mul_mat(q, k, v, visible, scale, "f16")
+    assert np.isnan(ref[:, 16:, 5]).all() and np.isnan(ref).sum() == 37 * 16
+    assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
+
+
 def test_flash_split_with_three_threads():  # chunks of ceil(n_kv / 3) cells, the last one shorter
     args = long_prompt(1, 700, 2, 2, 32, 12)
     ref, got = ref_attention.attention_flash(*args, 3), numba_attention.attention_flash(*args, 3)

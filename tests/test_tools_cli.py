@@ -62,6 +62,8 @@ def cases(*table):  # (args, expected words) rows -> pytest params, each named b
     (("scale", "--mmproj", "{mmproj}", "--image-size", "0"), "--image-size: 0 is out of range"),
     (("scale", "--mmproj", "{mmproj}", "--image-size", "-5"), "--image-size: -5 is out of range"),
     (("scale", "--mmproj", "{mmproj}", "--image-size", "100000"), "--image-size: 100000 is out of range"),
+    (("scale", "--mmproj", "{mmproj}", "--video-frames", "0"), "--video-frames: 0 is out of range"),
+    (("scale", "--mmproj", "{mmproj}", "--video-frames", "4"), "has no video extension"),
     (("scale", "--model", "{tiny}", "--json", "{tmp}/none/x.json"), "no such directory"),
     (("scale", "--model", "{tiny}", "--json", "{tmp}"), "is a directory"),
     (("text", "--model", "{missing}", "--checkpoint", "{tmp}"), "no such file"),
@@ -113,6 +115,18 @@ def test_bench_scale_runs(tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
     assert report["prompt_len"] == 4 and 1 <= report["generated"] <= 2
+
+
+def test_bench_scale_video_runs(tmp_path):
+    # 5 frames at 2 fps: 4 kept (whole pairs), 2 pairs; 1280 x 720 under tiny-a's cap of 36 tokens a pair
+    # is 4 x 8 (the release's 144 gives 9 x 16); a line per pair on stderr
+    out = tmp_path / "scale.json"
+    r = run_cli("tools.bench", "scale", "--mmproj", os.path.join(MODELS, "tiny-a-mmproj-video-f32.gguf"),
+                "--video-frames", "5", "--json", out)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert (report["frames_kept"], report["pairs"], report["grid"], report["video_tokens"]) == (4, 2, [4, 8], 64)
+    assert "pair 2/2:" in r.stderr
 
 
 def test_bench_scale_last_position_lifts_the_prompt_cap(tmp_path):

@@ -90,7 +90,7 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
                                self.flash_attn, self.target, self.attention_kernels)
 
     def interpolate(self, grid, out_h, out_w):  # grid [h, w, C] -> [out_h, out_w, C]: bilinear ggml_interpolate
-        return interpolate_bilinear(np.asarray(grid, F32), out_h, out_w)
+        return interpolate_bilinear(np.asarray(grid, F32), out_h, out_w, self.target)
 
     def rms_norm(self, x, eps):  # x [..., n] -> [..., n]
         return rms_norm(np.asarray(x, F32), eps)

@@ -5,7 +5,7 @@ from ..ops import bilinear_corners
 
 from .build import GgmlCpuError
 from .libm import fdlibm_tanhf, libm, silu_rows, v_expf
-from .rounding import F32, F64, fma32, movehl_sum, register_sum
+from .rounding import F32, F64, fma32, madd, movehl_sum, register_sum
 from .target import AVX512
 
 
@@ -41,15 +41,15 @@ def layer_norm(x, w, b, eps, target=AVX512):  # x [..., n] f32, w [n], b [n] -> 
     return (centered * scale[..., None]) * np.asarray(w, F32) + np.asarray(b, F32)
 
 
-def interpolate_bilinear(grid, out_h, out_w):  # grid [h, w, C] f32 -> [out_h, out_w, C]: ggml_interpolate
+def interpolate_bilinear(grid, out_h, out_w, target=AVX512):  # grid [h, w, C] f32 -> [out_h, out_w, C]: ggml_interpolate
     """upscale_f32 in bilinear mode (ops.bilinear_taps: half-pixel centres, border clamp), its
     a*(1-dx)*(1-dy) + b*dx*(1-dy) + c*(1-dx)*dy + d*dx*dy as GCC contracts it: the first product
-    fused with the second, then one FMA per further term."""
+    fused with the second, then one FMA per further term; every product rounded without FMA."""
     a, b, c, d, dx, dy = bilinear_corners(grid, out_h, out_w)
     one = F32(1)
-    val = fma32(a * (one - dx), one - dy, (b * dx) * (one - dy))
-    val = fma32(c * (one - dx), dy, val)
-    return fma32(d * dx, dy, val)
+    val = madd(a * (one - dx), one - dy, (b * dx) * (one - dy), target.fma)
+    val = madd(c * (one - dx), dy, val, target.fma)
+    return madd(d * dx, dy, val, target.fma)
 
 
 def rotate(x0, x1, cos, sin, fused, sin_fused=False, tail_fused=False):  # pairs [..., P] x2, cos/sin [..., P] -> (out0, out1)

@@ -190,7 +190,9 @@ def bench_video(vision, n_frames):  # VisionModel -> report entries of one synth
     so that a run stopped early still says what a pair costs."""
     from reference import video
     from reference.trace import NO_TRACE
+    from reference.vision import check_video_extension
     from tools.synthetic import synthetic_image
+    check_video_extension(vision.path, vision.cfg, vision.tensors)  # before the frames are made
     width, height = VIDEO_FRAME_SIZE
     frames = np.stack([synthetic_image(width, height, seed, "smooth") for seed in range(n_frames)])
     cfg = vision.cfg

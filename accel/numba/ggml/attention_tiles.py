@@ -162,11 +162,41 @@ def pack_heads(q, k, v, group, T, rows, n_kv):  # [T, H, D], [S, Hkv, D] x2 -> Q
     return q16, k_tiles, v_t
 
 
+@numba.njit(cache=True)
+def live_spans(visible, every_cell):  # bool [T, n_kv] -> int [T, 2]: each row's visible cells, whole registers
+    """From the register (16 cells) of a row's first visible cell to past the one of its last: the
+    scores and weights outside are never read. A row that sees nothing, or every row where a V cell
+    is not finite (0 times inf is NaN in the products), takes every cell, as the reference does."""
+    T, n_kv = visible.shape
+    spans = np.empty((T, 2), np.int64)
+    for t in range(T):
+        lo, hi = n_kv, 0
+        for c in range(n_kv):
+            if visible[t, c]:
+                lo, hi = min(lo, c), c + 1
+        if every_cell or hi == 0:
+            lo, hi = 0, n_kv
+        spans[t, 0], spans[t, 1] = lo // LANES * LANES, -(-hi // LANES) * LANES
+    return spans
+
+
+@numba.njit(cache=True, inline="always")
+def quad_span(spans, r, T):  # -> (first, past the last) cell that rows r .. r + 3 (query rows r % T ..) read
+    lo, hi = spans[r % T, 0], spans[r % T, 1]
+    for i in range(1, QUAD):
+        lo, hi = min(lo, spans[(r + i) % T, 0]), max(hi, spans[(r + i) % T, 1])
+    return lo, hi
+
+
 @threaded
-def block_products(q16, k_tiles, v_t, visible, scale, T, lanes, scalef):  # -> [Hkv, rows, D]
+def block_products(q16, k_tiles, v_t, visible, spans, scale, T, lanes, scalef):  # -> [Hkv, rows, D]
     """Task (kv head, ROW_BLOCK rows): K.Q tile by tile (each 8 KB tile read from L1 by the block's
     row quads), each row's soft_max and its f16 rounding in place, then V^T.P CELL_BLOCK cells at a
-    time over the block's chains, and hsum16 of each output's lanes. Row r is query row r % T."""
+    time over the block's chains, and hsum16 of each output's lanes. Row r is query row r % T.
+    Each stage reads only the cells its rows see (spans): the reference's other scores are masked,
+    its other weights exact zeros, whose 16-cell sums add 0 to the soft_max total and whose products
+    add 0 to every chain (a chain is never -0: it starts at +0 and P is never negative), so leaving
+    them out changes no bit."""
     Hkv, rows, D = q16.shape
     n_kv = v_t.shape[2]
     n_blocks = rows // ROW_BLOCK
@@ -176,17 +206,27 @@ def block_products(q16, k_tiles, v_t, visible, scale, T, lanes, scalef):  # -> [
         kq = np.empty((ROW_BLOCK, n_kv), F32)
         for tile in range(n_kv // LANES):
             for i in range(0, ROW_BLOCK, QUAD):
-                kq_tile(q16[g], r0 + i, k_tiles[g, tile], kq, i, tile * LANES)
+                lo, hi = quad_span(spans, r0 + i, T)
+                if lo <= tile * LANES < hi:
+                    kq_tile(q16[g], r0 + i, k_tiles[g, tile], kq, i, tile * LANES)
         scratch = np.empty(n_kv, F32)
         for i in range(ROW_BLOCK):
-            soft_max_row(kq[i], visible[(r0 + i) % T], scale, lanes, scalef, scratch, kq[i])
-            f16_row(kq[i], kq[i])
+            t = (r0 + i) % T
+            lo, hi = spans[t, 0], spans[t, 1]
+            row = kq[i, lo:hi]
+            soft_max_row(row, visible[t, lo:hi], scale, lanes, scalef, scratch[:hi - lo], row)
+            f16_row(row, row)
+            quad_lo, quad_hi = quad_span(spans, r0 + i // QUAD * QUAD, T)
+            kq[i, quad_lo:lo] = 0
+            kq[i, hi:quad_hi] = 0
         chains = np.zeros((ROW_BLOCK, D, LANES), F32)
         for start in range(0, n_kv, CELL_BLOCK):
-            stop = min(start + CELL_BLOCK, n_kv)
             for i in range(0, ROW_BLOCK, QUAD):
-                for d in range(0, D, QUAD):
-                    pv_tile(kq, i, v_t[g], d, start, stop, chains)
+                lo, hi = quad_span(spans, r0 + i, T)
+                first, stop = max(start, lo), min(start + CELL_BLOCK, hi)
+                if first < stop:
+                    for d in range(0, D, QUAD):
+                        pv_tile(kq, i, v_t[g], d, first, stop, chains)
         for i in range(ROW_BLOCK):
             for d in range(D):
                 out[g, r0 + i, d] = hsum16(chains[i, d])
@@ -202,8 +242,10 @@ def tiled_attention(q, k, v, visible, scale, n_kv, target):  # [T, H, D], [S, Hk
     rows = -(-group * T // ROW_BLOCK) * ROW_BLOCK
     q16, k_tiles, v_t = pack_heads(2 * k.size + q.size, np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32),
                                    np.ascontiguousarray(v, F32), group, T, rows, n_kv)
-    out = block_products(rows * n_kv * D * Hkv, q16, k_tiles, v_t, np.ascontiguousarray(visible, np.bool_), F32(scale),
-                         T, target.lanes, target.scalef)
+    visible = np.ascontiguousarray(visible, np.bool_)
+    spans = live_spans(visible, not np.isfinite(v_t).all())
+    out = block_products(rows * n_kv * D * Hkv, q16, k_tiles, v_t, visible, spans, F32(scale), T, target.lanes,
+                         target.scalef)
     return out[:, :group * T].reshape(Hkv, group, T, D).transpose(2, 0, 1, 3).reshape(T, H, D)
 
 
