@@ -295,11 +295,10 @@ def vector_of(builder, values):  # i32 scalars -> <n x i32>
     return out
 
 
-def aux_scales(aux_top):  # IQ2_XXS/IQ3_XXS: 2 * (aux >> 28) + 1, the top nibble of each chunk's aux word
-    def scales(builder, block):  # -> (<8 x i32> scales, None)
-        odd = lambda v: builder.add(builder.shl(v, constant(I32, 1)), constant(I32, 1))
-        return vector_of(builder, [odd(builder.lshr(u8_at(builder, block, aux_top(c)), constant(I32, 4)))
-                                   for c in range(8)]), None
+def aux_scales(aux_at):  # IQ2_XXS/IQ3_XXS: 2 * (aux >> 28) + 1, the top nibble of each chunk's aux word
+    def scales(builder, block):  # -> (<8 x i32> scales, None): one vector shift of the 8 aux words
+        nibbles = builder.trunc(builder.lshr(aux_at(builder, block), ir.Constant(ir.VectorType(I64, 8), [28] * 8)), I32X8)
+        return builder.or_(builder.shl(nibbles, ir.Constant(I32X8, [1] * 8)), ir.Constant(I32X8, [1] * 8)), None
     return scales
 
 
@@ -331,8 +330,7 @@ def q6_k_scales(builder, block):  # the 16 int8 scales
     return builder.sext(load_at(builder, block, Q6_K.scales, ir.VectorType(I8, 16)), I32X16), None
 
 
-SCALES = {"IQ2_XXS": aux_scales(lambda c: IQ2_XXS.qs + 8 * c + 7),
-          "IQ3_XXS": aux_scales(lambda c: IQ3_XXS.scales_and_signs + 4 * c + 3),
+SCALES = {"IQ2_XXS": aux_scales(iq2_xxs_aux), "IQ3_XXS": aux_scales(iq3_xxs_aux),
           "IQ4_XS": iq4_xs_scales, "Q4_K": k4_scales, "Q5_K": k4_scales, "Q6_K": q6_k_scales}
 
 
