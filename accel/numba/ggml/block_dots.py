@@ -189,12 +189,15 @@ def iq_xxs_vbmi_parts(kind, aux_at):
         wide = builder.zext(indices, ir.VectorType(I16, indices.type.count))
         entry_codes = [lookup_words(builder, codes, shuffle(builder, wide, wide, range(32 * h, 32 * h + 32)))
                        for h in range(indices.type.count // 32)]
-        entry_codes = entry_codes[0] if len(entry_codes) == 1 else concat(builder, *entry_codes)
         masks = even_sign_bytes(builder, aux_at(builder, block))
         out, n = [], 64 // per_entry  # entries a part: one a qword (IQ2_XXS) or a dword (IQ3_XXS)
         for p in range(4):
-            mine = shuffle(builder, entry_codes, entry_codes, range(n * p, n * p + n))
-            packed = builder.bitcast(builder.zext(mine, ir.VectorType(ir.IntType(512 // n), n)), ir.VectorType(I64, 8))
+            # each entry's code into every word of its qword or dword (one vpermw): the level numbers
+            # vpermb reads stay below the code's copies above it, which fall in bits vpermb ignores
+            first = n * p % 32
+            spread = ir.Constant(ir.VectorType(I16, 32), [first + w * n // 32 for w in range(32)])
+            packed = builder.bitcast(x86_call(builder, "llvm.x86.avx512.permvar.hi.512", ir.VectorType(I16, 32),
+                                              [entry_codes[n * p // 32], spread]), ir.VectorType(I64, 8))
             offsets = [bits * (j % per_entry) + 32 * (j // per_entry) * (per_entry == 4) for j in range(8)]
             values = permute_bytes(builder, level_of, multishift(builder, packed, offsets))
             mask = builder.bitcast(builder.extract_element(masks, constant(I32, p)), ir.VectorType(I1, 64))
