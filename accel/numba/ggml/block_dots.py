@@ -1,7 +1,8 @@
 """The vec_dots of reference/ggml_cpu/int_dots.py (k_vec_dot, q0_lanes) on the GGUF's own block bytes,
 where they lie in the memory-mapped tensor: no decoded copy of a matrix is made. Each block is
 unpacked in vector registers as ggml's vec_dot unpacks it (nibbles, grids with their signs, 5th and
-6th bits), 64 elements at a time, into one 512-bit vpdpbusd against the Q8_K activations; the
+6th bits; with AVX512-VBMI the IQ2_XXS/IQ3_XXS grids and signs by register permutes, no table
+read), 64 elements at a time, into one 512-bit vpdpbusd against the Q8_K activations; the
 integer lanes are the reference's exact integers and the float epilogue runs in its order.
 
 raw: uint8 [O, row bytes], the tensor as stored (rows of nb blocks). The lanes of a 64-element part
@@ -115,7 +116,6 @@ def iq_xxs_part(entry_ty, entries_per_8, aux_offset, aux_step):
     return part
 
 
-
 # With AVX512-VBMI the grids and the signs are unpacked in registers, no table in memory read: as
 # each IQ2_XXS grid value is one of 3 levels and each IQ3_XXS value one of 8, a grid entry is a
 # 16-bit code of 2- or 3-bit level numbers, the 256 codes 8 registers that vpermi2w looks up 32
@@ -123,7 +123,7 @@ def iq_xxs_part(entry_ty, entries_per_8, aux_offset, aux_step):
 # into the level. The 7-bit sign indices are moved into bytes by vpmultishiftqb too, and vpermi2b
 # looks them up in keven_signs (128 bytes, 2 registers): a block's 32 sign bytes, the masks of 4
 # masked vpsubb.
-VBMI = int_dots.VPDPBUSD and llvm.get_host_cpu_features().get("avx512vbmi", False)
+VBMI = numba.config.CPU_NAME is None and llvm.get_host_cpu_features().get("avx512vbmi", False)
 
 
 def x86_call(builder, name, ty, args):  # an AVX-512 intrinsic of result type ty on args
@@ -198,7 +198,7 @@ def iq_xxs_vbmi_parts(kind, aux_at):
             spread = ir.Constant(ir.VectorType(I16, 32), [first + w * n // 32 for w in range(32)])
             packed = builder.bitcast(x86_call(builder, "llvm.x86.avx512.permvar.hi.512", ir.VectorType(I16, 32),
                                               [entry_codes[n * p // 32], spread]), ir.VectorType(I64, 8))
-            offsets = [bits * (j % per_entry) + 32 * (j // per_entry) * (per_entry == 4) for j in range(8)]
+            offsets = [bits * (j % per_entry) + 32 * (j // per_entry) for j in range(8)]
             values = permute_bytes(builder, level_of, multishift(builder, packed, offsets))
             mask = builder.bitcast(builder.extract_element(masks, constant(I32, p)), ir.VectorType(I1, 64))
             out.append((values, mask))
@@ -271,11 +271,15 @@ def q6_k_part(builder, block, _, __, p):
     return concat(builder, *pieces), None
 
 
+def vbmi_or(vbmi_parts, parts):  # -> the VBMI unpacking where the CPU has it (and AVX512-VNNI), read when a kernel compiles
+    return lambda builder, block, grid, signs: (vbmi_parts if VBMI and int_dots.VPDPBUSD else parts)(builder, block, grid, signs)
+
+
 PARTS = {kind: per_part(part) for kind, part in (
-    ("IQ2_XXS", iq_xxs_part(I64, 1, IQ2_XXS.qs + 4, 8)), ("IQ3_XXS", iq_xxs_part(I32, 2, IQ3_XXS.scales_and_signs, 4)),
     ("IQ4_XS", iq4_xs_part), ("Q4_K", q4_k_part), ("Q5_K", q5_k_part), ("Q6_K", q6_k_part))}
-if VBMI:
-    PARTS.update(IQ2_XXS=iq_xxs_vbmi_parts("IQ2_XXS", iq2_xxs_aux), IQ3_XXS=iq_xxs_vbmi_parts("IQ3_XXS", iq3_xxs_aux))
+PARTS.update(IQ2_XXS=vbmi_or(iq_xxs_vbmi_parts("IQ2_XXS", iq2_xxs_aux), per_part(iq_xxs_part(I64, 1, IQ2_XXS.qs + 4, 8))),
+             IQ3_XXS=vbmi_or(iq_xxs_vbmi_parts("IQ3_XXS", iq3_xxs_aux),
+                             per_part(iq_xxs_part(I32, 2, IQ3_XXS.scales_and_signs, 4))))
 
 
 # ---------------------------------------------------------------------------------------------
