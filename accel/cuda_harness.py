@@ -110,7 +110,7 @@ def check_products(backend, path, rows=512, tokens=(1, 5)):  # -> records, one p
         ref_w = weights.rows(name, slice(0, rows), np.float64)
         for T in tokens:
             x = rng.standard_normal((T, shape[1])).astype(np.float32)
-            got = backend.linear(x, weights, name)[:, :rows]
+            got = backend.linear(x, weights.tensor(name))[:, :rows]
             out.append(record(f"{name} {weights.type_name(name)} {list(shape)} T={T}", ops.linear(x, ref_w), got,
                               PRODUCT_GATE))
     return out
@@ -207,7 +207,7 @@ def tune(path, repeat=20):  # -> [{rows, warps, unroll, step_us, bandwidth}], fa
     from .cupy import kernels
     from .cupy.runtime import CupyRuntime
     weights = gguf.load(path, "text").weights
-    names = [n for n in weights.tensors if launch.supported(weights, n) and n != "token_embd.weight"]
+    names = [n for n in weights.tensors if launch.supported(weights.tensor(n)) and n != "token_embd.weight"]
     kind = lambda n: (weights.type_name(n), weights.shape(n))  # noqa: E731
     count, twin = Counter(map(kind, names)), {}
     for n in names:
@@ -216,7 +216,7 @@ def tune(path, repeat=20):  # -> [{rows, warps, unroll, step_us, bandwidth}], fa
     for unroll in TUNE_UNROLL:
         rt = CupyRuntime((f"-DMV_UNROLL={unroll}",))
         tables = rt.to_device(kernels.lookup_tables())
-        tensors = {key: launch.DeviceTensor(rt, weights, name) for key, name in twin.items()}
+        tensors = {key: launch.DeviceTensor(rt, weights.tensor(name)) for key, name in twin.items()}
         x = rt.zeros((1, max(t.n_in for t in tensors.values())))
         for rows in TUNE_ROWS:
             for warps in TUNE_WARPS:

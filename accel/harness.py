@@ -97,7 +97,7 @@ def linear_cases(rng):
             x = rng.standard_normal((T, n_in)).astype(dtype)
             cases.append(Case("linear", f"{qtype.name} x[{T},{n_in}] w[{n_out},{n_in}]", np.dtype(dtype).name,
                               lambda be, x=x, name=name: (ops.linear(x, tensors.weights.get(name, np.float64)),
-                                                          be.linear(x, tensors.weights, name))))
+                                                          be.linear(x, tensors.weights.tensor(name)))))
     return cases
 
 

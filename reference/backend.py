@@ -27,7 +27,7 @@ ATTENTION_SCORES_BUDGET = 1 << 25  # float64 scores per attention call (256 MiB)
 class Backend(Protocol):
     name: str
 
-    def linear(self, x, weights, name):  # x [T, in], GGUF tensor name [out, in] -> [T, out]
+    def linear(self, x, w):  # x [T, in], w a GGUF tensor (gguf.Tensor, resolved at load) [out, in] -> [T, out]
         ...
 
     def patch_embed(self, frames, kernel):  # frames [F, H, W, C], kernel [E, F, C, p, p] -> [(H/p)*(W/p), E]
@@ -100,16 +100,16 @@ class NumpyBackend:
     def __init__(self, dtype):
         self.dtype = dtype
 
-    def linear(self, x, weights, name):  # x [T, in], GGUF tensor name [out, in] -> [T, out]
+    def linear(self, x, w):  # x [T, in], w a GGUF tensor (gguf.Tensor) [out, in] -> [T, out]
         # f64 weights because ops.linear accumulates in f64. A matrix too big for the weight cache
         # (the 202048-row output head of the 30B model is 10 GB in f64) is streamed in row blocks.
-        if weights.dense_bytes(name, np.float64) <= weights.cache_bytes // 4:
-            return ops.linear(x, weights.get(name, np.float64))
-        n_out = weights.shape(name)[0]
+        if w.dense_bytes(np.float64) <= w.weights.cache_bytes // 4:
+            return ops.linear(x, w.get(np.float64))
+        n_out = w.shape[0]
         out = np.empty((x.shape[0], n_out), x.dtype)
         for start in range(0, n_out, STREAM_ROWS):
             rows = slice(start, min(start + STREAM_ROWS, n_out))
-            out[:, rows] = ops.linear(x, weights.rows(name, rows, np.float64))
+            out[:, rows] = ops.linear(x, w.rows(rows, np.float64))
         return out
 
     def patch_embed(self, frames, kernel):  # frames [F, H, W, C], kernel [E, F, C, p, p] -> [(H/p)*(W/p), E]

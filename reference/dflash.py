@@ -1,4 +1,4 @@
-"""DFlash speculative decoding as llama.cpp runs it (docs/dflash.md): a block drafter that reads the
+"""DFlash speculative decoding as llama.cpp runs it (docs/dflash.md): a drafter that reads the
 target's hidden states, and greedy verification around it. The output is the target's own greedy
 continuation whatever the drafter proposes; the drafter only changes how many target passes it takes.
 
@@ -6,9 +6,9 @@ continuation whatever the drafter proposes; the drafter only changes how many ta
     encode    g_t = rms(f_t Wfc) * enc.output_norm
     inject    per drafter layer: K = rope_neox(rms_h(g Wk) * k_norm, p_t), V = g Wv  -> cell at p_t
               (no attn_norm on g, no Q, no attention)
-    draft     block [anchor, MASK x n_max] at positions pos0 .. pos0 + n_max, h = raw token_embd rows
+    draft     [anchor, MASK x n_max] at positions pos0 .. pos0 + n_max, h = raw token_embd rows
               per layer: x = rms(h) * attn_norm;  q, k = rope_neox(rms_h(x Wq|Wk) * q|k_norm);  v = x Wv
-                         h += attn(q, context cells + block cells, no causal cut, window per row) Wo
+                         h += attn(q, context cells + draft cells, no causal cut, window per row) Wo
                          h += swiglu(u Wgate, u Wup) Wdown,   u = rms(h) * ffn_norm
               logits = rms(h) * output_norm  W_output(target)       no logit scale, no softcap
               row i >= 1 proposes the token at pos0 + i; row 0 (the anchor) is dropped
@@ -78,9 +78,9 @@ def confidence(logits):  # [V] -> p of the top token, renormalised over the top 
     return float(ops.softmax(top)[-1])
 
 
-def draft_tokens(block_logits, p_min):  # [n_max + 1, V] -> draft ids (rows 1..; cut at p < p_min)
+def draft_tokens(draft_logits, p_min):  # [n_max + 1, V] -> draft ids (rows 1..; cut at p < p_min)
     drafts = []
-    for row in block_logits[1:]:
+    for row in draft_logits[1:]:
         if confidence(row) < p_min:
             break
         drafts.append(int(np.argmax(row)))
@@ -106,14 +106,14 @@ class Drafter(Blocks):
 
     def __init__(self, draft_model, target):  # GGUFModel (role dflash), TextModel
         check_pairing(draft_model, target)
-        super().__init__(draft_model.weights, target.dtype, target.backend)
+        super().__init__(draft_model, target.dtype, target.backend)
         self.cfg = draft_model.config
         self.target = target
 
-    def clamp_n_max(self, n_max):  # llama.cpp clamps the block to the trained block_size
+    def clamp_n_max(self, n_max):  # llama.cpp clamps the draft to the trained block_size
         return max(0, min(n_max, self.cfg.block_size - 1))
 
-    def new_cache(self, n_ctx):  # context rows for n_ctx positions plus one block
+    def new_cache(self, n_ctx):  # context rows for n_ctx positions plus one draft
         c = self.cfg
         return DraftCache(c.n_layer, n_ctx + c.block_size, c.n_head_kv, c.head_dim, self.dtype)
 
@@ -125,32 +125,29 @@ class Drafter(Blocks):
 
     def encode(self, features, trace=NO_TRACE):  # [T, n_target_layers * E] -> g [T, E]
         trace("inp_target_features", features)
-        g = self.norm(self.linear(features, "fc.weight"), "enc.output_norm.weight", self.cfg.rms_eps)
+        g = self.norm(self.linear(features, self.tensors.fc), self.tensors.enc_output_norm, self.cfg.rms_eps)
         trace("inp_g_embeddings", g)
         return g
 
-    def heads(self, il, x, which):  # x [T, E] -> [T, H, D] ("q") or [T, Hkv, D] ("k", "v")
-        return self.linear(x, f"blk.{il}.attn_{which}.weight").reshape(len(x), -1, self.cfg.head_dim)
+    def heads(self, x, w):  # x [T, E], w attn_q | attn_k | attn_v -> [T, H, D] or [T, Hkv, D]
+        return self.linear(x, w).reshape(len(x), -1, self.cfg.head_dim)
 
     def rope(self, x, positions):  # x [T, H, D] -> [T, H, D]; NeoX pairs (j, j + D/2)
         theta = ops.rope_angles(positions, self.cfg.head_dim, self.cfg.rope_base, self.dtype)
         return self.backend.rope_neox(x, theta)
 
-    def head_norm(self, il, x, which):  # x [T, H, D] -> [T, H, D], per-head RMSNorm
-        return self.norm(x, f"blk.{il}.attn_{which}_norm.weight", self.cfg.rms_eps)
-
     def inject(self, g, positions, cache, trace=NO_TRACE):  # g [T, E], positions [T] -> None
         """Context K/V of every drafter layer from the same g, at the target positions."""
         cells = cache.allocate(positions)
-        for il in range(self.cfg.n_layer):
-            k = self.rope(self.head_norm(il, self.heads(il, g, "k"), "k"), positions)
-            v = self.heads(il, g, "v")
+        for il, layer in enumerate(self.layers):
+            k = self.rope(self.norm(self.heads(g, layer.attn_k), layer.attn_k_norm, self.cfg.rms_eps), positions)
+            v = self.heads(g, layer.attn_v)
             trace(point("Kcur_injected", il), k)
             trace(point("Vcur_injected", il), v)
             cache.store(il, cells, k, v)
 
-    def block_logits(self, anchor, pos0, n_max, cache, trace=NO_TRACE):  # -> [n_max + 1, V]
-        """One draft pass over [anchor, MASK x n_max]; the block's own cells are removed after it,
+    def draft_logits(self, anchor, pos0, n_max, cache, trace=NO_TRACE):  # -> [n_max + 1, V]
+        """One draft pass over [anchor, MASK x n_max]; the draft's own cells are removed after it,
         so the cache again holds only context rows."""
         c = self.cfg
         tokens = [anchor] + [c.mask_token] * n_max
@@ -159,37 +156,37 @@ class Drafter(Blocks):
         trace("inp_noise_embd", h)
         cells = cache.allocate(positions)
         for il in range(c.n_layer):
-            h = h + self.attention_block(il, h, positions, cells, cache, trace)
+            h = h + self.attention_sublayer(il, h, positions, cells, cache, trace)
             trace(point("ffn_inp", il), h)
             h = h + self.ffn(il, h, c.rms_eps, trace)  # the text model's FFN, without its post-norm
             trace(point("l_out", il), h)
         cache.remove_from(pos0)
-        z = self.norm(h, "output_norm.weight", c.rms_eps)
+        z = self.norm(h, self.tensors.output_norm, c.rms_eps)
         trace("result_norm", z)
-        logits = self.backend.linear(z, self.target.weights, "output.weight")
+        logits = self.linear(z, self.target.tensors.output)
         trace("result_output", logits)
         return logits
 
-    def attention_block(self, il, h, positions, cells, cache, trace):  # h [T, E] -> [T, E] (to add)
-        c = self.cfg
-        x = self.norm(h, f"blk.{il}.attn_norm.weight", c.rms_eps)
+    def attention_sublayer(self, il, h, positions, cells, cache, trace):  # h [T, E] -> [T, E] (to add)
+        c, layer = self.cfg, self.layers[il]
+        x = self.norm(h, layer.attn_norm, c.rms_eps)
         trace(point("noise_norm", il), x)
-        q = self.rope(self.head_norm(il, self.heads(il, x, "q"), "q"), positions)
-        k = self.rope(self.head_norm(il, self.heads(il, x, "k"), "k"), positions)
-        v = self.heads(il, x, "v")
+        q = self.rope(self.norm(self.heads(x, layer.attn_q), layer.attn_q_norm, c.rms_eps), positions)
+        k = self.rope(self.norm(self.heads(x, layer.attn_k), layer.attn_k_norm, c.rms_eps), positions)
+        v = self.heads(x, layer.attn_v)
         trace(point("Qcur", il), q)
         trace(point("Kcur", il), k)
         trace(point("Vcur", il), v)
         cache.store(il, cells, k, v)
         k_rows, v_rows, k_pos = cache.live(il)
-        # no causal cut: the block's rows see each other and every context cell
+        # no causal cut: the draft's rows see each other and every context cell
         visible = ops.causal_visible(positions, k_pos, c.n_swa if c.swa_layers[il] else 0, causal=False)
         # A float64 scale (transformers' head_dim ** -0.5), where TextModel.attend takes llama.cpp's
         # float32 1.0f/sqrtf: the drafter's exact goldens (golden/dflash) are transformers', and a float32
         # scale moves their worst-row NMSE (len1-n3 1.888e-13 -> 1.847e-13, len7-n3 1.361e-13 -> 1.443e-13).
         # Under ggml-cpu the backend rounds the scale to float32 either way (reference/ggml_cpu/backend.py).
         o = self.backend.attention(q, k_rows, v_rows, visible, 1.0 / np.sqrt(c.head_dim))
-        return self.linear(o.reshape(len(h), -1), f"blk.{il}.attn_output.weight")
+        return self.linear(o.reshape(len(h), -1), layer.attn_output)
 
 
 def check_pairing(draft_model, target):  # raise GGUFError (naming the drafter) if it cannot serve target
@@ -244,7 +241,7 @@ class Speculator:
     def draft(self, anchor, pos0, n_max, p_min):  # -> draft ids (at most n_max)
         if n_max == 0:
             return []
-        return draft_tokens(self.drafter.block_logits(anchor, pos0, n_max, self.draft_cache), p_min)
+        return draft_tokens(self.drafter.draft_logits(anchor, pos0, n_max, self.draft_cache), p_min)
 
     def verify(self, anchor, drafts):  # -> (the ids the target emits, the target's row that chose each); caches rolled back
         pos0 = self.cache.n_past

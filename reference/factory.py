@@ -7,9 +7,10 @@ backend (numpy, tp, numba, cupy) in a numerics mode (exact, ggml-cpu).
     tower = vision_model(gguf.load(mmproj, "mmproj"), build, lm.backend)   # the text model's backend
     draft = drafter(gguf.load(path, "dflash"), lm)         # computes through lm.backend
 
-The reference's own backends are built here. accel's are found through its registry (the table
-`accel.BACKENDS`, "module:callable" strings), imported only when such a backend is asked for, so
-reference/ runs, and is tested, without numba or CuPy.
+The reference's own backends are built here (own_backend). accel's are found through its registry
+(the table `accel.BACKENDS` of "module:callable" strings, each callable (Build) -> backend, as
+own_backend is), imported only when such a backend is asked for, so reference/ runs, and is tested,
+without numba or CuPy.
 """
 import importlib
 import os
@@ -126,18 +127,25 @@ def compile_notes(build):  # -> lines: numba's first compilation, which is silen
 
 def backend(build):  # -> the backend object `build` asks for (FactoryError: unknown, or not here)
     check(build)
+    make = accel_callable("BACKENDS", build) or own_backend  # every maker: (Build) -> backend
+    return make(build)
+
+
+def own_backend(build):  # -> the reference's own backend `build` asks for: numpy, tensor-parallel numpy, ggml-cpu
     if build.ggml_cpu:
-        k_type = build.kv_type or "f16"
-        v_type = build.v_type or k_type
-        # a quantized V cache needs flash attention: llama.cpp's "auto" turns it on, "off" refuses it
-        flash = v_type == "q8_0" if build.flash_attn is None else build.flash_attn
-        make = accel_callable("BACKENDS", build) or GgmlCpuBackend
-        return make(k_type, flash, n_threads=build.n_threads, check_host=False, repack=build.repack is not False,
-                    cpu=build.cpu or DEFAULT_TARGET, v_type=v_type)
+        return GgmlCpuBackend(**ggml_cpu_options(build))
     if build.tp != 1:
         return TensorParallelBackend(np.dtype(build.dtype), build.tp)
-    make = accel_callable("BACKENDS", build) or NumpyBackend
-    return make(np.dtype(build.dtype))
+    return NumpyBackend(np.dtype(build.dtype))
+
+
+def ggml_cpu_options(build):  # -> the keyword arguments of GgmlCpuBackend (and its numba twin) `build` asks for
+    k_type = build.kv_type or "f16"
+    v_type = build.v_type or k_type
+    # a quantized V cache needs flash attention: llama.cpp's "auto" turns it on, "off" refuses it
+    flash = v_type == "q8_0" if build.flash_attn is None else build.flash_attn
+    return {"kv_type": k_type, "flash_attn": flash, "n_threads": build.n_threads, "check_host": False,
+            "repack": build.repack is not False, "cpu": build.cpu or DEFAULT_TARGET, "v_type": v_type}
 
 
 def accel_callable(table, build):  # "BACKENDS" | "TEXT_MODELS", Build -> what accel registers for it, or None

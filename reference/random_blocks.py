@@ -7,7 +7,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q, GGML_QUANT_SIZES
 from gguf import quants
 
-from .gguf import EXTRA_SIZES
+from .gguf.reader import EXTRA_SIZES
 
 # byte offsets of the f16 super-block scales in each block (ggml-common.h block layouts)
 F16_SCALE_OFFSETS = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.IQ4_NL: (0,), Q.Q2_K: (80, 82), Q.Q3_K: (108,),

@@ -182,10 +182,10 @@ class Request:
     videos: list            # (video.Prepared, timestamp texts) per --video
 
 
-def check_flags(args, compute):  # args, their factory.Build -> None; UsageError (FactoryError) for contradictions
+def check_flags(args, build):  # args, their factory.Build -> None; UsageError (FactoryError) for contradictions
     check_greedy(args)
     check_prompt_flags(args)
-    factory.check(compute)
+    factory.check(build)
     check_output_flags(args)
     media = "--image" if args.image else "--video" if args.video else None
     if media and args.model_draft:
@@ -195,18 +195,18 @@ def check_flags(args, compute):  # args, their factory.Build -> None; UsageError
     if media and not args.mmproj:
         raise UsageError(f"{media} needs --mmproj")
     if media:
-        factory.check_tower(compute)
-    check_video_flags(args, compute)
+        factory.check_tower(build)
+    check_video_flags(args, build)
 
 
-def check_video_flags(args, compute):
+def check_video_flags(args, build):
     given = [f for f, v in (("--video-fps", args.video_fps), ("--video-max-frames", args.video_max_frames),
                             ("--video-max-frame-tokens", args.video_max_frame_tokens)) if v is not None]
     if given and not args.video:
         raise UsageError(f"{given[0]} needs --video")
     if args.video and args.image:
         raise UsageError("--video with --image is not supported: one kind of media a prompt")
-    if args.video and compute.numerics != "exact":
+    if args.video and build.numerics != "exact":
         raise UsageError("--video runs with --numerics exact only: llama.cpp has no video graph to emulate")
 
 
@@ -239,11 +239,11 @@ def check_output_flags(args):
                                 ("--trace", args.trace)], inputs, UsageError)
 
 
-def read_request(args, compute):  # -> Request: every input file read (a GGUF: its header), every value parsed
+def read_request(args, build):  # -> Request: every input file read (a GGUF: its header), every value parsed
     for path in (model_path(args), args.model_draft, args.mmproj):
         if path is not None:
             gguf.check_file(path)
-    return Request(compute, factory.cache_layout(compute, args.kv, prefill_chunk(args)), prompt_text(args),
+    return Request(build, factory.cache_layout(build, args.kv, prefill_chunk(args)), prompt_text(args),
                    parse_token_ids(args.token_ids) if args.token_ids is not None else None,
                    parse_date(args.date) if args.date is not None else None,
                    [load_rgb(path) for path in args.image], read_videos(args))
@@ -253,7 +253,7 @@ def read_videos(args):  # -> [(video.Prepared, timestamp texts)] per --video, sa
     if not args.video:
         return []
     mmproj = gguf.load(args.mmproj, "mmproj")  # its metadata: the tensors stay in the memory map
-    check_video_extension(args.mmproj, mmproj.config, mmproj.weights)
+    check_video_extension(args.mmproj, mmproj.config, mmproj.tensors)
     return [read_video(path, args.video_fps, mmproj.config, args.video_max_frames, args.video_max_frame_tokens)
             for path in args.video]
 
@@ -285,10 +285,6 @@ def prompt_text(args):  # -> the text of --prompt or --prompt-file, from their b
 
 def model_path(args):  # -> the text GGUF that runs
     return args.model or DEFAULT_MODEL
-
-
-def build(args):  # -> factory.Build: what --backend, --numerics, --dtype, --tp and llama.cpp's build flags ask for
-    return build_of(args)
 
 
 def prefill_chunk(args):  # -> prompt rows per forward: llama.cpp's n_ubatch = min(n_batch, n_ubatch)
@@ -531,10 +527,10 @@ def report(args, request, lm, tok, prompt, result):  # -> None: --json's object 
         print_report(args, request, lm, tok, prompt, result, text)
 
 
-def load_models(args, compute):  # -> (the text GGUFModel, its TextModel, the Drafter or None)
-    backend = factory.backend(compute)  # numba or CuPy missing: refused before any GGUF loads
+def load_models(args, build):  # -> (the text GGUFModel, its TextModel, the Drafter or None)
+    backend = factory.backend(build)  # numba or CuPy missing: refused before any GGUF loads
     model = gguf.load(model_path(args), "text")
-    lm = factory.text_model(model, compute, backend)
+    lm = factory.text_model(model, build, backend)
     return model, lm, load_drafter(args, lm, warn)
 
 
@@ -557,15 +553,15 @@ def warn(message):  # one line on stderr
 
 
 def run(args):  # parsed args -> exit status
-    compute = build(args)
-    check_flags(args, compute)
-    request = read_request(args, compute)
-    for warning in factory.host_warnings(compute):
+    build = build_of(args)  # what --backend, --numerics, --dtype, --tp and llama.cpp's build flags ask for
+    check_flags(args, build)
+    request = read_request(args, build)
+    for warning in factory.host_warnings(build):
         warn(warning)
-    for note in factory.notes(compute):
+    for note in factory.notes(build):
         print(f"reference.run: {note}", file=sys.stderr)
     t0 = time.perf_counter()
-    model, lm, drafter = load_models(args, compute)
+    model, lm, drafter = load_models(args, build)
     load_s = time.perf_counter() - t0
     prompt = prompt_tokens(args, request, model.tokenizer, model.config.n_ctx_train)
     if args.tokenize_only:

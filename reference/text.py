@@ -22,36 +22,38 @@ from .trace import NO_TRACE, layer_range, point
 
 
 class Blocks:
-    """What a stack of decoder layers computes with: its GGUF weights, through its backend. Shared
-    by the text model and the DFlash drafter, whose FFN is the text model's without the post-norm."""
+    """What a stack of decoder layers computes with: its GGUF tensors, resolved at load into
+    `tensors` (`layers[il].ffn_up`, ...), through its backend. Shared by the text model and the
+    DFlash drafter, whose FFN is the text model's without the post-norm."""
 
-    def __init__(self, weights, dtype, backend):
-        self.weights = weights
+    def __init__(self, gguf_model, dtype, backend):
+        self.tensors = gguf_model.tensors
+        self.layers = gguf_model.tensors.layers
         self.dtype = np.dtype(dtype)
         self.backend = backend or NumpyBackend(self.dtype)
 
-    def norm_weight(self, name):  # [n]
-        return self.weights.get(name, self.dtype)
+    def norm_weight(self, w):  # gguf.Tensor [n] -> [n]
+        return w.get(self.dtype)
 
-    def norm(self, x, name, eps):  # x [..., n] -> rms(x) * weight [n]
-        return self.backend.rms_norm(x, eps) * self.norm_weight(name)
+    def norm(self, x, w, eps):  # x [..., n], w a norm weight [n] -> rms(x) * weight [n]
+        return self.backend.rms_norm(x, eps) * self.norm_weight(w)
 
-    def linear(self, x, name):  # x [T, in], this model's tensor [out, in] -> [T, out]
-        return self.backend.linear(x, self.weights, name)
+    def linear(self, x, w):  # x [T, in], w this model's tensor [out, in] -> [T, out]
+        return self.backend.linear(x, w)
 
     def ffn(self, il, x, eps, trace):  # x [T, E] -> [T, E]: swiglu(u Wgate, u Wup) Wdown, u = rms(x) * ffn_norm
-        b = f"blk.{il}."
-        u = self.norm(x, b + "ffn_norm.weight", eps)
+        layer = self.layers[il]
+        u = self.norm(x, layer.ffn_norm, eps)
         trace(point("ffn_norm", il), u)
-        f = self.backend.swiglu(self.linear(u, b + "ffn_gate.weight"), self.linear(u, b + "ffn_up.weight"))
-        f = self.linear(f, b + "ffn_down.weight")
+        f = self.backend.swiglu(self.linear(u, layer.ffn_gate), self.linear(u, layer.ffn_up))
+        f = self.linear(f, layer.ffn_down)
         trace(point("ffn_out", il), f)
         return f
 
 
 class TextModel(Blocks):
     def __init__(self, gguf_model, dtype=np.float32, backend=None):
-        super().__init__(gguf_model.weights, dtype, backend)
+        super().__init__(gguf_model, dtype, backend)
         self.cfg = gguf_model.config
         self.tokenizer = gguf_model.tokenizer
 
@@ -61,7 +63,7 @@ class TextModel(Blocks):
                        self.dtype, kind, chunk)
 
     def embed(self, token_ids):  # [T] -> [T, E], the raw rows of token_embd
-        return self.weights.rows("token_embd.weight", token_ids, self.dtype)
+        return self.tensors.token_embd.rows(token_ids, self.dtype)
 
     def forward(self, embeddings, positions, cache, trace=NO_TRACE, progress=None, out_rows=None):
         """embeddings [T, E] (token rows, or image rows in their place), positions [T] -> logits [T, V],
@@ -73,7 +75,7 @@ class TextModel(Blocks):
         x = self.backend.rms_norm(embeddings.astype(self.dtype, copy=False), c.rms_eps)
         trace("embd_norm", x)
         for il in layer_range(c.n_layer, progress):
-            a = self.attention_block(il, x, positions, cache, trace)
+            a = self.attention_sublayer(il, x, positions, cache, trace)
             if il == c.n_layer - 1 and out_rows is not None:
                 # llama.cpp's inp_out_ids: the last FFN runs on the kept rows alone, and ggml's kernels
                 # choose their path by row count, so the rows are kept where llama.cpp keeps them
@@ -82,31 +84,31 @@ class TextModel(Blocks):
                 break
             x = x + a
             trace(point("ffn_inp", il), x)
-            x = x + self.ffn_block(il, x, trace)
+            x = x + self.ffn_sublayer(il, x, trace)
             trace(point("l_out", il), x)
         cache.n_past = max(cache.n_past, int(np.max(positions)) + 1)
         return self.output_head(x, trace) if len(x) else np.zeros((0, c.n_vocab), self.dtype)
 
     def output_head(self, x, trace):  # x [T, E] -> logits [T, V]: softcap(rms(x) * output_norm Wout * logit_scale)
         c = self.cfg
-        y = self.norm(x, "output_norm.weight", c.rms_eps)
+        y = self.norm(x, self.tensors.output_norm, c.rms_eps)
         trace("result_norm", y)
-        logits = self.backend.softcap(self.linear(y, "output.weight") * self.dtype.type(c.logit_scale), c.softcap)
+        logits = self.backend.softcap(self.linear(y, self.tensors.output) * self.dtype.type(c.logit_scale), c.softcap)
         trace("result_output", logits)
         return logits
 
-    def attention_block(self, il, x, positions, cache, trace):  # x [T, E] -> [T, E] (to add to x)
-        c, b = self.cfg, f"blk.{il}."
-        h = self.norm(x, b + "attn_norm.weight", c.rms_eps)
+    def attention_sublayer(self, il, x, positions, cache, trace):  # x [T, E] -> [T, E] (to add to x)
+        c, layer = self.cfg, self.layers[il]
+        h = self.norm(x, layer.attn_norm, c.rms_eps)
         trace(point("attn_norm", il), h)
         q, k, v = self.qkv(il, h)
         trace(point("Qcur", il), q)
         trace(point("Kcur", il), k)
         trace(point("Vcur", il), v)
-        gate = self.linear(h, b + "attn_gate.weight")
+        gate = self.linear(h, layer.attn_gate)
         trace(point("attn_gate_proj", il), gate)
-        q = self.norm(q, b + "attn_q_norm.weight", c.rms_eps)
-        k = self.norm(k, b + "attn_k_norm.weight", c.rms_eps)
+        q = self.norm(q, layer.attn_q_norm, c.rms_eps)
+        k = self.norm(k, layer.attn_k_norm, c.rms_eps)
         trace(point("Qcur_normed", il), q)
         trace(point("Kcur_normed", il), k)
         if c.swa_layers[il]:  # RoPE on the sliding-window layers, NoPE on the full ones
@@ -119,28 +121,28 @@ class TextModel(Blocks):
         trace(point("attn_gate_sig", il), g)
         o = o * g
         trace(point("attn_gated", il), o)
-        a = self.linear(o, b + "attn_output.weight")
+        a = self.linear(o, layer.attn_output)
         trace(point("attn_o_proj", il), a)
-        a = self.norm(a, b + "post_attention_norm.weight", c.post_norm_eps)
+        a = self.norm(a, layer.post_attention_norm, c.post_norm_eps)
         trace(point("attn_post_norm", il), a)
         return a
 
-    def ffn_block(self, il, x, trace):  # x [T, E] -> [T, E] (to add to x)
+    def ffn_sublayer(self, il, x, trace):  # x [T, E] -> [T, E] (to add to x)
         c = self.cfg
-        f = self.norm(self.ffn(il, x, c.rms_eps, trace), f"blk.{il}.post_ffw_norm.weight", c.post_norm_eps)
+        f = self.norm(self.ffn(il, x, c.rms_eps, trace), self.layers[il].post_ffw_norm, c.post_norm_eps)
         trace(point("ffn_post_norm", il), f)
         return f
 
     def qkv(self, il, h):  # h [T, E] -> q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]
-        c, w, b = self.cfg, self.weights, f"blk.{il}."
+        c, layer = self.cfg, self.layers[il]
         T, D, nq, nkv = h.shape[0], c.head_dim, c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-        if b + "attn_qkv.weight" in w:
-            fused = self.linear(h, b + "attn_qkv.weight")
+        if layer.attn_qkv is not None:
+            fused = self.linear(h, layer.attn_qkv)
             q, k, v = fused[:, :nq], fused[:, nq:nq + nkv], fused[:, nq + nkv:]
         else:
-            q, k, v = (self.linear(h, b + f"attn_{p}.weight") for p in "qkv")
-        q, k, v = (p + w.get(b + f"attn_{n}.bias", self.dtype) if b + f"attn_{n}.bias" in w else p
-                   for p, n in ((q, "q"), (k, "k"), (v, "v")))
+            q, k, v = (self.linear(h, w) for w in (layer.attn_q, layer.attn_k, layer.attn_v))
+        q, k, v = (p if bias is None else p + bias.get(self.dtype)
+                   for p, bias in ((q, layer.attn_q_bias), (k, layer.attn_k_bias), (v, layer.attn_v_bias)))
         return q.reshape(T, c.n_head, D), k.reshape(T, c.n_head_kv, D), v.reshape(T, c.n_head_kv, D)
 
     def rope(self, x, positions):  # x [T, H, D] -> [T, H, D]; NORM pairs (2i, 2i+1)

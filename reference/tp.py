@@ -38,10 +38,10 @@ class TensorParallelBackend(NumpyBackend):
         super().__init__(dtype)
         self.n_ranks = n_ranks
 
-    def linear(self, x, weights, name):  # x [T, in] -> [T, out]
-        if not name.endswith(ROW_PARALLEL):
-            return super().linear(x, weights, name)
-        w = weights.get(name, np.float64)
+    def linear(self, x, w):  # x [T, in], w a GGUF tensor [out, in] -> [T, out]
+        if not w.name.endswith(ROW_PARALLEL):
+            return super().linear(x, w)
+        w = w.get(np.float64)
         shard = x.shape[1] // self.n_ranks  # heads (attn_output) or n_ff segments (ffn_down)
         return self.all_reduce([ops.linear(x[:, r * shard:(r + 1) * shard], w[:, r * shard:(r + 1) * shard])
                                 for r in range(self.n_ranks)])

@@ -74,13 +74,13 @@ class VisionModel:
     def __init__(self, gguf_model, dtype=np.float32, backend=None):
         self.path = gguf_model.path
         self.cfg = gguf_model.config
-        self.weights = gguf_model.weights
+        self.tensors = gguf_model.tensors
         self.dtype = np.dtype(dtype)
         self.backend = backend or NumpyBackend(self.dtype)
-        n_pos = self.weights.shape("v.position_embd.weight")[0]
+        n_pos = self.tensors.position_embd.shape[0]
         self.pos_side = math.isqrt(n_pos)
         if self.pos_side ** 2 != n_pos:
-            raise GGUFError(self.path, f"v.position_embd has {n_pos} rows, not a square grid")
+            raise GGUFError(self.path, f"{self.tensors.position_embd.name} has {n_pos} rows, not a square grid")
         if self.cfg.merge_size != SUPPORTED_MERGE:
             raise GGUFError(self.path, f"clip.vision.spatial_merge_size {self.cfg.merge_size} is not supported "
                                        f"(llama.cpp counts merged tokens with a literal {SUPPORTED_MERGE})")
@@ -89,7 +89,7 @@ class VisionModel:
 
     @property
     def n_out(self):  # width of one image embedding (the text model's n_embd)
-        return self.weights.shape("mm.2.weight")[0]
+        return self.tensors.mm_2.shape[0]
 
     @property
     def unit(self):  # pixels per merged token side (28)
@@ -118,7 +118,7 @@ class VisionModel:
         perm, window_lengths = ops.window_permutation(gh, gw, self.pos_side)
         x = x[perm]
         trace("after_sp_perm", x)
-        x = self.layer_norm(x, "v.pre_ln")
+        x = self.layer_norm(x, self.tensors.pre_ln)
         trace("pre_ln", x)
         rows, cols = np.divmod(perm, gw)  # 1-indexed positions of the permuted tokens (clip.cpp)
         theta_w = ops.rope_angles(cols + 1, c.head_dim // 2, c.rope_theta, self.dtype)
@@ -126,7 +126,7 @@ class VisionModel:
         for il in layer_range(c.n_layer, progress):
             windows = [len(perm)] if self.is_global(il) else window_lengths
             x = self.block(il, x, theta_w, theta_h, windows, trace)
-        x = self.layer_norm(x, "v.post_ln")
+        x = self.layer_norm(x, self.tensors.post_ln)
         y = np.empty_like(x)
         y[perm] = x  # the inverse permutation: back to raster order
         trace("after_inv_perm", y)
@@ -143,11 +143,11 @@ class VisionModel:
         position table resized with transformers' zero padding, the same for every pair; RoPE
         positions, windows and global layers within the pair; pixel shuffle and adapter per pair.
         pair_trace(g) is pair g's Tracer (reference.run: a directory video-<v>-pair-<g>), closed here."""
-        check_video_extension(self.path, self.cfg, self.weights)
+        check_video_extension(self.path, self.cfg, self.tensors)
         c = self.cfg
         rows, cols = prepared.grid
         gh, gw = rows * c.merge_size, cols * c.merge_size
-        table = self.weights.get("v.position_embd.weight", self.dtype).reshape(self.pos_side, self.pos_side, -1)
+        table = self.tensors.position_embd.get(self.dtype).reshape(self.pos_side, self.pos_side, -1)
         # transformers' own resize, host-side: no engine has a video graph (a ggml-cpu backend refuses the pair)
         position = ops.resize_bilinear_zeros(table, gh, gw).reshape(gh * gw, -1)
         kernel = self.pair_kernel()
@@ -162,8 +162,8 @@ class VisionModel:
 
     def pair_kernel(self):  # -> float64 [E, 2, 3, p, p]: [W0 | W1], transformers' Linear over a pair's patch
         p = self.cfg.patch_size
-        summed = self.weights.get("v.patch_embd.weight", np.float64).reshape(self.cfg.n_embd, 3, p, p)
-        second = self.weights.get(gguf.PATCH_EMBD_T1, np.float64).reshape(self.cfg.n_embd, 3, p, p)
+        summed = self.tensors.patch_embd.get(np.float64).reshape(self.cfg.n_embd, 3, p, p)
+        second = self.tensors.patch_embd_t1.get(np.float64).reshape(self.cfg.n_embd, 3, p, p)
         return np.stack([summed - second, second], axis=1)
 
     def is_global(self, il):  # every sparse_factor-th layer and the last attend to the whole image
@@ -171,57 +171,56 @@ class VisionModel:
 
     def patch_embed(self, pixels):  # [H, W, 3] -> [gh*gw, E] raster order; a stride-14 conv, no bias
         p = self.cfg.patch_size
-        kernel = self.weights.get("v.patch_embd.weight", np.float64).reshape(self.cfg.n_embd, 1, 3, p, p)
+        kernel = self.tensors.patch_embd.get(np.float64).reshape(self.cfg.n_embd, 1, 3, p, p)
         return self.backend.patch_embed(pixels[None], kernel)
 
     def position_embed(self, gh, gw):  # -> [gh*gw, E]; table row y*side + x
         side = self.pos_side
-        table = self.weights.get("v.position_embd.weight", self.dtype).reshape(side, side, -1)
+        table = self.tensors.position_embd.get(self.dtype).reshape(side, side, -1)
         return self.backend.interpolate(table, gh, gw).reshape(gh * gw, -1)
 
-    def layer_norm(self, x, prefix):  # x [T, E] -> [T, E]
-        weight, bias = (self.weights.get(prefix + part, self.dtype) for part in (".weight", ".bias"))
-        return self.backend.layer_norm(x, weight, bias, self.cfg.layer_norm_eps)
+    def layer_norm(self, x, norm):  # x [T, E], norm an Affine (weight, bias) -> [T, E]
+        return self.backend.layer_norm(x, norm.weight.get(self.dtype), norm.bias.get(self.dtype), self.cfg.layer_norm_eps)
 
-    def linear(self, x, name):  # x [T, in] -> [T, out]
-        return self.backend.linear(x, self.weights, name)
+    def linear(self, x, w):  # x [T, in], w a GGUF tensor [out, in] -> [T, out]
+        return self.backend.linear(x, w)
 
-    def dense(self, x, name):  # x [T, in] -> [T, out]; a GGUF linear with its bias
-        out = self.linear(x, name + ".weight")
-        out += self.weights.get(name + ".bias", self.dtype)  # in place: a new [5476, 8960] array cost 0.1 s a call
+    def dense(self, x, affine):  # x [T, in], affine (weight [out, in], bias [out]) -> [T, out]; a GGUF linear with its bias
+        out = self.linear(x, affine.weight)
+        out += affine.bias.get(self.dtype)  # in place: a new [5476, 8960] array cost 0.1 s a call
         return out
 
     def block(self, il, x, theta_w, theta_h, windows, trace):  # x [T, E] (window order) -> [T, E]
-        c, b = self.cfg, f"v.blk.{il}."
+        c, layer = self.cfg, self.tensors.layers[il]
         T, H, D = x.shape[0], c.n_head, c.head_dim
-        h = self.layer_norm(x, b + "ln1")
+        h = self.layer_norm(x, layer.ln1)
         trace(f"layer_inp_normed-{il}", h)
-        q, k, v = (self.dense(h, b + f"attn_{n}").reshape(T, H, D) for n in "qkv")
+        q, k, v = (self.dense(h, w).reshape(T, H, D) for w in (layer.attn_q, layer.attn_k, layer.attn_v))
         trace(f"Qcur-{il}", q), trace(f"Kcur-{il}", k), trace(f"Vcur-{il}", v)
         q, k = self.backend.rope_2d(q, theta_w, theta_h), self.backend.rope_2d(k, theta_w, theta_h)
         trace(f"Qcur_pos-{il}", q), trace(f"Kcur_pos-{il}", k)
         a = self.backend.window_attention(q, k, v, windows, 1.0 / math.sqrt(D)).reshape(T, H * D)
         trace(f"kqv_out-{il}", a)
-        a = self.dense(a, b + "attn_out")
+        a = self.dense(a, layer.attn_out)
         trace(f"attn_out-{il}", a)
         x = x + a
         trace(f"ffn_inp-{il}", x)
-        h = self.layer_norm(x, b + "ln2")
+        h = self.layer_norm(x, layer.ln2)
         trace(f"ffn_inp_normed-{il}", h)
-        f = self.dense(self.backend.gelu_erf(self.dense(h, b + "ffn_up")), b + "ffn_down")
+        f = self.dense(self.backend.gelu_erf(self.dense(h, layer.ffn_up)), layer.ffn_down)
         trace(f"ffn_out-{il}", f)
         x = x + f
         trace(f"layer_out-{il}", x)
         return x
 
     def adapter(self, z):  # [N, E*4] -> [N, n_out]; GELU after fc1 and fc2, none after the projection
-        a = self.backend.gelu_erf(self.linear(z, "mm.0.weight"))
-        a = self.backend.gelu_erf(self.linear(a, "mm.1.weight"))
-        return self.linear(a, "mm.2.weight")
+        a = self.backend.gelu_erf(self.linear(z, self.tensors.mm_0))
+        a = self.backend.gelu_erf(self.linear(a, self.tensors.mm_1))
+        return self.linear(a, self.tensors.mm_2)
 
 
-def check_video_extension(path, cfg, weights):  # an mmproj's -> None; GGUFError naming the tool that adds it
-    if not cfg.temporal_patch_size or gguf.PATCH_EMBD_T1 not in weights:
+def check_video_extension(path, cfg, tensors):  # an mmproj's -> None; GGUFError naming the tool that adds it
+    if not cfg.temporal_patch_size or tensors.patch_embd_t1 is None:
         raise GGUFError(path, f"has no video extension ({gguf.PATCH_EMBD_T1}): add it with python -m "
                                     "tools.video_mmproj --mmproj THIS.gguf --checkpoint HF_DIR -o OUT.gguf")
 

@@ -243,9 +243,9 @@ def test_a_ggml_cpu_products_temporaries_are_bounded():
     be = GgmlCpuBackend(check_host=False)
     weights = gguf.load(os.path.join(MODELS, MODEL_FILES[2]), "text").weights
     x = np.random.default_rng(0).standard_normal((2048, 256)).astype(np.float32)
-    be.linear(x[:8], weights, "output.weight")  # the head decoded and kept before the measurement
+    be.linear(x[:8], weights.tensor("output.weight"))  # the head decoded and kept before the measurement
     tracemalloc.start()
-    be.linear(x, weights, "output.weight")
+    be.linear(x, weights.tensor("output.weight"))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 160 << 20, peak

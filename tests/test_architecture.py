@@ -14,6 +14,8 @@ import ast
 import os
 import re
 
+import pytest
+
 from conftest import ROOT
 
 PACKAGES = ("reference", "accel", "tools", "tests")
@@ -136,15 +138,6 @@ def test_the_repository_lines_the_document_cites_exist():
         assert 1 <= int(first) <= int(last or first) <= n_lines, f"{path}:{first}-{last} past its {n_lines} lines"
 
 
-# Import cycles among the repository's modules, by every import a file holds (a function's own
-# imports too: they are the same dependency, only deferred). The ones still here, with why:
-KNOWN_CYCLES = {
-    frozenset({"tools.parity.golden", "tools.parity.corpus"}):
-        "corpus mode is a library of tools.golden built on its golden files; golden's main imports it only "
-        "under --corpus",
-}
-
-
 def module_of(path):  # "accel/cupy/text.py" -> "accel.cupy.text"; tests/x.py -> "x" (tests' modules are top-level)
     parts = os.path.splitext(path)[0].split(os.sep)
     if parts[0] == "tests" and len(parts) == 2:
@@ -196,14 +189,13 @@ def import_cycles(graph):  # {module: {modules}} -> [sorted modules of each cycl
     return cycles
 
 
-def test_no_import_cycles_beyond_the_known_ones():
+def test_no_import_cycles():
+    """Among the repository's modules, by every import a file holds (a function's own imports too:
+    they are the same dependency, only deferred)."""
     paths = [p for package in PACKAGES for p in python_files(package)]
     modules = {module_of(p) for p in paths}
     cycles = import_cycles({module_of(p): module_imports(p, read(p), modules) for p in paths})
-    new = [c for c in cycles if frozenset(c) not in KNOWN_CYCLES]
-    assert not new, f"import cycles: {new}"
-    gone = set(KNOWN_CYCLES) - {frozenset(c) for c in cycles}
-    assert not gone, f"no longer cycles, remove them from KNOWN_CYCLES: {[sorted(c) for c in gone]}"
+    assert not cycles, f"import cycles: {cycles}"
 
 
 def test_the_cycle_finder_finds_a_cycle_through_a_function_s_import():
@@ -241,3 +233,31 @@ def test_the_positional_read_finder_finds_one():
               "        tys = signature.args\n        return builder.bitcast(args[0], tys[0])\n")
     assert positional_reads(source) == [4, 4]
     assert positional_reads(source.replace("args[0], tys[0]", "x_, x_ty")) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors are resolved at load (reference/gguf/tensors.py): a forward reads its record's handles
+# (`layer.ffn_up`), and spells no tensor name, whole or in parts
+
+FORWARDS = ("reference/text.py", "reference/dflash.py", "reference/vision.py", "reference/video.py",
+            "accel/cupy/text.py")
+TENSOR_NAME_PART = re.compile(r"\.(weight|bias)\b|(^|\.)blk\.|^v\.|^mm\.\d|^(token_embd|output|output_norm|fc)$")
+
+
+def tensor_name_strings(source):  # -> the string constants (f-strings' constant parts too) that spell tensor names
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr)}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings and TENSOR_NAME_PART.search(n.value)]
+
+
+def test_tensor_name_strings_are_seen():
+    source = 'def f(il, b):\n    "blk.0 in a docstring"\n    return f"blk.{il}.attn_{p}.weight", b + "v.pre_ln", "mm.2.weight", "ln1"\n'
+    assert sorted(tensor_name_strings(source)) == [".weight", "blk.", "mm.2.weight", "v.pre_ln"]
+
+
+@pytest.mark.parametrize("path", FORWARDS)
+def test_forwards_build_no_tensor_name(path):
+    assert tensor_name_strings(read(path)) == []

@@ -430,7 +430,7 @@ def test_float16_decoding_matches_numpy_for_every_bit_pattern(backend, tmp_path)
 
 
 def dequantized(backend, weights, name):  # -> the device kernel's float32 rows of a tensor
-    t = backend.tensor(weights, name)
+    t = backend.tensor(weights.tensor(name))
     out = backend.rt.empty((t.n_out, t.n_in))
     launch.dequantize_rows(backend.rt, t, 0, t.n_out, out, backend.tables)
     return backend.rt.to_host(out)
@@ -451,7 +451,7 @@ def test_dequantization_of_the_converters_tensors(backend, name):
     weights = gguf.load(os.path.join(MODELS, name), "text").weights
     seen = set()
     for tensor in weights.tensors:
-        if launch.supported(weights, tensor) and weights.type_name(tensor) not in seen:
+        if launch.supported(weights.tensor(tensor)) and weights.type_name(tensor) not in seen:
             seen.add(weights.type_name(tensor))
             assert np.array_equal(dequantized(backend, weights, tensor).view(np.uint32),
                                   weights.get(tensor).view(np.uint32)), tensor
@@ -479,7 +479,7 @@ def test_product_edges(backend, qtype, n_out, n_in, T):
     weights = harness.TensorFile([("w", qtype, n_out, n_in)], np.random.default_rng(1)).weights
     x = np.random.default_rng(2).standard_normal((T, n_in)).astype(np.float32)
     ref = ops.linear(x, weights.get("w", np.float64))
-    got = backend.linear(x, weights, "w")
+    got = backend.linear(x, weights.tensor("w"))
     assert nmse(ref.ravel(), got.ravel()) <= harness.GATES["linear"][0]
 
 
@@ -493,7 +493,7 @@ def test_decode_kernel_shapes(backend, qtype, n_out, n_in, rows, warps, blocks):
     with fewer blocks than row groups (a block loops over several)."""
     weights = harness.TensorFile([("w", qtype, n_out, n_in)], np.random.default_rng(1)).weights
     x = np.random.default_rng(2).standard_normal((2, n_in)).astype(np.float32)
-    rt, t = backend.rt, backend.tensor(weights, "w")
+    rt, t = backend.rt, backend.tensor(weights.tensor("w"))
     y = rt.empty((2, n_out))
     launch.matvec(rt, (int(t.qtype), t.data, t.row_bytes, n_out, n_in, rt.to_device(x), n_in, y, n_out),
                   backend.tables, n_out, 2, rows, warps, blocks)
@@ -578,7 +578,7 @@ def test_per_op_path_with_a_reference_cache(backend):
     ref_lm, dev_lm = TextModel(model), DeviceTextModel(model, np.float32, backend)
     calls = []
     linear = backend.linear
-    backend.linear = lambda *a: calls.append(a[2]) or linear(*a)  # the per-op path's products, by name
+    backend.linear = lambda *a: calls.append(a[1].name) or linear(*a)  # the per-op path's products, by name
     try:
         logits = {}
         runs = (("ref", ref_lm, ref_lm.new_cache(8)), ("per-op", dev_lm, TextModel.new_cache(dev_lm, 8)),
@@ -620,7 +620,7 @@ def test_cli_backend_cupy_runs_the_device_model(backend, monkeypatch, capsys):
     the prompt and greedy tokens of the numpy backend, through DeviceTextModel's graphs."""
     import accel
     from reference import run
-    monkeypatch.setattr(accel, "cupy_backend", lambda dtype: backend)  # the registry's "accel:cupy_backend"
+    monkeypatch.setattr(accel, "cupy_backend", lambda build: backend)  # the registry's "accel:cupy_backend"
     outputs = []
     for name in ("numpy", "cupy"):
         args = ["--model", os.path.join(MODELS, "tiny-b-f32.gguf"), "--backend", name, "--n-predict", "3", "--json"]

@@ -118,7 +118,7 @@ def hf_target_layer_ids():  # the tiny drafter's transformers config, as the mod
 
 
 @pytest.mark.parametrize("case", LLAMA_CASES, ids=lambda c: c["id"])
-def test_block_logits_match_transformers(case, lm, draft_gguf):
+def test_draft_logits_match_transformers(case, lm, draft_gguf):
     """The drafter caught up on the prompt, then fed the sequence one committed token at a time:
     at every pos0 its block [tokens[pos0], MASK x n_max] gives transformers' logits, all n_max + 1
     rows (llama.cpp's block: n_max + 1 rows, whatever the trained block_size)."""
@@ -129,7 +129,7 @@ def test_block_logits_match_transformers(case, lm, draft_gguf):
     blocks = []
     for pos0 in case["pos0"]:
         assert np.array_equal(sp.draft_cache.positions(), np.arange(pos0))
-        blocks.append(drafter.block_logits(seq[pos0], pos0, case["n_max"], sp.draft_cache))
+        blocks.append(drafter.draft_logits(seq[pos0], pos0, case["n_max"], sp.draft_cache))
         sp.forward([seq[pos0]])
     assert np.stack(blocks).shape == golden(case).shape == (len(case["pos0"]), case["n_max"] + 1, lm.cfg.n_vocab)
     assert_matches_golden(golden(case), np.stack(blocks), case["id"])
@@ -155,13 +155,13 @@ def test_speculative_run_drafts_from_the_golden_state(monkeypatch, case, lm, dra
     sp = speculator(lm, drafter, len(seq))
     sp.eog = frozenset()  # the golden sequence runs on past end-of-generation tokens
     seen = {}
-    block_logits = drafter.block_logits
+    draft_logits = drafter.draft_logits
 
     def recording(anchor, pos0, n_max, cache):
-        seen[pos0] = (anchor, block_logits(anchor, pos0, n_max, cache))
+        seen[pos0] = (anchor, draft_logits(anchor, pos0, n_max, cache))
         return seen[pos0][1]
 
-    monkeypatch.setattr(drafter, "block_logits", recording)
+    monkeypatch.setattr(drafter, "draft_logits", recording)
     tokens, _ = sp.decode(sp.forward(prompt)[-1], len(seq) - len(prompt), case["n_max"])
     assert tokens == seq[len(prompt):]
     gold = dict(zip(case["pos0"], golden(case)))
@@ -187,7 +187,7 @@ def test_transformers_window_rule_differs_from_llama_cpp(lm, drafter):
     _, seq = sequence(case["prompt"])
     sp = speculator(lm, drafter, len(seq) + 1)
     sp.forward(seq[:case["pos0"][0]])
-    ours = drafter.block_logits(seq[case["pos0"][0]], case["pos0"][0], case["n_max"], sp.draft_cache)
+    ours = drafter.draft_logits(seq[case["pos0"][0]], case["pos0"][0], case["n_max"], sp.draft_cache)
     assert nmse(golden(case)[0], ours).max() > 1e-3
 
 
@@ -342,17 +342,17 @@ def test_end_of_generation_inside_a_draft(monkeypatch, lm, drafter):
 def test_drafter_cache_holds_the_committed_prefix_when_drafting(monkeypatch, lm, drafter):
     prompt, _ = sequence("len33")
     sp = speculator(lm, drafter, len(prompt) + 20)
-    block_logits = drafter.block_logits
+    draft_logits = drafter.draft_logits
     checked = []
 
     def checking(anchor, pos0, n_max, cache):
         assert np.array_equal(cache.positions(), np.arange(pos0)) and pos0 == sp.cache.n_past
         checked.append(pos0)
-        out = block_logits(anchor, pos0, n_max, cache)
+        out = draft_logits(anchor, pos0, n_max, cache)
         assert np.array_equal(cache.positions(), np.arange(pos0))  # the block's rows are gone
         return out
 
-    monkeypatch.setattr(drafter, "block_logits", checking)
+    monkeypatch.setattr(drafter, "draft_logits", checking)
     sp.decode(sp.forward(prompt)[-1], 20, 3)
     assert len(checked) >= 5
 
@@ -365,8 +365,8 @@ def test_chunked_catch_up_equals_one_shot(lm, drafter):
     n = one.draft_cache.n_live()
     assert np.array_equal(one.draft_cache.pos[:n], chunked.draft_cache.pos[:n])
     assert nmse(one.draft_cache.k[:, :n].ravel(), chunked.draft_cache.k[:, :n].ravel()) <= 1e-12
-    a = one.drafter.block_logits(seq[len(prompt)], len(prompt), 3, one.draft_cache)
-    b = chunked.drafter.block_logits(seq[len(prompt)], len(prompt), 3, chunked.draft_cache)
+    a = one.drafter.draft_logits(seq[len(prompt)], len(prompt), 3, one.draft_cache)
+    b = chunked.drafter.draft_logits(seq[len(prompt)], len(prompt), 3, chunked.draft_cache)
     assert nmse(a, b).max() <= 1e-12
 
 

@@ -36,13 +36,13 @@ def drafter_blocks(backend):  # -> (transformers' block logits, ours) [rows, V] 
     sp.forward(seq[:CASE["pos0"][0]])
     blocks = []
     for pos0 in CASE["pos0"]:
-        blocks.append(drafter.block_logits(seq[pos0], pos0, CASE["n_max"], sp.draft_cache))
+        blocks.append(drafter.draft_logits(seq[pos0], pos0, CASE["n_max"], sp.draft_cache))
         sp.forward([seq[pos0]])
     ref = np.load(os.path.join(GOLDEN_DIR, CASE["file"]), allow_pickle=False)
     return ref.reshape(-1, ref.shape[-1]), np.stack(blocks).reshape(-1, ref.shape[-1])
 
 
-def test_ggml_cpu_drafter_block_logits_near_transformers():
+def test_ggml_cpu_drafter_draft_logits_near_transformers():
     ref, ours = drafter_blocks(GgmlCpuBackend(check_host=False))
     assert nmse(ref, ours).max() <= GGML_CPU_NMSE
     assert np.array_equal(ref.argmax(-1), ours.argmax(-1))

@@ -6,6 +6,7 @@ NMSE is sum((ref - x)^2) / sum(ref^2) over the whole [n_tokens, n_embd] output, 
 """
 import ast
 import importlib
+import inspect
 import json
 import os
 import re
@@ -86,18 +87,23 @@ def test_the_reference_builds_its_own_backends():
 
 
 def test_every_registered_backend_and_model_resolves():
-    """Each "module:callable" of accel's tables names a callable; the cupy ones import without CuPy."""
-    for table in (accel.BACKENDS, accel.TEXT_MODELS):
-        for (backend, numerics), entry in table.items():
+    """Each "module:callable" of accel's tables names a callable of its table's one signature, the
+    reference's own maker's: a backend from a Build (factory.own_backend), a text model from
+    (gguf_model, dtype, backend) (TextModel); the cupy ones import without CuPy."""
+    own = {"BACKENDS": factory.own_backend, "TEXT_MODELS": factory.TextModel}
+    for table, reference_maker in own.items():
+        for (backend, numerics), entry in getattr(accel, table).items():
             assert backend in factory.BACKENDS and numerics in ("exact", "ggml-cpu"), entry
             module, _, name = entry.partition(":")
             if backend == "numba" and importlib.util.find_spec("numba") is None:
                 continue
-            assert callable(getattr(importlib.import_module(module), name)), entry
+            make = getattr(importlib.import_module(module), name)
+            assert list(inspect.signature(make).parameters) == list(inspect.signature(reference_maker).parameters), entry
 
 
 def test_a_missing_package_is_one_line(monkeypatch):
-    monkeypatch.setitem(sys.modules, "accel.numba", None)  # import accel.numba raises ImportError
+    module = accel.BACKENDS["numba", "exact"].partition(":")[0]
+    monkeypatch.setitem(sys.modules, module, None)  # importing the module the registry names raises ImportError
     with pytest.raises(FactoryError, match=r"^--backend numba needs numba \(.*\); install the accel extra$"):
         factory.backend(Build(backend="numba"))
 

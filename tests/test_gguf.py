@@ -130,22 +130,99 @@ def planted(tmp_path, name, **kw):  # a synthetic GGUF with one thing wrong
     return path
 
 
+# ---------------------------------------------------------------------------------------------
+# Tensors resolved at load (gguf/tensors.py): a missing or misshapen tensor is one TensorError
+# naming it, raised by gguf.load, so before any forward; exit 2 and one line from the CLI
+
+def assert_tensor_refused(path, role, tensor, message):  # the API's TensorError and the CLI's one line
+    with pytest.raises(gguf.TensorError, match=message) as e:
+        gguf.load(path, role)
+    assert e.value.tensor == tensor and e.value.path == path and "\n" not in str(e.value)
+    r = run_cli("reference.run", "--model", path, "-n", "1") if role == "text" else role_cli(role, path)
+    assert r.returncode == 2 and r.stdout == ""  # nothing generated: no forward ran
+    assert re.search(message, cli_error(r)) and path in r.stderr
+
+
 def test_missing_tensor(tmp_path):
     t = text_tensors(TextDims(), np.random.default_rng(0))
     del t["blk.2.ffn_up.weight"]
     path = planted(tmp_path, "missing_tensor", tensors=t)
-    with pytest.raises(gguf.GGUFError, match="missing tensor blk.2.ffn_up.weight"):
-        gguf.load(path, "text")
+    assert_tensor_refused(path, "text", "blk.2.ffn_up.weight", "missing tensor blk.2.ffn_up.weight")
 
 
 def test_tensor_shape_disagrees_with_metadata(tmp_path):
     t = text_tensors(TextDims(), np.random.default_rng(0))
     t["blk.1.attn_k.weight"] = t["blk.1.attn_k.weight"][:64]
     path = planted(tmp_path, "bad_shape", tensors=t)
-    with pytest.raises(gguf.GGUFError, match=r"blk.1.attn_k.weight has shape \[64, 256\].*\[128, 256\]"):
-        gguf.load(path, "text")
-    r = run_cli("reference.run", "--model", path)
-    assert r.returncode == 2 and "blk.1.attn_k.weight" in r.stderr and r.stderr.count("\n") == 1
+    assert_tensor_refused(path, "text", "blk.1.attn_k.weight",
+                          r"blk.1.attn_k.weight has shape \[64, 256\], the metadata implies \[128, 256\]")
+
+
+def test_an_optional_tensor_of_the_wrong_shape_is_refused(tmp_path):
+    t = text_tensors(TextDims(), np.random.default_rng(0))
+    t["blk.3.attn_v.bias"] = np.zeros(5, np.float32)  # optional, and then checked as the required ones
+    path = planted(tmp_path, "bad_bias", tensors=t)
+    assert_tensor_refused(path, "text", "blk.3.attn_v.bias", r"blk.3.attn_v.bias has shape \[5\], the metadata implies \[128\]")
+
+
+def dropped(name):  # -> an edit of a role's [(name, shape)] that leaves `name` out
+    return lambda shapes: [(n, s) for n, s in shapes if n != name]
+
+
+def halved(name):  # -> an edit of a role's [(name, shape)] that halves the first dimension of `name`
+    return lambda shapes: [(n, (s[0] // 2, *s[1:]) if n == name else s) for n, s in shapes]
+
+
+ROLE_TENSOR_CASES = [
+    ("mmproj", dropped("v.blk.1.attn_v.bias"), "v.blk.1.attn_v.bias", "missing tensor v.blk.1.attn_v.bias"),
+    ("mmproj", dropped("mm.2.weight"), "mm.2.weight", "missing tensor mm.2.weight"),
+    ("mmproj", halved("v.blk.0.ffn_down.weight"), "v.blk.0.ffn_down.weight",
+     r"v.blk.0.ffn_down.weight has shape \[32, \d+\], the metadata implies \[64, \d+\]"),
+    ("mmproj", halved("v.post_ln.bias"), "v.post_ln.bias", r"v.post_ln.bias has shape \[32\], the metadata implies \[64\]"),
+    ("dflash", dropped("blk.1.attn_k_norm.weight"), "blk.1.attn_k_norm.weight", "missing tensor blk.1.attn_k_norm.weight"),
+    ("dflash", halved("fc.weight"), "fc.weight", r"fc.weight has shape \[\d+, \d+\], the metadata implies"),
+]
+
+
+@pytest.mark.parametrize("role, edit, tensor, message", ROLE_TENSOR_CASES, ids=[c[2] for c in ROLE_TENSOR_CASES])
+def test_mmproj_and_drafter_tensors_missing_or_misshapen(tmp_path, role, edit, tensor, message):
+    assert_tensor_refused(planted_role(tmp_path, role, edit_shapes=edit), role, tensor, message)
+
+
+def test_records_hold_every_tensor_of_the_committed_models_undecoded():
+    """The default model's three files: the records name each tensor of the file once, with its
+    shape, and loading decodes none of them (the weights stay in the memory map)."""
+    for name, role in (("glimmer-default-f16.gguf", "text"), ("glimmer-default-mmproj-f16.gguf", "mmproj"),
+                       ("glimmer-default-dflash-f16.gguf", "dflash")):
+        m = gguf.load(os.path.join(MODELS, name), role)
+        held = list(handles(m.tensors))
+        assert sorted(t.name for t in held) == sorted(m.weights.tensors), name
+        assert all(t.weights is m.weights and t.shape == m.weights.shape(t.name) for t in held)
+        assert m.weights._cached_bytes == 0 and not m.weights._cache
+
+
+def handles(record):  # a record of tensors (nested tuples) -> every gguf.Tensor in it
+    for field in record:
+        if isinstance(field, gguf.Tensor):
+            yield field
+        elif isinstance(field, tuple):
+            yield from handles(field)
+
+
+def test_a_fused_qkv_layer_among_split_ones(tmp_path):
+    """Layer 1's q, k and v stored as one attn_qkv [q | k | v] (llama.cpp's create_tensor_qkv, per
+    layer): the same logits as the split file. Each output column is the same float64 dot product
+    of the same float32 values, rounded once to float32, so the two agree bit for bit."""
+    from reference.text import TextModel
+    t = text_tensors(TextDims(), np.random.default_rng(0))
+    split = planted(tmp_path, "split", tensors=dict(t))
+    t["blk.1.attn_qkv.weight"] = np.concatenate([t.pop(f"blk.1.attn_{p}.weight") for p in "qkv"])
+    fused = planted(tmp_path, "fused", tensors=t)
+    models = [gguf.load(p, "text") for p in (split, fused)]
+    assert models[1].tensors.layers[1].attn_q is None and models[1].tensors.layers[1].attn_qkv is not None
+    assert models[1].tensors.layers[0].attn_qkv is None
+    logits = [TextModel(m).prefill([1, 5, 9, 2], TextModel(m).new_cache(8)) for m in models]
+    assert np.array_equal(logits[0], logits[1])
 
 
 def test_unsupported_quant_type(tmp_path):
@@ -291,11 +368,12 @@ def test_per_layer_array_shorter_than_the_layers(tmp_path):
         gguf.load(path, "text")
 
 
-def planted_role(tmp_path, role, extra_keys=None, omit_keys=()):  # a synthetic mmproj or drafter with keys edited
+def planted_role(tmp_path, role, extra_keys=None, omit_keys=(), edit_shapes=list):
+    """A synthetic mmproj or drafter with keys edited, its [(name, shape)] passed through edit_shapes."""
     keys, shapes, arch = {"mmproj": (vision_keys, vision_shapes, "clip"),
                           "dflash": (draft_keys, draft_shapes, "dflash")}[role]
     dims = VisionDims() if role == "mmproj" else DraftDims()
-    specs = [random_spec(name, shape, Q.F32, i) for i, (name, shape) in enumerate(shapes(dims))]
+    specs = [random_spec(name, shape, Q.F32, i) for i, (name, shape) in enumerate(edit_shapes(shapes(dims)))]
     path = str(tmp_path / f"{role}.gguf")
     stream_gguf(path, arch, EditingKeys(keys(dims), omit_keys, extra_keys or {}), specs)
     return path
@@ -360,7 +438,7 @@ def test_read_error_while_mapping(monkeypatch, synthetic_gguf):
     # was read, then mapping the file fails
     def refuse(path):
         raise PermissionError(13, "Permission denied", path)
-    monkeypatch.setattr(gguf, "GGUFFile", refuse)
+    monkeypatch.setattr(gguf.reader, "GGUFFile", refuse)
     with pytest.raises(gguf.GGUFError, match=r"cannot read \(Permission denied\)") as e:
         gguf.load(synthetic_gguf, "text")
     assert e.value.path == synthetic_gguf

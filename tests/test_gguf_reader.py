@@ -8,7 +8,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
 
 from reference import gguf
 from conftest import ROOT, cli_error, run_cli
@@ -99,7 +99,7 @@ def small_gguf(path, alignment=None, endianess=GGUFEndian.LITTLE):  # -> path of
     rng = np.random.default_rng(0)
     w.add_tensor("w", rng.standard_normal((3, 8)).astype(np.float32))
     w.add_tensor("h", rng.standard_normal((2, 5)).astype(np.float16))
-    w.add_tensor("q", rng.integers(0, 256, (2, 2 * 34), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("q", rng.integers(0, 256, (2, 2 * 34), dtype=np.uint8), raw_dtype=GGMLQuantizationType.Q8_0)
     gguf.write_out(w)
     return str(path)
 

@@ -171,7 +171,7 @@ def test_type_without_kernel_falls_back_to_the_reference(tmp_path):
     weights = Weights(gguf.open_reader(path), path)
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
     assert GT.MXFP4 not in quant.KERNEL_TYPES
-    assert np.array_equal(NumbaBackend(np.float32).linear(x, weights, "w"), ops.linear(x, weights.get("w", np.float64)))
+    assert np.array_equal(NumbaBackend(np.float32).linear(x, weights.tensor("w")), ops.linear(x, weights.get("w", np.float64)))
 
 
 @pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan, 3e38])
@@ -186,7 +186,7 @@ def test_activations_the_kernels_do_not_take_get_the_reference_product(special):
         x[0, 7] = special
         for t in types:
             with np.errstate(over="ignore"):  # the reference's float64 sum of 3e38 rounds to inf in float32
-                ours = NumbaBackend(np.float32).linear(x, weights, t.name)
+                ours = NumbaBackend(np.float32).linear(x, weights.tensor(t.name))
                 ref = ops.linear(x, weights.get(t.name, np.float64))
             assert np.array_equal(ours, ref, equal_nan=True), t.name
 
@@ -194,7 +194,7 @@ def test_activations_the_kernels_do_not_take_get_the_reference_product(special):
 def test_float16_activations_get_the_reference_product():
     weights = harness.TensorFile([("Q4_K", GT.Q4_K, 8, 512)], np.random.default_rng(5)).weights
     x = np.random.default_rng(6).standard_normal((1, 512)).astype(np.float16)
-    assert np.array_equal(NumbaBackend(np.float32).linear(x, weights, "Q4_K"), ops.linear(x, weights.get("Q4_K", np.float64)))
+    assert np.array_equal(NumbaBackend(np.float32).linear(x, weights.tensor("Q4_K")), ops.linear(x, weights.get("Q4_K", np.float64)))
 
 
 def test_the_factory_builds_the_numba_backend():

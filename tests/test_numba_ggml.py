@@ -351,6 +351,19 @@ def test_attention_leaves_out_unseen_cells_without_changing_a_bit(kv_type, T, mo
         assert np.array_equal(whole.view(np.uint32), got.view(np.uint32))
 
 
+@pytest.mark.parametrize("T, D", [(1, 48), (1, 128), (37, 48), (37, 128)])
+def test_f16_attention_kernels_at_the_release_grouping(T, D):
+    """16 query heads a kv head, as the release's 32 over 2: one row (vec_dot_f16 over the cache in
+    place), 37 rows (592 a kv head: 19 row blocks, the last padded); head sizes 48 (K.Q's dot with a
+    leftover register) and 128; a 500-key window over 600 cells (n_kv 768): masked and padded cells in
+    both products."""
+    q, k, v, _, scale = long_prompt(T, 600, 32, 2, D, 17)
+    visible = ops.causal_visible(np.arange(600 - T, 600), np.arange(600), 500)
+    ref, got = ref_attention.attention_mul_mat(q, k, v, visible, scale, "f16"), numba_attention.attention_mul_mat(
+        q, k, v, visible, scale, "f16")
+    assert np.array_equal(ref.view(np.uint32), got.view(np.uint32))
+
+
 def test_flash_split_with_three_threads():  # chunks of ceil(n_kv / 3) cells, the last one shorter
     args = long_prompt(1, 700, 2, 2, 32, 12)
     ref, got = ref_attention.attention_flash(*args, 3), numba_attention.attention_flash(*args, 3)
@@ -372,7 +385,7 @@ def test_float_mul_mat_on_a_model_weight():  # tiny-b's F16 and BF16 ffn_up, 1 a
         x = activations(5, w.shape[1], 3)
         for rows in (1, 5):
             ref = ggml_cpu.mul_mat(x[:rows], weights, "blk.0.ffn_up.weight", {})
-            got = GgmlCpuNumbaBackend(check_host=False).linear(x[:rows], weights, "blk.0.ffn_up.weight")
+            got = GgmlCpuNumbaBackend(check_host=False).linear(x[:rows], weights.tensor("blk.0.ffn_up.weight"))
             assert_identical(ref, got, f"{kind} {rows} rows")
 
 

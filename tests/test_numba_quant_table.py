@@ -19,7 +19,7 @@ FALLBACK_TYPES = frozenset({GT.MXFP4, GT.NVFP4})
 NOT_A_TYPE = 1000  # an id neither gguf-py nor the pinned ggml defines
 
 
-def accepted_types():  # -> every type id reference/gguf.py dequantizes
+def accepted_types():  # -> every type id reference/gguf/weights.py dequantizes
     return frozenset(t for t in [*GT, *gguf.GgmlType] if gguf.decodable(t))
 
 

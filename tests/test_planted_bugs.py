@@ -48,27 +48,27 @@ class ScalarSwaRule(TextModel):
 class NormWeightOff(TextModel):
     """Layer 2's post-attention norm weight 0.1 % too large: a small bug in the middle of the model."""
 
-    def norm_weight(self, name):  # [n]
-        scale = 1.001 if name == "blk.2.post_attention_norm.weight" else 1.0
-        return super().norm_weight(name) * self.dtype.type(scale)
+    def norm_weight(self, w):  # gguf.Tensor [n] -> [n]
+        scale = 1.001 if w == self.layers[2].post_attention_norm else 1.0
+        return super().norm_weight(w) * self.dtype.type(scale)
 
 
 class AttentionCopy(TextModel):
-    """TextModel.attention_block copied, with two switches for the bugs planted in it."""
+    """TextModel.attention_sublayer copied, with two switches for the bugs planted in it."""
     gate_after_o_proj = False
     rope_on_full_layers = False
 
-    def attention_block(self, il, x, positions, cache, trace):  # x [T, E] -> [T, E] (to add to x)
-        c, w, b = self.cfg, self.weights, f"blk.{il}."
+    def attention_sublayer(self, il, x, positions, cache, trace):  # x [T, E] -> [T, E] (to add to x)
+        c, layer = self.cfg, self.layers[il]
         T, swa = x.shape[0], c.swa_layers[il]
-        h = ops.rms_norm(x, c.rms_eps) * self.norm_weight(b + "attn_norm.weight")
+        h = ops.rms_norm(x, c.rms_eps) * self.norm_weight(layer.attn_norm)
         trace(f"attn_norm-{il}", h)
         q, k, v = self.qkv(il, h)
         trace(f"Qcur-{il}", q), trace(f"Kcur-{il}", k), trace(f"Vcur-{il}", v)
-        gate = self.backend.linear(h, w, b + "attn_gate.weight")
+        gate = self.backend.linear(h, layer.attn_gate)
         trace(f"attn_gate_proj-{il}", gate)
-        q = ops.rms_norm(q, c.rms_eps) * self.norm_weight(b + "attn_q_norm.weight")
-        k = ops.rms_norm(k, c.rms_eps) * self.norm_weight(b + "attn_k_norm.weight")
+        q = ops.rms_norm(q, c.rms_eps) * self.norm_weight(layer.attn_q_norm)
+        k = ops.rms_norm(k, c.rms_eps) * self.norm_weight(layer.attn_k_norm)
         trace(f"Qcur_normed-{il}", q), trace(f"Kcur_normed-{il}", k)
         if swa or self.rope_on_full_layers:
             theta = ops.rope_angles(positions, c.n_rot, c.rope_base_swa, self.dtype)
@@ -85,15 +85,15 @@ class AttentionCopy(TextModel):
         if self.gate_after_o_proj:
             # ggml_mul broadcasts a [H*D] row over [E] by repeating it (E is a multiple of H*D),
             # so in llama.cpp this bug runs without a shape error
-            a = self.backend.linear(o, w, b + "attn_output.weight")
+            a = self.backend.linear(o, layer.attn_output)
             trace(f"attn_o_proj-{il}", a)
             a = a * np.tile(g, (1, a.shape[1] // g.shape[1]))
         else:
             o = o * g
             trace(f"attn_gated-{il}", o)
-            a = self.backend.linear(o, w, b + "attn_output.weight")
+            a = self.backend.linear(o, layer.attn_output)
             trace(f"attn_o_proj-{il}", a)
-        a = ops.rms_norm(a, c.post_norm_eps) * self.norm_weight(b + "post_attention_norm.weight")
+        a = ops.rms_norm(a, c.post_norm_eps) * self.norm_weight(layer.post_attention_norm)
         trace(f"attn_post_norm-{il}", a)
         return a
 

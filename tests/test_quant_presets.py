@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 
 from reference import gguf
 from reference.text import TextModel
@@ -159,7 +160,7 @@ def test_every_tensor_decodes_as_ggml_does(preset):
         assert hashlib.sha256(weights.get(name).astype("<f4").tobytes()).hexdigest() == digest, name
 
 
-@pytest.mark.parametrize("name, qtype", [("q1_0", gguf.GGMLQuantizationType.Q1_0), ("q2_0", gguf.GgmlType.Q2_0)])
+@pytest.mark.parametrize("name, qtype", [("q1_0", GGMLQuantizationType.Q1_0), ("q2_0", gguf.GgmlType.Q2_0)])
 def test_new_decoders_match_ggml_on_every_code(name, qtype):
     """Random Q1_0 / Q2_0 blocks and ggml's own to_float of them (crafted_blocks.npz): every code
     occurs, the 2d of Q2_0 too, which its quantizer never writes. NumPy and numba decoders alike."""
@@ -241,7 +242,7 @@ def test_numba_products_on_every_preset_matrix(preset):
         for rows in (1, 5):
             x = rng.standard_normal((rows, weights.shape(name)[1])).astype(np.float32)
             ref = ops.linear(x, weights.get(name, np.float64))
-            assert nmse(ref.ravel(), backend.linear(x, weights, name).ravel()) <= PRODUCT_GATE, (name, rows)
+            assert nmse(ref.ravel(), backend.linear(x, weights.tensor(name)).ravel()) <= PRODUCT_GATE, (name, rows)
 
 
 # numba against numpy on the same preset: tests/test_numba.py's whole-model gate, 1e-11 (the same

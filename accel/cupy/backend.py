@@ -1,4 +1,4 @@
-"""CupyBackend: the interface of reference/backend.py NumpyBackend (linear on GGUF tensor names,
+"""CupyBackend: the interface of reference/backend.py NumpyBackend (linear on GGUF tensors,
 attention over cache rows) plus the norms, RoPE and activations of reference/ops.py, each a CUDA
 kernel of accel/cuda on arrays the caller hands in and gets back on the host. The whole text forward
 resident on the device, with its decode step captured as a CUDA graph, is accel/cupy/text.py's
@@ -35,30 +35,28 @@ class CupyBackend:
         self.rt = runtime
         self.tables = runtime.to_device(kernels.lookup_tables())
         self.fallback = NumpyBackend(self.dtype)
-        self.tensors = {}   # (weights, name) -> DeviceTensor
-        self.vectors = {}   # (weights, name) -> device float32 copy of a 1-D tensor
+        self.tensors = {}   # gguf.Tensor -> DeviceTensor
+        self.vectors = {}   # gguf.Tensor -> device float32 copy of a 1-D tensor
 
-    def tensor(self, weights, name):  # -> DeviceTensor, uploaded once; None when no kernel reads its type
-        key = (weights, name)
-        if key not in self.tensors:
-            self.tensors[key] = launch.DeviceTensor(self.rt, weights, name) if launch.supported(weights, name) else None
-        return self.tensors[key]
+    def tensor(self, w):  # gguf.Tensor -> DeviceTensor, uploaded once; None when no kernel reads its type
+        if w not in self.tensors:
+            self.tensors[w] = launch.DeviceTensor(self.rt, w) if launch.supported(w) else None
+        return self.tensors[w]
 
-    def vector(self, weights, name):  # -> device float32 [n] (norm weights, biases)
-        key = (weights, name)
-        if key not in self.vectors:
-            self.vectors[key] = self.rt.to_device(weights.get(name, np.float32))
-        return self.vectors[key]
+    def vector(self, w):  # gguf.Tensor -> device float32 [n] (norm weights, biases)
+        if w not in self.vectors:
+            self.vectors[w] = self.rt.to_device(w.get(np.float32))
+        return self.vectors[w]
 
     def device(self, x):  # host array -> device float32 copy
         return self.rt.to_device(np.ascontiguousarray(x, np.float32))
 
     # -- products and attention ------------------------------------------------------------
 
-    def linear(self, x, weights, name):  # x [T, in], GGUF tensor name [out, in] -> [T, out]
-        t = self.tensor(weights, name)
+    def linear(self, x, w):  # x [T, in], w a GGUF tensor (gguf.Tensor) [out, in] -> [T, out]
+        t = self.tensor(w)
         if t is None:
-            return self.fallback.linear(x, weights, name)
+            return self.fallback.linear(x, w)
         y = self.rt.empty((len(x), t.n_out))
         launch.linear(self.rt, self.device(x), t, y, self.tables)
         return self.rt.to_host(y)

@@ -18,17 +18,16 @@ ATT_THREADS = 512       # attention.cu's block size
 class DeviceTensor:
     """A GGUF matrix [n_out, n_in] as its raw blocks in device memory."""
 
-    def __init__(self, rt, weights, name):
-        self.name, self.qtype = name, weights.tensors[name].tensor_type
-        self.n_out, self.n_in = weights.shape(name)
-        host = np.ascontiguousarray(weights.raw(name)).view(np.uint8).reshape(self.n_out, -1)
+    def __init__(self, rt, w):  # w: gguf.Tensor
+        self.name, self.qtype = w.name, w.tensor_type
+        self.n_out, self.n_in = w.shape
+        host = np.ascontiguousarray(w.raw).view(np.uint8).reshape(self.n_out, -1)
         self.row_bytes = host.shape[1]
         self.data = rt.to_device(host)
 
 
-def supported(weights, name):  # can the kernels multiply this tensor?
-    shape = weights.shape(name)
-    return weights.tensors[name].tensor_type in kernels.KERNEL_TYPES and len(shape) == 2 and shape[1] % 8 == 0
+def supported(w):  # gguf.Tensor -> can the kernels multiply it?
+    return w.tensor_type in kernels.KERNEL_TYPES and len(w.shape) == 2 and w.shape[1] % 8 == 0
 
 
 def cdiv(a, b):  # ceil(a / b) for ints

@@ -108,7 +108,6 @@ class DeviceTextModel(TextModel):
             raise ValueError(f"rope.dimension_count {c.n_rot} != head size {c.head_dim}: not supported on the device")
         launch.check_head_dim(c.head_dim)
         self.rt = backend.rt
-        self.fused_qkv = "blk.0.attn_qkv.weight" in self.weights
         self.steps = {}  # T -> StepBuffers, for T <= GRAPH_MAX_TOKENS
         self.use_graphs = True  # False runs every step eagerly (the harness compares the two)
 
@@ -148,80 +147,78 @@ class DeviceTextModel(TextModel):
         return logits if out_rows is None else logits[out_rows]
 
     def upload(self):  # every matrix and vector a step reads -> device (once; later calls find them there)
-        for name in self.weights.tensors:
-            if name == "token_embd.weight":  # the host looks up the input rows
-                continue
-            if len(self.weights.shape(name)) == 2:
-                self.device_matrix(name)
+        t = self.tensors  # token_embd stays on the host, which looks up the input rows
+        for w in (t.output_norm, t.output, *(w for layer in self.layers for w in layer if w is not None)):
+            if len(w.shape) == 2:
+                self.device_matrix(w)
             else:
-                self.device_vector(name)
+                self.device_vector(w)
 
-    def device_matrix(self, name):  # -> the DeviceTensor of a matrix
-        t = self.backend.tensor(self.weights, name)
+    def device_matrix(self, w):  # gguf.Tensor -> the DeviceTensor of a matrix
+        t = self.backend.tensor(w)
         if t is None:
-            raise ValueError(f"tensor {name} ({self.weights.type_name(name)}) has no device kernel")
+            raise ValueError(f"tensor {w.name} ({w.type_name}) has no device kernel")
         return t
 
-    def device_vector(self, name):  # -> device float32 [n]: a norm weight or a bias
-        return self.backend.vector(self.weights, name)
+    def device_vector(self, w):  # gguf.Tensor -> device float32 [n]: a norm weight or a bias
+        return self.backend.vector(w)
 
-    def device_linear(self, x, name, y):  # device x [T, in] -> y [T, out]
-        launch.linear(self.rt, x, self.device_matrix(name), y, self.backend.tables)
+    def device_linear(self, x, w, y):  # device x [T, in], gguf.Tensor -> y [T, out]
+        launch.linear(self.rt, x, self.device_matrix(w), y, self.backend.tables)
 
     def device_step(self, s, cache, rec):  # the launches of one step: s.rows, s.step, s.cos/sin -> s.logits
         c, rt = self.cfg, self.rt
-        launch.residual_norm(rt, s.rows, None, c.rms_eps, None, s.x, self.device_vector("blk.0.attn_norm.weight"),
+        launch.residual_norm(rt, s.rows, None, c.rms_eps, None, s.x, self.device_vector(self.layers[0].attn_norm),
                              c.rms_eps, s.u)
         rec("embd_norm", s.x)
         rec(point("attn_norm", 0), s.u)
-        for il in range(c.n_layer):
-            b = f"blk.{il}."
+        for il, layer in enumerate(self.layers):
             self.device_attention(il, s, cache, rec)
             a_normed = rec.buffer((s.T, c.n_embd))
-            launch.residual_norm(rt, s.a, self.device_vector(b + "post_attention_norm.weight"), c.post_norm_eps,
-                                 s.x, s.x, self.device_vector(b + "ffn_norm.weight"), c.rms_eps, s.u, a_normed)
+            launch.residual_norm(rt, s.a, self.device_vector(layer.post_attention_norm), c.post_norm_eps,
+                                 s.x, s.x, self.device_vector(layer.ffn_norm), c.rms_eps, s.u, a_normed)
             rec(point("attn_post_norm", il), a_normed)
             rec(point("ffn_inp", il), s.x)
             rec(point("ffn_norm", il), s.u)
-            self.device_linear(s.u, b + "ffn_gate.weight", s.ffn_gate)
-            self.device_linear(s.u, b + "ffn_up.weight", s.ffn_up)
+            self.device_linear(s.u, layer.ffn_gate, s.ffn_gate)
+            self.device_linear(s.u, layer.ffn_up, s.ffn_up)
             launch.elementwise(rt, "swiglu_flat", s.ffn_act, s.ffn_gate, s.ffn_up)
-            self.device_linear(s.ffn_act, b + "ffn_down.weight", s.f)
+            self.device_linear(s.ffn_act, layer.ffn_down, s.f)
             rec(point("ffn_out", il), s.f)
             last = il == c.n_layer - 1
             f_normed = rec.buffer((s.T, c.n_embd))
-            next_norm = "output_norm.weight" if last else f"blk.{il + 1}.attn_norm.weight"
-            launch.residual_norm(rt, s.f, self.device_vector(b + "post_ffw_norm.weight"), c.post_norm_eps, s.x, s.x,
+            next_norm = self.tensors.output_norm if last else self.layers[il + 1].attn_norm
+            launch.residual_norm(rt, s.f, self.device_vector(layer.post_ffw_norm), c.post_norm_eps, s.x, s.x,
                                  self.device_vector(next_norm), c.rms_eps, s.u, f_normed)
             rec(point("ffn_post_norm", il), f_normed)
             rec(point("l_out", il), s.x)
             rec("result_norm" if last else point("attn_norm", il + 1), s.u)
-        self.device_linear(s.u, "output.weight", s.raw_logits)
+        self.device_linear(s.u, self.tensors.output, s.raw_logits)
         launch.scale_softcap(rt, s.raw_logits, np.float32(c.logit_scale), c.softcap, s.logits)
         rec("result_output", s.logits)
 
     def device_attention(self, il, s, cache, rec):  # s.u -> s.a (before the post-attention norm)
-        c, rt, w, b = self.cfg, self.rt, self.weights, f"blk.{il}."
+        c, rt, layer = self.cfg, self.rt, self.layers[il]
         T, H, Hkv, D, swa = s.T, c.n_head, c.n_head_kv, c.head_dim, c.swa_layers[il]
-        if self.fused_qkv:
-            self.device_linear(s.u, b + "attn_qkv.weight", s.qkv)
+        if layer.attn_qkv is not None:  # its product fills s.qkv, of which s.q, s.k and s.v are column views
+            self.device_linear(s.u, layer.attn_qkv, s.qkv)
         else:
-            for p, y in (("q", s.q), ("k", s.k), ("v", s.v)):
-                self.device_linear(s.u, b + f"attn_{p}.weight", y)
-        for p, y in (("q", s.q), ("k", s.k), ("v", s.v)):
-            if b + f"attn_{p}.bias" in w:
-                launch.add_bias(rt, y, self.device_vector(b + f"attn_{p}.bias"))
+            for w, y in ((layer.attn_q, s.q), (layer.attn_k, s.k), (layer.attn_v, s.v)):
+                self.device_linear(s.u, w, y)
+        for bias, y in ((layer.attn_q_bias, s.q), (layer.attn_k_bias, s.k), (layer.attn_v_bias, s.v)):
+            if bias is not None:
+                launch.add_bias(rt, y, self.device_vector(bias))
         rec(point("Qcur", il), s.q, (T, H, D))
         rec(point("Kcur", il), s.k, (T, Hkv, D))
         rec(point("Vcur", il), s.v, (T, Hkv, D))
-        self.device_linear(s.u, b + "attn_gate.weight", s.gate)
+        self.device_linear(s.u, layer.attn_gate, s.gate)
         rec(point("attn_gate_proj", il), s.gate)
-        layer = cache.layers[il]
+        layer_cache = cache.layers[il]
         q_normed, k_normed = rec.buffer((T, H, D)), rec.buffer((T, Hkv, D))
         k_roped = rec.buffer((T, Hkv, D)) if swa else None
-        launch.qk_norm_rope_store(rt, s.q, s.k, s.v, self.device_vector(b + "attn_q_norm.weight"),
-                                  self.device_vector(b + "attn_k_norm.weight"), c.rms_eps, s.cos if swa else None,
-                                  s.sin if swa else None, s.step, H, Hkv, D, s.q_rope, layer, q_normed, k_normed,
+        launch.qk_norm_rope_store(rt, s.q, s.k, s.v, self.device_vector(layer.attn_q_norm),
+                                  self.device_vector(layer.attn_k_norm), c.rms_eps, s.cos if swa else None,
+                                  s.sin if swa else None, s.step, H, Hkv, D, s.q_rope, layer_cache, q_normed, k_normed,
                                   k_roped)
         rec(point("Qcur_normed", il), q_normed)
         rec(point("Kcur_normed", il), k_normed)
@@ -230,10 +227,10 @@ class DeviceTextModel(TextModel):
             rec(point("Kcur_rope", il), k_roped)
         attn_out, gate_sig = rec.buffer((T, H * D)), rec.buffer((T, H * D))
         kq_scale = np.float32(1) / np.sqrt(np.float32(D))  # llama.cpp's 1.0f/sqrtf(head_dim), as reference/text.py
-        launch.attention_cache(rt, s.q_rope, layer, s.step, H, Hkv, D, c.n_swa if swa else 0, kq_scale, s.gate,
+        launch.attention_cache(rt, s.q_rope, layer_cache, s.step, H, Hkv, D, c.n_swa if swa else 0, kq_scale, s.gate,
                                s.attn, attn_out, gate_sig)
         rec(point("attn_out", il), attn_out)
         rec(point("attn_gate_sig", il), gate_sig)
         rec(point("attn_gated", il), s.attn)
-        self.device_linear(s.attn, b + "attn_output.weight", s.a)
+        self.device_linear(s.attn, layer.attn_output, s.a)
         rec(point("attn_o_proj", il), s.a)

@@ -1,4 +1,4 @@
-"""NumbaBackend: the interface of reference/backend.py NumpyBackend (linear on GGUF tensor names,
+"""NumbaBackend: the interface of reference/backend.py NumpyBackend (linear on GGUF tensors,
 attention over cache rows, norms, RoPE, activations), computed by numba kernels straight from the
 memory-mapped quantized blocks.
 
@@ -36,12 +36,12 @@ class NumbaBackend:
 
     # -- products --------------------------------------------------------------------------
 
-    def linear(self, x, weights, name):  # x [T, in], GGUF tensor name [out, in] -> [T, out]
-        qtype = weights.tensors[name].tensor_type
+    def linear(self, x, w):  # x [T, in], w a GGUF tensor (gguf.Tensor) [out, in] -> [T, out]
+        qtype = w.tensor_type
         if qtype not in quant.KERNEL_TYPES or not kernel_input(x):
-            return self.fallback.linear(x, weights, name)
-        n_out, n_in = weights.shape(name)
-        blocks = quant.as_blocks(weights.raw(name), n_out)
+            return self.fallback.linear(x, w)
+        n_out, n_in = w.shape
+        blocks = quant.as_blocks(w.raw, n_out)
         x = np.ascontiguousarray(x)
         out = np.empty((len(x), n_out), x.dtype)
         if len(x) <= FUSED_MAX_ROWS:
@@ -99,6 +99,10 @@ class NumbaBackend:
 
     def gelu_erf(self, x):  # [...] -> [...]
         return elementwise(pointwise.gelu_erf_flat, x, x.dtype.type(0.5))
+
+
+def numba_backend(build):  # factory.Build -> NumbaBackend of its dtype (accel.BACKENDS' maker)
+    return NumbaBackend(np.dtype(build.dtype))
 
 
 def kernel_input(x):  # x [T, in] -> whether the kernels give what the reference gives on it

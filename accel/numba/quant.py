@@ -1,6 +1,6 @@
 """Products with GGUF weights straight from their quantized blocks, in numba. No dequantized
 matrix ever exists. The weights are gguf-py's float32 values exactly (Q1_0 and Q2_0, which gguf-py
-lacks: reference/gguf.py's decoders of ggml's dequantize_row_q1_0/q2_0). With float32 activations
+lacks: reference/gguf/weights.py's decoders of ggml's dequantize_row_q1_0/q2_0). With float32 activations
 a row sums in float32 within a block of 16 to 256 values (each family's section says which) and
 in float64 across blocks, a tile within 1024 columns and in float64 across tiles; float64
 activations sum in float64 everywhere. Against reference/ops.py linear (float64 sums) only the

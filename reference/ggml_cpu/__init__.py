@@ -6,7 +6,8 @@ with GCC, llamafile tinyBLAS and CPU repack on, glibc 2.36 libm, 2 threads, for 
 `avx512` (the default: x86-64 AVX512 F/BW/DQ/VL/VNNI/BF16, what GGML_NATIVE makes on this kind of
 machine) or `avx2` (AVX2 + FMA + F16C + BMI2, most prebuilt x86 builds), or the ARM builds `neon` and
 `neon-i8mm` with CPU_REPACK off and on, and the same ARM builds compiled by clang (`neon-clang`,
-`neon-i8mm-clang`, as macOS builds are). The emulation itself runs anywhere; `host_differences` says where this
+`neon-i8mm-clang`, as macOS builds are), or llama.cpp's portable x86 variants below AVX2
+(`sandybridge`, `ivybridge`, `piledriver`, `sse42`, `x64`: F32, F16, BF16 and Q8_0 weights). The emulation itself runs anywhere; `host_differences` says where this
 machine could not run the modelled build.
 
 Each llama.cpp kernel is one function doing the same float32 operations in the same order: every

@@ -1,15 +1,15 @@
 """Attention over the KV cells (llama-graph.cpp build_attn_mha, ops.cpp flash_attn_ext): the
 mul_mat path, the flash-attention kernels, and the Q8_0 cache with its Hadamard rotation."""
-import sys
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from .build import GgmlCpuError
-from .elementwise import block_sums, soft_max  # noqa: F401 (soft_max called through KERNELS)
-from .float_dots import vec_dot_f16, vec_dot_f32  # noqa: F401 (vec_dot_f32 through KERNELS)
+from .elementwise import block_sums, soft_max
+from .float_dots import vec_dot_f16, vec_dot_f32
 from .int_dots import vec_dot_q8_0
 from .libm import libm, v_expf
-from .mul_mat import float_mul_mat, mul_mat  # noqa: F401 (called through KERNELS)
+from .mul_mat import float_mul_mat, mul_mat
 from .quantize import QuantActs, quantize_q8_0
 from .rounding import F32, F64, madd, round_f16
 from .target import AVX512
@@ -319,4 +319,22 @@ def attention_graph(q, k, v, visible, scale, flash_attn, target=AVX512, kernels=
     return out
 
 
-KERNELS = sys.modules[__name__]  # the kernels the attention functions call unless given others
+class AttentionKernels(NamedTuple):
+    """The kernels the attention functions call: this module's NumPy ones (KERNELS, unless given
+    others), or the numba twins (accel/numba/ggml/attention.py)."""
+    cells_by_head: Callable
+    fwht: Callable
+    quantize_q8_0: Callable
+    mul_mat: Callable
+    float_mul_mat: Callable
+    vec_dot_f32: Callable
+    soft_max: Callable
+    flash_chunk: Callable
+    flash_split: Callable
+    flash_tiled: Callable
+
+
+KERNELS = AttentionKernels(
+    cells_by_head=cells_by_head, fwht=fwht, quantize_q8_0=quantize_q8_0, mul_mat=mul_mat,
+    float_mul_mat=float_mul_mat, vec_dot_f32=vec_dot_f32, soft_max=soft_max, flash_chunk=flash_chunk,
+    flash_split=flash_split, flash_tiled=flash_tiled)

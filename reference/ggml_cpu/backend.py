@@ -57,9 +57,9 @@ off for llama-cpp-python's use_extra_bufts=False or the tools' --no-repack); n_t
         self.decoded = {}  # Weights -> {tensor name: decoded}: a drafter's blk.* names are also its target's
         self.cache_bytes = cache_bytes  # of decoded quantized weights per Weights (None: mul_mat's DECODED_CACHE_BYTES)
 
-    def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
-        cache = self.decoded.setdefault(weights, {})
-        return mul_mat(np.ascontiguousarray(x, F32), weights, name, cache, self.repack, self.cache_bytes, self.target)
+    def linear(self, x, w):  # x [T, in] f32, w a GGUF tensor [out, in] -> [T, out]
+        cache = self.decoded.setdefault(w.weights, {})
+        return mul_mat(np.ascontiguousarray(x, F32), w.weights, w.name, cache, self.repack, self.cache_bytes, self.target)
 
     def patch_embed(self, frames, kernel):  # frames [1, H, W, C], kernel [E, 1, C, p, p] -> [(H/p)*(W/p), E]
         """ggml_conv_2d: the im2col in F16 is the mul_mat's src0, the kernel converted to F16 its src1

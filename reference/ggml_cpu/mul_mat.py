@@ -1,6 +1,6 @@
 """Which kernel a matmul takes (ggml_compute_forward_mul_mat and the CPU extra buffer types)."""
 import copy
-import sys
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -8,9 +8,9 @@ from .blocks import DECODERS, decode_rows, row_block
 from .build import GgmlCpuError
 from .float_dots import tinyblas, tinyblas_bf16, vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from .int_dots import k_repacked_rows, k_vec_dot, neon_k_repacked_rows, q0_lanes, q0_repacked, q5_1_vec_dot, tiled
-from .int_dots import q2_k_vec_dot, q8_0_pre_avx2, wide_block_vec_dot  # noqa: F401 (q8_0_pre_avx2 through QUANT_PATHS)
-from .int_dots import iq1_vec_dot, neon_iq4_nl_vec_dot, neon_k_vec_dot, neon_q1_vec_dot, neon_wide_block_vec_dot  # noqa: F401
-from .int_dots import MMLA_TYPES, mmla_vec_dot  # noqa: F401 (mmla_vec_dot through QUANT_PATHS)
+from .int_dots import q2_k_vec_dot, q8_0_pre_avx2, wide_block_vec_dot
+from .int_dots import iq1_vec_dot, neon_iq4_nl_vec_dot, neon_k_vec_dot, neon_q1_vec_dot, neon_wide_block_vec_dot
+from .int_dots import MMLA_TYPES, mmla_vec_dot
 from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import F32, round_bf16, round_f16
 from .target import AVX512
@@ -120,10 +120,34 @@ def mmla_chunks(n_rows0, n_rows1, name):  # weight rows, batch rows -> whether t
     return modes.pop()
 
 
-def quant_paths(kernels):  # module of the kernels and quantizers -> {kernel path: (x, type, Target) -> product}
-    """The call each path makes; the numba twin (accel/numba/ggml/mul_mat.py) passes its own module.
-    A path quantizes the activations x [T, K] once and returns product(rows) -> [T, O], which any
-    block of weight rows can take."""
+class QuantKernels(NamedTuple):
+    """The activation quantizers and integer kernels the kernel paths call (quant_paths): this
+    module's NumPy ones (QUANT_KERNELS), or the numba twins (accel/numba/ggml/mul_mat.py). The
+    kernels of the ARM and pre-AVX2 targets are None in a set for the AVX2 and AVX512 ones only."""
+    quantize_q8_0: Callable
+    quantize_q8_k: Callable
+    q0_repacked: Callable
+    q0_lanes: Callable
+    q5_1_vec_dot: Callable
+    wide_block_vec_dot: Callable
+    q2_k_vec_dot: Callable
+    tiled: Callable
+    k_vec_dot: Callable
+    k_repacked_rows: Callable
+    iq1_vec_dot: Callable
+    q8_0_pre_avx2: Callable | None = None
+    mmla_vec_dot: Callable | None = None
+    neon_wide_block_vec_dot: Callable | None = None
+    neon_iq4_nl_vec_dot: Callable | None = None
+    neon_q1_vec_dot: Callable | None = None
+    neon_k_vec_dot: Callable | None = None
+    neon_k_repacked_rows: Callable | None = None
+
+
+def quant_paths(kernels):  # QuantKernels -> {kernel path: (x, type, Target) -> product}
+    """The call each path makes, on this module's kernels or the numba twin's. A path quantizes the
+    activations x [T, K] once and returns product(rows) -> [T, O], which any block of weight rows
+    can take."""
     k = kernels
     return {
         "k_repacked": lambda x, kind, target: k_repacked(x, REPACK_GEMM_ELEMENTS[kind], k),
@@ -241,7 +265,7 @@ def float_mul_mat(x, w, kind, target=AVX512, batch_rows=None):  # x [T, K] (alre
 
 def k_repacked(x, gemm_elements, kernels):  # x [T, K] f32 -> product(Q4_K/Q2_K rows, repacked) -> [T, O]
     """Rows in groups of 4 take the gemm (activations through the 4x8 quantizer), the last T mod 4
-    rows the gemv (activations through quantize_row_q8_K); kernels: the module of both."""
+    rows the gemv (activations through quantize_row_q8_K); kernels: QuantKernels."""
     n4 = len(x) - len(x) % 4
     parts = []
     if n4:
@@ -251,7 +275,14 @@ def k_repacked(x, gemm_elements, kernels):  # x [T, K] f32 -> product(Q4_K/Q2_K 
     return stacked(parts)
 
 
-QUANT_PATHS = quant_paths(sys.modules[__name__])
+QUANT_KERNELS = QuantKernels(
+    quantize_q8_0=quantize_q8_0, quantize_q8_k=quantize_q8_k, q0_repacked=q0_repacked, q0_lanes=q0_lanes,
+    q5_1_vec_dot=q5_1_vec_dot, wide_block_vec_dot=wide_block_vec_dot, q2_k_vec_dot=q2_k_vec_dot, tiled=tiled,
+    k_vec_dot=k_vec_dot, k_repacked_rows=k_repacked_rows, iq1_vec_dot=iq1_vec_dot, q8_0_pre_avx2=q8_0_pre_avx2,
+    mmla_vec_dot=mmla_vec_dot, neon_wide_block_vec_dot=neon_wide_block_vec_dot,
+    neon_iq4_nl_vec_dot=neon_iq4_nl_vec_dot, neon_q1_vec_dot=neon_q1_vec_dot, neon_k_vec_dot=neon_k_vec_dot,
+    neon_k_repacked_rows=neon_k_repacked_rows)
+QUANT_PATHS = quant_paths(QUANT_KERNELS)
 
 
 # Decoded weights kept between calls: the mid-size benchmark models (4.5 GiB decoded) fit, and beside the

@@ -3,8 +3,9 @@ differently (docs/ggml-cpu-numerics.md, a section per target). A target is a par
 families, never a copy of them: the register width of the float kernels, which ggml_v_expf, which
 weight types the CPU_REPACK buffer takes, whether the tiled kernel exists, the ARM kernels, and for
 the ARM builds the compiler, whose contractions round differently (GCC 12 or clang 14, as macOS
-builds). The NEON targets emulate every weight type with CPU_REPACK off and on
-(mul_mat.NEON_REPACKED_EPILOGUES)."""
+builds), and below AVX2 whether FMA exists at all. The NEON targets emulate every weight type with
+CPU_REPACK off and on (mul_mat.NEON_REPACKED_EPILOGUES); the pre-AVX2 x86 variants the float weights
+and Q8_0."""
 import os
 import platform
 import re

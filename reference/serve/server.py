@@ -19,7 +19,7 @@ import os
 import sys
 
 from .. import factory, gguf, kv, run
-from ..cli import OneLineParser, exit_status, flag, float_in, int_in
+from ..cli import OneLineParser, build_of, exit_status, flag, float_in, int_in
 from ..factory import FactoryError
 from ..ggml_cpu import GgmlCpuError
 from ..kv import CacheError
@@ -63,32 +63,32 @@ def build_parser():  # -> the parser: llama-server's flag names, reference.run's
 
 
 def load_oracle(args):  # -> (Oracle, what /props says of the model)
-    compute = run.build(args)
-    factory.check(compute)
+    build = build_of(args)
+    factory.check(build)
     path = run.model_path(args)
     for given in (path, args.model_draft):
         if given is not None:
             gguf.check_file(given)
-    for warning in factory.host_warnings(compute):
+    for warning in factory.host_warnings(build):
         print(f"reference.serve: warning: {warning}", file=sys.stderr)
-    for note in factory.auto_notes(compute):
+    for note in factory.auto_notes(build):
         print(f"reference.serve: {note}", file=sys.stderr)
-    backend = factory.backend(compute)
+    backend = factory.backend(build)
     model = gguf.load(path, "text")
-    layout = factory.cache_layout(compute, args.kv, run.prefill_chunk(args))
+    layout = factory.cache_layout(build, args.kv, run.prefill_chunk(args))
     n_ctx = context_size(model.config, args.ctx_size, path, args.beyond_n_ctx_train)
     kv.check_fits(model.config, n_ctx, *layout, args.dtype, f"a context of {n_ctx} tokens (-c/--ctx-size)")
-    lm = factory.text_model(model, compute, backend)
+    lm = factory.text_model(model, build, backend)
     drafter = run.load_drafter(args, lm, lambda line: print(f"reference.serve: warning: {line}", file=sys.stderr))
     vision = None
     if args.mmproj:
         gguf.check_file(args.mmproj)
-        vision = factory.vision_model(gguf.load(args.mmproj, "mmproj"), compute, lm.backend)
+        vision = factory.vision_model(gguf.load(args.mmproj, "mmproj"), build, lm.backend)
         check_compatible(vision, lm.cfg, path)
     props = {"model_path": os.path.basename(path), "size": os.path.getsize(path),
              "ftype": model.meta.int("general.file_type", default=-1),
              "vision": vision is not None, "numerics": {"backend": args.backend, "numerics": args.numerics, "dtype": args.dtype, "kv": layout[0],
-                          "prefill_chunk": layout[1], "kv_type": compute.kv_type, "cache_type_v": compute.v_type or compute.kv_type,
+                          "prefill_chunk": layout[1], "kv_type": build.kv_type, "cache_type_v": build.v_type or build.kv_type,
                           "flash_attn": args.flash_attn,
                           "cpu": args.cpu},
              "model_draft": os.path.basename(args.model_draft) if drafter else None}

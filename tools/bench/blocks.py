@@ -29,13 +29,13 @@ def blocks(args):  # -> {"types": rows of {type, matrices, gb, kernel_s, floor_s
     kernel_floor.read_floor(words[next(iter(kind))][:2], args.threads)
     for t in set(kind.values()):
         m = next(m for m in kind if kind[m] == t)
-        backend.linear(xs[weights.shape(m)[1]], weights, m)
+        backend.linear(xs[weights.shape(m)[1]], weights.tensor(m))
     kernel_s, floor_s, n_bytes, count = ({t: 0 for t in kind.values()} for _ in range(4))
     for m in kind:
         n_bytes[kind[m]] += data[m].nbytes
         count[kind[m]] += 1
     for m in tqdm(kind, desc="products", unit="matrix"):
-        kernel_s[kind[m]] += timed(backend.linear, xs[weights.shape(m)[1]], weights, m)[1]
+        kernel_s[kind[m]] += timed(backend.linear, xs[weights.shape(m)[1]], weights.tensor(m))[1]
     for m in kind:
         floor_s[kind[m]] += timed(kernel_floor.read_floor, words[m], args.threads)[1]
     rows = [{"type": t, "matrices": count[t], "gb": n_bytes[t] / 1e9, "kernel_s": kernel_s[t], "floor_s": floor_s[t],

@@ -49,7 +49,7 @@ def ceiling_runs(args, rows_path, counts, rng):  # -> ({(what, name): (run, weig
             kernels[weights.type_name(name)] = name, rng.standard_normal((1, weights.shape(name)[1])).astype(np.float32)
     runs = {**{("floor", f"{4 + b}-bit"): (lambda loop=loop: loop(low, high, x, out), args.rows * args.n_in)
                for b, loop in loops.items()},
-            **{("kernel", t): (lambda name=name, xk=xk: numba.linear(xk, weights, name),
+            **{("kernel", t): (lambda name=name, xk=xk: numba.linear(xk, weights.tensor(name)),
                                int(np.prod(weights.shape(name)))) for t, (name, xk) in kernels.items()},
             **q4_k_steps(weights, kernels)}
     return runs, loops, kernels

@@ -39,7 +39,7 @@ def kernels(args):  # -> rows of {type, tokens, numba_gw_s, numpy_gw_s, ratio, n
             (n_out, n_in), type_name = weights.shape(name), weights.type_name(name)
             for T in args.tokens:
                 x = np.random.default_rng(0).standard_normal((T, n_in)).astype(np.float32)
-                engines = {"numba": lambda: numba.linear(x, weights, name),
+                engines = {"numba": lambda: numba.linear(x, weights.tensor(name)),
                            # rows() dequantizes every call, as the reference does for a matrix too big to cache
                            "numpy": lambda: ops.linear(x, weights.rows(name, slice(None), np.float64))}
                 out, best = {}, {}

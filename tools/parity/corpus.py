@@ -42,8 +42,8 @@ from reference.cli import INTEGER, UsageError, fail
 
 from tools.common import REPO, GoldenError, save_json, sha256
 from tools.parity.engines import make_engine, preflight
-from tools.parity.golden import (MANIFEST, OURS as GOLDEN_OURS, golden_entry, make_dir, missing_goldens,
-                                 refuse_overwrite, run_header)
+from tools.parity.golden_files import (MANIFEST, OURS as GOLDEN_OURS, golden_entry, make_dir, missing_goldens,
+                                       refuse_overwrite, run_header)
 
 TASKS = "tasks"
 # the options that decide an engine's goldens: a corpus directory holds one run of them

@@ -83,7 +83,7 @@ def context_features(target, drafter, seq: list[int]):  # -> [1, len(seq), n_tar
     return torch.cat([hidden[i + 1] for i in drafter.config.target_layer_ids], dim=-1)
 
 
-def block_logits(target, drafter, features, anchor: int, pos0: int, n_max: int) -> np.ndarray:
+def draft_logits(target, drafter, features, anchor: int, pos0: int, n_max: int) -> np.ndarray:
     import torch
     from transformers import GenerationConfig
     from transformers.cache_utils import DFlashCache
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             sequences[prompt_id] = (seq, feats)
         seq, feats = sequences[prompt_id]
         pos0s = list(range(len(prompt), len(seq)))[:n_pos0]
-        logits = np.stack([block_logits(target, drafters[rule], feats, seq[p], p, n_max) for p in pos0s])
+        logits = np.stack([draft_logits(target, drafters[rule], feats, seq[p], p, n_max) for p in pos0s])
         np.save(args.out / f"{case_id}.npy", logits, allow_pickle=False)
         cases.append({"id": case_id, "file": f"{case_id}.npy", "shape": list(logits.shape), "prompt": prompt_id,
                       "n_max": n_max, "pos0": pos0s, "window_rule": rule})

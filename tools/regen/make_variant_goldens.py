@@ -20,8 +20,9 @@
    writes golden/cpu_targets/<variant>/manifest.json, the runs tests/test_cpu_target_numerics.py checks.
 4. variants/manifest.json: per variant its features, system_info, load line, how many runs are
    identical to that target's, and runs_sha256, the sha256 of its sorted "preset repack kv fa prompt
-   prefill decode" lines (tests/test_cpu_targets.py recomputes it from the target's manifest); entries
-   of variants not run this time are kept; a variant this CPU scores 0 is skipped and said so.
+   prefill decode" lines (tests/test_cpu_targets.py recomputes it from the target's manifest, restricted
+   to the entry's "presets" where --presets ran a subset); entries of variants not run this time are
+   kept; a variant this CPU scores 0 is skipped and said so.
 
 Needs cmake and gcc, and a CPU that scores each variant above 0 (cpu-feats.cpp). Not needed by CI.
 """
@@ -121,10 +122,12 @@ def variant_entry(variant: str, bin_dir: Path, args, prompts: list[dict], preset
     if variant in OWN_TARGETS:
         save_own_target(variant, info, line, runs, args)
     expected = json.loads((REPO / "golden" / "cpu_targets" / target / "manifest.json").read_text())["runs"]
-    ours, theirs = set(run_lines(runs)), set(run_lines(expected))
+    ours = set(run_lines(runs))
+    ran = sorted({r["preset"] for r in runs})
+    theirs = set(run_lines([r for r in expected if r["preset"] in ran]))
     return {"features": list(X86_VARIANTS[variant]), "compared_with": target, "system_info": info, "load_line": line,
-            "runs": len(runs), "prompt_records": len(ours), "identical_to_target": len(ours & theirs),
-            "runs_sha256": runs_sha256(runs)}
+            **({"presets": ran} if args.presets else {}), "runs": len(runs), "prompt_records": len(ours),
+            "identical_to_target": len(ours & theirs), "runs_sha256": runs_sha256(runs)}
 
 
 def save_own_target(variant: str, info: str, line: str, runs: list[dict], args) -> None:

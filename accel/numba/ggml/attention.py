@@ -4,21 +4,19 @@ statement does, and the Hadamard transform. attention_mul_mat, attention_flash a
 are the reference's own functions (the cache padding, the f16 rounding of K and V, the head
 mapping: array glue) called with this module's kernels: the numba softmax, float matmuls,
 vec_dot_f32, quantize_q8_0, fwht and flash kernels."""
-import sys
-
 import numba
 import numpy as np
 
 from reference.ggml_cpu import attention as reference
-from reference.ggml_cpu.attention import FA_TILE, flash_normalise
+from reference.ggml_cpu.attention import FA_TILE, AttentionKernels, flash_normalise
 from reference.ggml_cpu.rounding import round_f16 as round_f16_array
 from reference.ggml_cpu.target import AVX512
 
 from .attention_tiles import LANES, row_attention, tiled_attention
-from .elementwise import soft_max  # noqa: F401 (KERNELS)
-from .float_dots import dot_f16, float_mul_mat, vec_dot_f32  # noqa: F401 (float_mul_mat, vec_dot_f32: KERNELS)
+from .elementwise import soft_max
+from .float_dots import dot_f16, float_mul_mat, vec_dot_f32
 from .libm import EXPF, v_expf_lane
-from .mul_mat import mul_mat  # noqa: F401 (KERNELS: K.Q of a Q8_0 K cache)
+from .mul_mat import mul_mat  # K.Q of a Q8_0 K cache
 from .quantize import quantize_q8_0
 from .rounding import fma32, hsum8, register_sum, round_f16, sqrt32
 from .threads import threaded
@@ -275,4 +273,7 @@ def attention_q8_0(q, k, v, visible, scale, target=AVX512, k_type="q8_0", v_type
     return reference.attention_q8_0(q, k, v, visible, scale, target, KERNELS, k_type, v_type)
 
 
-KERNELS = sys.modules[__name__]  # cells_by_head, float_mul_mat, mul_mat, vec_dot_f32, soft_max, fwht, quantize_q8_0, the flash kernels
+KERNELS = AttentionKernels(
+    cells_by_head=cells_by_head, fwht=fwht, quantize_q8_0=quantize_q8_0, mul_mat=mul_mat,
+    float_mul_mat=float_mul_mat, vec_dot_f32=vec_dot_f32, soft_max=soft_max, flash_chunk=flash_chunk,
+    flash_split=flash_split, flash_tiled=flash_tiled)

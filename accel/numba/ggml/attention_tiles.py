@@ -122,6 +122,25 @@ def pv_tile(typingctx, p, row, v_t, dim, start, stop, chains):
         return types.none(p, row, v_t, dim, start, stop, chains), codegen
 
 
+def f16_vec(builder, x):  # <16 x float> -> the nearest-even halves as floats (vcvtps2ph, vcvtph2ps: numpy's astype)
+    return builder.fpext(builder.fptrunc(x, ir.VectorType(ir.HalfType(), LANES)), VEC)
+
+
+@intrinsic
+def f16_row(typingctx, src, dst):  # f32 [n] x2, n a multiple of 16: dst <- src rounded to f16, a register at a time
+    def codegen(context, builder, signature, args):
+        a = operands(f16_row, context, builder, signature, args)
+        intp = ir.IntType(64)
+        x, y = builder.bitcast(a.src.data(), F32P), builder.bitcast(a.dst.data(), F32P)
+        with cgutils.for_range(builder, builder.udiv(a.src.shape(0), ir.Constant(intp, LANES))) as loop:
+            e = builder.mul(loop.index, ir.Constant(intp, LANES))
+            builder.store(f16_vec(builder, load_vec(builder, float_at(builder, x, e))),
+                          builder.bitcast(float_at(builder, y, e), VEC.as_pointer()), align=4)
+        return context.get_dummy_value()
+    if all(isinstance(x, types.Array) and x.dtype == types.float32 and x.ndim == 1 and x.layout == "C" for x in (src, dst)):
+        return types.none(src, dst), codegen
+
+
 @threaded
 def pack_heads(q, k, v, group, T, rows, n_kv):  # [T, H, D], [S, Hkv, D] x2 -> Q [Hkv, rows, D], K tiles [Hkv, n_kv/16, D, 16], V^T [Hkv, D, n_kv]
     """Everything rounded to f16 (Q converted for the F16 mul_mat; the cache's F16 cells), zero past
@@ -161,8 +180,7 @@ def block_products(q16, k_tiles, v_t, visible, scale, T, lanes, scalef):  # -> [
         scratch = np.empty(n_kv, F32)
         for i in range(ROW_BLOCK):
             soft_max_row(kq[i], visible[(r0 + i) % T], scale, lanes, scalef, scratch, kq[i])
-            for c in range(n_kv):
-                kq[i, c] = round_f16(kq[i, c])
+            f16_row(kq[i], kq[i])
         chains = np.zeros((ROW_BLOCK, D, LANES), F32)
         for start in range(0, n_kv, CELL_BLOCK):
             stop = min(start + CELL_BLOCK, n_kv)
@@ -195,25 +213,6 @@ def tiled_attention(q, k, v, visible, scale, n_kv, target):  # [T, H, D], [S, Hk
 
 STEP_CELLS = 4 * LANES  # vec_dot_f16's step: 4 registers of 16 lanes, cell c in register c // 16 % 4, lane c % 16
 ROW_GROUP = 8  # query rows of a V^T.P task: its chains [8, 64, 16] are 32 KB
-
-
-def f16_vec(builder, x):  # <16 x float> -> the nearest-even halves as floats (vcvtps2ph, vcvtph2ps: numpy's astype)
-    return builder.fpext(builder.fptrunc(x, ir.VectorType(ir.HalfType(), LANES)), VEC)
-
-
-@intrinsic
-def f16_row(typingctx, src, dst):  # f32 [n] x2, n a multiple of 16: dst <- src rounded to f16, a register at a time
-    def codegen(context, builder, signature, args):
-        a = operands(f16_row, context, builder, signature, args)
-        intp = ir.IntType(64)
-        x, y = builder.bitcast(a.src.data(), F32P), builder.bitcast(a.dst.data(), F32P)
-        with cgutils.for_range(builder, builder.udiv(a.src.shape(0), ir.Constant(intp, LANES))) as loop:
-            e = builder.mul(loop.index, ir.Constant(intp, LANES))
-            builder.store(f16_vec(builder, load_vec(builder, float_at(builder, x, e))),
-                          builder.bitcast(float_at(builder, y, e), VEC.as_pointer()), align=4)
-        return context.get_dummy_value()
-    if all(isinstance(x, types.Array) and x.dtype == types.float32 and x.ndim == 1 and x.layout == "C" for x in (src, dst)):
-        return types.none(src, dst), codegen
 
 
 @intrinsic
@@ -280,8 +279,7 @@ def row_outputs(p16, v, skip, live, group):  # P [H, n_kv] (f16 values), cache V
 def row_soft_max(kq, visible, scale, lanes, scalef):  # K.Q [H, n_kv], visible [n_kv] -> P [H, n_kv] f16 values, in place
     for h in numba.prange(kq.shape[0]):
         soft_max_row(kq[h], visible, scale, lanes, scalef, np.empty(kq.shape[1], F32), kq[h])
-        for c in range(kq.shape[1]):
-            kq[h, c] = round_f16(kq[h, c])
+        f16_row(kq[h], kq[h])
     return kq
 
 

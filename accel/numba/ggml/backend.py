@@ -4,6 +4,7 @@ matmuls, attention (both paths, F16/F32/Q8_0 caches), the norms, RoPE, SwiGLU an
 element-wise ops."""
 import numpy as np
 
+from reference.factory import ggml_cpu_options
 from reference.ggml_cpu import GgmlCpuBackend
 from reference.ggml_cpu.attention import flash_types
 
@@ -24,9 +25,9 @@ class GgmlCpuNumbaBackend(GgmlCpuBackend):
         super().__init__(*args, **kwargs)
         x86_only(self.target)
 
-    def linear(self, x, weights, name):  # x [T, in] f32, GGUF tensor name [out, in] -> [T, out]
-        cache = self.decoded.setdefault(weights, {})
-        return mul_mat(np.ascontiguousarray(x, np.float32), weights, name, cache, self.repack, self.cache_bytes,
+    def linear(self, x, w):  # x [T, in] f32, w a GGUF tensor [out, in] -> [T, out]
+        cache = self.decoded.setdefault(w.weights, {})
+        return mul_mat(np.ascontiguousarray(x, np.float32), w.weights, w.name, cache, self.repack, self.cache_bytes,
                        self.target)
 
     def attention(self, q, k, v, visible, scale):  # [T, H, D], [S, Hkv, D] x2, [T, S] -> [T, H, D]
@@ -64,3 +65,7 @@ class GgmlCpuNumbaBackend(GgmlCpuBackend):
 
     def softcap(self, z, cap):  # z [...] -> [...]
         return elementwise.softcap(np.asarray(z, np.float32), cap)
+
+
+def ggml_cpu_numba_backend(build):  # factory.Build -> GgmlCpuNumbaBackend (accel.BACKENDS' maker)
+    return GgmlCpuNumbaBackend(**ggml_cpu_options(build))

@@ -1,14 +1,13 @@
 """reference/ggml_cpu/mul_mat.py's dispatch onto the numba kernels: the same kernel for the same
 weight type, batch rows and repacking; float weights (F32/F16/BF16) through the numba tinyBLAS and
 vec_dot twins."""
-import sys
-
 import numba
 import numpy as np
 
 from reference.ggml_cpu.blocks import decode_rows
 from reference.ggml_cpu.build import GgmlCpuError
-from reference.ggml_cpu.mul_mat import TILED_MIN_ROWS, bounded_mul_mat, float_weight_mul_mat, kernel_path, quant_paths
+from reference.ggml_cpu.mul_mat import (TILED_MIN_ROWS, QuantKernels, bounded_mul_mat, float_weight_mul_mat, kernel_path,
+                                        quant_paths)
 from reference.ggml_cpu.target import AVX512
 
 from . import block_dots, float_dots, int_dots
@@ -171,9 +170,6 @@ def mul_mat(x, weights, name, cache, repack=True, cache_bytes=None, target=AVX51
                            QUANT_PATHS[path](x, kind, target))
 
 
-QUANT_PATHS = quant_paths(sys.modules[__name__])
-
-
 def wide_block_vec_dot(w, a, lanes):  # KernelRows (Q1_0/Q2_0), Q8_0 acts -> [T, O]
     return int_dots.wide_block_vec_dot(w.vs, w.d, a.q, a.d, lanes)
 
@@ -185,3 +181,10 @@ def q2_k_vec_dot(w, a, target):  # KernelRows (Q2_K), Q8_K acts, an x86 Target -
 
 def iq1_vec_dot(w, a, delta_lanes):  # KernelRows (IQ1_S/IQ1_M), Q8_K acts -> [T, O]
     return int_dots.iq1_vec_dot(w.vs, w.scales, w.sub, w.d, a.q, a.d, delta_lanes)
+
+
+# the twins of reference/ggml_cpu/mul_mat.py's QUANT_KERNELS for the AVX2 and AVX512 targets (x86_only refuses others)
+QUANT_PATHS = quant_paths(QuantKernels(
+    quantize_q8_0=quantize_q8_0, quantize_q8_k=quantize_q8_k, q0_repacked=q0_repacked, q0_lanes=q0_lanes,
+    q5_1_vec_dot=q5_1_vec_dot, wide_block_vec_dot=wide_block_vec_dot, q2_k_vec_dot=q2_k_vec_dot, tiled=tiled,
+    k_vec_dot=k_vec_dot, k_repacked_rows=k_repacked_rows, iq1_vec_dot=iq1_vec_dot))

@@ -57,28 +57,19 @@ def vec_reduce(acc, lanes):  # scratch f32 [4, >= lanes] -> f32: reference vec_r
     return register_sum(acc[0, :lanes])
 
 
-@intrinsic
-def f32_bits(typingctx, x):  # float32 -> its uint32 bit pattern
-    def codegen(context, builder, signature, args):
-        (x_,) = args
-        return builder.bitcast(x_, ir.IntType(32))
-    return types.uint32(types.float32), codegen
+def bitcast_intrinsic(name, source, result, llvm_result):  # -> intrinsic: a `source` scalar -> its bits as `result`
+    def cast(typingctx, x):
+        def codegen(context, builder, signature, args):
+            (value,) = args
+            return builder.bitcast(value, llvm_result)
+        return result(source), codegen
+    cast.__name__ = cast.__qualname__ = name  # numba tells intrinsics apart by name
+    return intrinsic(cast)
 
 
-@intrinsic
-def bits_f32(typingctx, u):  # uint32 bit pattern -> the float32
-    def codegen(context, builder, signature, args):
-        (u_,) = args
-        return builder.bitcast(u_, ir.FloatType())
-    return types.float32(types.uint32), codegen
-
-
-@intrinsic
-def bits_f64(typingctx, u):  # uint64 bit pattern -> the float64
-    def codegen(context, builder, signature, args):
-        (u_,) = args
-        return builder.bitcast(u_, ir.DoubleType())
-    return types.float64(types.uint64), codegen
+f32_bits = bitcast_intrinsic("f32_bits", types.float32, types.uint32, ir.IntType(32))  # float32 -> its bit pattern
+bits_f32 = bitcast_intrinsic("bits_f32", types.uint32, types.float32, ir.FloatType())  # bit pattern -> the float32
+bits_f64 = bitcast_intrinsic("bits_f64", types.uint64, types.float64, ir.DoubleType())  # bit pattern -> the float64
 
 
 @numba.njit(cache=True, inline="always")

@@ -108,7 +108,7 @@ def video_binding(args, lm, tokenizer, build, new_cache, chunk):  # -> with_vide
         raise GoldenError("--mmproj: videos run with --numerics exact only (llama.cpp has no video graph to model)")
     try:
         mmproj = gguf.load(args.mmproj, "mmproj")
-        check_video_extension(args.mmproj, mmproj.config, mmproj.weights)
+        check_video_extension(args.mmproj, mmproj.config, mmproj.tensors)
         vision = factory.vision_model(mmproj, build, lm.backend)
         check_compatible(vision, lm.cfg, args.model)
         placeholder = token_id(lm.tokenizer, VIDEO_PLACEHOLDER)
