@@ -493,11 +493,13 @@ def test_pair_sum_kernels_on_generic_vectors_are_the_numpy_twins(kind, rows, mon
     assert_identical(ref, got, f"{weights.type_name(name)}, {rows} rows, generic vectors")
 
 
+@pytest.mark.parametrize("kind", ["IQ4_XS", "IQ2_XXS", "IQ3_XXS"])
 @pytest.mark.parametrize("rows, path", [(3, "k_vec_dot"), (10, "tiled")])  # a tile of 8, then 2 rows
-def test_block_dots_on_generic_vectors_are_the_numpy_twins(rows, path, monkeypatch):  # CPUs without AVX512-VNNI
-    """block_dots compiled as on a CPU without AVX512-VNNI: the vpdpbusd sums (int_dots.dpbusd) and
-    IQ4_XS's table lookup (lookup16, vpshufb there) from generic LLVM vectors. IQ4_XS is the type
-    that takes both arms. Fresh, uncached kernels: the flag is read when a kernel compiles."""
+def test_block_dots_on_generic_vectors_are_the_numpy_twins(kind, rows, path, monkeypatch):  # CPUs without AVX512-VNNI
+    """block_dots compiled as on a CPU without AVX512-VNNI: the vpdpbusd sums (int_dots.dpbusd),
+    IQ4_XS's table lookup (lookup16, vpshufb there) and the IQ2_XXS/IQ3_XXS grids and signs from
+    their tables in memory (vpermi2w/vpermi2b/vpermb there) from generic LLVM vectors. Fresh,
+    uncached kernels: the flag is read when a kernel compiles."""
     import numba
     from accel.numba.ggml import int_dots
     from reference.ggml_cpu import int_dots as reference_dots, quantize as reference_quantize
@@ -506,12 +508,12 @@ def test_block_dots_on_generic_vectors_are_the_numpy_twins(rows, path, monkeypat
     monkeypatch.setattr(block_dots, "KERNELS", {})
     monkeypatch.setattr(block_dots, "FACTORIES", {p: lambda kind, f=f: numba.njit(parallel=True)(f(kind).py_func)
                                                   for p, f in block_dots.FACTORIES.items()})
-    weights = harness.BlockWeights("IQ4_XS", 13, 512, np.random.default_rng(rows))
+    weights = harness.BlockWeights(kind, 13, 512, np.random.default_rng(rows))
     x = activations(rows, 512, rows)
     ref = getattr(reference_dots, path)(decode(weights, "w"), reference_quantize.quantize_q8_k(x))
-    assert_identical(ref, block_dots.mul_mat(x, weights, "w", path), f"block_dots IQ4_XS, {rows} rows, generic vectors")
-    ir = "".join(block_dots.KERNELS["IQ4_XS", path].inspect_llvm().values())
-    assert "vpdpbusd" not in ir and "pshuf.b.512" not in ir, "the kernel compiled the AVX512-VNNI arm"
+    assert_identical(ref, block_dots.mul_mat(x, weights, "w", path), f"block_dots {kind}, {rows} rows, generic vectors")
+    ir = "".join(block_dots.KERNELS[kind, path].inspect_llvm().values())
+    assert not any(f in ir for f in ("vpdpbusd", "pshuf.b.512", "vpermi2var", "permvar")), "the kernel compiled the AVX-512 arm"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The vec_dots of reference/ggml_cpu/int_dots.py (k_vec_dot, q0_lanes) on the GGUF's own block bytes,
 where they lie in the memory-mapped tensor: no decoded copy of a matrix is made. Each block is
 unpacked in vector registers as ggml's vec_dot unpacks it (nibbles, grids with their signs, 5th and
-6th bits), 64 elements at a time, into one 512-bit vpdpbusd against the Q8_K activations; the
+6th bits; with AVX512-VBMI the IQ2_XXS/IQ3_XXS grids and signs by register permutes, no table
+read), 64 elements at a time, into one 512-bit vpdpbusd against the Q8_K activations; the
 integer lanes are the reference's exact integers and the float epilogue runs in its order.
 
 raw: uint8 [O, row bytes], the tensor as stored (rows of nb blocks). The lanes of a 64-element part
@@ -12,7 +13,7 @@ from typing import NamedTuple
 
 import numba
 import numpy as np
-from llvmlite import ir
+from llvmlite import binding as llvm, ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
@@ -27,7 +28,7 @@ from .quantize import quantize_q8_0, quantize_q8_k
 from .rounding import fma32, hsum8
 
 F32 = np.float32
-I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 I8X32 = ir.VectorType(I8, 32)
 I32X8 = ir.VectorType(I32, 8)
 
@@ -82,8 +83,12 @@ def sign_split(builder, values):  # signed <64 x i8> values -> (|v|, mask 0xFF w
     return builder.select(negative, builder.sub(ir.Constant(I8X64, None), values), values), builder.sext(negative, I8X64)
 
 
-def signed(builder, q, mask):  # q with the elements under mask (0xFF) negated: (q ^ m) - m; mask None: q
-    return q if mask is None else builder.sub(builder.xor(q, mask), mask)
+def signed(builder, q, mask):  # q with the elements under mask (0xFF bytes, or <64 x i1>) negated; mask None: q
+    if mask is None:
+        return q
+    if mask.type.element == I1:  # AVX-512: one masked vpsubb
+        return builder.select(mask, builder.sub(ir.Constant(q.type, None), q), q)
+    return builder.sub(builder.xor(q, mask), mask)
 
 
 def iq_xxs_part(entry_ty, entries_per_8, aux_offset, aux_step):
@@ -109,6 +114,108 @@ def iq_xxs_part(entry_ty, entries_per_8, aux_offset, aux_step):
                                                constant(I32, 4 * half + g))
         return builder.bitcast(values, I8X64), builder.bitcast(masks, I8X64)
     return part
+
+
+# With AVX512-VBMI the grids and the signs are unpacked in registers, no table in memory read: as
+# each IQ2_XXS grid value is one of 3 levels and each IQ3_XXS value one of 8, a grid entry is a
+# 16-bit code of 2- or 3-bit level numbers, the 256 codes 8 registers that vpermi2w looks up 32
+# entries at once; vpmultishiftqb moves each value's level number into a byte and vpermb turns it
+# into the level. The 7-bit sign indices are moved into bytes by vpmultishiftqb too, and vpermi2b
+# looks them up in keven_signs (128 bytes, 2 registers): a block's 32 sign bytes, the masks of 4
+# masked vpsubb.
+VBMI = numba.config.CPU_NAME is None and llvm.get_host_cpu_features().get("avx512vbmi", False)
+
+
+def x86_call(builder, name, ty, args):  # an AVX-512 intrinsic of result type ty on args
+    return builder.call(builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ty, [a.type for a in args])), args)
+
+
+def multishift(builder, data, offsets):  # <8 x i64> data -> <64 x i8>: byte j of qword w is data[w] >> offsets[j] (8 bits)
+    control = ir.Constant(I8X64, [offsets[j % 8] for j in range(64)])
+    return x86_call(builder, "llvm.x86.avx512.pmultishift.qb.512", I8X64, [control, builder.bitcast(data, I8X64)])
+
+
+def permute_bytes(builder, table, codes):  # <64 x i8> table, codes -> table[codes & 63] (vpermb)
+    return x86_call(builder, "llvm.x86.avx512.permvar.qi.512", I8X64, [table, codes])
+
+
+def lookup_words(builder, table, indices):  # <256 x i16> constant table, <32 x i16> indices 0..255 -> table[indices]
+    """vpermi2w looks up 64 entries (2 registers) by the index's low 6 bits; bits 6 and 7 pick among the 4 lookups."""
+    ty = ir.VectorType(I16, 32)
+    quarter = [x86_call(builder, "llvm.x86.avx512.vpermi2var.hi.512", ty,
+                        [ir.Constant(ty, table[64 * k:64 * k + 32]), indices, ir.Constant(ty, table[64 * k + 32:64 * k + 64])])
+               for k in range(4)]
+    bit = lambda b: builder.icmp_unsigned("!=", builder.and_(indices, ir.Constant(ty, [b] * 32)), ir.Constant(ty, None))
+    low, high = (builder.select(bit(64), quarter[2 * h + 1], quarter[2 * h]) for h in range(2))
+    return builder.select(bit(128), high, low)
+
+
+def even_sign_bytes(builder, aux):  # <8 x i64>: chunk c's aux word in the low 32 bits of qword c -> <4 x i64> sign masks
+    """Qword p is the mask of part p: bit 8k + i negates element 64p + 8k + i, keven_signs of the
+    7-bit index (aux >> 7g) & 127 of 8-group g = k % 4 of chunk 2p + k // 4."""
+    indices = multishift(builder, aux, [0, 7, 14, 21, 0, 0, 0, 0])  # vpermi2b reads the low 7 bits
+    words = builder.trunc(builder.bitcast(indices, ir.VectorType(I64, 8)), ir.VectorType(I32, 8))
+    compact = shuffle(builder, builder.bitcast(words, I8X32), ir.Constant(I8X32, None), range(64))
+    from gguf import quants
+    ksigns = list(quants.IQ2_XXS.ksigns)
+    signs = x86_call(builder, "llvm.x86.avx512.vpermi2var.qi.512", I8X64,
+                     [ir.Constant(I8X64, ksigns[:64]), compact, ir.Constant(I8X64, ksigns[64:])])
+    return builder.bitcast(shuffle(builder, signs, signs, range(32)), ir.VectorType(I64, 4))
+
+
+def level_codes(kind):  # -> (256 codes: the grid entry's level numbers, bits each, the levels)
+    grid, _ = tables(kind)
+    values = grid.view(np.uint8).reshape(256, -1)
+    levels = np.unique(values)
+    bits = int(len(levels) - 1).bit_length()
+    codes = (np.searchsorted(levels, values).astype(np.int64) << (bits * np.arange(values.shape[1]))).sum(-1)
+    return codes.tolist(), bits, levels.tolist()
+
+
+def iq_xxs_vbmi_parts(kind, aux_at):
+    """The 4 parts of an IQ2_XXS or IQ3_XXS block (values and <64 x i1> sign masks), unpacked in
+    registers. aux_at(builder, block) -> <8 x i64>, chunk c's aux word in qword c's low 32 bits."""
+    codes, bits, levels = level_codes(kind)
+    per_entry = 8 if kind == "IQ2_XXS" else 4  # values a grid entry holds
+    number = lambda j: j & ((1 << bits) - 1)  # the level number in a byte's low bits
+    level_of = ir.Constant(I8X64, [levels[number(j)] if number(j) < len(levels) else 0 for j in range(64)])
+
+    def parts(builder, block, _, __):
+        if kind == "IQ2_XXS":  # 4 grid bytes, then the aux word, a chunk
+            qs = load_at(builder, block, IQ2_XXS.qs, ir.VectorType(I64, 8))
+            indices = builder.bitcast(builder.trunc(qs, ir.VectorType(I32, 8)), I8X32)
+        else:
+            indices = load_at(builder, block, IQ3_XXS.qs, I8X64)
+        wide = builder.zext(indices, ir.VectorType(I16, indices.type.count))
+        entry_codes = [lookup_words(builder, codes, shuffle(builder, wide, wide, range(32 * h, 32 * h + 32)))
+                       for h in range(indices.type.count // 32)]
+        masks = even_sign_bytes(builder, aux_at(builder, block))
+        out, n = [], 64 // per_entry  # entries a part: one a qword (IQ2_XXS) or a dword (IQ3_XXS)
+        for p in range(4):
+            # each entry's code into every word of its qword or dword (one vpermw): the level numbers
+            # vpermb reads stay below the code's copies above it, which fall in bits vpermb ignores
+            first = n * p % 32
+            spread = ir.Constant(ir.VectorType(I16, 32), [first + w * n // 32 for w in range(32)])
+            packed = builder.bitcast(x86_call(builder, "llvm.x86.avx512.permvar.hi.512", ir.VectorType(I16, 32),
+                                              [entry_codes[n * p // 32], spread]), ir.VectorType(I64, 8))
+            offsets = [bits * (j % per_entry) + 32 * (j // per_entry) for j in range(8)]
+            values = permute_bytes(builder, level_of, multishift(builder, packed, offsets))
+            mask = builder.bitcast(builder.extract_element(masks, constant(I32, p)), ir.VectorType(I1, 64))
+            out.append((values, mask))
+        return out
+    return parts
+
+
+def iq2_xxs_aux(builder, block):  # the aux word sits in the high half of each chunk's 8 bytes
+    return builder.lshr(load_at(builder, block, IQ2_XXS.qs, ir.VectorType(I64, 8)), ir.Constant(ir.VectorType(I64, 8), [32] * 8))
+
+
+def iq3_xxs_aux(builder, block):  # the 8 aux words after the grid bytes
+    return builder.zext(load_at(builder, block, IQ3_XXS.scales_and_signs, ir.VectorType(I32, 8)), ir.VectorType(I64, 8))
+
+
+def per_part(part):  # a type's part function -> the block's parts function
+    return lambda builder, block, grid, signs: [part(builder, block, grid, signs, p) for p in range(4)]
 
 
 def nibbles_of(builder, packed):  # <32 x i8> -> (low nibbles, high nibbles) <32 x i8>
@@ -164,9 +271,15 @@ def q6_k_part(builder, block, _, __, p):
     return concat(builder, *pieces), None
 
 
-PARTS = {"IQ2_XXS": iq_xxs_part(I64, 1, IQ2_XXS.qs + 4, 8), "IQ3_XXS": iq_xxs_part(I32, 2, IQ3_XXS.scales_and_signs, 4),
-         "IQ4_XS": iq4_xs_part,
-         "Q4_K": q4_k_part, "Q5_K": q5_k_part, "Q6_K": q6_k_part}
+def vbmi_or(vbmi_parts, parts):  # -> the VBMI unpacking where the CPU has it (and AVX512-VNNI), read when a kernel compiles
+    return lambda builder, block, grid, signs: (vbmi_parts if VBMI and int_dots.VPDPBUSD else parts)(builder, block, grid, signs)
+
+
+PARTS = {kind: per_part(part) for kind, part in (
+    ("IQ4_XS", iq4_xs_part), ("Q4_K", q4_k_part), ("Q5_K", q5_k_part), ("Q6_K", q6_k_part))}
+PARTS.update(IQ2_XXS=vbmi_or(iq_xxs_vbmi_parts("IQ2_XXS", iq2_xxs_aux), per_part(iq_xxs_part(I64, 1, IQ2_XXS.qs + 4, 8))),
+             IQ3_XXS=vbmi_or(iq_xxs_vbmi_parts("IQ3_XXS", iq3_xxs_aux),
+                             per_part(iq_xxs_part(I32, 2, IQ3_XXS.scales_and_signs, 4))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,11 +302,10 @@ def vector_of(builder, values):  # i32 scalars -> <n x i32>
     return out
 
 
-def aux_scales(aux_top):  # IQ2_XXS/IQ3_XXS: 2 * (aux >> 28) + 1, the top nibble of each chunk's aux word
-    def scales(builder, block):  # -> (<8 x i32> scales, None)
-        odd = lambda v: builder.add(builder.shl(v, constant(I32, 1)), constant(I32, 1))
-        return vector_of(builder, [odd(builder.lshr(u8_at(builder, block, aux_top(c)), constant(I32, 4)))
-                                   for c in range(8)]), None
+def aux_scales(aux_at):  # IQ2_XXS/IQ3_XXS: 2 * (aux >> 28) + 1, the top nibble of each chunk's aux word
+    def scales(builder, block):  # -> (<8 x i32> scales, None): one vector shift of the 8 aux words
+        nibbles = builder.trunc(builder.lshr(aux_at(builder, block), ir.Constant(ir.VectorType(I64, 8), [28] * 8)), I32X8)
+        return builder.or_(builder.shl(nibbles, ir.Constant(I32X8, [1] * 8)), ir.Constant(I32X8, [1] * 8)), None
     return scales
 
 
@@ -225,8 +337,7 @@ def q6_k_scales(builder, block):  # the 16 int8 scales
     return builder.sext(load_at(builder, block, Q6_K.scales, ir.VectorType(I8, 16)), I32X16), None
 
 
-SCALES = {"IQ2_XXS": aux_scales(lambda c: IQ2_XXS.qs + 8 * c + 7),
-          "IQ3_XXS": aux_scales(lambda c: IQ3_XXS.scales_and_signs + 4 * c + 3),
+SCALES = {"IQ2_XXS": aux_scales(iq2_xxs_aux), "IQ3_XXS": aux_scales(iq3_xxs_aux),
           "IQ4_XS": iq4_xs_scales, "Q4_K": k4_scales, "Q5_K": k4_scales, "Q6_K": q6_k_scales}
 
 
@@ -256,7 +367,7 @@ def row_dot_intrinsic(kind):
     summs = fma(-d_a * dmin, f32(sum of mins times 32-sums), summs) on min_lanes lanes (Q4_K's pairs
     of sub-blocks, Q5_K's one sum). The accumulators stay in registers over the row; sums[:8] gets
     acc, sums[8:] summs. int32 exact: |scale * code * q| <= 127 * 127 * 127 and 32 of those a lane."""
-    part, read_scales = PARTS[kind], SCALES[kind]
+    parts, read_scales = PARTS[kind], SCALES[kind]
     layout, offset, min_lanes = TYPES[kind].block, TYPES[kind].offset, TYPES[kind].min_lanes
     f32x8, f32xm = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.FloatType(), min_lanes)
 
@@ -275,8 +386,7 @@ def row_dot_intrinsic(kind):
                 acts = a.aq.at([t_, b])
                 scales, mins = read_scales(builder, block)
                 total = ir.Constant(I32X16, None)
-                for p in range(4):
-                    u, mask = part(builder, block, grid_, signs_, p)
+                for p, (u, mask) in enumerate(parts(builder, block, grid_, signs_)):
                     four = dpbusd(builder, ir.Constant(I32X16, None), u, signed(builder, load_at(builder, acts, 64 * p, I8X64), mask))
                     total = builder.add(total, builder.mul(four, scale_vector(builder, scales, p)))
                 lanes = builder.add(shuffle(builder, total, total, range(8)), shuffle(builder, total, total, range(8, 16)))
@@ -336,7 +446,7 @@ def tile_dots_intrinsic(kind):
     acts int8 [G, nb, 64, TILE * 4]: element 4k + i of block b of row TILE g + j at [g, b, k, 4j + i];
     bias_sums int32 [G, nb, n_sub, TILE]: tile_bias times each row's sub-block sums; min_sums
     int32 [G, nb, 8, TILE]: the 32-sums; ad f32 [G, nb, TILE]: the rows' Q8_K scales."""
-    part, read_scales, n_sub = PARTS[kind], SCALES[kind], N_SUB[kind]
+    parts, read_scales, n_sub = PARTS[kind], SCALES[kind], N_SUB[kind]
     layout, has_min, post = TYPES[kind].block, TYPES[kind].has_min, TYPES[kind].post
     biased, per_sub = tile_bias(kind) != 0, 64 // N_SUB[kind]
 
@@ -359,8 +469,7 @@ def tile_dots_intrinsic(kind):
                 mins.append(row_mins if row_mins is None else elements(builder, row_mins))
                 d0.append(builder.fmul(f16_of(builder, block, layout.d), ir.Constant(ir.FloatType(), post)))
                 dmin.append(f16_of(builder, block, layout.dmin) if has_min else None)
-                for p in range(4):
-                    u, mask = part(builder, block, grid_, signs_, p)
+                for p, (u, mask) in enumerate(parts(builder, block, grid_, signs_)):
                     store_at(builder, codes, 256 * r + 64 * p,
                              u if mask is None else builder.add(signed(builder, u, mask), splat8(builder, 128, 64)))
             n_tiles = a.acts.shape(0)
