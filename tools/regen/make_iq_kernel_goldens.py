@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from reference import gguf
 from reference.cli import OneLineParser, UsageError, exit_status
@@ -69,7 +70,7 @@ def ggml_mul_mat(type_id, blocks, x):  # uint8 [O, row bytes], f32 [T, K] -> f32
     ctx = base.ggml_init(InitParams(64 << 20, None, False))
     try:
         w = base.ggml_new_tensor_2d(ctx, type_id, x.shape[1], len(blocks))
-        a = base.ggml_new_tensor_2d(ctx, gguf.GGMLQuantizationType.F32.value, x.shape[1], len(x))
+        a = base.ggml_new_tensor_2d(ctx, GGMLQuantizationType.F32.value, x.shape[1], len(x))
         for tensor, values in ((w, np.ascontiguousarray(blocks)), (a, np.ascontiguousarray(x, np.float32))):
             ctypes.memmove(tensor_data(tensor), values.ctypes.data, values.nbytes)
         out = base.ggml_mul_mat(ctx, w, a)
@@ -111,7 +112,7 @@ def make(out: Path) -> None:  # kernels.npz and manifest.json written to out
         model = PRESET_MODELS / f"tiny-b-{kind.lower()}.gguf"
         blocks = regrouped(model, kind)
         for rows in ROWS:
-            arrays[f"{kind}.out{rows}"] = ggml_mul_mat(gguf.GGMLQuantizationType[kind].value, blocks, x[:rows])
+            arrays[f"{kind}.out{rows}"] = ggml_mul_mat(GGMLQuantizationType[kind].value, blocks, x[:rows])
         models[kind] = {"file": f"presets/models/{model.name}", "sha256": common.sha256(model)}
     np.savez(out / "kernels.npz", **arrays)
     common.save_json(out / "manifest.json", manifest(models))
