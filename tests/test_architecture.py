@@ -223,7 +223,7 @@ def positional_reads(source):  # -> [line] where a codegen reads its arguments b
 
 
 def test_no_codegen_reads_its_arguments_by_position():
-    found = {path: lines for path in python_files("accel")
+    found = {path: lines for path in python_files("accel") + python_files("reference") + python_files("tools")
              if (lines := positional_reads(open(os.path.join(ROOT, path)).read()))}
     assert not found, f"args[N] / tys[N] in codegens (use accel.numba.operands): {found}"
 

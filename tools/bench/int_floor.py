@@ -17,6 +17,7 @@ from numba.extending import intrinsic
 from accel.numba.ggml import int_dots
 from accel.numba.ggml import mul_mat as ggml_mul_mat
 from accel.numba.ggml.quantize import quantize_q8_k
+from accel.numba.operands import operands
 from reference.cli import OneLineParser, exit_status, flag, int_in
 from reference.ggml_cpu.blocks import QuantRows
 from tools.bench.forward import best_of
@@ -26,14 +27,12 @@ from tools.bench.forward import best_of
 def block_sums_only(typingctx, codes, g, b, aq, t0, tokens, ones, out):  # out[j] += block_sums of one sub-block
     """int_dots.block_sums with one sub-block of scale 1 (ones [16] int8): the dots and nothing else."""
     def codegen(context, builder, signature, args):
-        tys = signature.args
-        g, b, t0 = (context.cast(builder, args[i], tys[i], types.intp) for i in (1, 2, 4))
-        acts = [int_dots.item_pointer(context, builder, tys[3], args[3], [builder.add(t0, t0.type(j)), b])
-                for j in range(tokens.literal_value)]
-        sums, _ = int_dots.block_sums(builder, int_dots.item_pointer(context, builder, tys[0], args[0], [g, b]),
-                                      int_dots.array_data(context, builder, tys[6], args[6]), acts, 1, 1,
-                                      tys[3].dtype == types.uint8)
-        out = int_dots.array_data(context, builder, tys[7], args[7])
+        a = operands(block_sums_only, context, builder, signature, args)
+        g, b, t0 = a.g.index(), a.b.index(), a.t0.index()
+        acts = [a.aq.at([builder.add(t0, t0.type(j)), b]) for j in range(tokens.literal_value)]
+        sums, _ = int_dots.block_sums(builder, a.codes.at([g, b]), a.ones.data(), acts, 1, 1,
+                                      a.aq.ty.dtype == types.uint8)
+        out = a.out.data()
         for j, per_lane in enumerate(sums):
             kept = int_dots.load_at(builder, out, 64 * j, int_dots.I32X16)
             builder.store(builder.add(kept, per_lane[0]),
